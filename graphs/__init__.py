@@ -1,0 +1,11 @@
+"""The cost-annotated compute graph: data type, JSON, synthetic generators.
+
+Imports nothing of the project and nothing of torch (the tracer that builds
+graphs from ``nn.Module`` lives in ``scheduler.trace``).
+"""
+
+from .graph import FORMAT_VERSION, CkptError, Graph, GraphError, Node
+from .io import dumps, load, loads, save
+from . import synthetic
+
+__all__ = ["FORMAT_VERSION", "CkptError", "Graph", "GraphError", "Node", "load", "save", "loads", "dumps", "synthetic"]

@@ -1,0 +1,401 @@
+"""The cost-annotated compute graph every part of the project shares.
+
+A :class:`Graph` is a DAG whose nodes are stored in one fixed topological order
+(the order ``torch.fx`` records them in). Each :class:`Node` carries what the
+solvers and the simulator need: FLOPs, the bytes of its output, and exactly
+which tensors autograd keeps alive for its backward.
+
+NOTE [ What a node saves ]
+    Autograd does not keep "each node's output". For node ``i`` the saved set is
+
+    * ``out(j)`` for every ``j`` in ``saves_inputs`` (a subset of ``inputs``:
+      a linear layer saves its input, an ``add`` saves nothing);
+    * ``out(i)`` itself when ``saves_output`` is true (ReLU, softmax, tanh,
+      sigmoid keep what they produced);
+    * ``saved_bytes`` of buffers the op allocates for its own backward and that
+      are neither an input nor the output: dropout's mask, layer norm's mean and
+      rstd, max-pool's indices, attention's logsumexp. Parameters and views of
+      other tensors are *not* counted here: parameters are always live and a
+      view shares its base's storage.
+
+    A tensor therefore stays alive after the forward when its producer or any
+    of its consumers saves it; a tensor saved by several nodes is one tensor
+    (counted once). ``scheduler.trace`` measures these fields with
+    ``torch.autograd.graph.saved_tensors_hooks`` and ``solvers.simulate``
+    consumes them: the two agree on this definition and on nothing else.
+
+Nodes whose output does not require grad (attention masks, position ids,
+integer index arithmetic) have ``requires_grad=False``: autograd records no
+backward for them and they save nothing.
+
+This module imports nothing from torch; graphs can be built by hand, loaded
+from JSON, or produced by the tracer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CkptError",
+    "GraphError",
+    "Node",
+    "Graph",
+]
+
+#: Version of the JSON format written by :meth:`Graph.to_dict`.
+FORMAT_VERSION = 1
+
+
+class CkptError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class GraphError(CkptError, ValueError):
+    """A graph (or its JSON) is malformed: the message names the node and field."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operation (or a group of fused operations) of the compute graph.
+
+    Only ``name``, ``out_bytes``, ``fwd_flops`` and ``inputs`` are required in
+    JSON; every other field has the default shown here.
+
+    Attributes:
+        name: unique name (the fx node name when traced).
+        inputs: names of the nodes whose outputs this node consumes (the edges).
+            Every name must belong to an earlier node.
+        out_bytes: bytes of the output tensor(s).
+        fwd_flops: forward FLOPs.
+        bwd_flops: backward FLOPs; default ``2 * fwd_flops`` (the usual
+            matmul-dominated ratio) when absent from JSON.
+        op: operator name (``aten.mm``, ``linear``, ``block``...), informative.
+        saves_inputs: which of ``inputs`` autograd keeps for this node's
+            backward; default all of them. See NOTE [ What a node saves ].
+        saves_output: whether autograd keeps this node's own output.
+        saved_bytes: bytes of the node's own saved buffers (neither an input
+            nor the output).
+        workspace_bytes: transient bytes that exist only while the node's
+            forward (or backward) runs.
+        param_bytes: bytes of the parameters this node is the first to use;
+            their gradients are created during its backward.
+        module: dotted path in the module tree ("" when unknown).
+        stochastic: draws random numbers (dropout); recompute must replay RNG.
+        stateful: updates state in the forward (BatchNorm running stats).
+        recomputable: False forbids any plan from putting the node in a region.
+        requires_grad: whether the output requires grad (has a backward).
+        members: names of the finer-grained nodes merged into this one (when a
+            tracer coarsens the graph); empty means just ``name``.
+    """
+
+    name: str
+    inputs: tuple[str, ...] = ()
+    out_bytes: int = 0
+    fwd_flops: int = 0
+    bwd_flops: int = 0
+    op: str = ""
+    saves_inputs: tuple[str, ...] = ()
+    saves_output: bool = False
+    saved_bytes: int = 0
+    workspace_bytes: int = 0
+    param_bytes: int = 0
+    module: str = ""
+    stochastic: bool = False
+    stateful: bool = False
+    recomputable: bool = True
+    requires_grad: bool = True
+    members: tuple[str, ...] = ()
+
+    _INT_FIELDS = ("out_bytes", "fwd_flops", "bwd_flops", "saved_bytes", "workspace_bytes", "param_bytes")
+    _BOOL_FIELDS = ("saves_output", "stochastic", "stateful", "recomputable", "requires_grad")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for key in ("inputs", "saves_inputs", "members"):
+            d[key] = list(d[key])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, where: str = "node") -> "Node":
+        """Build a node from JSON, filling documented defaults.
+
+        Raises:
+            GraphError: a required field is missing, a field has the wrong
+                type, or a byte/FLOP count is negative.
+        """
+        if not isinstance(d, Mapping):
+            raise GraphError(f"{where}: expected an object, got {type(d).__name__}")
+        for key in ("name", "out_bytes", "fwd_flops", "inputs"):
+            if key not in d:
+                raise GraphError(f"{where}: missing required field {key!r}")
+        name = d["name"]
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"{where}: field 'name' must be a non-empty string, got {name!r}")
+        where = f"node {name!r}"
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise GraphError(f"{where}: unknown field(s) {unknown}; known fields are {sorted(known)}")
+        kw: dict[str, Any] = {"name": name}
+        for key in cls._INT_FIELDS:
+            if key in d:
+                v = d[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+                    raise GraphError(f"{where}: field {key!r} must be an integer, got {v!r}")
+                if v < 0:
+                    raise GraphError(f"{where}: field {key!r} is negative ({v}); sizes and FLOPs are >= 0")
+                kw[key] = int(v)
+        if "bwd_flops" not in d:
+            kw["bwd_flops"] = 2 * kw["fwd_flops"]
+        for key in cls._BOOL_FIELDS:
+            if key in d:
+                if not isinstance(d[key], bool):
+                    raise GraphError(f"{where}: field {key!r} must be true or false, got {d[key]!r}")
+                kw[key] = d[key]
+        for key in ("op", "module"):
+            if key in d:
+                if not isinstance(d[key], str):
+                    raise GraphError(f"{where}: field {key!r} must be a string, got {d[key]!r}")
+                kw[key] = d[key]
+        for key in ("inputs", "saves_inputs", "members"):
+            if key in d:
+                v = d[key]
+                if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+                    raise GraphError(f"{where}: field {key!r} must be a list of node names, got {v!r}")
+                kw[key] = tuple(v)
+        if "saves_inputs" not in d:
+            kw["saves_inputs"] = kw["inputs"]
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A cost-annotated DAG, nodes in topological order.
+
+    Attributes:
+        nodes: the nodes, each after all of its inputs.
+        param_bytes: bytes of all parameters of the model (always live).
+            Gradients of parameters not attributed to a node
+            (``param_bytes - sum(node.param_bytes)``) are created at the start
+            of the backward.
+        input_bytes: bytes of the model's inputs (always live).
+        name: a label (model name), informative.
+        meta: free-form description of what was traced (model, input shapes,
+            dtype); part of the fingerprint, so a plan solved for batch 8 is
+            not applied at batch 16.
+    """
+
+    nodes: tuple[Node, ...]
+    param_bytes: int = 0
+    input_bytes: int = 0
+    name: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "meta", dict(self.meta))
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Check names are unique, edges point backwards, sizes are sane.
+
+        Raises:
+            GraphError: naming the offending node and field.
+        """
+        if not self.nodes:
+            raise GraphError("graph has no nodes; a graph needs at least one node")
+        for key in ("param_bytes", "input_bytes"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise GraphError(f"graph field {key!r} must be a non-negative integer, got {v!r}")
+        index: dict[str, int] = {}
+        names = {n.name for n in self.nodes}
+        for i, node in enumerate(self.nodes):
+            if node.name in index:
+                raise GraphError(f"node {node.name!r} appears twice (positions {index[node.name]} and {i})")
+            for src in node.inputs:
+                if src not in names:
+                    raise GraphError(f"node {node.name!r}: input {src!r} is not a node of the graph")
+                if src == node.name:
+                    raise GraphError(f"node {node.name!r} lists itself as an input (a cycle)")
+            for src in node.saves_inputs:
+                if src not in node.inputs:
+                    raise GraphError(
+                        f"node {node.name!r}: saves_inputs names {src!r}, which is not one of its inputs {list(node.inputs)}"
+                    )
+            for key in Node._INT_FIELDS:
+                v = getattr(node, key)
+                if v < 0:
+                    raise GraphError(f"node {node.name!r}: field {key!r} is negative ({v})")
+            index[node.name] = i
+        for i, node in enumerate(self.nodes):
+            for src in node.inputs:
+                if index[src] >= i:
+                    raise GraphError(
+                        f"node {node.name!r} reads {src!r}, which comes later in the order: "
+                        "the nodes are not in topological order"
+                    )
+
+    # --------------------------------------------------------------- accessors
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def index(self) -> dict[str, int]:
+        """Node name -> position in the topological order."""
+        cached = self.__dict__.get("_index")
+        if cached is None:
+            cached = {n.name: i for i, n in enumerate(self.nodes)}
+            object.__setattr__(self, "_index", cached)
+        return cached
+
+    @property
+    def preds(self) -> tuple[tuple[int, ...], ...]:
+        """For each node, the positions of its inputs."""
+        cached = self.__dict__.get("_preds")
+        if cached is None:
+            idx = self.index
+            cached = tuple(tuple(idx[s] for s in n.inputs) for n in self.nodes)
+            object.__setattr__(self, "_preds", cached)
+        return cached
+
+    @property
+    def succs(self) -> tuple[tuple[int, ...], ...]:
+        """For each node, the positions of its consumers (ascending)."""
+        cached = self.__dict__.get("_succs")
+        if cached is None:
+            out: list[list[int]] = [[] for _ in self.nodes]
+            for i, ps in enumerate(self.preds):
+                for p in dict.fromkeys(ps):
+                    out[p].append(i)
+            cached = tuple(tuple(s) for s in out)
+            object.__setattr__(self, "_succs", cached)
+        return cached
+
+    def total_fwd_flops(self) -> int:
+        return sum(n.fwd_flops for n in self.nodes)
+
+    def total_bwd_flops(self) -> int:
+        return sum(n.bwd_flops for n in self.nodes if n.requires_grad)
+
+    def fingerprint(self) -> str:
+        """A short hash of everything a plan depends on (structure, sizes, meta).
+
+        Two traces of the same model with the same input shapes and dtype give
+        the same fingerprint; a different model, shape or dtype does not.
+        """
+        payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    # -------------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "name": self.name,
+            "param_bytes": self.param_bytes,
+            "input_bytes": self.input_bytes,
+            "meta": dict(self.meta),
+            "nodes": [n.to_dict() for n in self.nodes],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Graph":
+        """Build a graph from its JSON form (see :meth:`to_dict`).
+
+        Only ``nodes`` is required. ``format`` defaults to the current version;
+        ``param_bytes``, ``input_bytes`` default to 0, ``name`` to "" and
+        ``meta`` to {}.
+
+        Raises:
+            GraphError: wrong format version, missing or malformed field, edge
+                to an unknown node, cycle, negative size.
+        """
+        if not isinstance(d, Mapping):
+            raise GraphError(f"a graph must be a JSON object with a 'nodes' list, got {type(d).__name__}")
+        fmt = d.get("format", FORMAT_VERSION)
+        if fmt != FORMAT_VERSION:
+            raise GraphError(
+                f"graph format version {fmt!r} is not supported (this version reads format {FORMAT_VERSION}); "
+                "re-export the graph with this version of the tool"
+            )
+        if "nodes" not in d:
+            raise GraphError("graph is missing the required top-level field 'nodes'")
+        raw = d["nodes"]
+        if not isinstance(raw, list):
+            raise GraphError(f"graph field 'nodes' must be a list, got {type(raw).__name__}")
+        nodes = [Node.from_dict(x, where=f"nodes[{i}]") for i, x in enumerate(raw)]
+        nodes = _toposort(nodes)
+        kw: dict[str, Any] = {}
+        for key in ("param_bytes", "input_bytes"):
+            if key in d:
+                v = d[key]
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise GraphError(f"graph field {key!r} must be a non-negative integer, got {v!r}")
+                kw[key] = v
+        if "name" in d:
+            kw["name"] = str(d["name"])
+        if "meta" in d:
+            if not isinstance(d["meta"], Mapping):
+                raise GraphError("graph field 'meta' must be an object")
+            kw["meta"] = dict(d["meta"])
+        return cls(nodes=tuple(nodes), **kw)
+
+    def with_nodes(self, nodes: Sequence[Node], **changes: Any) -> "Graph":
+        """A copy with other nodes (and optionally other graph fields)."""
+        return dataclasses.replace(self, nodes=tuple(nodes), **changes)
+
+
+def _toposort(nodes: Iterable[Node]) -> list[Node]:
+    """Keep the given order when it is topological; otherwise sort stably.
+
+    Hand-written files may list nodes in any order; a cycle is an error that
+    names a node on it.
+    """
+    nodes = list(nodes)
+    names = [n.name for n in nodes]
+    seen_names: set[str] = set()
+    for n in nodes:
+        if n.name in seen_names:
+            raise GraphError(f"node {n.name!r} appears twice")
+        seen_names.add(n.name)
+    by_name = {n.name: n for n in nodes}
+    for n in nodes:
+        for src in n.inputs:
+            if src not in by_name:
+                raise GraphError(f"node {n.name!r}: input {src!r} is not a node of the graph")
+    placed: set[str] = set()
+    if all(_ready(n, placed) for n in nodes):
+        return nodes
+    # Kahn's algorithm, stable in the given order.
+    order: list[Node] = []
+    placed = set()
+    pending = list(names)
+    while pending:
+        progressed = False
+        rest = []
+        for name in pending:
+            node = by_name[name]
+            if all(s in placed for s in node.inputs):
+                order.append(node)
+                placed.add(name)
+                progressed = True
+            else:
+                rest.append(name)
+        if not progressed:
+            stuck = rest[0]
+            raise GraphError(f"the graph has a cycle through node {stuck!r}; a compute graph must be acyclic")
+        pending = rest
+    return order
+
+
+def _ready(node: Node, placed: set[str]) -> bool:
+    ok = all(s in placed for s in node.inputs)
+    placed.add(node.name)
+    return ok

@@ -1,0 +1,252 @@
+"""Seeded synthetic graphs for tests and benchmarks.
+
+Every generator is deterministic for a given ``seed`` and returns a valid
+:class:`~graphs.graph.Graph`. Sizes are in bytes and FLOPs of plausible
+magnitude (a few MB per activation) so that budgets in GiB read naturally.
+
+Families (``FAMILIES`` maps a name to ``f(n, seed) -> Graph`` with about
+``n`` nodes):
+
+* ``chain``: homogeneous chain, every node the same.
+* ``hetero-chain``: chain with random sizes and FLOPs.
+* ``residual``: a chain with a skip connection every ``k`` nodes (ResNet).
+* ``unet``: encoder/decoder with long skips from each encoder level to the
+  mirrored decoder level.
+* ``transformer``: attention + MLP blocks with residual adds, and an attention
+  mask read by every block (a "common node").
+* ``random-dag``: random layered DAG.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+from .graph import Graph, Node
+
+__all__ = [
+    "chain",
+    "hetero_chain",
+    "residual",
+    "unet",
+    "transformer",
+    "random_dag",
+    "FAMILIES",
+    "make",
+]
+
+MB = 1 << 20
+
+
+def chain(n: int, *, out_bytes: int = 4 * MB, flops: int = 10**9, seed: int = 0) -> Graph:
+    """A homogeneous chain of ``n`` nodes: each saves its input (like a linear layer)."""
+    nodes = []
+    for i in range(n):
+        inputs = (f"n{i-1}",) if i else ()
+        nodes.append(Node(name=f"n{i}", op="linear", inputs=inputs, saves_inputs=inputs,
+                          out_bytes=out_bytes, fwd_flops=flops, bwd_flops=2 * flops))
+    return Graph(nodes=tuple(nodes), input_bytes=out_bytes, name=f"chain{n}",
+                 meta={"family": "chain", "n": n})
+
+
+def hetero_chain(n: int, *, seed: int = 0) -> Graph:
+    """A chain with random output sizes, FLOPs and save patterns."""
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(n):
+        inputs = (f"n{i-1}",) if i else ()
+        kind = rng.choice(["linear", "relu", "dropout", "add", "norm"])
+        out = rng.randint(1, 16) * MB
+        flops = rng.randint(1, 50) * 10**8 if kind == "linear" else rng.randint(1, 5) * 10**6
+        nodes.append(Node(
+            name=f"n{i}", op=kind, inputs=inputs,
+            saves_inputs=inputs if kind in ("linear", "norm") else (),
+            saves_output=kind == "relu",
+            saved_bytes=out // 4 if kind == "dropout" else (out // 64 if kind == "norm" else 0),
+            stochastic=kind == "dropout",
+            out_bytes=out, fwd_flops=flops, bwd_flops=2 * flops,
+        ))
+    return Graph(nodes=tuple(nodes), input_bytes=4 * MB, name=f"hetero-chain{n}",
+                 meta={"family": "hetero-chain", "n": n, "seed": seed})
+
+
+def residual(n: int, *, k: int = 3, seed: int = 0) -> Graph:
+    """A chain with a skip every ``k`` nodes: ``add`` joins the block and its input."""
+    rng = random.Random(seed)
+    nodes: list[Node] = []
+    block_in = None
+    i = 0
+    while len(nodes) < n:
+        name = f"n{i}"
+        prev = nodes[-1].name if nodes else None
+        pos = i % (k + 1)
+        if pos == 0:
+            inputs = (prev,) if prev else ()
+            nodes.append(Node(name=name, op="conv", inputs=inputs, saves_inputs=inputs,
+                              out_bytes=rng.randint(2, 8) * MB, fwd_flops=rng.randint(5, 20) * 10**8))
+            block_in = name
+        elif pos < k:
+            op = "relu" if pos % 2 else "conv"
+            nodes.append(Node(name=name, op=op, inputs=(prev,),
+                              saves_inputs=(prev,) if op == "conv" else (), saves_output=op == "relu",
+                              out_bytes=rng.randint(2, 8) * MB,
+                              fwd_flops=rng.randint(5, 20) * 10**8 if op == "conv" else 10**6))
+        else:
+            inputs = (prev, block_in) if block_in != prev else (prev,)
+            nodes.append(Node(name=name, op="add", inputs=inputs, saves_inputs=(),
+                              out_bytes=nodes[-1].out_bytes, fwd_flops=10**6))
+        i += 1
+    nodes = [_fix_bwd(nd) for nd in nodes]
+    return Graph(nodes=tuple(nodes), input_bytes=4 * MB, name=f"residual{n}",
+                 meta={"family": "residual", "n": n, "k": k, "seed": seed})
+
+
+def unet(n: int, *, seed: int = 0) -> Graph:
+    """A U-Net: ``depth`` encoder levels, a bottleneck, mirrored decoder levels.
+
+    Each level is ``conv, relu``; the decoder's first node at each level also
+    reads the encoder output of the same level (a long skip). Sizes halve
+    going down and double going up, as resolution does.
+    """
+    rng = random.Random(seed)
+    depth = max(1, (n - 2) // 6)
+    nodes: list[Node] = []
+    skips: list[str] = []
+
+    def add(op: str, inputs: tuple[str, ...], out: int, flops: int) -> str:
+        name = f"n{len(nodes)}"
+        saves_in = inputs if op in ("conv", "up") else ()
+        nodes.append(Node(name=name, op=op, inputs=inputs, saves_inputs=saves_in,
+                          saves_output=op == "relu", out_bytes=out, fwd_flops=flops, bwd_flops=2 * flops,
+                          saved_bytes=out // 4 if op == "pool" else 0))
+        return name
+
+    size = 32 * MB
+    x = add("conv", (), size, rng.randint(5, 10) * 10**8)
+    for _ in range(depth):
+        x = add("conv", (x,), size, rng.randint(5, 10) * 10**8)
+        x = add("relu", (x,), size, 10**6)
+        skips.append(x)
+        size = max(MB, size // 2)
+        x = add("pool", (x,), size, 10**6)
+    x = add("conv", (x,), size, rng.randint(5, 10) * 10**8)
+    for _ in range(depth):
+        size = size * 2
+        x = add("up", (x,), size, rng.randint(2, 5) * 10**8)
+        x = add("conv", (x, skips.pop()), size, rng.randint(5, 10) * 10**8)
+        x = add("relu", (x,), size, 10**6)
+    while len(nodes) < n:
+        x = add("conv", (x,), size, rng.randint(1, 5) * 10**8)
+    return Graph(nodes=tuple(nodes), input_bytes=8 * MB, name=f"unet{n}",
+                 meta={"family": "unet", "n": n, "seed": seed})
+
+
+def transformer(n: int, *, seed: int = 0, act_bytes: int = 4 * MB) -> Graph:
+    """A stack of transformer blocks with ~``n`` nodes (12 per block).
+
+    An attention mask (no grad) is computed once and read by every block's
+    attention: the tensor that crosses every cut.
+    """
+    rng = random.Random(seed)
+    nodes: list[Node] = []
+    a = act_bytes
+
+    def add(op, inputs, out, flops, *, saves=None, saves_output=False, saved=0, rg=True, stochastic=False):
+        name = f"n{len(nodes)}"
+        inputs = tuple(inputs)
+        nodes.append(Node(name=name, op=op, inputs=inputs,
+                          saves_inputs=tuple(inputs if saves is None else saves),
+                          saves_output=saves_output, saved_bytes=saved, out_bytes=out,
+                          fwd_flops=flops, bwd_flops=2 * flops if rg else 0,
+                          requires_grad=rg, stochastic=stochastic))
+        return name
+
+    mm = 4 * 10**8
+    x = add("embedding", (), a, 10**6, saves=())
+    mask = add("mask", (), a // 16, 0, saves=(), rg=False)
+    blocks = max(1, (n - 4) // 12)
+    for _ in range(blocks):
+        h = add("layer_norm", (x,), a, 10**6, saved=a // 64)
+        qkv = add("linear", (h,), 3 * a, 3 * mm)
+        att = add("attention", (qkv, mask), a, 2 * mm, saves=(qkv,), saved=a // 8)
+        p = add("linear", (att,), a, mm)
+        d = add("dropout", (p,), a, 10**6, saves=(), saved=a // 4, stochastic=True)
+        x = add("add", (x, d), a, 10**6, saves=())
+        h = add("layer_norm", (x,), a, 10**6, saved=a // 64)
+        f = add("linear", (h,), 4 * a, 4 * mm)
+        g = add("gelu", (f,), 4 * a, 10**6)
+        f2 = add("linear", (g,), a, 4 * mm)
+        d = add("dropout", (f2,), a, 10**6, saves=(), saved=a // 4, stochastic=True)
+        x = add("add", (x, d), a, 10**6, saves=())
+    x = add("layer_norm", (x,), a, 10**6, saved=a // 64)
+    add("lm_head", (x,), 8 * a, rng.randint(8, 12) * mm)
+    add("loss", (nodes[-1].name,), 4, 10**6, saves=(nodes[-1].name,))
+    return Graph(nodes=tuple(nodes), input_bytes=a // 16, name=f"transformer{n}",
+                 meta={"family": "transformer", "n": n, "seed": seed})
+
+
+def random_dag(n: int, *, seed: int = 0, width: int = 3, p_skip: float = 0.3) -> Graph:
+    """A random layered DAG: layers of up to ``width`` nodes, edges from the
+    previous layer plus occasional longer skips; one sink at the end."""
+    rng = random.Random(seed)
+    nodes: list[Node] = []
+    prev_layer: list[str] = []
+    all_names: list[str] = []
+    while len(nodes) < n - 1:
+        w = min(rng.randint(1, width), n - 1 - len(nodes))
+        layer = []
+        for _ in range(w):
+            name = f"n{len(nodes)}"
+            inputs: list[str] = []
+            if prev_layer:
+                inputs.append(rng.choice(prev_layer))
+                if len(prev_layer) > 1 and rng.random() < 0.5:
+                    other = rng.choice(prev_layer)
+                    if other not in inputs:
+                        inputs.append(other)
+                if rng.random() < p_skip and len(all_names) > len(prev_layer):
+                    far = rng.choice(all_names[: len(all_names) - len(prev_layer)])
+                    if far not in inputs:
+                        inputs.append(far)
+            kind = rng.random()
+            saves = tuple(inputs) if kind < 0.6 else ()
+            out = rng.randint(1, 16) * MB
+            flops = rng.randint(1, 40) * 10**8
+            nodes.append(Node(name=name, op="op", inputs=tuple(inputs), saves_inputs=saves,
+                              saves_output=kind > 0.85, saved_bytes=out // 8 if 0.6 <= kind < 0.7 else 0,
+                              out_bytes=out, fwd_flops=flops, bwd_flops=2 * flops))
+            layer.append(name)
+        all_names.extend(layer)
+        prev_layer = layer
+    # One sink that reads every node nothing else reads, so the graph has one output.
+    consumed = {s for nd in nodes for s in nd.inputs}
+    dangling = tuple(nd.name for nd in nodes if nd.name not in consumed)
+    nodes.append(Node(name=f"n{len(nodes)}", op="loss", inputs=dangling, saves_inputs=dangling,
+                      out_bytes=4, fwd_flops=10**6, bwd_flops=2 * 10**6))
+    return Graph(nodes=tuple(nodes), input_bytes=4 * MB, name=f"random-dag{n}",
+                 meta={"family": "random-dag", "n": n, "seed": seed})
+
+
+def _fix_bwd(node: Node) -> Node:
+    import dataclasses
+
+    return dataclasses.replace(node, bwd_flops=2 * node.fwd_flops)
+
+
+FAMILIES: dict[str, Callable[..., Graph]] = {
+    "chain": lambda n, seed=0: chain(n, seed=seed),
+    "hetero-chain": hetero_chain,
+    "residual": residual,
+    "unet": unet,
+    "transformer": transformer,
+    "random-dag": random_dag,
+}
+
+
+def make(family: str, n: int, seed: int = 0) -> Graph:
+    """``FAMILIES[family](n, seed=seed)`` with a clear error for unknown names."""
+    try:
+        fn = FAMILIES[family]
+    except KeyError:
+        raise ValueError(f"unknown graph family {family!r}; choose one of {sorted(FAMILIES)}") from None
+    return fn(n, seed=seed)

@@ -1,0 +1,36 @@
+"""``ckpt simulate GRAPH.json [PLAN.json]``."""
+
+from __future__ import annotations
+
+import argparse
+
+import graphs
+from solvers import load_plan, simulate
+
+from ..report import simulation_summary
+
+NAME = "simulate"
+HELP = "print the simulated peak memory of a plan (or of store-all) and its breakdown"
+DESCRIPTION = """Walk the forward and backward pass of GRAPH under PLAN exactly as
+torch.utils.checkpoint(use_reentrant=False) would execute it, and print the peak,
+the step where it happens, and what it is made of.
+
+example:
+  ckpt simulate graph.json plan.json
+  ckpt simulate graph.json            # no plan: store everything"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("graph", help="cost graph JSON (from `ckpt trace` or written by hand)")
+    p.add_argument("plan", nargs="?", help="plan JSON (from `ckpt solve`); omit for store-all")
+
+
+def run(args: argparse.Namespace) -> int:
+    graph = graphs.load(args.graph)
+    plan = None
+    if args.plan:
+        plan = load_plan(args.plan)
+        plan.check_graph(graph)
+    sim = simulate(graph, plan)
+    print(simulation_summary(graph, sim, plan.budget_bytes if plan else None))
+    return 0

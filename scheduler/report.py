@@ -1,0 +1,58 @@
+"""Plain-text tables and summaries for the CLI (no dependency)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from graphs import Graph
+from solvers import Plan, Simulation, format_bytes
+
+__all__ = ["table", "plan_summary", "simulation_summary", "ratio"]
+
+
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
+    """Left-aligned columns separated by two spaces, with a rule under the header."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def ratio(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def simulation_summary(graph: Graph, sim: Simulation, budget_bytes: int | None = None) -> str:
+    """The peak, where it happens and what it is made of."""
+    node = graph.nodes[graph.index[sim.peak_node]]
+    lines = [
+        f"peak: {format_bytes(sim.peak_bytes)} ({sim.peak_bytes} bytes) during the {sim.peak_phase} of "
+        f"{sim.peak_node}" + (f" [{node.module}]" if node.module else ""),
+    ]
+    if budget_bytes is not None:
+        verdict = "fits" if sim.peak_bytes <= budget_bytes else "DOES NOT FIT"
+        lines.append(f"budget: {format_bytes(budget_bytes)}: {verdict}")
+    rows = [(k, format_bytes(v)) for k, v in sim.breakdown.items()]
+    lines.append(table(rows, ["at the peak", "bytes"]))
+    lines.append(f"recompute: {sim.recompute_flops:.3e} FLOPs = {ratio(sim.recompute_ratio)} of the step's FLOPs")
+    return "\n".join(lines)
+
+
+def plan_summary(graph: Graph, plan: Plan) -> str:
+    """Regions, predicted peak vs budget, overhead, solve time, status."""
+    step = graph.total_fwd_flops() + graph.total_bwd_flops()
+    lines = [f"solver {plan.solver}: status {plan.status}"
+             + (f" (gap {ratio(plan.gap)})" if plan.gap not in (None, 0.0) else "")
+             + f", solved in {plan.solve_time_s:.3f}s"]
+    if plan.peak_bytes is not None:
+        budget = f" / budget {format_bytes(plan.budget_bytes)}" if plan.budget_bytes else ""
+        lines.append(f"predicted peak {format_bytes(plan.peak_bytes)}{budget}")
+    if plan.recompute_flops is not None:
+        lines.append(f"recompute {plan.recompute_flops:.3e} FLOPs = {ratio(plan.recompute_flops / step if step else 0)} overhead")
+    if plan.regions:
+        rows = [(f"[{a}, {b}]", graph.nodes[a].name, graph.nodes[b].name, b - a + 1) for a, b in plan.regions]
+        lines.append(table(rows, ["region", "first", "last", "nodes"]))
+    else:
+        lines.append("no checkpoint regions (store everything)")
+    return "\n".join(lines)

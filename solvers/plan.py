@@ -1,0 +1,232 @@
+"""The plan: which intervals of the topological order run as checkpoint regions."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from graphs import Graph
+
+from .errors import PlanError, PlanMismatch
+
+__all__ = ["PLAN_FORMAT_VERSION", "Plan", "Status", "load_plan"]
+
+#: Version of the JSON format written by :meth:`Plan.to_dict`.
+PLAN_FORMAT_VERSION = 1
+
+
+class Status:
+    """Values of :attr:`Plan.status`."""
+
+    OPTIMAL = "optimal"  #: proven least recompute among interval plans that fit
+    FEASIBLE = "feasible"  #: fits; not proven optimal (``gap`` says how far at most, when known)
+    MANUAL = "manual"  #: built by hand with :meth:`Plan.from_regions`
+
+    ALL = (OPTIMAL, FEASIBLE, MANUAL)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A set of disjoint checkpoint regions over one graph.
+
+    A region ``(first, last)`` is an inclusive interval of node positions in
+    the graph's topological order. Nodes outside every region run under normal
+    autograd; a region keeps only its inputs and is recomputed once during the
+    backward (``torch.utils.checkpoint(use_reentrant=False)`` semantics; see
+    ``solvers.simulate``).
+
+    Attributes:
+        regions: sorted, disjoint ``(first, last)`` pairs.
+        fingerprint: :meth:`graphs.Graph.fingerprint` of the graph solved for.
+        solver: name of the solver that produced the plan.
+        options: the solver's options, for the record.
+        status: one of :class:`Status`.
+        budget_bytes: the budget asked for (whole step), or None.
+        peak_bytes: the simulated peak of the plan (whole step).
+        recompute_flops: FLOPs recomputed by the plan.
+        bound: a proven lower bound on ``recompute_flops`` (None if unknown).
+        gap: ``(recompute_flops - bound) / max(recompute_flops, 1)`` when known.
+        solve_time_s: wall time of the solver.
+        graph_name: name of the graph solved for (for error messages).
+        graph_meta: meta of the graph solved for (model, shapes, dtype).
+        node_names: names of the graph's nodes at each region's ends, so a
+            human can read the JSON (informative only).
+    """
+
+    regions: tuple[tuple[int, int], ...]
+    fingerprint: str = ""
+    solver: str = "manual"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    status: str = Status.MANUAL
+    budget_bytes: int | None = None
+    peak_bytes: int | None = None
+    recompute_flops: int | None = None
+    bound: float | None = None
+    gap: float | None = None
+    solve_time_s: float = 0.0
+    graph_name: str = ""
+    graph_meta: Mapping[str, Any] = field(default_factory=dict)
+    node_names: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        regions = _normalise_regions(self.regions)
+        object.__setattr__(self, "regions", regions)
+        object.__setattr__(self, "options", dict(self.options))
+        object.__setattr__(self, "graph_meta", dict(self.graph_meta))
+        object.__setattr__(self, "node_names", tuple(tuple(p) for p in self.node_names))
+        if self.status not in Status.ALL:
+            raise PlanError(f"plan status {self.status!r} is not one of {Status.ALL}")
+
+    # ---------------------------------------------------------------- building
+    @classmethod
+    def from_regions(cls, graph: Graph, regions: Iterable[Sequence[int]], **fields: Any) -> "Plan":
+        """A plan over ``graph`` with the given regions, checked against it.
+
+        Example:
+            >>> plan = Plan.from_regions(graph, [(0, 3), (4, 7)])
+
+        Raises:
+            PlanError: a region is out of range, reversed, overlaps another, or
+                contains a node marked ``recomputable=False``.
+        """
+        plan = cls(
+            regions=tuple(tuple(r) for r in regions),
+            fingerprint=graph.fingerprint(),
+            graph_name=graph.name,
+            graph_meta=graph.meta,
+            **fields,
+        )
+        plan.validate(graph)
+        names = tuple((graph.nodes[a].name, graph.nodes[b].name) for a, b in plan.regions)
+        return dataclasses.replace(plan, node_names=names)
+
+    def validate(self, graph: Graph) -> None:
+        """Check the regions fit ``graph`` (indices, recomputable flags).
+
+        Raises:
+            PlanError: naming the region and node at fault.
+        """
+        n = len(graph)
+        for a, b in self.regions:
+            if b >= n:
+                raise PlanError(f"region ({a}, {b}) ends past the last node (the graph has {n} nodes: 0..{n - 1})")
+            for i in range(a, b + 1):
+                if not graph.nodes[i].recomputable:
+                    raise PlanError(
+                        f"region ({a}, {b}) contains node {graph.nodes[i].name!r}, which is marked not recomputable"
+                    )
+
+    def check_graph(self, graph: Graph) -> None:
+        """Refuse a plan that was solved for another graph.
+
+        Raises:
+            PlanMismatch: with what differs (model, input shape, dtype, or the
+                graph's structure).
+        """
+        if not self.fingerprint or self.fingerprint == graph.fingerprint():
+            self.validate(graph)
+            return
+        diffs = []
+        if self.graph_name != graph.name:
+            diffs.append(f"model {self.graph_name!r} vs {graph.name!r}")
+        keys = sorted(set(self.graph_meta) | set(graph.meta))
+        for k in keys:
+            a, b = self.graph_meta.get(k), graph.meta.get(k)
+            if a != b:
+                diffs.append(f"{k} {a!r} vs {b!r}")
+        what = "; ".join(diffs) if diffs else "the graphs' nodes or sizes differ (same name and meta)"
+        raise PlanMismatch(
+            f"this plan was solved for another graph (plan fingerprint {self.fingerprint}, graph {graph.fingerprint()}): "
+            f"{what}. Solve again for this model and input (ckpt solve ...)."
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def region_of(self, n: int) -> list[int]:
+        """For each of ``n`` nodes, the index of its region or -1."""
+        out = [-1] * n
+        for r, (a, b) in enumerate(self.regions):
+            for i in range(a, min(b, n - 1) + 1):
+                out[i] = r
+        return out
+
+    # --------------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["regions"] = [list(r) for r in self.regions]
+        d["node_names"] = [list(p) for p in self.node_names]
+        return {"format": PLAN_FORMAT_VERSION, **d}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Plan":
+        """Parse a plan from its JSON form.
+
+        Raises:
+            PlanError: wrong format version, unknown or malformed field.
+        """
+        if not isinstance(d, Mapping):
+            raise PlanError("a plan must be a JSON object with a 'regions' list")
+        d = dict(d)
+        fmt = d.pop("format", PLAN_FORMAT_VERSION)
+        if fmt != PLAN_FORMAT_VERSION:
+            raise PlanError(
+                f"plan format version {fmt!r} is not supported (this version reads format {PLAN_FORMAT_VERSION})"
+            )
+        if "regions" not in d:
+            raise PlanError("plan is missing the required field 'regions'")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise PlanError(f"plan has unknown field(s) {unknown}; known fields are {sorted(known)}")
+        regions = d.pop("regions")
+        if not isinstance(regions, list) or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in regions):
+            raise PlanError(f"plan field 'regions' must be a list of [first, last] pairs, got {regions!r}")
+        node_names = d.pop("node_names", ())
+        return cls(regions=tuple(tuple(r) for r in regions), node_names=tuple(tuple(p) for p in node_names), **d)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the plan as JSON."""
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(self.to_dict(), fh, indent=1)
+            fh.write("\n")
+
+
+def load_plan(path: str | os.PathLike) -> Plan:
+    """Read a plan written by :meth:`Plan.save`.
+
+    Raises:
+        PlanError: missing file, invalid JSON, or malformed plan.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise PlanError(f"plan file {os.fspath(path)!r} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"plan file {os.fspath(path)!r} is not valid JSON: {exc}") from None
+    try:
+        return Plan.from_dict(data)
+    except TypeError as exc:  # a field of the wrong type reached the dataclass
+        raise PlanError(f"plan file {os.fspath(path)!r}: {exc}") from None
+    except PlanError as exc:
+        raise PlanError(f"plan file {os.fspath(path)!r}: {exc}") from None
+
+
+def _normalise_regions(regions: Iterable[Sequence[int]]) -> tuple[tuple[int, int], ...]:
+    out = []
+    for r in regions:
+        if len(r) != 2:
+            raise PlanError(f"a region is a (first, last) pair of node indices, got {r!r}")
+        a, b = r
+        if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, int) or not isinstance(b, int):
+            raise PlanError(f"region {tuple(r)!r}: indices must be integers")
+        if a < 0 or b < a:
+            raise PlanError(f"region ({a}, {b}) is invalid: need 0 <= first <= last")
+        out.append((a, b))
+    out.sort()
+    for (a1, b1), (a2, b2) in zip(out, out[1:]):
+        if a2 <= b1:
+            raise PlanError(f"regions ({a1}, {b1}) and ({a2}, {b2}) overlap; regions must be disjoint")
+    return tuple(out)

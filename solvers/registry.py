@@ -1,0 +1,114 @@
+"""One call for every solver: ``solve(graph, budget_bytes, solver=NAME, **options)``.
+
+NOTE [ Solver contract ]
+    A solver is a function ``fn(graph, budget_bytes, **options) -> Plan``.
+    It returns a plan whose regions it believes fit, with ``status``
+    (``optimal`` or ``feasible``) and, when it knows them, ``bound`` and
+    ``gap``; or raises :class:`~solvers.errors.InfeasibleBudget` carrying the
+    least budget for which it *would* find a plan. :func:`solve` then costs
+    every plan the same way, with :func:`~solvers.simulate.simulate` (the one
+    cost model): it fills ``peak_bytes``, ``recompute_flops``, the budget, the
+    fingerprint and the solve time, and refuses a plan that does not fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Callable
+
+from graphs import Graph
+
+from .errors import InfeasibleBudget, UnknownSolver
+from .plan import Plan
+from .simulate import simulate
+
+__all__ = ["SolverFn", "register", "get_solver", "available_solvers", "solve", "finalize"]
+
+log = logging.getLogger(__name__)
+
+SolverFn = Callable[..., Plan]
+_REGISTRY: dict[str, SolverFn] = {}
+
+
+def register(name: str) -> Callable[[SolverFn], SolverFn]:
+    """Decorator: make ``fn`` available as ``solve(..., solver=name)``."""
+
+    def deco(fn: SolverFn) -> SolverFn:
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def available_solvers() -> list[str]:
+    """Registered solver names, in registration order."""
+    return list(_REGISTRY)
+
+
+def get_solver(name: str) -> SolverFn:
+    """The solver registered as ``name``.
+
+    Raises:
+        UnknownSolver: naming the registered solvers.
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownSolver(f"unknown solver {name!r}; available: {', '.join(available_solvers())}") from None
+
+
+def finalize(graph: Graph, plan: Plan, budget_bytes: int, solver: str, options: dict[str, Any], t0: float) -> Plan:
+    """Cost ``plan`` with ``simulate`` and stamp it (the shared lowering path)."""
+    sim = simulate(graph, plan, record=False)
+    elapsed = time.perf_counter() - t0
+    names = tuple((graph.nodes[a].name, graph.nodes[b].name) for a, b in plan.regions)
+    gap = plan.gap
+    if plan.bound is not None and gap is None:
+        gap = max(0.0, (sim.recompute_flops - plan.bound) / max(sim.recompute_flops, 1))
+    return dataclasses.replace(
+        plan,
+        fingerprint=graph.fingerprint(),
+        solver=solver,
+        options={**plan.options, **{k: v for k, v in options.items() if isinstance(v, (int, float, str, bool, type(None)))}},
+        budget_bytes=int(budget_bytes),
+        peak_bytes=sim.peak_bytes,
+        recompute_flops=sim.recompute_flops,
+        gap=gap,
+        solve_time_s=elapsed,
+        graph_name=graph.name,
+        graph_meta=graph.meta,
+        node_names=names,
+    )
+
+
+def solve(graph: Graph, budget_bytes: int, solver: str | SolverFn = "dp", **options: Any) -> Plan:
+    """Choose checkpoint regions for ``graph`` under ``budget_bytes``.
+
+    Args:
+        graph: the cost graph.
+        budget_bytes: whole-step budget, compared with ``simulate``'s peak.
+        solver: a registered name (see :func:`available_solvers`) or a
+            function obeying NOTE [ Solver contract ].
+        **options: passed to the solver.
+
+    Returns:
+        The plan, costed by ``simulate``.
+
+    Raises:
+        InfeasibleBudget: no plan the solver considers fits.
+        UnknownSolver: no such solver.
+    """
+    fn = get_solver(solver) if isinstance(solver, str) else solver
+    name = solver if isinstance(solver, str) else getattr(solver, "__name__", "custom")
+    t0 = time.perf_counter()
+    plan = fn(graph, int(budget_bytes), **options)
+    plan.validate(graph)
+    out = finalize(graph, plan, budget_bytes, name, options, t0)
+    if out.peak_bytes > budget_bytes:
+        log.warning("solver %s returned a plan over budget (%d > %d)", name, out.peak_bytes, budget_bytes)
+        raise InfeasibleBudget(budget_bytes, out.peak_bytes, solver=name)
+    log.info("%s: %d regions, peak %d / budget %d, recompute %d FLOPs in %.3fs",
+             name, len(out.regions), out.peak_bytes, budget_bytes, out.recompute_flops, out.solve_time_s)
+    return out

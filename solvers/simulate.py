@@ -1,0 +1,314 @@
+"""The execution model: what a plan costs, step by step. The one cost model.
+
+NOTE [ Execution model ]
+    This walks a training step (forward, then backward) exactly as PyTorch
+    executes a plan whose regions are wrapped in
+    ``torch.utils.checkpoint.checkpoint(fn, *region_inputs, use_reentrant=False)``.
+
+    Always live: parameters (``graph.param_bytes``) and model inputs
+    (``graph.input_bytes``).
+
+    Forward, node ``i`` in topological order:
+      * its output ``out(i)`` and its own saved buffers (``saved_bytes``) are
+        allocated, plus ``workspace_bytes`` for the duration of the step;
+      * outside a region, autograd keeps what the node saves (NOTE [ What a
+        node saves ] in ``graphs.graph``); inside a region nothing is saved:
+        own buffers are freed at once and tensors die after their last
+        forward consumer;
+      * a region holds its *inputs* (tensors produced before the region, or in
+        another region, and read inside it) until its backward is done;
+      * a tensor is freed after its last forward consumer when no node, region
+        or the caller holds it. Outputs nobody consumes (the loss, returned
+        logits) are held by the caller to the end of the step.
+
+    Backward, nodes in reverse order (only nodes with ``requires_grad``):
+      * at the start, gradients of parameters not attributed to a node and the
+        gradient of the last node's output are allocated;
+      * when the backward reaches the last node of a region, the region is
+        recomputed once from its inputs: nodes run forward again, keeping
+        exactly what they save (new copies) and freeing temporaries as they go
+        (the region's output is a temporary unless a node inside saves it);
+      * node ``i``'s backward allocates a gradient for each input that requires
+        grad (kept until that input's own backward; a second contribution is a
+        transient buffer added into the first), the gradients of its
+        parameters (kept), and its workspace; then frees the gradient of its
+        output and releases what it saved;
+      * a region releases its inputs after the backward of its first node.
+
+    The recompute cost of a plan is the forward FLOPs of every node in a
+    region (each region is recomputed exactly once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from graphs import Graph
+
+from .plan import Plan
+
+__all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes"]
+
+FORWARD, RECOMPUTE, BACKWARD = "forward", "recompute", "backward"
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """Result of :func:`simulate`.
+
+    Attributes:
+        peak_bytes: the highest live bytes of the step (all categories).
+        peak_step: index into ``steps`` where the peak happens (first one).
+        peak_phase: ``forward``, ``recompute`` or ``backward``.
+        peak_node: name of the node running at the peak.
+        breakdown: live bytes per category at the peak: ``params``,
+            ``inputs``, ``activations`` (outputs and saved buffers, including
+            recomputed copies), ``activation_grads``, ``param_grads``,
+            ``workspace`` (transients of the running step).
+        steps: ``(phase, node_index)`` for every step, in execution order.
+        live_bytes: total live bytes at every step (same length as ``steps``).
+        recompute_flops: FLOPs of recomputation the plan adds.
+        step_flops: FLOPs of the step without checkpointing (forward + backward).
+        activation_peak_bytes: highest live bytes excluding parameters, inputs
+            and parameter gradients (the quantity a fraction budget refers to).
+    """
+
+    peak_bytes: int
+    peak_step: int
+    peak_phase: str
+    peak_node: str
+    breakdown: Mapping[str, int]
+    steps: tuple[tuple[str, int], ...]
+    live_bytes: tuple[int, ...]
+    recompute_flops: int
+    step_flops: int
+    activation_peak_bytes: int
+    persistent_bytes: int = field(default=0)
+
+    @property
+    def recompute_ratio(self) -> float:
+        """Recompute FLOPs as a fraction of the un-checkpointed step's FLOPs."""
+        return self.recompute_flops / self.step_flops if self.step_flops else 0.0
+
+
+def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> Simulation:
+    """Walk the forward and backward of ``graph`` under ``plan``.
+
+    Args:
+        graph: the cost graph.
+        plan: the checkpoint regions; ``None`` means store-all (no region).
+        record: keep the per-step timeline (``steps``/``live_bytes``); turn off
+            in inner loops.
+
+    Returns:
+        A :class:`Simulation` with the peak, where it happens, its breakdown,
+        the timeline and the recompute cost.
+    """
+    nodes = graph.nodes
+    n = len(nodes)
+    regions = plan.regions if plan is not None else ()
+    if plan is not None:
+        plan.validate(graph)
+    region_of = [-1] * n
+    for r, (a, b) in enumerate(regions):
+        for i in range(a, b + 1):
+            region_of[i] = r
+    preds = graph.preds
+    succs = graph.succs
+    idx = graph.index
+    rg = [nd.requires_grad for nd in nodes]
+    out_b = [nd.out_bytes for nd in nodes]
+    own_b = [nd.saved_bytes if nd.requires_grad else 0 for nd in nodes]
+    # Distinct tensors each node saves (as node positions).
+    saves = []
+    for i, nd in enumerate(nodes):
+        s = []
+        if rg[i]:
+            for name in nd.saves_inputs:
+                j = idx[name]
+                if j not in s:
+                    s.append(j)
+            if nd.saves_output and i not in s:
+                s.append(i)
+        saves.append(s)
+
+    # ------------------------------------------------------------- holders
+    # hold[j]: number of holders of the forward copy of tensor j.
+    # node_holds[k]: tensors (forward copies) node k releases after its backward.
+    # region_holds[r]: tensors region r releases after its backward.
+    hold = [0] * n
+    node_holds: list[list[int]] = [[] for _ in range(n)]
+    region_holds: list[list[int]] = [[] for _ in regions]
+    for k in range(n):
+        if region_of[k] == -1:
+            for j in saves[k]:
+                hold[j] += 1
+                node_holds[k].append(j)
+        else:
+            r = region_of[k]
+            for j in dict.fromkeys(preds[k]):
+                if region_of[j] != r and j not in region_holds[r]:
+                    region_holds[r].append(j)
+                    hold[j] += 1
+    caller = [not succs[j] for j in range(n)]  # sinks are held by the caller to the end
+
+    params = graph.param_bytes
+    inputs = graph.input_bytes
+    base = params + inputs
+    attributed = sum(nd.param_bytes for nd in nodes)
+    unattributed_pgrad = max(0, params - attributed)
+
+    act = 0  # activations (outputs, saved buffers, recomputed copies)
+    agrad = 0  # gradients of activations
+    pgrad = 0  # gradients of parameters
+
+    steps: list[tuple[str, int]] = []
+    live: list[int] = []
+    best = -1
+    best_step = 0
+    best_break: dict[str, int] = {}
+    act_peak = 0
+
+    def record_step(phase: str, i: int, transient: int) -> None:
+        nonlocal best, best_step, best_break, act_peak
+        total = base + act + agrad + pgrad + transient
+        a_only = act + agrad + transient
+        if a_only > act_peak:
+            act_peak = a_only
+        if total > best:
+            best = total
+            best_step = len(live) if record else 0
+            best_break = {
+                "params": params, "inputs": inputs, "activations": act, "activation_grads": agrad,
+                "param_grads": pgrad, "workspace": transient, "_phase": phase, "_node": i,  # type: ignore[dict-item]
+            }
+        if record:
+            steps.append((phase, i))
+            live.append(total)
+
+    # ------------------------------------------------------------- forward
+    remaining = [len(succs[j]) for j in range(n)]
+    alive = [False] * n
+    for i in range(n):
+        nd = nodes[i]
+        act += out_b[i] + nd.saved_bytes
+        alive[i] = True
+        record_step(FORWARD, i, nd.workspace_bytes)
+        if region_of[i] != -1 or not rg[i]:
+            act -= nd.saved_bytes  # own buffers not kept
+        for j in dict.fromkeys(preds[i]):
+            remaining[j] -= 1
+            if remaining[j] == 0 and hold[j] == 0 and not caller[j]:
+                act -= out_b[j]
+                alive[j] = False
+        if remaining[i] == 0 and hold[i] == 0 and not caller[i]:
+            act -= out_b[i]  # nothing reads or keeps it
+            alive[i] = False
+
+    # ------------------------------------------------------------ backward
+    pgrad += unattributed_pgrad
+    grad_alive = [False] * n
+    last = n - 1
+    if rg[last]:
+        grad_alive[last] = True
+        agrad += out_b[last]
+    region_last = {b: r for r, (a, b) in enumerate(regions)}
+    region_first = {a: r for r, (a, b) in enumerate(regions)}
+    rec_hold = [0] * n  # holders of recomputed copies
+    rec_node_holds: list[list[int]] = [[] for _ in range(n)]
+    recompute_flops = 0
+
+    def release(j: int) -> None:
+        nonlocal act
+        hold[j] -= 1
+        if hold[j] == 0 and alive[j] and not caller[j]:
+            act -= out_b[j]
+            alive[j] = False
+
+    for i in range(n - 1, -1, -1):
+        if i in region_last:
+            r = region_last[i]
+            a, b = regions[r]
+            # Recompute the region from its inputs.
+            rem = [0] * (b - a + 1)
+            for k in range(a, b + 1):
+                for j in dict.fromkeys(preds[k]):
+                    if a <= j <= b:
+                        rem[j - a] += 1
+                for j in saves[k]:
+                    if a <= j <= b:
+                        rec_hold[j] += 1
+                        rec_node_holds[k].append(j)
+            for k in range(a, b + 1):
+                nd = nodes[k]
+                recompute_flops += nd.fwd_flops
+                act += out_b[k] + nd.saved_bytes
+                record_step(RECOMPUTE, k, nd.workspace_bytes)
+                if not rg[k]:
+                    act -= nd.saved_bytes
+                for j in dict.fromkeys(preds[k]):
+                    if a <= j <= b:
+                        rem[j - a] -= 1
+                        if rem[j - a] == 0 and rec_hold[j] == 0:
+                            act -= out_b[j]
+                if rem[k - a] == 0 and rec_hold[k] == 0:
+                    act -= out_b[k]
+        if rg[i]:
+            nd = nodes[i]
+            transient = nd.workspace_bytes
+            for j in dict.fromkeys(preds[i]):
+                if not rg[j]:
+                    continue
+                if grad_alive[j]:
+                    transient += out_b[j]
+                else:
+                    grad_alive[j] = True
+                    agrad += out_b[j]
+            pgrad += nd.param_bytes
+            record_step(BACKWARD, i, transient)
+            if grad_alive[i]:
+                grad_alive[i] = False
+                agrad -= out_b[i]
+            act -= own_b[i]  # own saved buffers (kept whether in a region or not)
+            for j in node_holds[i]:
+                release(j)
+            for j in rec_node_holds[i]:
+                rec_hold[j] -= 1
+                if rec_hold[j] == 0:
+                    act -= out_b[j]
+        if i in region_first:
+            for j in region_holds[region_first[i]]:
+                release(j)
+
+    phase = best_break.pop("_phase")  # type: ignore[arg-type]
+    node_i = best_break.pop("_node")  # type: ignore[arg-type]
+    return Simulation(
+        peak_bytes=best,
+        peak_step=best_step,
+        peak_phase=phase,  # type: ignore[arg-type]
+        peak_node=nodes[node_i].name,  # type: ignore[index]
+        breakdown=best_break,
+        steps=tuple(steps),
+        live_bytes=tuple(live),
+        recompute_flops=recompute_flops,
+        step_flops=graph.total_fwd_flops() + graph.total_bwd_flops(),
+        activation_peak_bytes=act_peak,
+        persistent_bytes=base + params,
+    )
+
+
+def store_all_peak(graph: Graph) -> Simulation:
+    """The simulation without any region (everything autograd saves is kept)."""
+    return simulate(graph, None, record=False)
+
+
+def activation_budget_bytes(graph: Graph, fraction: float) -> int:
+    """Whole-step budget meaning "``fraction`` of the store-all activation peak".
+
+    As ``torch.compile``'s ``activation_memory_budget``: the fraction applies to
+    activations only; parameters, inputs and all parameter gradients are
+    added on top, so ``fraction=1.0`` always admits store-all.
+    """
+    sim = store_all_peak(graph)
+    return int(graph.param_bytes * 2 + graph.input_bytes + fraction * sim.activation_peak_bytes)
