@@ -151,10 +151,12 @@ def transformer(n: int, *, seed: int = 0, act_bytes: int = 4 * MB) -> Graph:
     nodes: list[Node] = []
     a = act_bytes
 
+    module = ""
+
     def add(op, inputs, out, flops, *, saves=None, saves_output=False, saved=0, rg=True, stochastic=False):
         name = f"n{len(nodes)}"
         inputs = tuple(inputs)
-        nodes.append(Node(name=name, op=op, inputs=inputs,
+        nodes.append(Node(name=name, op=op, inputs=inputs, module=module,
                           saves_inputs=tuple(inputs if saves is None else saves),
                           saves_output=saves_output, saved_bytes=saved, out_bytes=out,
                           fwd_flops=flops, bwd_flops=2 * flops if rg else 0,
@@ -165,7 +167,8 @@ def transformer(n: int, *, seed: int = 0, act_bytes: int = 4 * MB) -> Graph:
     x = add("embedding", (), a, 10**6, saves=())
     mask = add("mask", (), a // 16, 0, saves=(), rg=False)
     blocks = max(1, (n - 4) // 12)
-    for _ in range(blocks):
+    for blk in range(blocks):
+        module = f"h.{blk}"
         h = add("layer_norm", (x,), a, 10**6, saved=a // 64)
         qkv = add("linear", (h,), 3 * a, 3 * mm)
         att = add("attention", (qkv, mask), a, 2 * mm, saves=(qkv,), saved=a // 8)
@@ -178,6 +181,7 @@ def transformer(n: int, *, seed: int = 0, act_bytes: int = 4 * MB) -> Graph:
         f2 = add("linear", (g,), a, 4 * mm)
         d = add("dropout", (f2,), a, 10**6, saves=(), saved=a // 4, stochastic=True)
         x = add("add", (x, d), a, 10**6, saves=())
+    module = ""
     x = add("layer_norm", (x,), a, 10**6, saved=a // 64)
     add("lm_head", (x,), 8 * a, rng.randint(8, 12) * mm)
     add("loss", (nodes[-1].name,), 4, 10**6, saves=(nodes[-1].name,))
