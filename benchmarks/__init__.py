@@ -1,0 +1,1 @@
+"""Benchmarks run by ``make bench`` (``python -m benchmarks.run``)."""

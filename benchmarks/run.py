@@ -1,0 +1,44 @@
+"""``make bench``: run every benchmark module in turn and write results/.
+
+Each module in ``SUITES`` exposes ``main(quick: bool = False) -> None`` and
+writes its tables (Markdown/CSV/JSON) and small plots under
+``benchmarks/results/``. ``--quick`` runs reduced sizes (used by tests);
+``--only NAME`` runs one suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import time
+
+#: Benchmark modules under benchmarks/, in run order.
+SUITES = ["solvers", "trace_memory", "apply_memory", "compare", "fit"]
+
+log = logging.getLogger("benchmarks")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="reduced sizes, minutes instead of tens of minutes")
+    p.add_argument("--only", action="append", help="run only this suite (repeatable)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for name in args.only or SUITES:
+        try:
+            mod = importlib.import_module(f"benchmarks.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"benchmarks.{name}":
+                log.warning("benchmark suite %s is not present, skipped", name)
+                continue
+            raise
+        t0 = time.perf_counter()
+        log.info("suite %s: start", name)
+        mod.main(quick=args.quick)
+        log.info("suite %s: done in %.1fs", name, time.perf_counter() - t0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
