@@ -77,7 +77,7 @@ class Node:
             matmul-dominated ratio) when absent from JSON.
         op: operator name (``aten.mm``, ``linear``, ``block``...), informative.
         saves_inputs: which of ``inputs`` autograd keeps for this node's
-            backward; default all of them. See NOTE [ What a node saves ].
+            backward; default (``None``) all of them. See NOTE [ What a node saves ].
         saves_output: whether autograd keeps this node's own output.
         saved_bytes: bytes of the node's own saved buffers (neither an input
             nor the output).
@@ -100,7 +100,7 @@ class Node:
     fwd_flops: int = 0
     bwd_flops: int = 0
     op: str = ""
-    saves_inputs: tuple[str, ...] = ()
+    saves_inputs: tuple[str, ...] | None = None
     saves_output: bool = False
     saved_bytes: int = 0
     workspace_bytes: int = 0
@@ -114,6 +114,12 @@ class Node:
 
     _INT_FIELDS = ("out_bytes", "fwd_flops", "bwd_flops", "saved_bytes", "workspace_bytes", "param_bytes")
     _BOOL_FIELDS = ("saves_output", "stochastic", "stateful", "recomputable", "requires_grad")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        saves = self.inputs if self.saves_inputs is None else tuple(self.saves_inputs)
+        object.__setattr__(self, "saves_inputs", saves)
+        object.__setattr__(self, "members", tuple(self.members))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -169,8 +175,6 @@ class Node:
                 if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
                     raise GraphError(f"{where}: field {key!r} must be a list of node names, got {v!r}")
                 kw[key] = tuple(v)
-        if "saves_inputs" not in d:
-            kw["saves_inputs"] = kw["inputs"]
         return cls(**kw)
 
 
