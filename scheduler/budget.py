@@ -22,7 +22,7 @@ __all__ = ["BudgetError", "parse_budget", "parse_size", "format_bytes", "optimiz
 BudgetSpec = Union[str, int, float]
 
 _UNITS = {
-    "b": 1,
+    "": 1, "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
 }
