@@ -1,0 +1,313 @@
+"""Apply a plan: cut the traced fx graph at the plan's regions and checkpoint each.
+
+``apply(model, plan, args)`` re-captures ``model`` on ``args`` (the same
+tracer that built the plan's graph), refuses a plan solved for another model,
+shape or dtype, cuts the fx graph with ``torch.fx.passes.split_module`` into
+consecutive partitions (one per region, one per stretch of nodes between
+regions) and wraps every region partition in
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False,
+preserve_rng_state=True)``, which is the execution model ``solvers.simulate``
+costs (NOTE [ Execution model ]).
+
+NOTE [ Stateful ops under recompute ]
+    A region is run twice: once in the forward, once when the backward
+    reaches it. Ops that update state in their forward (BatchNorm's running
+    mean/var and ``num_batches_tracked``, any in-place buffer update) would
+    update it twice. We chose to *snapshot and restore* rather than to keep
+    such nodes out of regions: solvers stay free to put a BatchNorm inside a
+    region (in a ResNet every block holds several, so excluding them would
+    forbid almost every useful region), and the cost is a copy of the small
+    buffers of that region. When a region's recompute starts, the buffers
+    of the region's submodule are cloned; when it ends they are copied back,
+    in a ``finally`` block, because non-reentrant checkpoint stops a
+    recompute early (by raising inside it) once every tensor it needs has
+    been recomputed. The recompute sees the buffers as the forward left them
+    (BatchNorm in train mode normalises with batch statistics, so its output
+    does not depend on them) and leaves them as the forward left them, so the
+    running statistics after a step equal those without checkpointing.
+    Regions with no stateful node and no normalisation module skip the copy.
+
+The returned :class:`CheckpointedModule` shares the model's parameter,
+buffer and submodule dictionaries (same objects: an optimizer built before
+``apply`` keeps working, ``state_dict`` keys are unchanged) and returns
+outputs with the model's structure. A traced graph fixes the mode it was
+traced in (train, dropout on); called in another mode or without autograd
+(``torch.no_grad``, eval), the module runs the original model, since there
+is nothing to checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+from torch import nn
+from torch.fx.passes.split_module import split_module
+from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.checkpoint import checkpoint
+
+from graphs import CkptError, Graph
+from solvers import Plan
+
+__all__ = ["apply", "ApplyError", "CheckpointRegion", "CheckpointedModule", "RegionInfo", "cut"]
+
+log = logging.getLogger(__name__)
+
+
+class ApplyError(CkptError, RuntimeError):
+    """A plan could not be applied to the traced module."""
+
+
+@dataclass(frozen=True)
+class RegionInfo:
+    """One checkpoint region of an applied plan.
+
+    Attributes:
+        region: the plan's ``(first, last)`` cost-node interval.
+        submodule: attribute name of its partition in the split module.
+        fx_nodes: number of fx nodes it covers.
+        stateful: whether its buffers are snapshotted around recompute.
+    """
+
+    region: tuple[int, int]
+    submodule: str
+    fx_nodes: int
+    stateful: bool
+
+
+class CheckpointRegion(nn.Module):
+    """Runs ``body`` under ``checkpoint(use_reentrant=False)``.
+
+    See NOTE [ Stateful ops under recompute ] for ``stateful``.
+    """
+
+    def __init__(self, body: nn.Module, *, stateful: bool) -> None:
+        super().__init__()
+        self.body = body
+        self.stateful = stateful
+        self.recomputes = 0  # how many recomputes ran (for tests and verify)
+
+    def forward(self, *args: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return self.body(*args)
+        calls = 0
+
+        def run(*a: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                return self.body(*a)
+            self.recomputes += 1
+            if not self.stateful:
+                return self.body(*a)
+            buffers = list(self.body.buffers())
+            saved = [b.detach().clone() for b in buffers]
+            try:
+                return self.body(*a)
+            finally:
+                with torch.no_grad():
+                    for b, s in zip(buffers, saved):
+                        b.copy_(s)
+
+        return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True)
+
+
+class CheckpointedModule(nn.Module):
+    """The model with the plan's regions checkpointed.
+
+    Holds the model's own ``_parameters``, ``_buffers`` and ``_modules``
+    dictionaries, so parameters, buffers, ``state_dict`` keys and submodules
+    are the model's. ``split`` (the cut fx graph) is not a registered child.
+
+    Attributes:
+        plan: the applied plan.
+        graph: the cost graph it was checked against.
+        regions: one :class:`RegionInfo` per region.
+    """
+
+    def __init__(self, model: nn.Module, split: torch.fx.GraphModule, traced: Any, plan: Plan,
+                 regions: Sequence[RegionInfo]) -> None:
+        super().__init__()
+        self.__dict__["_parameters"] = model._parameters
+        self.__dict__["_buffers"] = model._buffers
+        self.__dict__["_non_persistent_buffers_set"] = model._non_persistent_buffers_set
+        self.__dict__["_modules"] = model._modules
+        self.__dict__["model"] = model
+        self.__dict__["split"] = split
+        self.__dict__["traced"] = traced
+        self.plan = plan
+        self.graph = traced.graph
+        self.regions = tuple(regions)
+        self._traced_training = model.training
+        self.train(model.training)
+
+    def train(self, mode: bool = True) -> "CheckpointedModule":
+        super().train(mode)
+        self.model.training = mode
+        return self
+
+    def region_modules(self) -> list[CheckpointRegion]:
+        return [getattr(self.split, r.submodule) for r in self.regions]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled() or self.training != self._traced_training:
+            return self.model(*args, **kwargs)
+        flat = _flatten_inputs(self.traced, args, kwargs)
+        out = self.split(*flat)
+        return _unflatten_outputs(self.traced, out)
+
+    def extra_repr(self) -> str:
+        return f"{len(self.regions)} checkpoint regions, plan by {self.plan.solver}"
+
+
+def apply(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, *, loss: Any = None,
+          granularity: Any = None, check: bool = True) -> CheckpointedModule:
+    """Return ``model`` with the plan's regions run under activation checkpointing.
+
+    Args:
+        model: the user's module, in the mode it will be trained in.
+        plan: a plan solved for the graph of ``model`` on inputs like ``args``.
+        args: example positional inputs (same shapes and dtype as the plan's).
+        kwargs: example keyword inputs.
+        loss: the loss the plan's graph was traced with (passed to the tracer
+            so that the fingerprint matches).
+        granularity: the tracer's granularity; default: the one recorded in
+            the plan's graph meta, else the tracer's default.
+        check: refuse a plan whose fingerprint differs from the traced graph.
+
+    Returns:
+        A :class:`CheckpointedModule` sharing the model's parameters.
+
+    Raises:
+        PlanMismatch: the plan was solved for another model, shape or dtype
+            (the message says which).
+        PlanError: a region is out of range or holds a non-recomputable node.
+        ApplyError: the plan's regions cannot be mapped onto the fx graph.
+    """
+    traced = _capture(model, args, kwargs, loss=loss, granularity=granularity, plan=plan)
+    if check:
+        plan.check_graph(traced.graph)
+    else:
+        plan.validate(traced.graph)
+    split, regions = cut(traced, plan)
+    log.info("applied %d regions (%s) to %s", len(regions), plan.solver, traced.graph.name)
+    return CheckpointedModule(model, split, traced, plan, regions)
+
+
+def cut(traced: Any, plan: Plan) -> tuple[torch.fx.GraphModule, list[RegionInfo]]:
+    """Split ``traced.gm`` at the plan's region boundaries; wrap the regions.
+
+    Returns:
+        The split module (partitions ``submod_K`` called in order; region
+        partitions replaced by :class:`CheckpointRegion`) and the regions.
+
+    Raises:
+        ApplyError: a cost node in a region has no fx node.
+    """
+    graph: Graph = traced.graph
+    gm: torch.fx.GraphModule = traced.gm
+    region_of = plan.region_of(len(graph))
+    owner: dict[str, int] = {}
+    for i, names in enumerate(_members(traced)):
+        for name in names:
+            owner[name] = i
+    fx_names = {n.name for n in gm.graph.nodes}
+    for r, (a, b) in enumerate(plan.regions):
+        if not any(name in fx_names for i in range(a, b + 1) for name in _members(traced)[i]):
+            raise ApplyError(
+                f"region ({a}, {b}) [{graph.nodes[a].name} .. {graph.nodes[b].name}] has no node in the traced "
+                "fx graph (it lies in the loss or in nodes the module does not run); solve again without it"
+            )
+    # Partition ids: a new one whenever the region status changes along the fx order.
+    part: dict[str, int] = {}
+    part_region: dict[int, int] = {}
+    count: dict[int, int] = {}
+    key, pid = None, -1
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            continue
+        k = region_of[owner[node.name]] if node.name in owner else key
+        if k is None:
+            k = -1
+        if k != key or pid < 0:
+            pid += 1
+            key = k
+            if k >= 0:
+                if k in part_region.values():
+                    raise ApplyError(f"region {plan.regions[k]} is not contiguous in the fx graph; the trace's node "
+                                     "members are out of order")
+                part_region[pid] = k
+        part[node.name] = pid
+        count[pid] = count.get(pid, 0) + 1
+    split = split_module(gm, gm, lambda n: part[n.name], keep_original_order=True)
+    infos = []
+    for pid, r in sorted(part_region.items()):
+        name = f"submod_{pid}"
+        body = getattr(split, name)
+        a, b = plan.regions[r]
+        stateful = any(graph.nodes[i].stateful for i in range(a, b + 1)) or any(
+            isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats for m in body.modules())
+        setattr(split, name, CheckpointRegion(body, stateful=stateful))
+        infos.append(RegionInfo(region=(a, b), submodule=name, fx_nodes=count[pid], stateful=stateful))
+    return split, infos
+
+
+# ------------------------------------------------------------------ the tracer
+def _capture(model: nn.Module, args: Any, kwargs: dict | None, *, loss: Any, granularity: Any, plan: Plan) -> Any:
+    try:
+        from .trace import capture  # type: ignore[attr-defined]
+    except ImportError:
+        capture = None
+    if granularity is None:
+        granularity = plan.graph_meta.get("granularity")
+    # Tracing may run the model (shape propagation, the check against eager):
+    # leave no trace of it in the buffers (BatchNorm statistics) or the RNG.
+    buffers = list(model.buffers())
+    saved = [b.detach().clone() for b in buffers]
+    devices = sorted({b.device.index or 0 for b in buffers if b.device.type == "cuda"})
+    try:
+        with torch.random.fork_rng(devices=devices):
+            if capture is not None:
+                kw: dict[str, Any] = {"loss": loss}
+                if granularity is not None:
+                    kw["granularity"] = granularity
+                return capture(model, args, kwargs, **kw)
+            from ._fx_adapter import capture as fx_capture  # temporary, until scheduler.trace lands
+
+            return fx_capture(model, args, kwargs)
+    finally:
+        with torch.no_grad():
+            for b, s in zip(buffers, saved):
+                b.copy_(s)
+
+
+def _members(traced: Any) -> list[tuple[str, ...]]:
+    cached = getattr(traced, "_apply_members", None)
+    if cached is None:
+        members = getattr(traced, "members", None)
+        if members is None:
+            members = [n.members or (n.name,) for n in traced.graph.nodes]
+        cached = [tuple(m) for m in members]
+    return cached
+
+
+def _flatten_inputs(traced: Any, args: Any, kwargs: dict | None) -> list[Any]:
+    flatten = getattr(traced, "flatten_inputs", None)
+    if flatten is not None:
+        return list(flatten(args, kwargs or {}))
+    flat, spec = tree_flatten((tuple(args) if isinstance(args, (tuple, list)) else (args,), kwargs or {}))
+    want = getattr(traced, "in_spec", None)
+    if want is not None and spec != want:
+        raise ApplyError(f"the inputs do not have the structure the model was traced with: {spec} vs {want}")
+    return flat
+
+
+def _unflatten_outputs(traced: Any, out: Any) -> Any:
+    unflatten = getattr(traced, "unflatten_outputs", None)
+    if unflatten is not None:
+        return unflatten(out)
+    spec = getattr(traced, "out_spec", None)
+    return out if spec is None else tree_unflatten(list(out), spec)
