@@ -1,0 +1,251 @@
+"""Prove an applied plan on real training steps: it fits, gradients are unchanged, cost as predicted.
+
+``verify(model, plan, args, loss=...)`` applies ``plan`` to ``model`` (or
+takes an already applied module), then, on the same inputs and random seed:
+
+* runs one step without and one with the plan and compares the loss, every
+  parameter gradient and every buffer (BatchNorm statistics);
+* measures the peak memory of a step of each (CPU: live tensor storages;
+  CUDA: ``max_memory_allocated``) and sets it beside ``simulate``'s
+  prediction and the budget;
+* times warm-up plus ``steps`` steps of each, alternating them in one run, and
+  reports the ratio of the medians beside the predicted one
+  (``1 + recompute FLOPs / step FLOPs``).
+
+Parameters are not updated (no optimizer step), so both runs see the same
+weights; buffers are restored between runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from solvers import Plan, format_bytes, simulate
+
+from .apply import CheckpointedModule, apply
+
+__all__ = ["Verification", "verify", "measure_step_peak", "default_loss"]
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What :func:`verify` measured.
+
+    Attributes:
+        model: the graph's name.
+        solver: the plan's solver.
+        regions: number of checkpoint regions applied.
+        budget_bytes: the plan's budget (None when it has none).
+        predicted_peak_bytes: ``simulate(graph, plan).peak_bytes``.
+        measured_peak_bytes: peak of a real step with the plan.
+        predicted_store_all_bytes: ``simulate(graph)`` without a plan.
+        measured_store_all_bytes: peak of a real step without the plan.
+        predicted_recompute_ratio: recompute FLOPs / step FLOPs.
+        step_time_ratio: median step time with the plan / without.
+        step_time_s: median step time without the plan (seconds).
+        max_grad_diff: largest absolute difference over all parameter gradients.
+        loss_diff: absolute difference of the losses.
+        buffers_equal: every buffer equal after the two steps.
+    """
+
+    model: str
+    solver: str
+    regions: int
+    budget_bytes: int | None
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    predicted_store_all_bytes: int
+    measured_store_all_bytes: int
+    predicted_recompute_ratio: float
+    step_time_ratio: float
+    step_time_s: float
+    max_grad_diff: float
+    loss_diff: float
+    buffers_equal: bool
+
+    @property
+    def fits(self) -> bool:
+        """Measured peak within the budget (always true without a budget)."""
+        return self.budget_bytes is None or self.measured_peak_bytes <= self.budget_bytes
+
+    @property
+    def peak_error(self) -> float:
+        """(measured - predicted) / predicted."""
+        return (self.measured_peak_bytes - self.predicted_peak_bytes) / max(self.predicted_peak_bytes, 1)
+
+    @property
+    def predicted_time_ratio(self) -> float:
+        return 1.0 + self.predicted_recompute_ratio
+
+    def grads_equal(self, atol: float = 0.0) -> bool:
+        return self.max_grad_diff <= atol and self.loss_diff <= atol and self.buffers_equal
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """``(quantity, with the plan, without)`` rows for a table."""
+        budget = format_bytes(self.budget_bytes) if self.budget_bytes else "-"
+        return [
+            ("peak measured", format_bytes(self.measured_peak_bytes), format_bytes(self.measured_store_all_bytes)),
+            ("peak predicted", format_bytes(self.predicted_peak_bytes), format_bytes(self.predicted_store_all_bytes)),
+            ("budget", budget, ""),
+            ("fits the budget", "yes" if self.fits else "NO", ""),
+            ("peak error (measured vs predicted)", f"{100 * self.peak_error:+.1f}%", ""),
+            ("step time ratio (median)", f"{self.step_time_ratio:.3f}", f"1 ({1000 * self.step_time_s:.1f} ms)"),
+            ("step time ratio predicted", f"{self.predicted_time_ratio:.3f}", ""),
+            ("recompute ratio predicted", f"{100 * self.predicted_recompute_ratio:.1f}%", ""),
+            ("max gradient difference", f"{self.max_grad_diff:.3g}", ""),
+            ("loss difference", f"{self.loss_diff:.3g}", ""),
+            ("buffers equal", "yes" if self.buffers_equal else "NO", ""),
+        ]
+
+
+def default_loss(out: Any) -> torch.Tensor:
+    """Sum of the means of every floating output (a loss when the model returns one)."""
+    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise ValueError("the model returns no floating tensor to take a loss of")
+    return sum(t.float().mean() for t in leaves)  # type: ignore[return-value]
+
+
+def _step(module: nn.Module, args: tuple, kwargs: dict, loss: LossFn) -> torch.Tensor:
+    out = module(*args, **kwargs)
+    value = loss(out)
+    value.backward()
+    return value.detach()
+
+
+def _clear_grads(model: nn.Module) -> None:
+    for p in model.parameters():
+        p.grad = None
+
+
+def measure_step_peak(module: nn.Module, model: nn.Module, args: tuple, kwargs: dict, loss: LossFn) -> int:
+    """Peak bytes of one training step (parameter gradients start at None).
+
+    Counts what exists before the step (parameters, buffers, inputs) plus the
+    peak of what the step allocates.
+    """
+    _clear_grads(model)
+    try:
+        from . import measure  # type: ignore[attr-defined]
+    except ImportError:
+        measure = None
+    if measure is not None and hasattr(measure, "step_peak_bytes"):
+        return int(measure.step_peak_bytes(lambda: _step(module, args, kwargs, loss), model, args, kwargs))
+    from ._peak import track_peak  # temporary, until scheduler.measure lands
+
+    persistent = sum(t.untyped_storage().nbytes() for t in _storages(model, args, kwargs))
+    with track_peak() as tracker:
+        _step(module, args, kwargs, loss)
+    return persistent + tracker.peak_bytes
+
+
+def _storages(model: nn.Module, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    seen, out = set(), []
+    leaves = list(model.parameters()) + list(model.buffers()) + torch.utils._pytree.tree_leaves((args, kwargs))
+    for t in leaves:
+        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            out.append(t)
+    return out
+
+
+def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, *, loss: LossFn | None = None,
+           trace_loss: Any = None, applied: CheckpointedModule | None = None, steps: int = 5, warmup: int = 1,
+           seed: int = 0, measure_memory: bool = True) -> Verification:
+    """Run steps with and without ``plan`` and compare them.
+
+    Args:
+        model: the user's module (train mode for a training step).
+        plan: the plan (checked against the traced graph).
+        args, kwargs: the step's inputs.
+        loss: ``loss(outputs) -> scalar``; default :func:`default_loss`.
+        trace_loss: the loss passed to the tracer (see :func:`scheduler.apply.apply`).
+        applied: an already applied module (skips :func:`apply`).
+        steps: measured steps of each kind for the time ratio (median).
+        warmup: un-timed steps of each kind first.
+        seed: RNG seed both runs start from (dropout masks equal).
+        measure_memory: also measure the peaks (a slower, instrumented step each).
+
+    Returns:
+        A :class:`Verification`.
+
+    Raises:
+        PlanMismatch: the plan was solved for another model, shape or dtype.
+    """
+    args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+    kwargs = dict(kwargs or {})
+    loss = loss or default_loss
+    if applied is None:
+        applied = apply(model, plan, args, kwargs, loss=trace_loss)
+    graph = applied.graph
+    sim_plan = simulate(graph, plan, record=False)
+    sim_all = simulate(graph, None, record=False)
+    buffers = list(model.buffers())
+    initial = [b.detach().clone() for b in buffers]
+
+    def reset() -> None:
+        with torch.no_grad():
+            for b, s in zip(buffers, initial):
+                b.copy_(s)
+        _clear_grads(model)
+
+    # Equality: same seed, same weights, same starting buffers.
+    runs = []
+    for module in (model, applied):
+        reset()
+        torch.manual_seed(seed)
+        value = _step(module, args, kwargs, loss)
+        grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
+        runs.append((value, grads, [b.detach().clone() for b in buffers]))
+    (l0, g0, b0), (l1, g1, b1) = runs
+    max_diff = 0.0
+    for name, ga in g0.items():
+        gb = g1[name]
+        if (ga is None) != (gb is None):
+            max_diff = float("inf")
+            log.warning("gradient of %s is None in one run only", name)
+        elif ga is not None:
+            max_diff = max(max_diff, float((ga.double() - gb.double()).abs().max()) if ga.numel() else 0.0)
+    buffers_equal = all(torch.equal(x, y) for x, y in zip(b0, b1))
+    loss_diff = float((l0.double() - l1.double()).abs())
+
+    measured = {}
+    if measure_memory:
+        for key, module in (("all", model), ("plan", applied)):
+            reset()
+            torch.manual_seed(seed)
+            measured[key] = measure_step_peak(module, model, args, kwargs, loss)
+
+    # Time: alternate the two, one run, median of each.
+    times: dict[str, list[float]] = {"all": [], "plan": []}
+    for i in range(warmup + steps):
+        for key, module in (("all", model), ("plan", applied)):
+            _clear_grads(model)
+            t0 = time.perf_counter()
+            _step(module, args, kwargs, loss)
+            if i >= warmup:
+                times[key].append(time.perf_counter() - t0)
+    reset()
+    base = statistics.median(times["all"])
+    result = Verification(
+        model=graph.name, solver=plan.solver, regions=len(applied.regions), budget_bytes=plan.budget_bytes,
+        predicted_peak_bytes=sim_plan.peak_bytes, measured_peak_bytes=measured.get("plan", 0),
+        predicted_store_all_bytes=sim_all.peak_bytes, measured_store_all_bytes=measured.get("all", 0),
+        predicted_recompute_ratio=sim_plan.recompute_ratio,
+        step_time_ratio=statistics.median(times["plan"]) / base if base else float("nan"), step_time_s=base,
+        max_grad_diff=max_diff, loss_diff=loss_diff, buffers_equal=buffers_equal,
+    )
+    log.info("verified %s/%s: peak %d (predicted %d), time x%.3f, grad diff %.3g", result.model, result.solver,
+             result.measured_peak_bytes, result.predicted_peak_bytes, result.step_time_ratio, result.max_grad_diff)
+    return result
