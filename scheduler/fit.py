@@ -1,0 +1,356 @@
+"""The largest batch (or sequence) that fits a card, per solver.
+
+``fit(model, "24GiB", search="batch")`` answers "what can I train on this
+card, and what does it cost?": it subtracts the persistent state (weights,
+gradients, optimizer state, master copy, reserve; ``scheduler.memory``) from
+the card, then searches the largest size whose step each solver can plan
+under what is left, re-tracing the model at every size it probes (shapes
+change) and checking every answer with ``simulate``.
+
+NOTE [ Size search ]
+    For one solver, ``fits(size)`` is "the solver returns a plan whose
+    simulated peak is within the budget". It is monotone for the optimal
+    solvers and store-all (a larger batch never needs less memory), so the
+    search gallops (1, 2, 4, ... sizes in units of ``multiple_of``) until the
+    first failure or ``max_size``, then bisects between the last success and
+    the first failure: ``O(log size)`` traces, each cached so that solvers
+    share them. For a heuristic that is not monotone the answer is still a
+    size that was probed and fits, with the next size up failing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import solvers
+from graphs import Graph
+from solvers import InfeasibleBudget, Plan, simulate
+
+from .budget import BudgetError, parse_size
+from .memory import (
+    MemoryReport, NothingFits, PersistentState, PlanMemory, ReserveSpec, dtype_bytes, levers, memory_report,
+    persistent_state, plan_memory,
+)
+
+__all__ = ["Probe", "SolverFit", "FitResult", "SizedModel", "search_largest", "fit_graphs", "fit", "DEFAULT_SOLVERS"]
+
+log = logging.getLogger(__name__)
+
+#: Solvers searched when none are named (those registered; ``ilp`` is slow on large graphs).
+DEFAULT_SOLVERS = ("store-all", "chen", "per-module", "dp")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One size tried for one solver (what the progress callback receives).
+
+    Attributes:
+        solver: the solver name.
+        size: the size tried.
+        fits: whether a plan within the budget was found.
+        peak_bytes: the plan's simulated whole-step peak (None without a plan).
+        recompute_ratio: recompute FLOPs over the step's FLOPs (None without a plan).
+        min_feasible_bytes: without a plan, the least budget the solver needs.
+        phase: ``gallop`` or ``bisect``.
+    """
+
+    solver: str
+    size: int
+    fits: bool
+    peak_bytes: int | None = None
+    recompute_ratio: float | None = None
+    min_feasible_bytes: int | None = None
+    phase: str = "gallop"
+
+
+@dataclass(frozen=True)
+class SolverFit:
+    """The search's answer for one solver.
+
+    Attributes:
+        solver: the solver name.
+        size: the largest size that fits (None: not even the smallest).
+        peak_bytes: the simulated peak at that size (whole step, ``simulate``'s count).
+        recompute_ratio: the recompute overhead paid at that size.
+        plan: the plan at that size.
+        capped: the search stopped at ``max_size`` (larger may fit).
+        probes: every size tried, in order.
+    """
+
+    solver: str
+    size: int | None
+    peak_bytes: int | None = None
+    recompute_ratio: float | None = None
+    plan: Plan | None = None
+    capped: bool = False
+    probes: tuple[Probe, ...] = ()
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Result of :func:`fit` / :func:`fit_graphs`.
+
+    Attributes:
+        dimension: what was searched (``batch`` or ``seq``).
+        fixed: the other sizes held fixed.
+        results: one :class:`SolverFit` per solver, in the order asked.
+        report: the step's memory by category at the largest size any solver
+            reached (every solver's activations at that size).
+        traces: how many sizes were traced.
+        elapsed_s: wall time of the search.
+    """
+
+    dimension: str
+    fixed: Mapping[str, int]
+    results: tuple[SolverFit, ...]
+    report: MemoryReport
+    traces: int
+    elapsed_s: float
+
+    def result(self, solver: str) -> SolverFit:
+        """The :class:`SolverFit` of ``solver`` (KeyError if it was not searched)."""
+        for r in self.results:
+            if r.solver == solver:
+                return r
+        raise KeyError(solver)
+
+
+@dataclass(frozen=True)
+class SizedModel:
+    """A model seen as ``size -> graph`` along one dimension.
+
+    Attributes:
+        graph_at: traces the model at a size (called once per size; cached).
+        dimension: ``batch`` or ``seq``.
+        fixed: the other sizes held fixed (for the report).
+        params: parameter count (None: derived from the graph's ``param_bytes``).
+        trainable: trainable parameter count (None: all).
+        max_size: the largest size the model accepts (e.g. its positions).
+        name: a label.
+    """
+
+    graph_at: Callable[[int], Graph]
+    dimension: str = "batch"
+    fixed: Mapping[str, int] = field(default_factory=dict)
+    params: int | None = None
+    trainable: int | None = None
+    max_size: int | None = None
+    name: str = ""
+
+
+def search_largest(fits: Callable[[int, str], bool], lo: int, hi: int, *, multiple_of: int = 1) -> tuple[int | None, bool]:
+    """Largest ``size`` in ``[lo, hi]`` (a multiple of ``multiple_of``) with ``fits(size)``.
+
+    Gallops from the smallest size, doubling, then bisects (NOTE [ Size
+    search ]). ``fits(size, phase)`` gets ``"gallop"`` or ``"bisect"``.
+
+    Returns:
+        ``(size, capped)``: size None when the smallest does not fit; capped
+        when ``hi`` itself fits.
+
+    Raises:
+        BudgetError: an empty range.
+    """
+    if multiple_of < 1:
+        raise BudgetError(f"multiple_of must be >= 1, got {multiple_of}")
+    k_lo, k_hi = -(-max(lo, 1) // multiple_of), hi // multiple_of
+    if k_lo > k_hi:
+        raise BudgetError(f"no multiple of {multiple_of} lies in [{lo}, {hi}]; widen the range")
+    if not fits(k_lo * multiple_of, "gallop"):
+        return None, False
+    good = k_lo
+    bad = None
+    while good < k_hi:
+        nxt = min(2 * good, k_hi)
+        if fits(nxt * multiple_of, "gallop"):
+            good = nxt
+        else:
+            bad = nxt
+            break
+    if bad is None:
+        return good * multiple_of, True
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid * multiple_of, "bisect"):
+            good = mid
+        else:
+            bad = mid
+    return good * multiple_of, False
+
+
+class _Trials:
+    """Traces and solves, each done at most once per (size) / (solver, size)."""
+
+    def __init__(self, model: SizedModel, budget_bytes: int, solver_options: Mapping[str, Mapping[str, Any]],
+                 progress: Callable[[Probe], None] | None) -> None:
+        self.model = model
+        self.budget = budget_bytes
+        self.options = solver_options
+        self.progress = progress
+        self.graphs: dict[int, Graph] = {}
+        self.done: dict[tuple[str, int], tuple[Probe, Plan | None]] = {}
+        self.trace_s = 0.0
+
+    def graph(self, size: int) -> Graph:
+        if size not in self.graphs:
+            t0 = time.perf_counter()
+            self.graphs[size] = self.model.graph_at(size)
+            dt = time.perf_counter() - t0
+            self.trace_s += dt
+            log.info("traced %s at %s %d: %d nodes in %.1fs", self.model.name, self.model.dimension, size,
+                     len(self.graphs[size]), dt)
+        return self.graphs[size]
+
+    def try_size(self, solver: str, size: int, phase: str = "gallop") -> tuple[Probe, Plan | None]:
+        key = (solver, size)
+        if key not in self.done:
+            graph = self.graph(size)
+            if solver == "store-all":
+                sim = simulate(graph, None, record=False)
+                ok = sim.peak_bytes <= self.budget
+                plan = Plan(regions=()) if ok else None
+                probe = Probe(solver, size, ok, sim.peak_bytes if ok else None, 0.0 if ok else None,
+                              None if ok else sim.peak_bytes, phase)
+            else:
+                try:
+                    plan = solvers.solve(graph, self.budget, solver=solver, **dict(self.options.get(solver, {})))
+                    step = graph.total_fwd_flops() + graph.total_bwd_flops()
+                    probe = Probe(solver, size, True, plan.peak_bytes, (plan.recompute_flops or 0) / step if step else 0.0,
+                                  None, phase)
+                except InfeasibleBudget as exc:
+                    plan = None
+                    probe = Probe(solver, size, False, None, None, exc.min_feasible_bytes, phase)
+            self.done[key] = (probe, plan)
+            log.info("%s at %s %d: %s", solver, self.model.dimension, size, "fits" if probe.fits else "does not fit")
+            if self.progress is not None:
+                self.progress(probe)
+        return self.done[key]
+
+
+def fit_graphs(model: SizedModel, device_memory: int | str, *, optimizer: str | None = "adam", dtype: str = "fp32",
+               mixed_precision: bool = False, solver_names: Sequence[str] | None = None, reserve: ReserveSpec = None,
+               min_size: int = 1, max_size: int | None = None, multiple_of: int = 1,
+               solver_options: Mapping[str, Mapping[str, Any]] | None = None,
+               progress: Callable[[Probe], None] | None = None) -> FitResult:
+    """Search the largest size of ``model`` that fits ``device_memory``, per solver.
+
+    Args:
+        model: the model as ``size -> graph`` (:class:`SizedModel`).
+        device_memory: the card (``"24GiB"`` or bytes).
+        optimizer, dtype, mixed_precision: the persistent state (``scheduler.memory``).
+        solver_names: solver names (default :data:`DEFAULT_SOLVERS` that are registered).
+        reserve: held back from the card (``memory.parse_reserve``).
+        min_size, max_size, multiple_of: the sizes searched (``max_size``
+            defaults to the model's, else 4096).
+        solver_options: per-solver options, e.g. ``{"ilp": {"time_limit_s": 10}}``.
+        progress: called with each :class:`Probe` as the search goes.
+
+    Returns:
+        A :class:`FitResult`.
+
+    Raises:
+        NothingFits: the persistent state alone exceeds the card, or no solver
+            fits the smallest size; carries the report and the levers.
+        UnknownSolver: a solver name is not registered.
+    """
+    t0 = time.perf_counter()
+    card = parse_size(device_memory) if isinstance(device_memory, str) else int(device_memory)
+    names = list(solver_names) if solver_names else [s for s in DEFAULT_SOLVERS if s == "store-all" or s in solvers.available_solvers()]
+    for s in names:
+        if s != "store-all":
+            solvers.get_solver(s)
+    hi = max_size or model.max_size or 4096
+    if model.max_size:
+        hi = min(hi, model.max_size)
+    params = model.params
+    first_graph = None
+    if params is None:
+        first_graph = model.graph_at(max(min_size, multiple_of))
+        params = first_graph.param_bytes // dtype_bytes(dtype)
+    state = persistent_state(params, trainable=model.trainable, dtype=dtype, optimizer=optimizer,
+                             mixed_precision=mixed_precision)
+    base = memory_report(state, card, reserve=reserve, size={**model.fixed})
+    budget = base.solver_budget_bytes
+    if base.activation_room_bytes < 0:
+        over = base.persistent_bytes - card
+        raise NothingFits(
+            f"nothing fits: the persistent state alone ({_gib(base.persistent_bytes)} = weights {_gib(state.param_bytes)}"
+            f" + gradients {_gib(state.grad_bytes)} + optimizer state {_gib(state.optimizer_bytes)}"
+            f" + master weights {_gib(state.master_bytes)} + reserve {_gib(base.reserve_bytes)}) is "
+            f"{'over' if over > 0 else 'all of'} the {_gib(card)} card{f' by {_gib(over)}' if over > 0 else ''},"
+            " before any activation.", base, levers(base))
+    trials = _Trials(model, budget, solver_options or {}, progress)
+    if first_graph is not None:
+        trials.graphs[max(min_size, multiple_of)] = first_graph
+    results = []
+    for name in names:
+        size, capped = search_largest(lambda s, ph: trials.try_size(name, s, ph)[0].fits, min_size, hi,
+                                      multiple_of=multiple_of)
+        probes = tuple(p for (sv, _), (p, _) in trials.done.items() if sv == name)
+        if size is None:
+            results.append(SolverFit(name, None, probes=probes))
+            continue
+        probe, plan = trials.try_size(name, size)
+        results.append(SolverFit(name, size, probe.peak_bytes, probe.recompute_ratio, plan, capped, probes))
+        log.info("%s: largest %s %d (peak %d bytes, recompute %.1f%%)", name, model.dimension, size,
+                 probe.peak_bytes or 0, 100 * (probe.recompute_ratio or 0))
+    best = max((r.size for r in results if r.size is not None), default=None)
+    at = best if best is not None else max(min_size, multiple_of)
+    report = _report_at(trials, names, at, state, card, reserve, model)
+    if best is None:
+        raise NothingFits(
+            f"nothing fits: at the smallest {model.dimension} ({at}) no solver finds a plan within the "
+            f"{_gib(budget)} the card leaves after optimizer state, master weights and reserve.", report, levers(report))
+    return FitResult(model.dimension, dict(model.fixed), tuple(results), report, len(trials.graphs),
+                     time.perf_counter() - t0)
+
+
+def _report_at(trials: _Trials, names: Sequence[str], size: int, state: PersistentState, card: int,
+               reserve: ReserveSpec, model: SizedModel) -> MemoryReport:
+    graph = trials.graph(size)
+    rows = []
+    for name in names:
+        probe, plan = trials.try_size(name, size, "report")
+        if plan is None:
+            rows.append(PlanMemory(name, None, None, None, False, probe.min_feasible_bytes))
+        else:
+            sim = simulate(graph, plan, record=False)
+            rows.append(plan_memory(name, sim, state.grad_bytes, trials.budget))
+    return memory_report(state, card, reserve=reserve, input_bytes=graph.input_bytes, plans=rows,
+                         size={**model.fixed, model.dimension: size})
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: int = 1, seq: int | None = None,
+        solvers: Sequence[str] | None = None, **kwargs: Any) -> FitResult:
+    """The largest batch or sequence of ``model`` that fits a card of ``device_memory``, per solver.
+
+    Example:
+        >>> r = scheduler.fit("gpt", "2GiB", search="batch", seq=256, optimizer="adam")
+        >>> r.result("dp").size, r.result("store-all").size
+
+    Args:
+        model: a :class:`SizedModel`, or a model name understood by
+            ``scheduler.models`` (built-in name, ``hf:NAME``, a ``config.json``
+            path); hf configs too large for RAM are built on the meta device.
+        device_memory: the card, ``"24GiB"`` or bytes.
+        search: ``batch`` or ``seq`` (the other is held fixed).
+        batch, seq: the fixed size of the dimension not searched.
+        solvers: solver names to search with (default :data:`DEFAULT_SOLVERS`).
+        **kwargs: as :func:`fit_graphs` (optimizer, dtype, mixed_precision,
+            reserve, max_size, multiple_of, solver_options, progress).
+
+    Raises:
+        NothingFits: see :func:`fit_graphs`.
+    """
+    if not isinstance(model, SizedModel):
+        from .fit_models import sized_model
+
+        model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs.get("dtype", "fp32"))
+    return fit_graphs(model, device_memory, solver_names=solvers, **kwargs)

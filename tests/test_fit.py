@@ -1,0 +1,102 @@
+"""The size search: exact against a linear scan, monotone, honest when nothing fits."""
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from graphs import synthetic
+from scheduler.fit import SizedModel, fit_graphs, search_largest
+from scheduler.memory import NothingFits
+from solvers import available_solvers, simulate
+
+MB = 1 << 20
+GiB = 1 << 30
+# The optimal chain DP once registered (issue 3); until then the best uniform plan.
+PLANNER = "dp" if "dp" in available_solvers() else "uniform"
+
+
+@given(threshold=st.integers(0, 70), lo=st.integers(1, 10), hi=st.integers(10, 64), m=st.integers(1, 5))
+@settings(max_examples=200, deadline=None)
+def test_search_equals_linear_scan(threshold, lo, hi, m):
+    calls = []
+
+    def fits(size, phase):
+        calls.append(size)
+        return size <= threshold
+
+    sizes = [s for s in range(lo, hi + 1) if s % m == 0]
+    if not sizes:
+        with pytest.raises(Exception):
+            search_largest(fits, lo, hi, multiple_of=m)
+        return
+    got, capped = search_largest(fits, lo, hi, multiple_of=m)
+    probed = list(calls)
+    want = max((s for s in sizes if s <= threshold), default=None)
+    assert got == want
+    assert capped == (want == sizes[-1])
+    assert all(s % m == 0 and lo <= s <= hi for s in probed)
+    # Logarithmic: gallop + bisection, never a scan.
+    assert len(set(probed)) <= 2 * (len(sizes).bit_length() + 1)
+
+
+def chain_model(params_bytes: int = 64 * MB) -> SizedModel:
+    """A transformer-like synthetic graph whose activations scale with the batch."""
+
+    def graph_at(batch: int):
+        g = synthetic.transformer(40, act_bytes=batch * 2 * MB)
+        return dataclasses.replace(g, param_bytes=params_bytes, meta={**g.meta, "batch": batch})
+
+    return SizedModel(graph_at=graph_at, dimension="batch", params=params_bytes // 4, name="synthetic")
+
+
+def test_fit_on_synthetic_matches_linear_scan_and_is_monotone():
+    model = chain_model()
+    card = 2 * GiB
+    probes = []
+    res = fit_graphs(model, card, optimizer="adam", reserve=0, solver_names=["store-all", PLANNER],
+                     max_size=64, progress=probes.append)
+    budget = res.report.solver_budget_bytes
+    assert budget == card - 2 * 64 * MB  # Adam state (2 x fp32) is outside the simulated step
+    sa, dp = res.result("store-all"), res.result(PLANNER)
+    # Linear scan with the simulator: store-all fits exactly up to its answer.
+    scan = [b for b in range(1, 65) if simulate(model.graph_at(b)).peak_bytes <= budget]
+    assert sa.size == max(scan) and scan == list(range(1, sa.size + 1))
+    # Checkpointing buys a strictly larger batch, at a recompute price, still under the budget.
+    assert dp.size > sa.size and dp.peak_bytes <= budget and dp.recompute_ratio > 0
+    assert simulate(model.graph_at(dp.size), dp.plan).peak_bytes == dp.peak_bytes
+    assert simulate(model.graph_at(dp.size + 1), None).peak_bytes > budget
+    # Monotone answers: a bigger card never gives a smaller batch.
+    bigger = fit_graphs(model, 3 * GiB, optimizer="adam", reserve=0, solver_names=["store-all", PLANNER], max_size=64)
+    assert bigger.result("store-all").size >= sa.size and bigger.result(PLANNER).size >= dp.size
+    # Progress was reported for every size tried, and traces were shared between solvers.
+    assert {(p.solver, p.size) for p in probes} >= {(p.solver, p.size) for p in sa.probes + dp.probes}
+    assert res.traces < len(sa.probes) + len(dp.probes)
+    # The report at the largest size: store-all does not fit there, dp does.
+    rows = {p.solver: p for p in res.report.plans}
+    assert res.report.size["batch"] == dp.size and rows[PLANNER].fits and not rows["store-all"].fits
+
+
+def test_nothing_fits_when_persistent_state_exceeds_the_card():
+    model = chain_model(params_bytes=1 * GiB)  # 256 Mi fp32 parameters: Adam needs 4 GiB of state
+    with pytest.raises(NothingFits) as info:
+        fit_graphs(model, 3 * GiB, optimizer="adam", solver_names=["store-all", PLANNER])
+    msg = str(info.value)
+    assert "persistent state alone" in msg and "4.15 GiB" in msg and "3.00 GiB" in msg
+    assert "ZeRO" in msg and "cannot help" in msg
+    assert info.value.report.activation_room_bytes < 0
+
+
+def test_nothing_fits_at_the_smallest_size():
+    model = chain_model(params_bytes=64 * MB)
+    with pytest.raises(NothingFits) as info:
+        fit_graphs(model, 300 * MB, optimizer="adam", reserve=0, solver_names=["store-all", PLANNER], max_size=8)
+    assert "smallest batch" in str(info.value) and "smaller batch" in str(info.value)
+
+
+def test_multiple_of_and_cap():
+    model = chain_model()
+    res = fit_graphs(model, 8 * GiB, optimizer="sgd", reserve=0, solver_names=["store-all"], max_size=12,
+                     multiple_of=4)
+    r = res.result("store-all")
+    assert r.size == 12 and r.capped and all(p.size % 4 == 0 for p in r.probes)
