@@ -1,0 +1,172 @@
+"""Measure a training step with the profiler: peak memory, timeline, FLOPs, time.
+
+NOTE [ Measuring with profiler events ]
+    ``ckpt compare`` measures every method the same way, compiled or eager:
+    a ``TorchDispatchMode`` (``MemTracker``, ``scheduler.measure``) does not
+    see code that ``torch.compile`` produced (dynamo falls back to eager under
+    a dispatch mode), but the allocator reports every allocation and free to
+    ``torch.profiler`` when ``profile_memory=True``. The peak of a step is the
+    highest running sum of those events (ordered by time), plus what was
+    alive before the step started: parameters, buffers and inputs (gradients
+    are cleared before the step, so their allocation is inside the events).
+    The same profile counts the FLOPs of the matmul and convolution kernels
+    that ran (``with_flops=True``): the difference with the un-checkpointed
+    step is the recomputation a method really did.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+__all__ = ["MemoryTrace", "profile_step", "live_bytes_of", "time_steps", "grad_snapshot", "grad_difference",
+           "downsample"]
+
+log = logging.getLogger(__name__)
+
+#: Kernels whose FLOPs the profiler reports (forward recomputation shows up in them).
+_FLOP_KERNELS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::conv2d",
+                           "aten::matmul", "aten::linear"})
+
+
+@dataclass(frozen=True)
+class MemoryTrace:
+    """One profiled step.
+
+    Attributes:
+        peak_bytes: ``baseline_bytes`` plus the highest running sum of the
+            allocator's events during the step.
+        baseline_bytes: bytes alive before the step (parameters, buffers, inputs).
+        end_bytes: live bytes when the step ended (baseline, parameter grads...).
+        times_s: time of each point of the timeline, from the step's start.
+        live_bytes: live bytes at each point (downsampled, peaks kept).
+        kernel_flops: FLOPs of matmul/conv kernels the profiler saw.
+    """
+
+    peak_bytes: int
+    baseline_bytes: int
+    end_bytes: int
+    times_s: tuple[float, ...]
+    live_bytes: tuple[int, ...]
+    kernel_flops: int
+
+
+def live_bytes_of(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views count once)."""
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            continue
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += st.nbytes()
+    return total
+
+
+def profile_step(step: Callable[[], None], *, baseline_bytes: int, points: int = 400) -> MemoryTrace:
+    """Run ``step`` once under the profiler and rebuild its memory timeline.
+
+    Args:
+        step: runs forward and backward; gradients must already be cleared
+            (frees of tensors alive before the step would hide allocations).
+        baseline_bytes: bytes alive before the step (see :func:`live_bytes_of`).
+        points: at most this many timeline points are kept (maxima per bin).
+
+    Returns:
+        The :class:`MemoryTrace` of the step.
+    """
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_flops=True) as prof:
+        step()
+    events = prof.profiler.kineto_results.events()
+    mem = sorted(((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"), key=lambda p: p[0])
+    flops = sum(e.flops() for e in events if e.name() in _FLOP_KERNELS and e.flops())
+    if not mem:
+        return MemoryTrace(baseline_bytes, baseline_bytes, baseline_bytes, (0.0,), (baseline_bytes,), flops)
+    t0 = mem[0][0]
+    run = 0
+    peak = 0
+    times, live = [], []
+    for t, nb in mem:
+        run += nb
+        peak = max(peak, run)
+        times.append((t - t0) * 1e-9)
+        live.append(baseline_bytes + run)
+    times_d, live_d = downsample(times, live, points)
+    return MemoryTrace(baseline_bytes + peak, baseline_bytes, baseline_bytes + run, times_d, live_d, flops)
+
+
+def downsample(xs: Sequence[float], ys: Sequence[int], points: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """At most ``points`` pairs: the maximum of ``ys`` in each of equal bins of the sequence."""
+    n = len(xs)
+    if n <= points:
+        return tuple(xs), tuple(ys)
+    out_x, out_y = [], []
+    for b in range(points):
+        lo, hi = b * n // points, (b + 1) * n // points
+        k = max(range(lo, hi), key=lambda i: ys[i])
+        out_x.append(xs[k])
+        out_y.append(ys[k])
+    return tuple(out_x), tuple(out_y)
+
+
+def time_steps(step: Callable[[], None], reference: Callable[[], None], *, repeats: int,
+               before_each: Callable[[], None] | None = None) -> tuple[float, float]:
+    """Median seconds of ``step`` and of ``reference``, run alternately.
+
+    Alternating the two in the same window makes the ratio robust to the
+    machine's drift (frequency scaling, other processes).
+
+    Args:
+        step: the method's step (already warmed up).
+        reference: the un-checkpointed step (already warmed up).
+        repeats: timed runs of each.
+        before_each: called, untimed, before every run (clears gradients).
+
+    Returns:
+        ``(median_step_s, median_reference_s)``.
+    """
+    ts, tr = [], []
+    for _ in range(max(1, repeats)):
+        for fn, acc in ((reference, tr), (step, ts)):
+            if before_each is not None:
+                before_each()
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    return statistics.median(ts), statistics.median(tr)
+
+
+def grad_snapshot(params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor | None]:
+    """Detached copies of the parameters' gradients."""
+    return [None if p.grad is None else p.grad.detach().clone() for p in params]
+
+
+def grad_difference(params: Sequence[torch.nn.Parameter], reference: Sequence[torch.Tensor | None]) -> tuple[float, float]:
+    """Largest absolute difference of gradients from ``reference``, and relative to its largest entry.
+
+    A gradient missing on one side and present on the other counts as the
+    whole reference gradient.
+
+    Returns:
+        ``(max_abs_diff, max_abs_diff / max_abs_reference)``.
+    """
+    worst = 0.0
+    scale = 0.0
+    for p, ref in zip(params, reference):
+        if ref is None:
+            continue
+        scale = max(scale, float(ref.abs().max()))
+        got = p.grad
+        diff = ref.abs().max() if got is None else (got.detach() - ref).abs().max()
+        worst = max(worst, float(diff))
+    return worst, (worst / scale if scale else 0.0)
