@@ -1,0 +1,161 @@
+"""Published shapes of common transformers models, usable offline.
+
+Nothing here downloads: each entry is the architecture part of the model's
+published ``config.json`` on the Hugging Face hub (sizes, heads, vocabulary,
+positions), enough to build the model with random weights, or on the
+``meta`` device without allocating them, and size a fine-tune for a card
+this machine does not have.
+
+``hf_config("llama-2-7b")`` gives a ``transformers`` config;
+``hf_config("path/to/config.json")`` (or a folder holding one) reads a
+local file; any other name is tried as a ``transformers`` model type with its
+defaults (``gpt2`` is GPT-2 small). ``build_hf_model(config, device="meta")``
+builds the causal-LM model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from graphs import CkptError
+
+__all__ = ["HFShape", "HF_CONFIGS", "HFConfigError", "hf_config", "build_hf_model", "hf_param_count", "describe"]
+
+log = logging.getLogger(__name__)
+
+
+class HFConfigError(CkptError, ValueError):
+    """A named config or a config.json could not be read; the message says which and what is known."""
+
+
+@dataclass(frozen=True)
+class HFShape:
+    """One published model shape.
+
+    Attributes:
+        name: the name used after ``hf:`` (``llama-2-7b``).
+        source: the hub repository whose ``config.json`` the fields come from.
+        params: the parameter count, for the table (checked by the tests).
+        config: ``model_type`` and the architecture fields of that config.json.
+    """
+
+    name: str
+    source: str
+    params: int
+    config: Mapping[str, Any]
+
+
+def _gpt2(n_embd: int, n_layer: int, n_head: int) -> dict[str, Any]:
+    return {"model_type": "gpt2", "n_embd": n_embd, "n_layer": n_layer, "n_head": n_head,
+            "n_positions": 1024, "vocab_size": 50257, "layer_norm_epsilon": 1e-5,
+            "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
+
+
+def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, positions: int,
+           rope_theta: float, model_type: str = "llama", **extra: Any) -> dict[str, Any]:
+    return {"model_type": model_type, "hidden_size": hidden, "intermediate_size": inter,
+            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
+            "vocab_size": vocab, "max_position_embeddings": positions, "rms_norm_eps": 1e-5,
+            "rope_theta": rope_theta, "hidden_act": "silu", "tie_word_embeddings": False, **extra}
+
+
+_SHAPES = [
+    HFShape("gpt2", "openai-community/gpt2", 124_439_808, _gpt2(768, 12, 12)),
+    HFShape("gpt2-medium", "openai-community/gpt2-medium", 354_823_168, _gpt2(1024, 24, 16)),
+    HFShape("gpt2-large", "openai-community/gpt2-large", 774_030_080, _gpt2(1280, 36, 20)),
+    HFShape("gpt2-xl", "openai-community/gpt2-xl", 1_557_611_200, _gpt2(1600, 48, 25)),
+    HFShape("llama-2-7b", "meta-llama/Llama-2-7b-hf", 6_738_415_616,
+            _llama(4096, 11008, 32, 32, 32, 32000, 4096, 10000.0)),
+    HFShape("llama-2-13b", "meta-llama/Llama-2-13b-hf", 13_015_864_320,
+            _llama(5120, 13824, 40, 40, 40, 32000, 4096, 10000.0)),
+    HFShape("llama-3-8b", "meta-llama/Meta-Llama-3-8B", 8_030_261_248,
+            _llama(4096, 14336, 32, 32, 8, 128256, 8192, 500000.0)),
+    HFShape("mistral-7b", "mistralai/Mistral-7B-v0.1", 7_241_732_096,
+            _llama(4096, 14336, 32, 32, 8, 32000, 32768, 10000.0, model_type="mistral", sliding_window=4096)),
+]
+
+#: Named shapes, by the name used after ``hf:``.
+HF_CONFIGS: dict[str, HFShape] = {s.name: s for s in _SHAPES}
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise HFConfigError("hf: models need the transformers package; install it with "
+                            "`pip install 'ckpt-scheduler[hf]'` (or `pip install transformers`)") from None
+    return transformers
+
+
+def hf_config(name: str, **overrides: Any) -> Any:
+    """A ``transformers`` config from a named shape, a local ``config.json``, or a model type.
+
+    Args:
+        name: a key of :data:`HF_CONFIGS` (``llama-2-7b``), a path to a
+            ``config.json`` or to a folder holding one, or a ``transformers``
+            model type (``gpt2``, ``llama``) for its default config.
+        **overrides: config fields to change (e.g. ``num_hidden_layers=2``).
+
+    Raises:
+        HFConfigError: an unreadable file, a config without ``model_type``, or
+            a name that is none of the above (the message lists the names).
+    """
+    tf = _transformers()
+    if name in HF_CONFIGS:
+        fields = dict(HF_CONFIGS[name].config)
+    elif name.endswith(".json") or os.path.isdir(name) or os.path.sep in name:
+        path = os.path.join(name, "config.json") if os.path.isdir(name) else name
+        try:
+            with open(path) as f:
+                fields = json.load(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise HFConfigError(f"cannot read the model config {path!r}: {exc}") from None
+        if not isinstance(fields, dict) or "model_type" not in fields:
+            raise HFConfigError(f"{path!r} has no 'model_type' field; it does not look like a transformers config.json")
+    else:
+        fields = {"model_type": name}
+    model_type = fields.pop("model_type")
+    for key in ("architectures", "transformers_version", "_name_or_path", "torch_dtype", "dtype"):
+        fields.pop(key, None)
+    try:
+        return tf.AutoConfig.for_model(model_type, **{**fields, **overrides})
+    except (ValueError, KeyError) as exc:
+        raise HFConfigError(f"unknown model {name!r} ({exc}); named shapes: {', '.join(HF_CONFIGS)}, "
+                            "or give a path to a config.json") from None
+
+
+def build_hf_model(config: Any, *, dtype: str = "fp32", device: str = "meta") -> Any:
+    """The causal-LM model of ``config`` with random weights, on ``device``.
+
+    On ``meta`` no weight is allocated: a 13B model builds in seconds on a
+    laptop and can be traced for its shapes.
+
+    Args:
+        config: a ``transformers`` config (:func:`hf_config`).
+        dtype: ``fp32``, ``bf16`` or ``fp16``.
+        device: ``meta`` or ``cpu`` (or any torch device).
+    """
+    import torch
+
+    tf = _transformers()
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    with torch.device(device):
+        model = tf.AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    model.train()
+    return model
+
+
+def hf_param_count(name: str) -> int:
+    """Parameters of a named shape or config, counted on a meta-device build."""
+    model = build_hf_model(hf_config(name), device="meta")
+    return sum(p.numel() for p in model.parameters())
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """``(hf:NAME, parameters, source)`` rows for ``ckpt models``."""
+    return [(f"hf:{s.name}", f"{s.params / 1e9:.2f}B" if s.params >= 1e9 else f"{s.params / 1e6:.0f}M", s.source)
+            for s in _SHAPES]
