@@ -35,7 +35,8 @@ from .memory import (
     persistent_state, plan_memory,
 )
 
-__all__ = ["Probe", "SolverFit", "FitResult", "SizedModel", "search_largest", "fit_graphs", "fit", "DEFAULT_SOLVERS"]
+__all__ = ["Probe", "SolverFit", "FitResult", "SizedModel", "search_largest", "fit_graphs", "fit", "sized_model",
+           "DEFAULT_SOLVERS"]
 
 log = logging.getLogger(__name__)
 
@@ -350,7 +351,49 @@ def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: i
         NothingFits: see :func:`fit_graphs`.
     """
     if not isinstance(model, SizedModel):
-        from .fit_models import sized_model
-
         model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs.get("dtype", "fp32"))
     return fit_graphs(model, device_memory, solver_names=solvers, **kwargs)
+
+
+def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | None = None, dtype: str = "fp32",
+                granularity: Any = None) -> SizedModel:
+    """``spec`` (a model name) as ``size -> graph`` along ``search``, re-traced at each size.
+
+    hf models (``hf:NAME``, a ``config.json`` path) are built once on the meta
+    device (no weights allocated) and traced at each size with token ids and
+    labels (the model computes its loss). Built-in names go through
+    ``scheduler.models``. The default sequence is the model's (capped at 4096).
+
+    Raises:
+        BudgetError: ``search`` is neither ``batch`` nor ``seq``.
+        HFConfigError: an unknown hf name or unreadable config.
+    """
+    import os
+
+    from .models import hf_configs as hf
+
+    if search not in ("batch", "seq"):
+        raise BudgetError(f"search must be 'batch' or 'seq', got {search!r}")
+    import scheduler
+    is_hf = spec.startswith("hf:") or spec.endswith(".json") or os.path.isdir(spec)
+    if is_hf:
+        config = hf.hf_config(spec[3:] if spec.startswith("hf:") else spec)
+        module = hf.build_hf_model(config, dtype=dtype, device="meta")
+        limit = hf.max_positions(config)
+        seq = seq or min(limit or 1024, 4096)
+
+        def graph_at(size: int) -> Graph:
+            b, s = (size, seq) if search == "batch" else (batch, size)
+            args, kwargs = hf.hf_inputs(config, b, s, device="meta")
+            opts = {} if granularity is None else {"granularity": granularity}
+            return scheduler.trace(module, args, kwargs, loss=hf.hf_loss, **opts)
+    else:
+        from . import models
+
+        module, graph_at, limit, seq = models.sized(spec, search=search, batch=batch, seq=seq, dtype=dtype,
+                                                    granularity=granularity)
+    params = sum(p.numel() for p in module.parameters())
+    trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    fixed = {"seq": seq} if search == "batch" else {"batch": batch}
+    return SizedModel(graph_at=graph_at, dimension=search, fixed=fixed, params=params, trainable=trainable,
+                      max_size=limit if search == "seq" else None, name=spec)

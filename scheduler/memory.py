@@ -310,7 +310,7 @@ def render_report(report: MemoryReport) -> str:
         rows.append(("fp32 master weights (mixed precision)", format_bytes(s.master_bytes), pct(s.master_bytes)))
     rows.append(("framework reserve", format_bytes(report.reserve_bytes), pct(report.reserve_bytes)))
     rows.append(("persistent total", format_bytes(report.persistent_bytes), pct(report.persistent_bytes)))
-    if report.size:
+    if report.size and (report.input_bytes or report.plans):
         what = ", ".join(f"{k} {v}" for k, v in report.size.items())
         rows.append((f"inputs ({what})", format_bytes(report.input_bytes), pct(report.input_bytes)))
     for p in report.plans:
@@ -327,8 +327,11 @@ def render_report(report: MemoryReport) -> str:
         rows.append((label, format_bytes(p.activation_bytes), pct(p.activation_bytes),
                      f"step total {format_bytes(total)}: {verdict}{extra}"))
     rows = [r + ("",) * (4 - len(r)) for r in rows]
-    head = f"card {format_bytes(card)}; solvers plan against {format_bytes(max(0, report.solver_budget_bytes))} " \
-           "(card - reserve - optimizer state - master weights)"
+    if report.activation_room_bytes < 0:
+        head = f"card {format_bytes(card)}; the persistent state alone is over it: nothing is left for activations"
+    else:
+        head = (f"card {format_bytes(card)}; solvers plan against {format_bytes(report.solver_budget_bytes)} "
+                "(card - reserve - optimizer state - master weights)")
     return head + "\n" + table(rows, ["category", "bytes", "of card", ""])
 
 

@@ -23,7 +23,8 @@ from typing import Any, Mapping
 
 from graphs import CkptError
 
-__all__ = ["HFShape", "HF_CONFIGS", "HFConfigError", "hf_config", "build_hf_model", "hf_param_count", "describe"]
+__all__ = ["HFShape", "HF_CONFIGS", "HFConfigError", "hf_config", "build_hf_model", "hf_param_count", "describe",
+           "max_positions", "hf_inputs", "hf_loss"]
 
 log = logging.getLogger(__name__)
 
@@ -159,3 +160,31 @@ def describe() -> list[tuple[str, str, str]]:
     """``(hf:NAME, parameters, source)`` rows for ``ckpt models``."""
     return [(f"hf:{s.name}", f"{s.params / 1e9:.2f}B" if s.params >= 1e9 else f"{s.params / 1e6:.0f}M", s.source)
             for s in _SHAPES]
+
+
+def max_positions(config: Any) -> int | None:
+    """The longest sequence the config's position embeddings allow (None if unbounded)."""
+    for key in ("n_positions", "max_position_embeddings"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def hf_inputs(config: Any, batch: int, seq: int, *, device: str = "meta") -> tuple[tuple, dict[str, Any]]:
+    """Example inputs of a causal-LM training step: token ids, and the same ids as labels.
+
+    With ``labels`` the model computes its own cross-entropy loss (as
+    ``Trainer`` does), so the traced step includes the logits and the loss.
+    """
+    import torch
+
+    ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
+    if device != "meta":
+        ids = torch.randint(0, int(config.vocab_size), (batch, seq), device=device)
+    return (), {"input_ids": ids, "labels": ids}
+
+
+def hf_loss(out: Any) -> Any:
+    """The loss a transformers causal-LM returns when given labels."""
+    return out.loss
