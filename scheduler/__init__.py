@@ -32,13 +32,14 @@ from solvers import (
 
 from .budget import BudgetError, format_bytes, parse_budget, parse_size
 from .api import solve
+from .fit import fit  # torch-free; eager because a lazy name equal to its submodule's is shadowed by `import scheduler.fit`
 
 __all__ = [
     "CkptError", "Graph", "GraphError", "Node", "load_graph", "save_graph",
     "InfeasibleBudget", "Plan", "PlanError", "PlanMismatch", "Simulation", "Status", "UnknownSolver",
     "available_solvers", "load_plan", "simulate",
     "BudgetError", "format_bytes", "parse_budget", "parse_size", "solve",
-    "trace", "apply",
+    "trace", "apply", "fit",
 ]
 
 # Names served lazily (they import torch): name -> "module:attribute".
