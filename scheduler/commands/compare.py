@@ -1,0 +1,82 @@
+"""``ckpt compare MODEL --budgets 0.2,0.3,0.5,0.7``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from graphs import CkptError
+
+NAME = "compare"
+HELP = "our solvers and the usual tools (per-block, checkpoint_sequential, torch.compile), measured side by side"
+DESCRIPTION = """Measure, on one model and input in one process, our solvers' plans and the
+tools people use today: no checkpointing, torch.utils.checkpoint around every
+block (what HF's gradient_checkpointing_enable() does), checkpoint_sequential
+with sqrt(n) segments, and torch.compile (aot_eager, the min-cut partitioner)
+with activation_memory_budget at the same fractions.
+
+Per method and budget: predicted peak (simulate) and measured peak (profiler
+allocator events, the same for every method), step-time ratio against the
+un-checkpointed step (medians, alternated in one run), recompute ratio,
+solve time and the largest gradient difference from the un-checkpointed step.
+A method that cannot run is listed with the reason.
+
+MODEL is a built-in model (`ckpt models`).
+
+examples:
+  ckpt compare gpt --budgets 0.2,0.3,0.5,0.7 --json out.json --plots plots/
+  ckpt compare gpt --quick"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="built-in model name (see `ckpt models`)")
+    p.add_argument("--budgets", default=None,
+                   help="fractions of the store-all activation peak, comma separated (default 0.2,0.3,0.5,0.7; "
+                   "--quick: 0.3,0.5)")
+    p.add_argument("--solvers", default=None, help="our solvers, comma separated (default: chen, dp, ilp as registered; "
+                   "--quick: dp)")
+    p.add_argument("--no-peers", action="store_true", help="measure only our solvers (and no checkpointing)")
+    p.add_argument("--quick", action="store_true", help="a small model size, two budgets, fewer timed steps")
+    p.add_argument("--repeats", type=int, default=None, help="timed steps per method (default 5, --quick 3)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default: the model's; --quick: small)")
+    p.add_argument("--ilp-time-limit", type=float, default=30.0, help="seconds for the ILP solver (default 30)")
+    p.add_argument("--json", dest="json_path", help="write the results as JSON here")
+    p.add_argument("--plots", help="write PNG plots into this folder (needs matplotlib)")
+
+
+def _fractions(text: str) -> list[float]:
+    try:
+        out = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CkptError(f"--budgets takes fractions separated by commas, e.g. 0.2,0.3,0.5; got {text!r}") from None
+    if not out or not all(0 < f <= 1 for f in out):
+        raise CkptError(f"--budgets must be fractions in (0, 1] of the store-all activation peak; got {text!r}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..compare import compare, format_table
+    from ..compare_models import workload
+
+    quick = args.quick
+    fractions = _fractions(args.budgets or ("0.3,0.5" if quick else "0.2,0.3,0.5,0.7"))
+    names = [s.strip() for s in args.solvers.split(",")] if args.solvers else (["dp"] if quick else None)
+    wl = workload(args.model, quick=quick, batch=args.batch)
+    print(f"comparing on {wl.name} ({', '.join(f'{k}={v}' for k, v in wl.meta.items())}), budgets {fractions}")
+    cmp = compare(wl, fractions, solver_names=names, with_peers=not args.no_peers,
+                  repeats=args.repeats or (3 if quick else 5),
+                  solver_options={"ilp": {"time_limit_s": args.ilp_time_limit}}, progress=print)
+    print()
+    print(format_table(cmp))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as fh:
+            json.dump(cmp.to_dict(), fh, indent=1)
+        print(f"results written to {args.json_path}")
+    if args.plots:
+        from ..compare_plots import plot_comparison
+
+        os.makedirs(args.plots, exist_ok=True)
+        for path in plot_comparison(cmp, args.plots):
+            print(f"plot written to {path}")
+    return 0

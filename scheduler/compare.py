@@ -1,0 +1,403 @@
+"""``ckpt compare``: our solvers and the tools people use today, measured side by side.
+
+``compare(workload, [0.2, 0.3, 0.5, 0.7])`` traces the model once, then for
+each of our solvers at each budget fraction solves, applies and measures the
+plan, and measures the peers (``scheduler.peers``: no checkpointing,
+per-block checkpointing, ``checkpoint_sequential``, ``torch.compile`` with
+``activation_memory_budget`` at the same fractions) in the same process, on
+the same input and seed. Every method is measured the same way (NOTE
+[ Measuring with profiler events ] in ``scheduler.profmem``): peak bytes and
+the memory timeline from the profiler's allocator events, the step time as a
+ratio of medians against the un-checkpointed step run alternately with it,
+recomputed kernel FLOPs, and the largest gradient difference from the
+un-checkpointed step. A method that cannot run gets a row with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import statistics
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import solvers
+from graphs import CkptError, Graph
+from solvers import InfeasibleBudget, Plan, simulate
+
+from . import peers
+from .budget import parse_budget
+from .profmem import downsample, grad_difference, grad_snapshot, live_bytes_of, profile_step, time_steps
+from .report import table
+
+__all__ = ["Workload", "Row", "Comparison", "compare", "format_table", "DEFAULT_FRACTIONS", "OUR_SOLVERS"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FRACTIONS = (0.2, 0.3, 0.5, 0.7)
+#: Our solvers compared by default, when registered (store-all is the "none" peer).
+OUR_SOLVERS = ("chen", "chen-greedy", "dp", "ilp")
+PEERS = ("none", "per-block", "checkpoint_sequential", "torch.compile")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model and one training step's input.
+
+    Attributes:
+        name: label for tables and files.
+        model: the module, in train mode.
+        args, kwargs: the step's inputs.
+        loss: ``loss(outputs) -> scalar``; None: mean of the floating outputs.
+        trace_loss: what the tracer is told about the loss (so that the
+            applied plan's fingerprint matches); None: the tracer's default.
+        meta: sizes for the record (batch, seq, ...).
+    """
+
+    name: str
+    model: nn.Module
+    args: tuple
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    loss: Callable[[Any], torch.Tensor] | None = None
+    trace_loss: Any = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One method at one budget.
+
+    Attributes:
+        method: solver name (ours) or peer name.
+        kind: ``ours`` or ``peer``.
+        budget: fraction of the store-all activation peak, None when the
+            method takes none.
+        predicted_peak_bytes: ``simulate``'s peak (ours; peers whose regions
+            map onto the graph).
+        measured_peak_bytes: profiler peak of a real step.
+        step_time_ratio: median step time / median un-checkpointed step time.
+        step_time_s: median step time.
+        recompute_ratio: predicted recompute FLOPs / step FLOPs.
+        measured_recompute_ratio: extra matmul/conv FLOPs the profiler saw /
+            step FLOPs.
+        solve_time_s: solver wall time (ours).
+        grad_max_abs_diff: largest |grad - reference grad| over parameters.
+        grad_rel_diff: the same over the largest |reference grad|.
+        regions: number of checkpoint regions (ours).
+        note: what was run (blocks, segments, config, "same plan as dp").
+        reason: why the method did not run (all numbers None then).
+    """
+
+    method: str
+    kind: str
+    budget: float | None = None
+    predicted_peak_bytes: int | None = None
+    measured_peak_bytes: int | None = None
+    step_time_ratio: float | None = None
+    step_time_s: float | None = None
+    recompute_ratio: float | None = None
+    measured_recompute_ratio: float | None = None
+    solve_time_s: float | None = None
+    grad_max_abs_diff: float | None = None
+    grad_rel_diff: float | None = None
+    regions: int | None = None
+    note: str = ""
+    reason: str | None = None
+
+    @property
+    def ran(self) -> bool:
+        return self.reason is None and self.measured_peak_bytes is not None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Everything :func:`compare` measured (JSON via :meth:`to_dict`)."""
+
+    model: str
+    meta: Mapping[str, Any]
+    fractions: tuple[float, ...]
+    rows: tuple[Row, ...]
+    graph_nodes: int
+    step_flops: int
+    timelines: Mapping[str, Mapping[str, Any]]
+    claims: tuple[Mapping[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "meta": dict(self.meta), "fractions": list(self.fractions),
+                "graph_nodes": self.graph_nodes, "step_flops": self.step_flops,
+                "rows": [asdict(r) for r in self.rows], "claims": [dict(c) for c in self.claims],
+                "timelines": {k: dict(v) for k, v in self.timelines.items()}}
+
+
+class _Bench:
+    """The shared measuring harness: one model, one input, one seed, one reference step."""
+
+    def __init__(self, wl: Workload, *, repeats: int, warmup: int, seed: int = 0) -> None:
+        from .verify import default_loss
+
+        self.wl, self.repeats, self.warmup, self.seed = wl, repeats, warmup, seed
+        self.loss = wl.loss or default_loss
+        self.params = [p for p in wl.model.parameters() if p.requires_grad]
+        leaves = torch.utils._pytree.tree_leaves((wl.args, dict(wl.kwargs)))
+        self.baseline = live_bytes_of(list(wl.model.parameters()) + list(wl.model.buffers()) + leaves)
+        self.reference = self.step_of(wl.model)
+        self.ref_times: list[float] = []
+        for _ in range(max(1, warmup)):
+            self.clear()
+            self.reference()
+        self.clear()
+        self.reference()
+        self.ref_grads = grad_snapshot(self.params)
+        self.clear()
+        with FlopCounterMode(display=False) as fc:
+            self.reference()
+        self.step_flops = int(fc.get_total_flops())
+        self.clear()
+        self.ref_trace = profile_step(self.reference, baseline_bytes=self.baseline)
+
+    def clear(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step_of(self, forward: Callable[..., Any]) -> Callable[[], None]:
+        wl, loss, seed = self.wl, self.loss, self.seed
+
+        def step() -> None:
+            torch.manual_seed(seed)
+            loss(forward(*wl.args, **dict(wl.kwargs))).backward()
+
+        return step
+
+    def measure(self, prepared: peers.Prepared, row: Row) -> tuple[Row, Any]:
+        """Warm up, then gradients, profiled peak and interleaved time of ``prepared``."""
+        step = self.step_of(prepared.forward)
+        try:
+            with prepared.scope():
+                for _ in range(self.warmup):
+                    self.clear()
+                    step()
+                self.clear()
+                step()
+                diff, rel = grad_difference(self.params, self.ref_grads)
+                self.clear()
+                tr = profile_step(step, baseline_bytes=self.baseline)
+                t_m, t_r = time_steps(step, self.reference, repeats=self.repeats, before_each=self.clear)
+        finally:
+            prepared.undo()
+            self.clear()
+        self.ref_times.append(t_r)
+        extra = max(0, tr.kernel_flops - self.ref_trace.kernel_flops)
+        row = replace(row, measured_peak_bytes=tr.peak_bytes, step_time_ratio=t_m / t_r, step_time_s=t_m,
+                      measured_recompute_ratio=extra / self.step_flops if self.step_flops else None,
+                      grad_max_abs_diff=diff, grad_rel_diff=rel, note=row.note or prepared.note)
+        return row, tr
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__
+
+
+def trace_graph(wl: Workload) -> Graph:
+    """The workload's cost graph (``scheduler.trace``), leaving buffers and RNG as they were."""
+    model = wl.model
+    buffers = list(model.buffers())
+    saved = [b.detach().clone() for b in buffers]
+    try:
+        with torch.random.fork_rng():
+            try:
+                from .trace import capture  # type: ignore[attr-defined]
+            except ImportError:  # the tracer has not landed: the apply adapter's graph
+                from ._fx_adapter import capture
+                return capture(model, wl.args, dict(wl.kwargs)).graph
+            return capture(model, wl.args, dict(wl.kwargs), loss=wl.trace_loss).graph
+    finally:
+        with torch.no_grad():
+            for b, s in zip(buffers, saved):
+                b.copy_(s)
+
+
+def block_plan(graph: Graph, model: nn.Module) -> Plan | None:
+    """Our graph's regions for per-block checkpointing (None if blocks do not map to intervals)."""
+    regions = []
+    for name, _ in peers.find_blocks(model):
+        idx = [i for i, n in enumerate(graph.nodes) if n.module == name or n.module.startswith(name + ".")]
+        if not idx:
+            return None
+        regions.append((min(idx), max(idx)))
+    try:
+        return Plan.from_regions(graph, regions) if regions else None
+    except CkptError:
+        return None
+
+
+def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, solver_names: Sequence[str] | None = None,
+            with_peers: bool = True, repeats: int = 5, warmup: int = 1,
+            solver_options: Mapping[str, Mapping[str, Any]] | None = None,
+            progress: Callable[[str], None] | None = None) -> Comparison:
+    """Measure our solvers and the peers on one workload.
+
+    Args:
+        wl: model and input.
+        fractions: budgets, as fractions of the store-all activation peak.
+        solver_names: our solvers; default those of :data:`OUR_SOLVERS` registered.
+        with_peers: also measure the peers (``none`` is always measured).
+        repeats: timed steps per method (median), alternated with the reference.
+        warmup: untimed steps per method first (compiles ``torch.compile``).
+        solver_options: per-solver options (``{"ilp": {"time_limit_s": 20}}``).
+        progress: called with a line per method measured.
+
+    Returns:
+        A :class:`Comparison`.
+    """
+    say = progress or (lambda s: log.info("%s", s))
+    fractions = tuple(float(f) for f in fractions)
+    names = list(solver_names) if solver_names is not None else [
+        s for s in OUR_SOLVERS if s in solvers.available_solvers()]
+    opts = {k: dict(v) for k, v in (solver_options or {}).items()}
+    wl.model.train()
+    graph = trace_graph(wl)
+    bench = _Bench(wl, repeats=repeats, warmup=warmup)
+    sim_all = simulate(graph)
+    rows: list[Row] = []
+    timelines: dict[str, Any] = {"none": _timeline(sim_all, bench.ref_trace)}
+    ref_row = Row("none", "peer", predicted_peak_bytes=sim_all.peak_bytes, measured_peak_bytes=bench.ref_trace.peak_bytes,
+                  step_time_ratio=1.0, recompute_ratio=0.0, measured_recompute_ratio=0.0, grad_max_abs_diff=0.0,
+                  grad_rel_diff=0.0, regions=0, note="plain autograd step")
+    rows.append(ref_row)
+    say(f"none: measured peak {ref_row.measured_peak_bytes / 2**20:.1f} MiB")
+
+    def run_peer(row: Row, make: Callable[[], peers.Prepared], predicted: Plan | None = None) -> None:
+        try:
+            prepared = make()
+            if predicted is not None:
+                sim = simulate(graph, predicted, record=False)
+                row = replace(row, predicted_peak_bytes=sim.peak_bytes, recompute_ratio=sim.recompute_ratio,
+                              regions=len(predicted.regions))
+            row, _ = bench.measure(prepared, row)
+        except Exception as exc:  # a peer that fails is reported, not fatal
+            log.info("peer %s failed", row.method, exc_info=True)
+            row = replace(row, reason=exc.args[0] if isinstance(exc, peers.PeerUnavailable) else _why(exc))
+        rows.append(row)
+        say(_progress_line(row))
+
+    if with_peers:
+        run_peer(Row("per-block", "peer"), lambda: peers.per_block(wl.model), block_plan(graph, wl.model))
+        run_peer(Row("checkpoint_sequential", "peer"), lambda: peers.sequential(wl.model))
+        for f in sorted(set(fractions) | {1.0}):
+            run_peer(Row("torch.compile", "peer", budget=f), lambda f=f: peers.compiled(wl.model, f))
+
+    from .apply import apply
+
+    measured: dict[tuple, tuple[str, Row, Any]] = {}
+    best_trace = None
+    for f in fractions:
+        budget = parse_budget(f, graph)
+        for name in names:
+            row = Row(name, "ours", budget=f)
+            try:
+                plan = solvers.solve(graph, budget, solver=name, **opts.get(name, {}))
+            except InfeasibleBudget as exc:
+                row = replace(row, reason=f"infeasible: needs {exc.min_feasible_bytes / 2**20:.1f} MiB"
+                              if getattr(exc, "min_feasible_bytes", None) else "infeasible at this budget")
+                rows.append(row)
+                say(_progress_line(row))
+                continue
+            sim = simulate(graph, plan, record=False)
+            row = replace(row, predicted_peak_bytes=sim.peak_bytes, recompute_ratio=sim.recompute_ratio,
+                          solve_time_s=plan.solve_time_s, regions=len(plan.regions),
+                          note=f"{plan.status}" + (f", gap {plan.gap:.1%}" if plan.gap else ""))
+            key = plan.regions
+            if key in measured:
+                first, done, _ = measured[key]
+                row = replace(done, method=name, budget=f, solve_time_s=plan.solve_time_s,
+                              note=f"{row.note}; same plan as {first}")
+            else:
+                try:
+                    applied = apply(wl.model, plan, wl.args, dict(wl.kwargs), loss=wl.trace_loss)
+                    row, tr = bench.measure(peers.Prepared(forward=applied, note=row.note), row)
+                    measured[key] = (f"{name}@{f:g}", row, tr)
+                    if best_trace is None or f <= best_trace[0]:
+                        best_trace = (f, name, plan, tr)
+                except Exception as exc:  # an apply failure is a finding, reported in the row
+                    log.warning("measuring %s at %g failed", name, f, exc_info=True)
+                    row = replace(row, reason=_why(exc))
+            rows.append(row)
+            say(_progress_line(row))
+    if bench.ref_times:
+        rows[0] = replace(rows[0], step_time_s=statistics.median(bench.ref_times))
+    if best_trace is not None:
+        f, name, plan, tr = best_trace
+        timelines[f"{name}@{f:g}"] = _timeline(simulate(graph, plan), tr)
+    meta = {**dict(wl.meta), "torch": torch.__version__, "machine": machine(), "repeats": repeats,
+            "store_all_predicted_bytes": sim_all.peak_bytes}
+    out = Comparison(model=wl.name, meta=meta, fractions=fractions, rows=tuple(rows), graph_nodes=len(graph),
+                     step_flops=bench.step_flops, timelines=timelines)
+    from .compare_claims import claims
+
+    return replace(out, claims=tuple(claims(out)))
+
+
+def machine() -> str:
+    """One line: CPU model, cores torch uses, OS."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {torch.get_num_threads()} threads, {platform.system()} {platform.release()}"
+
+
+def _timeline(sim: Any, tr: Any) -> dict[str, Any]:
+    n = len(sim.live_bytes)
+    px, py = downsample([i / max(1, n - 1) for i in range(n)], list(sim.live_bytes), 400)
+    span = tr.times_s[-1] if tr.times_s and tr.times_s[-1] > 0 else 1.0
+    return {"predicted_x": list(px), "predicted_bytes": list(py),
+            "measured_x": [t / span for t in tr.times_s], "measured_bytes": list(tr.live_bytes)}
+
+
+def _mib(b: int | None) -> str:
+    return "" if b is None else f"{b / 2**20:.1f}"
+
+
+def _progress_line(r: Row) -> str:
+    head = f"{r.method}" + (f" @ {r.budget:g}" if r.budget is not None else "")
+    if r.reason:
+        return f"{head}: not run: {r.reason}"
+    return (f"{head}: peak {_mib(r.measured_peak_bytes)} MiB (predicted {_mib(r.predicted_peak_bytes) or '-'}), "
+            f"time x{r.step_time_ratio:.3f}, grad diff {r.grad_max_abs_diff:.2g}")
+
+
+def format_table(cmp: Comparison) -> str:
+    """The comparison as a plain-text table, then the claims."""
+    rows = []
+    for r in cmp.rows:
+        budget = "" if r.budget is None else f"{r.budget:g}"
+        if not r.ran:
+            rows.append((r.method, budget, _mib(r.predicted_peak_bytes), "", "", "", "", "", "", "",
+                         f"not run: {r.reason}"))
+            continue
+        err = (f"{100 * (r.measured_peak_bytes / r.predicted_peak_bytes - 1):+.0f}%"
+               if r.predicted_peak_bytes else "")
+        rows.append((
+            r.method, budget, _mib(r.predicted_peak_bytes), _mib(r.measured_peak_bytes), err,
+            f"{r.step_time_ratio:.3f}",
+            "" if r.recompute_ratio is None else f"{100 * r.recompute_ratio:.1f}%",
+            "" if r.measured_recompute_ratio is None else f"{100 * r.measured_recompute_ratio:.1f}%",
+            "" if r.solve_time_s is None else f"{r.solve_time_s:.3f}",
+            f"{r.grad_rel_diff:.1e}", r.note))
+    head = ["method", "budget", "pred MiB", "meas MiB", "err", "time x", "recomp pred", "recomp meas",
+            "solve s", "grad diff (rel)", "note"]
+    lines = [table(rows, head)]
+    for c in cmp.claims:
+        lines.append(f"{'ok ' if c['holds'] else 'NO '} {c['claim']}: {c['detail']}")
+    return "\n".join(lines)
