@@ -100,3 +100,41 @@ def test_multiple_of_and_cap():
                      multiple_of=4)
     r = res.result("store-all")
     assert r.size == 12 and r.capped and all(p.size % 4 == 0 for p in r.probes)
+
+
+# ------------------------------------------------------------- named hf shapes on the meta device
+
+LLAMA2_7B = 32000 * 4096 * 2 + 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096) + 4096  # by hand: 6,738,415,616
+
+
+def test_llama_2_7b_on_meta_reports_the_exact_parameter_count(capsys):
+    from scheduler.cli import main
+
+    # fp32 + Adam: 16 bytes per parameter = 100.4 GiB > 80 GiB before any activation: no tracing needed.
+    rc = main(["fit", "hf:llama-2-7b", "--device-memory", "80GiB", "--optimizer", "adam"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert LLAMA2_7B == 6_738_415_616
+    assert f"parameters ({LLAMA2_7B:,} x fp32)" in out
+    assert "nothing fits" in out and "ZeRO" in out and "cannot help" in out
+    with pytest.raises(NothingFits) as info:
+        import scheduler
+
+        scheduler.fit("hf:llama-2-7b", "80GiB", optimizer="adam", dtype="bf16", mixed_precision=True, seq=4096)
+    s = info.value.report.state
+    assert (s.params, s.param_bytes, s.grad_bytes) == (LLAMA2_7B, 2 * LLAMA2_7B, 2 * LLAMA2_7B)
+    assert (s.optimizer_bytes, s.master_bytes) == (8 * LLAMA2_7B, 4 * LLAMA2_7B)
+
+
+def test_local_config_json_is_accepted(tmp_path):
+    import json
+
+    from scheduler.models.hf_configs import HF_CONFIGS, hf_config, hf_param_count
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                "num_key_value_heads": 4, "vocab_size": 100, "tie_word_embeddings": False}))
+    assert hf_config(str(path)).hidden_size == 64
+    assert hf_param_count(str(tmp_path)) == 100 * 64 * 2 + 2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
+    assert hf_param_count("gpt2-xl") == HF_CONFIGS["gpt2-xl"].params == 1_557_611_200
