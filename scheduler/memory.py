@@ -319,7 +319,7 @@ def render_report(report: MemoryReport) -> str:
             need = "no plan fits"
             if p.min_feasible_bytes is not None:
                 need += f" (needs {format_bytes(p.min_feasible_bytes + s.outside_simulation_bytes + report.reserve_bytes)} card)"
-            rows.append((label, need, ""))
+            rows.append((label, "-", "", need))
             continue
         total = report.total_bytes(p) or 0
         verdict = "fits" if total <= card else f"over by {format_bytes(total - card)}"

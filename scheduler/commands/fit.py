@@ -90,9 +90,6 @@ def run(args: argparse.Namespace) -> int:
     search = args.search
     dim = "batch" if search == "none" else search
     batch = args.batch or 1
-    fixed_size = {"batch": batch, "seq": args.seq}[dim] if search == "none" else None
-    if search == "none" and fixed_size is None:
-        fixed_size = None  # the model's default sequence, resolved by the model source
     multiple = args.multiple_of or (64 if search == "seq" else 1)
     kwargs = dict(optimizer=args.optimizer, dtype=dtype, mixed_precision=args.mixed_precision,
                   reserve=args.reserve, progress=_progress,
@@ -123,10 +120,10 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for r in res.results:
         if r.size is None:
-            rows.append((r.solver, "none fits", "", "", len(r.probes)))
+            rows.append((r.solver, "no" if search == "none" else "none fits", "", "", len(r.probes)))
             continue
         total = r.peak_bytes + res.report.state.outside_simulation_bytes + res.report.reserve_bytes
-        largest = f"{r.size}{'+' if r.capped and search != 'none' else ''}"
+        largest = "yes" if search == "none" else f"{r.size}{'+' if r.capped else ''}"
         rows.append((r.solver, largest, format_bytes(total), f"+{100 * (r.recompute_ratio or 0):.1f}%", len(r.probes)))
     head = "fits" if search == "none" else f"largest {dim}"
     print(table(rows, ["solver", head, "step total on card", "recompute", "sizes tried"]))
