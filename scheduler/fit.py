@@ -388,12 +388,34 @@ def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | 
             opts = {} if granularity is None else {"granularity": granularity}
             return scheduler.trace(module, args, kwargs, loss=hf.hf_loss, **opts)
     else:
-        from . import models
+        build = _builtin(spec, dtype)
+        limit = None
+        example = build(batch=1, **({"seq": seq} if seq else {}))
+        module = example.model
+        seq = seq or example.options.get("seq")
 
-        module, graph_at, limit, seq = models.sized(spec, search=search, batch=batch, seq=seq, dtype=dtype,
-                                                    granularity=granularity)
+        def graph_at(size: int) -> Graph:
+            sizes = {"batch": size, "seq": seq} if search == "batch" else {"batch": batch, "seq": size}
+            ex = build(**{k: v for k, v in sizes.items() if v is not None})
+            opts = {} if granularity is None else {"granularity": granularity}
+            return scheduler.trace(ex.model, ex.args, ex.kwargs, loss=ex.loss, **opts)
     params = sum(p.numel() for p in module.parameters())
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     fixed = {"seq": seq} if search == "batch" else {"batch": batch}
     return SizedModel(graph_at=graph_at, dimension=search, fixed=fixed, params=params, trainable=trainable,
                       max_size=limit if search == "seq" else None, name=spec)
+
+
+def _builtin(name: str, dtype: str) -> Callable[..., Any]:
+    """``(**sizes) -> Example`` (``scheduler.models``) built on the meta device: shapes only, nothing allocated."""
+    import torch
+
+    from . import models
+
+    def build(**sizes: Any) -> Any:
+        factory = models.MODELS.get(name).factory if name in models.MODELS else None
+        takes_device = factory is not None and "device" in models.options_of(factory)
+        with torch.device("meta"):
+            return models.build(name, dtype=dtype, **({"device": "meta"} if takes_device else {}), **sizes)
+
+    return build
