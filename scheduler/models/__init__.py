@@ -1,0 +1,179 @@
+"""Example models: ``build(name, **options) -> Example``.
+
+Built-in (written here, no torchvision): ``gpt``, ``resnet``, ``unet``,
+``vgg19``. ``hf:NAME``: a transformers model from a config table in
+:mod:`scheduler.models.hf` (random weights, offline). ``package.module:factory``:
+any function returning ``(model, args, kwargs)`` or ``(model, args, kwargs, loss)``.
+
+Every built-in returns a scalar loss, so its graph covers the training step:
+``loss = example.model(*example.args, **example.kwargs)`` (or
+``example.loss(...)`` of that output when ``loss`` is set).
+
+Example:
+    >>> from scheduler.models import build
+    >>> ex = build("gpt", layers=2, width=128, heads=4, seq=64)
+    >>> graph = scheduler.trace(ex.model, ex.args, ex.kwargs, loss=ex.loss)
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+from graphs import CkptError
+
+__all__ = ["Example", "ModelInfo", "MODELS", "build", "describe", "UnknownModel", "parse_dtype"]
+
+
+class UnknownModel(CkptError, KeyError):
+    """The model name is not built in, not ``hf:NAME`` of the table, nor an importable factory."""
+
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Example:
+    """A model with example inputs.
+
+    Attributes:
+        name: what was asked for (``gpt``, ``hf:gpt2``...).
+        model: the module, in training mode.
+        args, kwargs: example inputs.
+        loss: ``loss(model_output) -> scalar`` when the model does not return
+            its loss itself, else None.
+        options: the options used (after defaults).
+    """
+
+    name: str
+    model: torch.nn.Module
+    args: tuple
+    kwargs: Mapping[str, Any]
+    loss: Callable[[Any], torch.Tensor] | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __iter__(self):  # (model, args, kwargs) unpacking
+        return iter((self.model, self.args, dict(self.kwargs)))
+
+    def step_loss(self) -> torch.Tensor:
+        """Run the forward and return the scalar loss."""
+        out = self.model(*self.args, **self.kwargs)
+        return self.loss(out) if self.loss is not None else out
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    description: str
+    factory: Callable[..., Any]
+
+
+def _builtins() -> dict[str, ModelInfo]:
+    from . import cnn, gpt, unet
+
+    return {
+        "gpt": ModelInfo("gpt", "GPT-2-small-shaped transformer with dropout (defaults: GPT-2 small, seq 1024)", gpt.build),
+        "resnet": ModelInfo("resnet", "bottleneck ResNet with BatchNorm (depth=50, width=64 is ResNet-50)", cnn.build_resnet),
+        "unet": ModelInfo("unet", "U-Net with long skip connections", unet.build),
+        "vgg19": ModelInfo("vgg19", "VGG-19, a pure chain (Checkmate's benchmark model)", cnn.build_vgg19),
+    }
+
+
+MODELS: dict[str, ModelInfo] = {}
+
+
+def _registry() -> dict[str, ModelInfo]:
+    if not MODELS:
+        MODELS.update(_builtins())
+    return MODELS
+
+
+def options_of(factory: Callable[..., Any]) -> dict[str, Any]:
+    """Keyword options of a factory and their defaults."""
+    out = {}
+    for p in inspect.signature(factory).parameters.values():
+        if p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and p.default is not p.empty):
+            out[p.name] = None if p.default is p.empty else p.default
+    return out
+
+
+def parse_dtype(value: Any) -> torch.dtype:
+    """``"float32"``, ``"bf16"``, ``torch.float16``... -> a torch dtype."""
+    if isinstance(value, torch.dtype):
+        return value
+    aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
+    name = aliases.get(str(value), str(value)).replace("torch.", "")
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise CkptError(f"unknown dtype {value!r}; use float32, float16 or bfloat16")
+    return dt
+
+
+def build(name: str, **options: Any) -> Example:
+    """Build the example model ``name`` with ``options`` (None values are ignored).
+
+    Raises:
+        UnknownModel: the name is not known; the message lists what is.
+        CkptError: an option the model does not take (the message lists those it does).
+    """
+    options = {k: v for k, v in options.items() if v is not None}
+    if "dtype" in options:
+        options["dtype"] = parse_dtype(options["dtype"])
+    if name.startswith("hf:"):
+        from . import hf
+
+        key = name[3:]
+        if key not in hf.HF_CONFIGS:
+            raise UnknownModel(f"no transformers config named {key!r}; known: {', '.join('hf:' + k for k in hf.HF_CONFIGS)}")
+        _check_options(name, hf.build, options)
+        try:
+            model, args, kwargs, loss = hf.build(key, **options)
+        except ImportError as exc:
+            raise CkptError(f"{name} needs transformers: pip install 'ckpt-scheduler[hf]' ({exc})") from exc
+        return Example(name, model, tuple(args), dict(kwargs), loss, options)
+    reg = _registry()
+    if name in reg:
+        factory = reg[name].factory
+    elif ":" in name:
+        mod_name, _, attr = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(mod_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise UnknownModel(f"cannot import the factory {name!r}: {exc}") from exc
+    else:
+        raise UnknownModel(f"unknown model {name!r}; built-in: {', '.join(reg)}; or hf:NAME "
+                           "(see `ckpt models`), or package.module:factory")
+    _check_options(name, factory, options)
+    out = factory(**options)
+    if isinstance(out, Example):
+        return out
+    if not isinstance(out, tuple) or len(out) not in (3, 4):
+        raise CkptError(f"{name} returned {type(out).__name__}; a factory returns (model, args, kwargs) "
+                        "or (model, args, kwargs, loss)")
+    model, args, kwargs = out[:3]
+    return Example(name, model, tuple(args), dict(kwargs or {}), out[3] if len(out) == 4 else None, options)
+
+
+def _check_options(name: str, factory: Callable[..., Any], options: Mapping[str, Any]) -> None:
+    sig = inspect.signature(factory)
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        return
+    known = options_of(factory)
+    bad = sorted(set(options) - set(known))
+    if bad:
+        raise CkptError(f"model {name} does not take option(s) {bad}; it takes: {', '.join(sorted(known))}")
+
+
+def describe() -> list[tuple[str, str, dict[str, Any]]]:
+    """``(name, description, options with defaults)`` for every known model."""
+    from . import hf
+
+    rows = [(m.name, m.description, options_of(m.factory)) for m in _registry().values()]
+    hf_opts = {k: v for k, v in options_of(hf.build).items()}
+    for key, (desc, _cls, _kw) in hf.HF_CONFIGS.items():
+        rows.append((f"hf:{key}", desc, hf_opts))
+    return rows

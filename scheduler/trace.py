@@ -1,0 +1,239 @@
+"""``scheduler.trace``: an ``nn.Module`` and example inputs -> a cost graph.
+
+Example:
+    >>> import scheduler
+    >>> graph = scheduler.trace(model, (tokens,), {"targets": targets})
+    >>> from scheduler.trace import capture
+    >>> traced = capture(model, (tokens,), {"targets": targets})   # the fx graph as well
+
+``scheduler.trace`` is both this module and (callable) the function
+:func:`trace`, whichever way it was imported first.
+
+How: the model (with the loss, when ``loss=`` is given) is traced with
+``torch.fx.symbolic_trace``, or with ``torch.export.export`` (training IR) when
+fx fails (every HuggingFace model); the graph is checked against an eager run;
+then every fx node is run on fake tensors and measured (``scheduler.tracing.costs``)
+and the nodes are grouped at the requested granularity
+(NOTE [ Merging nodes ] in ``scheduler.tracing.build``).
+
+Models on the ``meta`` device: build the model under ``torch.device("meta")``
+(e.g. ``with torch.device("meta"): model = LlamaForCausalLM(config)``) and
+pass example inputs on ``meta`` too. Nothing is allocated: the graph module is
+traced symbolically and measured on fake tensors; the eager check compares
+shapes and dtypes only.
+
+NOTE [ Traced contract ]
+    :func:`capture` returns a :class:`Traced`; ``scheduler.apply`` builds on it.
+
+    * ``gm`` is a ``torch.fx.GraphModule`` computing the model's forward (and
+      the loss when ``loss=`` was given). Its parameters and buffers are the
+      user's own tensor objects (rebinding is done when the tracer copied
+      them), so an optimizer built on the model keeps working.
+    * ``gm.graph`` is normalised: placeholders first (one per flattened input,
+      in ``placeholders`` order), then the compute nodes, each ``get_attr``
+      right before its first user, the output node last.
+    * ``graph.nodes[k].members == members[k]``: the names of the ``gm.graph``
+      nodes cost node ``k`` covers. Concatenated in order, ``members`` lists
+      every node of ``gm.graph`` except placeholders and the output, each once,
+      in ``gm.graph.nodes`` order; so a region ``[a, b]`` of the cost graph is
+      the contiguous run of fx nodes ``members[a][0] .. members[b][-1]``.
+    * ``flatten_inputs(*args, **kwargs)`` gives the values of the placeholders
+      for the user's call; ``unflatten_outputs(value)`` turns the value of the
+      output node's argument (what a graph with the default codegen returns,
+      e.g. after ``split_module``) into the structure ``model(*args, **kwargs)``
+      returns (with ``loss=``: the loss). ``traced(*args, **kwargs)`` runs
+      ``gm`` with the user's calling convention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch import nn
+
+from graphs import Graph
+
+from .tracing.build import attribute_params, build_nodes, group_records
+from .tracing.capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
+from .tracing.costs import OpRecord, measure_ops
+
+__all__ = ["Traced", "capture", "trace", "TraceError", "TraceMismatch", "AUTO_MAX_NODES"]
+
+log = logging.getLogger(__name__)
+
+#: ``granularity="auto"``: the finest of op, fold, module depth 4, 3, 2, 1 with at most this many nodes.
+AUTO_MAX_NODES = 400
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A traced model: the fx graph module, the cost graph, and how they correspond.
+
+    See NOTE [ Traced contract ] in this module.
+
+    Attributes:
+        gm: the normalised graph module (parameters shared with the model).
+        graph: the cost graph at the requested granularity.
+        members: per cost node, the ``gm.graph`` node names it covers.
+        placeholders: names of ``gm``'s placeholders, in order.
+        method: ``"fx"`` or ``"export"``: the tracer that succeeded.
+        module: what was traced (the model, or a :class:`LossWrapper` around it).
+        records: the op-level measurements (one per compute fx node), to regroup
+            without measuring again (:meth:`regroup`).
+        granularity: the granularity ``graph`` was built at.
+    """
+
+    gm: torch.fx.GraphModule
+    graph: Graph
+    members: tuple[tuple[str, ...], ...]
+    placeholders: tuple[str, ...]
+    method: str
+    module: nn.Module
+    records: tuple[OpRecord, ...]
+    granularity: str | int
+    _bytes: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+    # ----------------------------------------------------------- calling
+    def flatten_inputs(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """Values of ``gm``'s placeholders for the call ``model(*args, **kwargs)``."""
+        return _flatten(self.gm, self.method, self.module, args, kwargs)
+
+    def unflatten_outputs(self, value: Any) -> Any:
+        """The output node's value -> what ``model(*args, **kwargs)`` (or the loss) returns."""
+        if self.method == "export":
+            info = self.gm.graph._codegen.pytree_info  # type: ignore[attr-defined]
+            return pytree.tree_unflatten(list(value), info.out_spec)
+        return value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.gm(*args, **kwargs)
+
+    # --------------------------------------------------------- regrouping
+    def regroup(self, granularity: str | int) -> "Traced":
+        """The same trace at another granularity (no re-measuring)."""
+        graph, members, gran = _assemble(list(self.records), granularity, self._bytes, self.graph.name,
+                                         dict(self.graph.meta))
+        return dataclasses.replace(self, graph=graph, members=members, granularity=gran)
+
+
+def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[str, Any] | None = None, *,
+            loss: Callable[[Any], torch.Tensor] | None = None, granularity: str | int = "auto",
+            method: str = "auto", check: bool = True, name: str | None = None) -> Traced:
+    """Trace ``model`` on example inputs and measure its cost graph.
+
+    Args:
+        model: the module, in the mode it will train in (``train()``).
+        args: positional example inputs (a single tensor is accepted).
+        kwargs: keyword example inputs (e.g. ``{"targets": y}``).
+        loss: ``loss(model_output) -> scalar``; included in the graph so the
+            graph covers the whole training step (e.g. ``lambda out: out.loss``).
+        granularity: ``"op"`` (one node per fx node), ``"fold"`` (views and
+            other free ops folded into the node before them), an int module
+            depth (fold, then merge consecutive nodes of one module at that
+            depth), or ``"auto"``: the finest of those with at most
+            :data:`AUTO_MAX_NODES` nodes.
+        method: ``"auto"`` (fx, then export), ``"fx"`` or ``"export"``.
+        check: compare the traced graph with an eager run before trusting it.
+        name: the graph's name (default: the model's class name).
+
+    Returns:
+        A :class:`Traced` (NOTE [ Traced contract ]).
+
+    Raises:
+        TraceError: neither tracer handled the model (the message names the
+            failing module/op and what to try).
+        TraceMismatch: the traced graph computes something else than the model.
+    """
+    if not isinstance(args, (tuple, list)):
+        args = (args,)
+    args = tuple(args)
+    kwargs = dict(kwargs or {})
+    target: nn.Module = LossWrapper(model, loss) if loss is not None else model
+    strip = "model." if loss is not None else ""
+    gm, used = capture_graph_module(target, args, kwargs, method=method)
+    if check:
+        check_against_eager(target, gm, args, kwargs)
+    flat = _flatten(gm, used, target, args, kwargs)
+    records, totals = measure_ops(gm, flat, strip_module=strip)
+    if not records:
+        raise TraceError(f"{type(model).__name__} traced to a graph without operations; nothing to plan")
+    name = name or type(model).__name__
+    meta = _describe(model, name, args, kwargs, used)
+    graph, members, gran = _assemble(records, granularity, totals, name, meta)
+    placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
+    log.info("traced %s with %s: %d fx nodes -> %d cost nodes (granularity %s)", name, used, len(records),
+             len(graph), gran)
+    return Traced(gm=gm, graph=graph, members=members, placeholders=placeholders, method=used, module=target,
+                  records=tuple(records), granularity=gran, _bytes=totals)
+
+
+def trace(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[str, Any] | None = None, *,
+          loss: Callable[[Any], torch.Tensor] | None = None, granularity: str | int = "auto", **options: Any) -> Graph:
+    """The cost graph of ``model``: ``capture(...).graph``. Same arguments as :func:`capture`."""
+    return capture(model, args, kwargs, loss=loss, granularity=granularity, **options).graph
+
+
+# --------------------------------------------------------------------- helpers
+def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[str, Any], name: str,
+              meta: dict) -> tuple[Graph, tuple[tuple[str, ...], ...], str | int]:
+    if granularity == "auto":
+        chosen: str | int = "op"
+        for g in ("op", "fold", 4, 3, 2, 1):
+            chosen = g
+            if len(group_records(records, g)) <= AUTO_MAX_NODES:
+                break
+    else:
+        if not (granularity in ("op", "fold") or (isinstance(granularity, int) and granularity >= 0)):
+            raise TraceError(f"granularity {granularity!r} is not one of 'op', 'fold', 'auto' or a module depth >= 0")
+        chosen = granularity
+    groups = group_records(records, chosen)
+    nodes = build_nodes(records, groups)
+    nodes = attribute_params(nodes, records, groups, dict(totals.get("trainable", {})))
+    meta = dict(meta, granularity=str(chosen))
+    graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]),
+                  input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]), name=name, meta=meta)
+    return graph, tuple(nd.members for nd in nodes), chosen
+
+
+def _flatten(gm: torch.fx.GraphModule, method: str, module: nn.Module, args: tuple, kwargs: Mapping[str, Any]
+             ) -> list[Any]:
+    if method == "export":
+        info = gm.graph._codegen.pytree_info  # type: ignore[attr-defined]
+        flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        if spec != info.in_spec:
+            raise TraceError(f"the inputs do not have the structure the model was traced with: "
+                             f"expected {info.in_spec}, got {spec}")
+        return flat
+    sig = inspect.signature(module.forward)
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return [bound.arguments[p] for p in sig.parameters]
+
+
+def _describe(model: nn.Module, name: str, args: tuple, kwargs: Mapping[str, Any], method: str) -> dict:
+    inputs = []
+    for leaf in pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor):
+            inputs.append({"shape": list(leaf.shape), "dtype": str(leaf.dtype).replace("torch.", "")})
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
+    return {"model": name, "inputs": inputs, "dtype": ",".join(dtypes), "tracer": method,
+            "training": bool(model.training)}
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``scheduler.trace(...)`` work after ``import scheduler.trace`` bound the module there."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Graph:
+        return trace(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

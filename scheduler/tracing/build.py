@@ -1,0 +1,213 @@
+"""From measured fx nodes to cost-graph nodes, at a chosen granularity.
+
+NOTE [ Merging nodes ]
+    A cost node may stand for a contiguous run ``G`` of measured fx nodes (a
+    module block, or an op with the free views that follow it). Its fields are
+    chosen so that ``solvers.simulate`` keeps alive exactly what autograd keeps
+    when ``G`` runs, with NOTE [ What a node saves ] read at the group level:
+
+    * ``inputs``: the groups owning or producing tensors that members read from
+      outside ``G``; ``saves_inputs``: those whose tensors some member saves;
+    * the group's *outputs* are the members' outputs read after ``G`` or
+      returned by the model; ``out_bytes`` is their size;
+    * ``saves_output`` is true when members save every output with bytes;
+      when they save only some of them, those are added to ``saved_bytes``
+      instead (kept to the backward; the others are freed after their last
+      reader, as in the op-level graph);
+    * internal tensors (read only inside ``G``) that a member saves become
+      ``saved_bytes``, as do the members' own buffers (dropout masks...);
+    * internal tensors nobody saves are temporaries: the most of them alive at
+      once during ``G``'s forward is ``workspace_bytes``;
+    * FLOPs add up; flags are "any member"; ``param_bytes`` are the
+      parameters whose last forward user is in ``G`` (their gradient is
+      created when the backward reaches that user).
+
+    An op-level graph is the same construction with one-node groups, so both
+    go through one code path and are tested against each other.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from graphs import Graph, Node
+
+from .costs import OpRecord
+
+__all__ = ["group_records", "build_nodes", "GRANULARITIES"]
+
+log = logging.getLogger(__name__)
+
+#: Named granularities; an int ``d`` merges consecutive nodes of the same module path cut at depth ``d``.
+GRANULARITIES = ("op", "fold", "auto")
+
+
+def _is_free(r: OpRecord) -> bool:
+    return r.out_bytes == 0 and r.fwd_flops == 0 and r.bwd_flops == 0 and r.own_saved_bytes == 0 and not r.saves
+
+
+def group_records(records: Sequence[OpRecord], granularity: str | int) -> list[list[int]]:
+    """Partition record positions into contiguous groups.
+
+    Args:
+        records: measured fx nodes in graph order.
+        granularity: ``"op"`` (one node per fx node), ``"fold"`` (free ops such
+            as views, ``getitem`` and in-place buffer updates join the node
+            before them), or an int depth ``d`` (fold, then merge consecutive
+            nodes whose module paths agree on their first ``d`` components).
+
+    Returns:
+        Lists of positions, contiguous and in order, covering every record.
+    """
+    n = len(records)
+    if granularity == "op":
+        return [[i] for i in range(n)]
+    depth = None if granularity == "fold" else int(granularity)
+    groups: list[list[int]] = []
+    key_of: list[str] = []
+    for i, r in enumerate(records):
+        key = ""
+        if depth is not None and depth > 0 and r.module:
+            key = ".".join(r.module.split(".")[:depth])
+        if groups and _is_free(r):
+            groups[-1].append(i)
+            continue
+        if groups and key and key_of[-1] == key:
+            groups[-1].append(i)
+            continue
+        groups.append([i])
+        key_of.append(key)
+    # A free first record folds into the next group.
+    if len(groups) > 1 and all(_is_free(records[i]) for i in groups[0]):
+        groups[1] = groups[0] + groups[1]
+        groups.pop(0)
+    return groups
+
+
+def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]]) -> list[Node]:
+    """Cost nodes for ``groups`` of ``records`` (NOTE [ Merging nodes ])."""
+    group_of = [0] * len(records)
+    for g, members in enumerate(groups):
+        for m in members:
+            group_of[m] = g
+    read_after = [False] * len(records)  # read by a later group
+    for j, r in enumerate(records):
+        for i in r.inputs:
+            if group_of[i] != group_of[j]:
+                read_after[i] = True
+    names = [_group_name(records, g) for g in groups]
+    nodes: list[Node] = []
+    for g, members in enumerate(groups):
+        gset = set(members)
+        rs = [records[m] for m in members]
+        rg = any(r.requires_grad for r in rs)
+        ext_in: dict[int, None] = {}
+        saved_ext: dict[int, None] = {}
+        internal_saved: set[int] = set()
+        own = 0
+        for r in rs:
+            for i in r.inputs:
+                if i not in gset:
+                    ext_in[group_of[i]] = None
+            if r.requires_grad:
+                own += r.own_saved_bytes
+                for i in r.saves:
+                    if i in gset:
+                        internal_saved.add(i)
+                    else:
+                        saved_ext[group_of[i]] = None
+        outs = [m for m in members if (read_after[m] or records[m].returned) and records[m].out_bytes > 0]
+        out_bytes = sum(records[m].out_bytes for m in outs)
+        kept = [m for m in internal_saved if m not in outs and records[m].out_bytes > 0]
+        saved_outs = [m for m in outs if m in internal_saved]
+        saves_output = bool(outs) and len(saved_outs) == len(outs)
+        saved_bytes = own + sum(records[m].out_bytes for m in kept)
+        if not saves_output:
+            saved_bytes += sum(records[m].out_bytes for m in saved_outs)
+        workspace = _temporaries_peak(records, members, set(outs) | internal_saved)
+        nodes.append(Node(
+            name=names[g],
+            inputs=tuple(names[k] for k in ext_in),
+            out_bytes=out_bytes,
+            fwd_flops=sum(r.fwd_flops for r in rs),
+            bwd_flops=sum(r.bwd_flops for r in rs) if rg else 0,
+            op=rs[0].op if len(rs) == 1 else _group_op(rs),
+            saves_inputs=tuple(names[k] for k in saved_ext) if rg else (),
+            saves_output=saves_output and rg,
+            saved_bytes=saved_bytes if rg else 0,
+            workspace_bytes=workspace,
+            module=_common_module(rs),
+            stochastic=any(r.stochastic for r in rs),
+            stateful=any(r.stateful for r in rs),
+            requires_grad=rg,
+            members=tuple(name for r in rs for name in r.members),
+        ))
+    return nodes
+
+
+def attribute_params(nodes: list[Node], records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
+                     param_bytes_of: dict[int, int]) -> list[Node]:
+    """Give each trainable parameter's bytes to the node whose backward creates its gradient.
+
+    That is the *last* node using it in the forward (the first reached by the
+    backward); for a parameter used once it is the node that uses it.
+    """
+    import dataclasses
+
+    group_of = {m: g for g, ms in enumerate(groups) for m in ms}
+    last: dict[int, int] = {}
+    for j, r in enumerate(records):
+        for k in r.param_keys:
+            last[k] = group_of[j]
+    extra = [0] * len(nodes)
+    for k, g in last.items():
+        extra[g] += param_bytes_of.get(k, 0)
+    return [dataclasses.replace(nd, param_bytes=extra[g]) if extra[g] else nd for g, nd in enumerate(nodes)]
+
+
+def _temporaries_peak(records: Sequence[OpRecord], members: Sequence[int], kept: set[int]) -> int:
+    pos = {m: k for k, m in enumerate(members)}
+    last_use = {m: pos[m] for m in members}
+    for m in members:
+        for i in records[m].inputs:
+            if i in pos:
+                last_use[i] = max(last_use[i], pos[m])
+        for i in records[m].owners:
+            if i in pos:
+                last_use[i] = max(last_use[i], pos[m])
+    alive = peak = 0
+    dying: dict[int, int] = {}
+    for k, m in enumerate(members):
+        if m not in kept and records[m].out_bytes:
+            alive += records[m].out_bytes
+            dying[last_use[m]] = dying.get(last_use[m], 0) + records[m].out_bytes
+        peak = max(peak, alive)
+        alive -= dying.pop(k, 0)
+    return peak
+
+
+def _group_name(records: Sequence[OpRecord], members: Sequence[int]) -> str:
+    return records[members[0]].name
+
+
+def _group_op(rs: Sequence[OpRecord]) -> str:
+    heavy = max(rs, key=lambda r: r.fwd_flops)
+    return f"{len(rs)} ops ({heavy.op}...)" if heavy.fwd_flops else f"{len(rs)} ops"
+
+
+def _common_module(rs: Sequence[OpRecord]) -> str:
+    paths = [r.module.split(".") for r in rs if r.module]
+    if not paths:
+        return ""
+    common = paths[0]
+    for p in paths[1:]:
+        k = 0
+        while k < min(len(common), len(p)) and common[k] == p[k]:
+            k += 1
+        common = common[:k]
+    return ".".join(common)
+
+
+def make_graph(nodes: Sequence[Node], *, param_bytes: int, input_bytes: int, name: str, meta: dict) -> Graph:
+    return Graph(nodes=tuple(nodes), param_bytes=param_bytes, input_bytes=input_bytes, name=name, meta=meta)

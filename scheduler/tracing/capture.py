@@ -1,0 +1,241 @@
+"""Getting an fx graph out of a module: ``torch.fx`` first, ``torch.export`` next.
+
+The graph module returned here is normalised so that the cost graph built on it
+can name contiguous runs of its nodes (see NOTE [ Traced contract ] in
+``scheduler.tracing``):
+
+* placeholders come first, the output node last;
+* every ``get_attr`` node sits right before its first user;
+* ``torch.export``'s guard-checking call (``_guards_fn``) is removed;
+* parameters and buffers are the user's own tensor objects.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch import nn
+
+from graphs import CkptError
+
+__all__ = ["TraceError", "TraceMismatch", "LossWrapper", "capture_graph_module", "check_against_eager"]
+
+log = logging.getLogger(__name__)
+
+
+class TraceError(CkptError, RuntimeError):
+    """Neither tracer could turn the model into a graph; the message says why and what to try."""
+
+
+class TraceMismatch(TraceError):
+    """The traced graph does not compute what the model computes (shown in the message)."""
+
+
+class LossWrapper(nn.Module):
+    """``loss(model(*args, **kwargs))`` as one module, so the loss is part of the graph.
+
+    The model is registered as the child ``model``; module paths in the cost
+    graph have that prefix removed.
+    """
+
+    def __init__(self, model: nn.Module, loss: Callable[[Any], torch.Tensor]):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.loss_fn(self.model(*args, **kwargs))
+
+
+def capture_graph_module(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], *, method: str = "auto"
+                         ) -> tuple[torch.fx.GraphModule, str]:
+    """Trace ``module`` into a normalised GraphModule sharing its parameters.
+
+    Args:
+        module: the module to trace (the user's model or a :class:`LossWrapper`).
+        args, kwargs: example inputs.
+        method: ``"fx"`` (``torch.fx.symbolic_trace``), ``"export"``
+            (``torch.export.export``, training IR) or ``"auto"`` (fx, then export).
+
+    Returns:
+        ``(gm, method_used)``.
+
+    Raises:
+        TraceError: both tracers failed; names the failing module/op.
+    """
+    errors: list[tuple[str, BaseException]] = []
+    if method in ("auto", "fx"):
+        try:
+            gm = _fx_trace(module, args, kwargs)
+            return _normalise(gm, module), "fx"
+        except Exception as exc:  # noqa: BLE001  (fx raises many kinds; we fall back)
+            if method == "fx":
+                raise TraceError(_explain("torch.fx.symbolic_trace", exc, module)) from exc
+            log.info("torch.fx.symbolic_trace failed (%s: %s); trying torch.export", type(exc).__name__, exc)
+            errors.append(("torch.fx.symbolic_trace", exc))
+    if method in ("auto", "export"):
+        try:
+            ep = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
+            gm = ep.module(check_guards=False)
+            return _normalise(gm, module), "export"
+        except Exception as exc:  # noqa: BLE001
+            errors.append(("torch.export.export", exc))
+    if not errors:
+        raise TraceError(f"unknown tracing method {method!r}; use 'auto', 'fx' or 'export'")
+    msgs = "; ".join(_explain(who, exc, module) for who, exc in errors)
+    raise TraceError(
+        f"could not trace {type(module).__name__}: {msgs}. What to try: make the failing code traceable "
+        "(no data-dependent Python control flow, no .item()/.tolist() on tensors, no printing of tensors), "
+        "or pass inputs for which it takes one branch; torch.export is usually the more tolerant tracer"
+    ) from errors[-1][1]
+
+
+def _fx_trace(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> torch.fx.GraphModule:
+    """symbolic_trace with every argument not given as a concrete default."""
+    sig = inspect.signature(module.forward)
+    bound = sig.bind(*args, **kwargs)
+    concrete = {}
+    for name, p in sig.parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"forward takes *{name}; torch.fx needs named arguments")
+        if name not in bound.arguments:
+            concrete[name] = p.default
+    return torch.fx.symbolic_trace(module, concrete_args=concrete or None)
+
+
+def _explain(who: str, exc: BaseException, module: nn.Module) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else type(exc).__name__
+    where = ""
+    tb = exc.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for fr in reversed(frames):
+        obj = fr.f_locals.get("self")
+        if isinstance(obj, nn.Module):
+            path = next((n for n, m in module.named_modules() if m is obj), None)
+            if path is not None:
+                where = f" in module {path or '<root>'} ({type(obj).__name__}, {fr.f_code.co_filename}:{fr.f_lineno})"
+                break
+    return f"{who} failed{where}: {type(exc).__name__}: {first[:300]}"
+
+
+def _normalise(gm: torch.fx.GraphModule, module: nn.Module) -> torch.fx.GraphModule:
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if (node.op == "call_module" and node.target == "_guards_fn") or (
+                node.op == "call_function" and node.target in _ASSERTS and not node.users):
+            graph.erase_node(node)
+    for node in reversed(list(graph.nodes)):  # comparisons left behind by the asserts of concrete_args
+        if node.op == "call_function" and not node.users and getattr(node.target, "__module__", "") == "_operator":
+            graph.erase_node(node)
+    nodes = list(graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    first_other = next((n for n in nodes if n.op != "placeholder"), None)
+    if first_other is not None:  # placeholders first, in their order
+        for ph in placeholders:
+            first_other.prepend(ph)
+    pos = {n: i for i, n in enumerate(graph.nodes)}
+    for node in list(graph.nodes):  # get_attr right before its first user
+        if node.op == "get_attr" and node.users:
+            first_user = min(node.users, key=pos.__getitem__)
+            first_user.prepend(node)
+    graph.lint()
+    gm.recompile()
+    _rebind_state(gm, module)
+    return gm
+
+
+_ASSERTS = (torch._assert, torch.fx._symbolic_trace._assert_is_none)
+
+
+def _rebind_state(gm: torch.fx.GraphModule, module: nn.Module) -> None:
+    """Make gm's parameters and buffers the very tensor objects of ``module``."""
+    for name, p in module.named_parameters(remove_duplicate=False):
+        _set_if_present(gm, name, p, is_param=True)
+    for name, b in module.named_buffers(remove_duplicate=False):
+        _set_if_present(gm, name, b, is_param=False)
+
+
+def _set_if_present(gm: nn.Module, name: str, value: torch.Tensor, *, is_param: bool) -> None:
+    *path, leaf = name.split(".")
+    owner: Any = gm
+    for part in path:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return
+    if not isinstance(owner, nn.Module):
+        return
+    current = getattr(owner, leaf, None)
+    if current is None or current is value:
+        return
+    if is_param and leaf in owner._parameters:
+        owner._parameters[leaf] = value
+    elif leaf in owner._buffers:
+        owner._buffers[leaf] = value
+    elif isinstance(current, torch.Tensor):
+        setattr(owner, leaf, value)
+
+
+# --------------------------------------------------------------- eager check
+def check_against_eager(module: nn.Module, gm: torch.fx.GraphModule, args: tuple, kwargs: Mapping[str, Any],
+                        *, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """Run ``module`` and ``gm`` on the same inputs with the same RNG; compare.
+
+    Buffers changed by the forward (BatchNorm running stats) are restored after
+    each run. On the meta device only shapes and dtypes are compared.
+
+    Raises:
+        TraceMismatch: outputs differ; the message shows where and by how much.
+    """
+    state = [b for b in module.buffers()]
+    saved = [b.detach().clone() for b in state]
+
+    def run(fn: Callable[..., Any]) -> Any:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(0)
+            out = fn(*args, **kwargs)
+        with torch.no_grad():
+            for b, s in zip(state, saved):
+                b.copy_(s)
+        return out
+
+    expected = run(module)
+    got = run(gm)
+    exp_leaves, exp_spec = pytree.tree_flatten(expected)
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    if len(exp_leaves) != len(got_leaves):
+        raise TraceMismatch(
+            f"the traced graph returns {len(got_leaves)} values where the model returns {len(exp_leaves)} "
+            f"(model: {exp_spec}, graph: {got_spec}); the tracer dropped or added an output"
+        )
+    for k, (e, g) in enumerate(zip(exp_leaves, got_leaves)):
+        if isinstance(e, torch.Tensor) != isinstance(g, torch.Tensor):
+            raise TraceMismatch(f"output {k}: the model returns {type(e).__name__}, the graph {type(g).__name__}")
+        if not isinstance(e, torch.Tensor):
+            continue
+        if e.shape != g.shape or e.dtype != g.dtype:
+            raise TraceMismatch(
+                f"output {k}: the model gives {tuple(e.shape)} {e.dtype}, the traced graph {tuple(g.shape)} {g.dtype}"
+            )
+        if e.device.type == "meta":
+            continue
+        if not torch.allclose(e.float(), g.float(), rtol=rtol, atol=atol, equal_nan=True):
+            diff = (e.float() - g.float()).abs()
+            raise TraceMismatch(
+                f"output {k}: the traced graph differs from the eager model (max abs difference "
+                f"{diff.max().item():.3g} at index {tuple(int(i) for i in torch.nonzero(diff == diff.max())[0])}); "
+                "the tracer probably specialised a branch or a value that changes at run time. "
+                "Try method='export', or make the model's control flow independent of tensor values"
+            )
+
+
+def flat_tensors(values: Sequence[Any]) -> list[torch.Tensor]:
+    return [v for v in pytree.tree_leaves(list(values)) if isinstance(v, torch.Tensor)]
