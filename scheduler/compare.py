@@ -80,6 +80,8 @@ class Row:
         predicted_peak_bytes: ``simulate``'s peak (ours; peers whose regions
             map onto the graph).
         measured_peak_bytes: profiler peak of a real step.
+        meter_peak_bytes: the same step measured by ``scheduler.measure``
+            (a dispatch mode: eager methods only, the cross-check).
         step_time_ratio: median step time / median un-checkpointed step time.
         step_time_s: median step time.
         recompute_ratio: predicted recompute FLOPs / step FLOPs.
@@ -98,6 +100,7 @@ class Row:
     budget: float | None = None
     predicted_peak_bytes: int | None = None
     measured_peak_bytes: int | None = None
+    meter_peak_bytes: int | None = None
     step_time_ratio: float | None = None
     step_time_s: float | None = None
     recompute_ratio: float | None = None
@@ -173,7 +176,19 @@ class _Bench:
 
         return step
 
-    def measure(self, prepared: peers.Prepared, row: Row) -> tuple[Row, Any]:
+    def meter(self, forward: Callable[..., Any]) -> int | None:
+        """Peak of one step by ``scheduler.measure`` (blind to compiled code: eager only)."""
+        try:
+            from .measure import measure_step
+        except ImportError:
+            return None
+        self.clear()
+        torch.manual_seed(self.seed)
+        m = measure_step(self.wl.model, self.wl.args, dict(self.wl.kwargs), loss=self.loss, run=forward)
+        self.clear()
+        return m.peak_bytes
+
+    def measure(self, prepared: peers.Prepared, row: Row, *, eager: bool = True) -> tuple[Row, Any]:
         """Warm up, then gradients, profiled peak and interleaved time of ``prepared``."""
         step = self.step_of(prepared.forward)
         try:
@@ -187,12 +202,13 @@ class _Bench:
                 self.clear()
                 tr = profile_step(step, baseline_bytes=self.baseline)
                 t_m, t_r = time_steps(step, self.reference, repeats=self.repeats, before_each=self.clear)
+                metered = self.meter(prepared.forward) if eager else None
         finally:
             prepared.undo()
             self.clear()
         self.ref_times.append(t_r)
         extra = max(0, tr.kernel_flops - self.ref_trace.kernel_flops)
-        row = replace(row, measured_peak_bytes=tr.peak_bytes, step_time_ratio=t_m / t_r, step_time_s=t_m,
+        row = replace(row, measured_peak_bytes=tr.peak_bytes, meter_peak_bytes=metered, step_time_ratio=t_m / t_r, step_time_s=t_m,
                       measured_recompute_ratio=extra / self.step_flops if self.step_flops else None,
                       grad_max_abs_diff=diff, grad_rel_diff=rel, note=row.note or prepared.note)
         return row, tr
@@ -267,6 +283,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
     rows: list[Row] = []
     timelines: dict[str, Any] = {"none": _timeline(sim_all, bench.ref_trace)}
     ref_row = Row("none", "peer", predicted_peak_bytes=sim_all.peak_bytes, measured_peak_bytes=bench.ref_trace.peak_bytes,
+                  meter_peak_bytes=bench.meter(wl.model),
                   step_time_ratio=1.0, recompute_ratio=0.0, measured_recompute_ratio=0.0, grad_max_abs_diff=0.0,
                   grad_rel_diff=0.0, regions=0, note="plain autograd step")
     rows.append(ref_row)
@@ -279,7 +296,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
                 sim = simulate(graph, predicted, record=False)
                 row = replace(row, predicted_peak_bytes=sim.peak_bytes, recompute_ratio=sim.recompute_ratio,
                               regions=len(predicted.regions))
-            row, _ = bench.measure(prepared, row)
+            row, _ = bench.measure(prepared, row, eager=row.method != "torch.compile")
         except Exception as exc:  # a peer that fails is reported, not fatal
             log.info("peer %s failed", row.method, exc_info=True)
             row = replace(row, reason=exc.args[0] if isinstance(exc, peers.PeerUnavailable) else _why(exc))

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budgets", default=None,
                    help="fractions of the store-all activation peak, comma separated (default 0.2,0.3,0.5,0.7; "
                    "--quick: 0.3,0.5)")
-    p.add_argument("--solvers", default=None, help="our solvers, comma separated (default: chen, dp, ilp as registered; "
+    p.add_argument("--solvers", default=None, help="our solvers, comma separated (default: chen, chen-greedy, dp, ilp as registered; "
                    "--quick: dp)")
     p.add_argument("--no-peers", action="store_true", help="measure only our solvers (and no checkpointing)")
     p.add_argument("--quick", action="store_true", help="a small model size, two budgets, fewer timed steps")
@@ -55,13 +55,21 @@ def _fractions(text: str) -> list[float]:
     return out
 
 
+def _quick_solvers() -> list[str]:
+    """The first registered of dp, chen, uniform (one solver keeps --quick quick)."""
+    from solvers import available_solvers
+
+    names = available_solvers()
+    return [next((s for s in ("dp", "chen", "uniform") if s in names), names[-1])]
+
+
 def run(args: argparse.Namespace) -> int:
     from ..compare import compare, format_table
     from ..compare_models import workload
 
     quick = args.quick
     fractions = _fractions(args.budgets or ("0.3,0.5" if quick else "0.2,0.3,0.5,0.7"))
-    names = [s.strip() for s in args.solvers.split(",")] if args.solvers else (["dp"] if quick else None)
+    names = [s.strip() for s in args.solvers.split(",")] if args.solvers else (_quick_solvers() if quick else None)
     wl = workload(args.model, quick=quick, batch=args.batch)
     print(f"comparing on {wl.name} ({', '.join(f'{k}={v}' for k, v in wl.meta.items())}), budgets {fractions}")
     cmp = compare(wl, fractions, solver_names=names, with_peers=not args.no_peers,

@@ -1,0 +1,241 @@
+"""Our solvers against the tools people use today, on five models, in one run.
+
+For the built-in GPT-2-shaped model, ResNet-50-shaped model, U-Net, VGG-19
+and transformers GPT-2 (random weights, sizes for a 2-core CPU): every solver
+and every peer measured side by side (``scheduler.compare``), then the
+Checkmate max-batch protocol on VGG-19 and solve time against graph size.
+
+Writes under ``benchmarks/results/``:
+
+* ``compare_<model>.json`` and ``compare_<model>_{pareto,timeline}.png``;
+* ``compare_maxbatch.json``;
+* ``compare_scaling.png`` (and ``compare_scaling.json`` when it measured);
+* ``compare_summary.md``: every table, the claims, the command and machine.
+
+``main(quick=True)`` runs one small model and a short max-batch search.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from scheduler.compare import compare, format_table, machine
+from scheduler.compare_models import BENCH_MODELS, QUICK_MODELS, workload
+
+log = logging.getLogger("benchmarks.compare")
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+FRACTIONS = (0.2, 0.3, 0.5, 0.7)
+QUICK_FRACTIONS = (0.3, 0.5)
+#: Our solvers, when registered.
+SOLVERS = ("chen", "chen-greedy", "dp", "ilp")
+#: Max-batch methods, in Checkmate's order (store-all first: the ratios' base).
+MAXBATCH_METHODS = ("store-all", "chen", "chen-greedy", "dp", "ilp")
+
+
+def _registered(names: tuple[str, ...]) -> list[str]:
+    import solvers
+
+    return [n for n in names if n in solvers.available_solvers()]
+
+
+def run_models(quick: bool) -> list[dict[str, Any]]:
+    """Compare on each benchmark model; write its JSON and plots."""
+    from scheduler.compare_plots import plot_comparison
+
+    out = []
+    for spec in (QUICK_MODELS if quick else BENCH_MODELS):
+        t0 = time.perf_counter()
+        wl = workload(spec, quick=quick, bench=True)
+        log.info("compare %s (%s)", wl.name, wl.meta)
+        cmp = compare(wl, QUICK_FRACTIONS if quick else FRACTIONS, solver_names=_registered(SOLVERS),
+                      repeats=3 if quick else 5, solver_options={"ilp": {"time_limit_s": 10 if quick else 30}},
+                      progress=lambda s: log.info("  %s", s))
+        d = cmp.to_dict()
+        d["wall_s"] = time.perf_counter() - t0
+        slug = spec.replace(":", "-")
+        with open(os.path.join(RESULTS, f"compare_{slug}.json"), "w", encoding="utf-8") as fh:
+            json.dump(d, fh, indent=1)
+        try:
+            for path in plot_comparison(cmp, RESULTS):
+                os.replace(path, os.path.join(RESULTS, f"compare_{slug}_{path.rsplit('_', 1)[1]}"))
+        except Exception as exc:  # plotting is optional (matplotlib missing): the numbers still stand
+            log.warning("plots for %s skipped: %s", spec, exc)
+        out.append({"spec": spec, "table": format_table(cmp), "cmp": d})
+        log.info("%s done in %.0fs", spec, d["wall_s"])
+    return out
+
+
+def run_maxbatch(quick: bool) -> dict[str, Any]:
+    """The Checkmate protocol on VGG-19: largest batch per method under one budget."""
+    from scheduler.compare_models import vgg_maxbatch_setup
+    from scheduler.maxbatch import CHECKMATE_VGG19, max_batches
+
+    graph_at, confirm, budget, hi, meta = vgg_maxbatch_setup(quick=quick)
+    rows = max_batches(graph_at, budget, _registered(MAXBATCH_METHODS), hi=hi,
+                       options={"ilp": {"time_limit_s": 20 if quick else 60}}, confirm=confirm,
+                       progress=lambda s: log.info("  maxbatch %s", s))
+    d = {"budget_bytes": budget, "meta": meta, "checkmate_vgg19": CHECKMATE_VGG19,
+         "rows": [r.__dict__ for r in rows]}
+    with open(os.path.join(RESULTS, "compare_maxbatch.json"), "w", encoding="utf-8") as fh:
+        json.dump(d, fh, indent=1)
+    return d
+
+
+def run_scaling(quick: bool) -> dict[str, Any]:
+    """Solve time vs graph size: plot benchmarks/solvers.py's measurements when present, else measure."""
+    from scheduler.compare_plots import plot_scaling
+
+    points: dict[str, list[tuple[int, float]]] = {}
+    source = "benchmarks/results/solvers_*.json"
+    for path in sorted(glob.glob(os.path.join(RESULTS, "solvers_*.json"))):
+        points_from_solvers_file(path, points)
+    if not points:
+        source = "measured here (benchmarks/solvers.py wrote no solve times)"
+        points = measure_scaling(quick)
+        with open(os.path.join(RESULTS, "compare_scaling.json"), "w", encoding="utf-8") as fh:
+            json.dump(points, fh, indent=1)
+    plot_scaling(points, os.path.join(RESULTS, "compare_scaling.png"), title="solve time vs graph size")
+    return {"source": source, "points": points}
+
+
+def points_from_solvers_file(path: str, points: dict[str, list[tuple[int, float]]]) -> None:
+    """Collect ``(nodes, solve seconds)`` per solver from a solver-benchmark JSON (list of records)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, json.JSONDecodeError):
+        return
+    records = data.get("rows", data.get("records", [])) if isinstance(data, dict) else data
+    for rec in records if isinstance(records, list) else []:
+        if not isinstance(rec, dict):
+            continue
+        n = rec.get("nodes", rec.get("n"))
+        s = rec.get("solve_time_s", rec.get("time_s"))
+        name = rec.get("solver")
+        if isinstance(n, int) and isinstance(s, (int, float)) and isinstance(name, str):
+            points.setdefault(name, []).append((n, float(s)))
+
+
+def measure_scaling(quick: bool) -> dict[str, list[tuple[int, float]]]:
+    """Solve time of each solver on synthetic transformer graphs of growing size, at 40 % of store-all."""
+    import solvers
+    from graphs import synthetic
+
+    sizes = (16, 32, 64) if quick else (16, 32, 64, 128, 256, 512)
+    out: dict[str, list[tuple[int, float]]] = {}
+    for name in _registered(("chen", "chen-greedy", "dp", "ilp")):
+        for n in sizes:
+            g = synthetic.make("transformer", n, seed=0) if hasattr(synthetic, "make") else synthetic.chain(n)
+            budget = solvers.activation_budget_bytes(g, 0.4)
+            t0 = time.perf_counter()
+            try:
+                solvers.solve(g, budget, solver=name, **({"time_limit_s": 10} if name == "ilp" else {}))
+            except solvers.InfeasibleBudget:
+                pass
+            dt = time.perf_counter() - t0
+            out.setdefault(name, []).append((len(g), dt))
+            if dt > 20:  # the next size would take too long for the suite
+                break
+    return out
+
+
+def write_summary(models: list[dict[str, Any]], maxbatch: dict[str, Any], scaling: dict[str, Any], quick: bool,
+                  wall_s: float) -> str:
+    """``compare_summary.md``: the tables, claims, max batch and how they were made."""
+    text = summary_markdown(models, maxbatch, scaling, quick=quick, wall_s=wall_s)
+    path = os.path.join(RESULTS, "compare_summary.md")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return path
+
+
+def _md(rows: list[tuple], head: list[str]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join("" if c is None else str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _mib(b: Any) -> str:
+    return "" if b is None else f"{b / 2**20:.1f}"
+
+
+def model_markdown(d: dict[str, Any]) -> str:
+    """One model's comparison as a Markdown table plus its claims."""
+    rows = []
+    for r in d["rows"]:
+        budget = "" if r["budget"] is None else f"{r['budget']:g}"
+        if r["reason"] is not None or r["measured_peak_bytes"] is None:
+            rows.append((r["method"], budget, _mib(r["predicted_peak_bytes"]), "", "", "", "", "",
+                         f"not run: {r['reason']}"))
+            continue
+        rows.append((r["method"], budget, _mib(r["predicted_peak_bytes"]), _mib(r["measured_peak_bytes"]),
+                     f"{r['step_time_ratio']:.2f}",
+                     "" if r["recompute_ratio"] is None else f"{100 * r['recompute_ratio']:.0f}%",
+                     "" if r["measured_recompute_ratio"] is None else f"{100 * r['measured_recompute_ratio']:.0f}%",
+                     f"{r['grad_max_abs_diff']:.1e}", r["note"]))
+    meta = ", ".join(f"{k}={v}" for k, v in d["meta"].items() if k not in ("machine", "torch"))
+    out = [f"### {d['model']}", "", f"{meta}; {d['graph_nodes']} graph nodes; "
+           f"{d.get('wall_s', 0):.0f}s", "",
+           _md(rows, ["method", "budget", "pred MiB", "meas MiB", "time x", "recomp pred", "recomp meas",
+                      "max grad diff", "note"]), ""]
+    for c in d["claims"]:
+        out.append(f"- {'holds' if c['holds'] else '**does not hold**'}: {c['claim']} ({c['detail']})")
+    return "\n".join(out) + "\n"
+
+
+def maxbatch_markdown(d: dict[str, Any]) -> str:
+    """The max-batch table beside Checkmate's published VGG-19 numbers."""
+    cm = d["checkmate_vgg19"]
+    base = cm["store-all"]
+    rows = []
+    for r in d["rows"]:
+        paper = cm.get(r["method"])
+        rows.append((r["method"], "" if r["batch"] is None else f"{r['batch']}{'+' if r['capped'] else ''}",
+                     "" if r["ratio"] is None else f"{r['ratio']:.2f}x",
+                     "" if paper is None else f"{paper} ({paper / base:.2f}x)",
+                     _mib(r["predicted_peak_bytes"]), _mib(r["measured_peak_bytes"]),
+                     "" if r["recompute_ratio"] is None else f"{100 * r['recompute_ratio']:.0f}%",
+                     r["reason"] or ""))
+    meta = ", ".join(f"{k}={v}" for k, v in d["meta"].items())
+    return "\n".join([f"budget {_mib(d['budget_bytes'])} MiB for the whole step; {meta}", "",
+                      _md(rows, ["method", "max batch", "vs store-all", "Checkmate (VGG-19, 224px, V100)",
+                                 "pred MiB", "meas MiB", "recompute", "note"])]) + "\n"
+
+
+def summary_markdown(models: list[dict[str, Any]], maxbatch: dict[str, Any], scaling: dict[str, Any], *,
+                     quick: bool, wall_s: float) -> str:
+    """The whole suite as Markdown (``compare_summary.md``)."""
+    cmd = "python -m benchmarks.run --quick --only compare" if quick else "make bench (python -m benchmarks.run)"
+    parts = ["# Compare: our solvers vs per-block, checkpoint_sequential, torch.compile", "",
+             f"Command: `{cmd}`; machine: {machine()}; suite wall time {wall_s:.0f}s.", "",
+             "Peaks are whole-step bytes (parameters, inputs, gradients, activations) from the profiler's "
+             "allocator events, the same for every method; time x is the median step time over the un-checkpointed "
+             "step's, alternated in one run; grad diff is the largest absolute gradient difference from the "
+             "un-checkpointed step with the same seed.", ""]
+    parts += [model_markdown(m["cmp"]) for m in models]
+    parts += ["## Max batch on VGG-19 (Checkmate protocol)", "", maxbatch_markdown(maxbatch),
+              "## Solve time vs graph size", "", f"Source: {scaling['source']}. ![scaling](compare_scaling.png)", ""]
+    return "\n".join(parts)
+
+
+def main(quick: bool = False) -> None:
+    os.makedirs(RESULTS, exist_ok=True)
+    t0 = time.perf_counter()
+    models = run_models(quick)
+    maxbatch = run_maxbatch(quick)
+    scaling = run_scaling(quick)
+    path = write_summary(models, maxbatch, scaling, quick, time.perf_counter() - t0)
+    log.info("compare suite written to %s in %.0fs", path, time.perf_counter() - t0)
+
+
+if __name__ == "__main__":
+    import sys
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    main(quick="--quick" in sys.argv)

@@ -1,0 +1,106 @@
+"""The models ``ckpt compare`` and ``benchmarks/compare.py`` run, at sizes a 2-core CPU measures.
+
+Built on ``scheduler.models.build``: a name there plus the options used for
+``--quick`` (seconds per model, for tests) and for the benchmark (steps of
+roughly 0.1 to 0.5 s, so time ratios are not noise). Any other name of the
+registry runs with its own defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from graphs import Graph
+from solvers import Plan
+
+from .compare import Workload
+
+__all__ = ["workload", "BENCH_MODELS", "QUICK_MODELS", "SIZES", "vgg_maxbatch_setup"]
+
+#: The benchmark's models (``benchmarks/compare.py``), in run order.
+BENCH_MODELS = ("gpt", "resnet", "unet", "vgg19", "hf:gpt2")
+QUICK_MODELS = ("gpt",)
+
+#: name -> (quick options, benchmark options). Shapes keep the model's family
+#: (GPT-2 blocks with dropout, ResNet-50's bottleneck stages, ...) at CPU sizes.
+SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "gpt": (dict(layers=2, width=128, heads=4, vocab=512, batch=4, seq=64),
+            dict(layers=4, width=256, heads=4, vocab=4096, batch=4, seq=128)),
+    "resnet": (dict(depth=26, width=8, classes=10, batch=2, image_size=32),
+               dict(depth=50, width=16, classes=100, batch=8, image_size=64)),
+    "unet": (dict(levels=2, width=8, batch=2, image_size=32),
+             dict(levels=3, width=16, batch=4, image_size=64)),
+    "vgg19": (dict(width=8, hidden=64, classes=10, batch=2, image_size=32),
+              dict(width=16, hidden=512, classes=100, batch=16, image_size=64)),
+    "hf:gpt2": (dict(layers=1, batch=1, seq=32),
+                dict(layers=2, batch=2, seq=128)),
+}
+
+#: Checkmate protocol on VGG-19: model options (batch is searched), budget, search range.
+VGG_MAXBATCH = {
+    False: (dict(width=16, hidden=512, classes=100, image_size=64), 320 * 2**20, 1024),
+    True: (dict(width=8, hidden=64, classes=10, image_size=32), 24 * 2**20, 256),
+}
+
+
+def workload(name: str, *, quick: bool = False, bench: bool = False, batch: int | None = None) -> Workload:
+    """The workload ``name`` (a ``scheduler.models`` name) at the quick or benchmark size.
+
+    Args:
+        name: ``gpt``, ``resnet``, ``unet``, ``vgg19``, ``hf:gpt2``, or any
+            other name ``scheduler.models.build`` knows (its defaults).
+        quick: the small size (tests).
+        bench: the benchmark size (otherwise the benchmark size too, unless
+            ``quick``; kept for symmetry with the suite).
+        batch: override the batch size.
+
+    Raises:
+        UnknownModel: the name is not known (the message lists those that are).
+    """
+    from .models import build
+
+    opts = dict(SIZES[name][0 if quick else 1]) if name in SIZES else {}
+    if batch is not None:
+        opts["batch"] = batch
+    torch.manual_seed(0)
+    ex = build(name, **opts)
+    ex.model.train()
+    return Workload(name=name, model=ex.model, args=tuple(ex.args), kwargs=dict(ex.kwargs), loss=ex.loss,
+                    trace_loss=ex.loss, meta={k: v for k, v in opts.items() if not isinstance(v, torch.dtype)})
+
+
+def vgg_maxbatch_setup(*, quick: bool) -> tuple[Callable[[int], Graph], Callable[[int, Plan], int], int, int, dict]:
+    """``(graph_at, confirm, budget_bytes, hi, meta)`` for the max-batch protocol on VGG-19.
+
+    ``graph_at(b)`` traces VGG-19 on the meta device at batch ``b`` (nothing
+    allocated); ``confirm(b, plan)`` builds it for real at batch ``b``,
+    applies the plan and returns the profiled peak of one step.
+    """
+    from . import trace as trace_mod
+    from .apply import apply
+    from .models import build
+    from .profmem import live_bytes_of, profile_step
+
+    opts, budget, hi = VGG_MAXBATCH[quick]
+
+    def graph_at(b: int) -> Graph:
+        torch.manual_seed(0)
+        ex = build("vgg19", batch=b, device="meta", **opts)
+        return trace_mod.capture(ex.model, ex.args, ex.kwargs, loss=ex.loss).graph
+
+    def confirm(b: int, plan: Plan) -> int:
+        torch.manual_seed(0)
+        ex = build("vgg19", batch=b, **opts)
+        module = apply(ex.model, plan, ex.args, ex.kwargs, loss=ex.loss) if plan.regions else ex.model
+        leaves = torch.utils._pytree.tree_leaves((ex.args, ex.kwargs))
+        base = live_bytes_of(list(ex.model.parameters()) + list(ex.model.buffers()) + leaves)
+
+        def step() -> None:
+            out = module(*ex.args, **ex.kwargs)
+            (ex.loss(out) if ex.loss is not None else out).backward()
+
+        return profile_step(step, baseline_bytes=base).peak_bytes
+
+    return graph_at, confirm, budget, hi, {**opts, "search": f"batch 1..{hi}"}

@@ -1,0 +1,124 @@
+"""The Checkmate max-batch protocol: the largest batch each method fits under one budget.
+
+Checkmate (Jain et al., MLSys 2020, Fig. 5) fixes a memory budget and asks,
+per method, for the largest batch size whose training step fits: on VGG-19
+its ILP reached 289 against 167 for storing everything (1.73x), with 197 for
+Chen's sqrt(n) and 266 for Chen's greedy. Here the search runs on the
+simulator (re-tracing the model at each batch, since every size changes; the
+galloping bisection of ``scheduler.fit.search_largest``), and each answer is
+confirmed by one measured step at that batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import solvers
+from graphs import Graph
+from solvers import InfeasibleBudget, Plan
+
+from .fit import search_largest
+
+__all__ = ["MaxBatch", "max_batches", "CHECKMATE_VGG19"]
+
+log = logging.getLogger(__name__)
+
+#: Checkmate's published VGG-19 max batch sizes (Jain et al. 2020, Fig. 5).
+CHECKMATE_VGG19 = {"store-all": 167, "chen": 197, "chen-greedy": 266, "ilp": 289}
+
+
+@dataclass(frozen=True)
+class MaxBatch:
+    """One method's largest batch under the budget.
+
+    Attributes:
+        method: solver name.
+        batch: largest batch whose plan fits (None: not even the smallest).
+        capped: the search's upper end fits (the true answer may be larger).
+        ratio: ``batch`` over store-all's.
+        predicted_peak_bytes: simulated peak at ``batch``.
+        measured_peak_bytes: peak of one real step at ``batch`` (None if not confirmed).
+        recompute_ratio: predicted recompute / step FLOPs at ``batch``.
+        search_s: wall time of the search (solves and traces not cached).
+        reason: why there is no answer (the error), else None.
+    """
+
+    method: str
+    batch: int | None
+    capped: bool = False
+    ratio: float | None = None
+    predicted_peak_bytes: int | None = None
+    measured_peak_bytes: int | None = None
+    recompute_ratio: float | None = None
+    search_s: float = 0.0
+    reason: str | None = None
+
+
+def max_batches(graph_at: Callable[[int], Graph], budget_bytes: int, methods: Sequence[str], *, hi: int,
+                lo: int = 1, options: Mapping[str, Mapping[str, Any]] | None = None,
+                confirm: Callable[[int, Plan], int] | None = None,
+                progress: Callable[[str], None] | None = None) -> list[MaxBatch]:
+    """The largest batch in ``[lo, hi]`` each method plans under ``budget_bytes``.
+
+    Args:
+        graph_at: the model's cost graph at a batch size (called once per size).
+        budget_bytes: the whole-step budget (parameters, gradients, activations).
+        methods: solver names (``store-all`` first gives the ratios' base).
+        hi, lo: the search range.
+        options: per-solver options.
+        confirm: ``confirm(batch, plan) -> measured peak bytes`` of one real step.
+        progress: called with one line per method.
+
+    Returns:
+        One :class:`MaxBatch` per method, in order.
+    """
+    say = progress or (lambda s: log.info("%s", s))
+    graphs_cache: dict[int, Graph] = {}
+    opts = {k: dict(v) for k, v in (options or {}).items()}
+
+    def graph(b: int) -> Graph:
+        if b not in graphs_cache:
+            graphs_cache[b] = graph_at(b)
+        return graphs_cache[b]
+
+    def plan_at(method: str, b: int) -> Plan | None:
+        try:
+            return solvers.solve(graph(b), budget_bytes, solver=method, **opts.get(method, {}))
+        except InfeasibleBudget:
+            return None
+
+    out: list[MaxBatch] = []
+    base: int | None = None
+    for method in methods:
+        t0 = time.perf_counter()
+        try:
+            best, capped = search_largest(lambda b, _phase: plan_at(method, b) is not None, lo, hi)
+        except Exception as exc:  # one failing solver is a row with its reason, not the end of the benchmark
+            log.warning("max batch of %s failed", method, exc_info=True)
+            out.append(MaxBatch(method, None, reason=f"{type(exc).__name__}: {exc}"[:200]))
+            continue
+        elapsed = time.perf_counter() - t0
+        if best is None:
+            out.append(MaxBatch(method, None, search_s=elapsed, reason=f"batch {lo} does not fit"))
+            say(f"{method}: nothing fits")
+            continue
+        plan = plan_at(method, best)
+        assert plan is not None  # the search just found it feasible
+        sim = solvers.simulate(graph(best), plan, record=False)
+        if method == "store-all":
+            base = best
+        measured = None
+        if confirm is not None:
+            try:
+                measured = confirm(best, plan)
+            except Exception as exc:  # the confirmation step is a measurement; report its failure
+                log.warning("confirming %s at batch %d failed: %s", method, best, exc)
+        row = MaxBatch(method, best, capped, best / base if base else None, sim.peak_bytes, measured,
+                       sim.recompute_ratio, elapsed)
+        out.append(row)
+        say(f"{method}: batch {best}{' (capped)' if capped else ''}, predicted {sim.peak_bytes / 2**20:.1f} MiB"
+            + (f", measured {measured / 2**20:.1f} MiB" if measured else "") + f" ({elapsed:.1f}s)")
+    return out

@@ -1,0 +1,165 @@
+"""ckpt compare: peers, the profiler meter, claims, and the command end to end (--quick)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from scheduler import peers
+from scheduler.compare import Comparison, Row
+from scheduler.compare_claims import claims
+from scheduler.profmem import grad_difference, grad_snapshot, live_bytes_of, profile_step
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.drop = nn.Linear(d, 2 * d), nn.Linear(2 * d, d), nn.Dropout(0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.fc2(torch.relu(self.fc1(x))))
+
+
+class Stack(nn.Module):
+    """Blocks in a ModuleList, run as a chain (fx-traceable)."""
+
+    def __init__(self, d: int = 32, n: int = 4) -> None:
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.out = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.out(x).square().mean()
+
+
+class Skips(nn.Module):
+    """Each layer reads the first layer's output: no chain covers the model."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(d, d) for _ in range(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h0 = self.layers[0](x)
+        h = h0
+        for layer in self.layers[1:]:
+            h = layer(h) + h0
+        return h.mean()
+
+
+def _grads(model: nn.Module, forward, x: torch.Tensor) -> list[torch.Tensor]:
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(3)
+    forward(x).backward()
+    return grad_snapshot(list(model.parameters()))
+
+
+@pytest.fixture
+def stack() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return Stack().train(), torch.randn(8, 32)
+
+
+def test_find_blocks_prefers_the_module_list(stack):
+    model, _ = stack
+    names = [n for n, _ in peers.find_blocks(model)]
+    assert names == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    assert peers.find_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == []
+
+
+def test_per_block_checkpoints_every_block_and_undo_restores(stack):
+    model, x = stack
+    ref = _grads(model, model, x)
+    prep = peers.per_block(model)
+    assert all("forward" in vars(b) for b in model.blocks)
+    got = _grads(model, prep.forward, x)
+    prep.undo()
+    assert all("forward" not in vars(b) for b in model.blocks)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))  # RNG replayed: dropout masks equal
+    with pytest.raises(peers.PeerUnavailable, match="no repeated blocks"):
+        peers.per_block(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+
+
+def test_sequential_runs_the_chain_with_same_gradients(stack):
+    model, x = stack
+    ref = _grads(model, model, x)
+    prep = peers.sequential(model)
+    assert "segments" in prep.note
+    _grads(model, prep.forward, x)
+    diff, _ = grad_difference(list(model.parameters()), ref)
+    assert diff < 1e-6
+    seq = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 4)), nn.Tanh())
+    assert "4 layers in 2 segments" == peers.sequential(seq).note
+
+
+def test_sequential_says_why_a_model_with_skips_is_not_a_sequence():
+    with pytest.raises(peers.PeerUnavailable, match="not a sequence"):
+        peers.sequential(Skips())
+
+
+def test_profiler_peak_agrees_with_the_dispatch_meter_on_eager(stack):
+    from scheduler.measure import measure_step
+
+    model, x = stack
+    for p in model.parameters():
+        p.grad = None
+    base = live_bytes_of(list(model.parameters()) + list(model.buffers()) + [x])
+    trace = profile_step(lambda: model(x).backward(), baseline_bytes=base)
+    meter = measure_step(model, (x,))
+    assert trace.baseline_bytes == meter.base_bytes
+    assert abs(trace.peak_bytes - meter.peak_bytes) <= 0.05 * meter.peak_bytes
+    assert trace.kernel_flops > 0 and trace.live_bytes[0] >= base
+
+
+def test_grad_difference_scales_by_the_reference():
+    p = nn.Parameter(torch.zeros(3))
+    p.grad = torch.tensor([1.0, 2.0, 4.0])
+    assert grad_difference([p], [torch.tensor([1.0, 2.0, 3.0])]) == (1.0, pytest.approx(1 / 3))
+
+
+def _row(method, kind, budget, peak, ratio):
+    return Row(method, kind, budget=budget, measured_peak_bytes=peak, step_time_ratio=ratio)
+
+
+def test_claims_compare_at_no_larger_peak():
+    rows = (_row("none", "peer", None, 100, 1.0), _row("per-block", "peer", None, 60, 1.3),
+            _row("torch.compile", "peer", 0.5, 50, 1.2), _row("dp", "ours", 0.5, 55, 1.1),
+            _row("dp", "ours", 0.3, 40, 1.25))
+    cmp = Comparison("m", {}, (0.3, 0.5), rows, 10, 1, {})
+    got = {c["claim"].split(":")[0]: c["holds"] for c in claims(cmp)}
+    assert got == {"ours vs per-block": True, "ours vs torch.compile @0.5": False}
+    slow = rows[:2] + (_row("dp", "ours", 0.5, 55, 1.4),)
+    assert [c["holds"] for c in claims(Comparison("m", {}, (0.5,), slow, 10, 1, {}))] == [False]
+
+
+def test_ckpt_compare_quick_reports_every_method(tmp_path):
+    from scheduler.cli import main
+
+    out = tmp_path / "out.json"
+    assert main(["compare", "gpt", "--quick", "--budgets", "0.5", "--repeats", "2", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    methods = {r["method"] for r in rows}
+    assert {"none", "per-block", "checkpoint_sequential", "torch.compile"} <= methods
+    assert methods - {"none", "per-block", "checkpoint_sequential", "torch.compile"}, "no solver of ours ran"
+    assert {r["budget"] for r in rows if r["method"] == "torch.compile"} == {0.5, 1.0}
+    for r in rows:
+        if r["reason"] is None:
+            assert r["measured_peak_bytes"] > 0 and r["step_time_ratio"] > 0, r
+            assert r["grad_max_abs_diff"] is not None and r["measured_recompute_ratio"] is not None, r
+        else:
+            assert isinstance(r["reason"], str) and len(r["reason"]) > 10, r
+    none = next(r for r in rows if r["method"] == "none")
+    # The profiler and the dispatch-mode meter see the same eager step.
+    assert abs(none["measured_peak_bytes"] - none["meter_peak_bytes"]) <= 0.05 * none["meter_peak_bytes"]
+    # Checkpointing with RNG replay leaves gradients unchanged.
+    assert all(r["grad_max_abs_diff"] < 1e-5 for r in rows if r["method"] == "per-block" and r["reason"] is None)
+    assert data["timelines"]["none"]["measured_bytes"]
