@@ -1,0 +1,130 @@
+"""What sets the minimum: the step no checkpoint plan can make smaller.
+
+Checkpointing frees what autograd saves between the forward and the backward.
+It cannot shrink what one op needs while it runs: during node ``i``'s backward
+the step holds the parameters, the inputs, the parameter gradients made so far,
+the gradient of ``i``'s output, the gradients it produces for its inputs, what
+it saved (recomputed or not) and its workspace; in its forward, its inputs,
+its output and its workspace. That sum is a lower bound on the peak of *every*
+plan (:func:`node_floors`). When the best plan's peak (from ``simulate``)
+is within a few percent of the largest bound, that node sets the floor: at
+sequence 256 and batch 2 on GPT-2 it is the LM head and cross-entropy backward
+(logits-sized buffers and the vocabulary-sized weight gradient).
+
+The bound only counts the node's own tensors; ``simulate`` of the best plan
+gives the real peak, whose step and breakdown :func:`explain_floor` reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from graphs import Graph
+from solvers import Plan, Simulation, format_bytes, simulate
+
+__all__ = ["NodeFloor", "Floor", "node_floors", "explain_floor"]
+
+#: Best-plan peak within this share of the bound: the node "sets the floor".
+TIGHT = 0.10
+
+
+@dataclass(frozen=True)
+class NodeFloor:
+    """Bytes node ``name`` needs at once in its ``phase``, whatever the plan.
+
+    Attributes:
+        name: node name.
+        phase: ``forward`` or ``backward``.
+        bytes: the total (a lower bound on any plan's peak).
+        parts: what it is made of (category -> bytes).
+    """
+
+    name: str
+    phase: str
+    bytes: int
+    parts: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Floor:
+    """Why the least peak is what it is.
+
+    Attributes:
+        bound: the largest :class:`NodeFloor` (no plan goes below ``bound.bytes``).
+        best_peak_bytes: ``simulate`` peak of the plan examined.
+        sim: that simulation (peak step, node, breakdown).
+        tight: the plan's peak is within :data:`TIGHT` of the bound.
+        text: one paragraph for people.
+    """
+
+    bound: NodeFloor
+    best_peak_bytes: int
+    sim: Simulation
+    tight: bool
+    text: str
+
+
+def node_floors(graph: Graph) -> list[NodeFloor]:
+    """A lower bound per node and phase on the peak of every plan."""
+    nodes = graph.nodes
+    idx = graph.index
+    base = graph.param_bytes + graph.input_bytes
+    unattributed = max(0, graph.param_bytes - sum(n.param_bytes for n in nodes))
+    out: list[NodeFloor] = []
+    succs = graph.succs
+    last = len(nodes) - 1
+    pgrad_after = [0] * (len(nodes) + 1)  # parameter grads made by the backward of nodes >= i
+    for i in range(len(nodes) - 1, -1, -1):
+        pgrad_after[i] = pgrad_after[i + 1] + (nodes[i].param_bytes if nodes[i].requires_grad else 0)
+    for i, nd in enumerate(nodes):
+        ins = list(dict.fromkeys(nd.inputs))
+        fwd = {"params+inputs": base, "node inputs": sum(nodes[idx[j]].out_bytes for j in ins),
+               "output": nd.out_bytes, "workspace": nd.workspace_bytes}
+        out.append(NodeFloor(nd.name, "forward", sum(fwd.values()), fwd))
+        if not nd.requires_grad:
+            continue
+        saved = set(nd.saves_inputs) | ({nd.name} if nd.saves_output else set())
+        bwd = {
+            "params+inputs": base,
+            "param grads": unattributed + pgrad_after[i],
+            "grad of output": nd.out_bytes if (i == last or any(nodes[k].requires_grad for k in succs[i])) else 0,
+            "grads of inputs": sum(nodes[idx[j]].out_bytes for j in ins if nodes[idx[j]].requires_grad),
+            "saved tensors": sum(nodes[idx[j]].out_bytes for j in saved) + nd.saved_bytes,
+            "workspace": nd.workspace_bytes,
+        }
+        out.append(NodeFloor(nd.name, "backward", sum(bwd.values()), bwd))
+    return out
+
+
+def explain_floor(graph: Graph, plan: Plan | None = None) -> Floor:
+    """Explain the least peak: which node sets it and why no plan goes lower.
+
+    Args:
+        graph: the cost graph.
+        plan: the plan with the lowest peak found (e.g. every node
+            checkpointed, or a solver's answer); ``None``: store-all.
+
+    Returns:
+        A :class:`Floor` with the bound, the plan's simulated peak and a text.
+    """
+    sim = simulate(graph, plan)
+    bound = max(node_floors(graph), key=lambda f: f.bytes)
+    tight = sim.peak_bytes <= bound.bytes * (1 + TIGHT)
+    node = graph.nodes[graph.index[bound.name]]
+    where = f"{bound.name}" + (f" [{node.module}]" if node.module else "") + (f" ({node.op})" if node.op else "")
+    parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in bound.parts.items() if v)
+    peak_node = graph.nodes[graph.index[sim.peak_node]]
+    peak_at = f"{sim.peak_phase} of {sim.peak_node}" + (f" [{peak_node.module}]" if peak_node.module else "")
+    if tight:
+        text = (f"The floor is set by the {bound.phase} of {where}: it needs {format_bytes(bound.bytes)} at once "
+                f"({parts}). Checkpointing only frees what is saved between forward and backward, not what one op "
+                f"holds while it runs, so no plan can go below {format_bytes(bound.bytes)}; the best plan peaks at "
+                f"{format_bytes(sim.peak_bytes)} during the {peak_at}. To go lower: a smaller batch or sequence, a "
+                "lower-precision dtype, or a chunked op (e.g. a chunked LM-head loss).")
+    else:
+        brk = ", ".join(f"{k} {format_bytes(v)}" for k, v in sim.breakdown.items() if v)
+        text = (f"The best plan peaks at {format_bytes(sim.peak_bytes)} during the {peak_at} ({brk}). The largest "
+                f"single-op need is {format_bytes(bound.bytes)} in the {bound.phase} of {where}; the rest of the "
+                "peak is what other nodes keep at that moment.")
+    return Floor(bound=bound, best_peak_bytes=sim.peak_bytes, sim=sim, tight=tight, text=text)
