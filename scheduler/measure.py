@@ -147,7 +147,8 @@ def measure_step(model: torch.nn.Module, args: Sequence[Any] = (), kwargs: Mappi
 
     Gradients are set to None first (the optimizer's ``zero_grad(set_to_none=True)``),
     parameters, buffers and inputs are the base; the loss is dropped only after
-    the backward, as in a training loop.
+    the backward and the rest of the output (e.g. logits) right after the
+    loss is taken from it, as in a training loop.
 
     Args:
         model: the module (its parameters and buffers are the base).
@@ -170,12 +171,11 @@ def measure_step(model: torch.nn.Module, args: Sequence[Any] = (), kwargs: Mappi
     def step() -> float:
         out = call(*args, **kwargs)
         value = loss(out) if loss is not None else out
+        del out  # a training loop keeps the loss, not the rest of the output (e.g. logits)
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
             raise TypeError("the step must produce a scalar loss tensor; pass loss= to reduce the model's output")
         value.backward()
-        result = float(value.detach())
-        del out, value
-        return result
+        return float(value.detach())
 
     m = measure_peak(step, live=live, timeline=timeline)
     return m

@@ -196,7 +196,7 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
             raise TraceError(f"granularity {granularity!r} is not one of 'op', 'fold', 'auto' or a module depth >= 0")
         chosen = granularity
     groups = group_records(records, chosen)
-    nodes = build_nodes(records, groups)
+    nodes = build_nodes(records, groups, dict(totals.get("trainable", {})))
     nodes = attribute_params(nodes, records, groups, dict(totals.get("trainable", {})))
     meta = dict(meta, granularity=str(chosen))
     graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]),

@@ -17,7 +17,9 @@ NOTE [ Merging nodes ]
     * internal tensors (read only inside ``G``) that a member saves become
       ``saved_bytes``, as do the members' own buffers (dropout masks...);
     * internal tensors nobody saves are temporaries: the most of them alive at
-      once during ``G``'s forward is ``workspace_bytes``;
+      once during ``G``'s forward, or the bytes its backward holds beyond the
+      gradients simulate allocates (measured per fx node, plus the largest
+      internal gradient in a group), whichever is larger, is ``workspace_bytes``;
     * FLOPs add up; flags are "any member"; ``param_bytes`` are the
       parameters whose last forward user is in ``G`` (their gradient is
       created when the backward reaches that user).
@@ -85,8 +87,15 @@ def group_records(records: Sequence[OpRecord], granularity: str | int) -> list[l
     return groups
 
 
-def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]]) -> list[Node]:
+def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
+                param_bytes_of: dict[int, int] | None = None) -> list[Node]:
     """Cost nodes for ``groups`` of ``records`` (NOTE [ Merging nodes ])."""
+    _PARAM_BYTES.clear()
+    _LAST_USER.clear()
+    _PARAM_BYTES.update(param_bytes_of or {})
+    for j, r in enumerate(records):
+        for k in r.param_keys:
+            _LAST_USER[k] = j
     group_of = [0] * len(records)
     for g, members in enumerate(groups):
         for m in members:
@@ -125,7 +134,8 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]]) ->
         saved_bytes = own + sum(records[m].out_bytes for m in kept)
         if not saves_output:
             saved_bytes += sum(records[m].out_bytes for m in saved_outs)
-        workspace = _temporaries_peak(records, members, set(outs) | internal_saved)
+        workspace = max(_temporaries_peak(records, members, set(outs) | internal_saved),
+                        _backward_transient(records, members, set(outs)))
         nodes.append(Node(
             name=names[g],
             inputs=tuple(names[k] for k in ext_in),
@@ -151,18 +161,23 @@ def attribute_params(nodes: list[Node], records: Sequence[OpRecord], groups: Seq
     """Give each trainable parameter's bytes to the node whose backward creates its gradient.
 
     That is the *last* node using it in the forward (the first reached by the
-    backward); for a parameter used once it is the node that uses it.
+    backward); for a parameter used once it is the node that uses it. A shared
+    parameter (tied embedding and output weights) gets a second gradient in
+    the backward of each earlier user, which ``AccumulateGrad`` adds out of
+    place: that transient is part of the earlier user's measured backward peak
+    (``OpRecord.bwd_peak_bytes``), hence of its ``workspace_bytes``.
     """
     import dataclasses
 
     group_of = {m: g for g, ms in enumerate(groups) for m in ms}
-    last: dict[int, int] = {}
+    users: dict[int, list[int]] = {}
     for j, r in enumerate(records):
         for k in r.param_keys:
-            last[k] = group_of[j]
+            if k in param_bytes_of and group_of[j] not in users.setdefault(k, []):
+                users[k].append(group_of[j])
     extra = [0] * len(nodes)
-    for k, g in last.items():
-        extra[g] += param_bytes_of.get(k, 0)
+    for k, gs in users.items():
+        extra[gs[-1]] += param_bytes_of[k]
     return [dataclasses.replace(nd, param_bytes=extra[g]) if extra[g] else nd for g, nd in enumerate(nodes)]
 
 
@@ -185,6 +200,36 @@ def _temporaries_peak(records: Sequence[OpRecord], members: Sequence[int], kept:
         peak = max(peak, alive)
         alive -= dying.pop(k, 0)
     return peak
+
+
+def _backward_transient(records: Sequence[OpRecord], members: Sequence[int], outs: set[int]) -> int:
+    """Bytes a group's backward holds beyond what simulate allocates (input and parameter gradients).
+
+    Per member: its measured backward peak minus the gradients of the tensors
+    it reads and of the parameters it uses (those simulate counts); plus, in a
+    group, the gradient of the largest internal tensor, alive meanwhile.
+    """
+    gset = set(members)
+    best = 0
+    for m in members:
+        r = records[m]
+        if not r.requires_grad:
+            continue
+        counted = sum(records[i].out_bytes for i in r.owners if records[i].requires_grad)
+        best = max(best, r.bwd_peak_bytes - counted - _param_grad_bytes(r, m))
+    internal = [records[m].out_bytes for m in members if m not in outs and records[m].requires_grad]
+    if len(gset) > 1 and internal:
+        best += max(internal)
+    return max(best, 0)
+
+
+_PARAM_BYTES: dict[int, int] = {}  # parameter storage key -> bytes (trainable ones), for the build in progress
+_LAST_USER: dict[int, int] = {}  # parameter storage key -> last record using it
+
+
+def _param_grad_bytes(r: OpRecord, pos: int) -> int:
+    """Gradient bytes simulate creates in this record's backward: parameters it is the last user of."""
+    return sum(_PARAM_BYTES.get(k, 0) for k in r.param_keys if _LAST_USER.get(k) == pos)
 
 
 def _group_name(records: Sequence[OpRecord], members: Sequence[int]) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -62,6 +63,8 @@ class OpRecord:
         param_keys: storage keys of the parameters the node touched.
         requires_grad, stochastic, stateful: flags.
         returned: the graph's output returns this node's value.
+        bwd_peak_bytes: the most bytes the node's backward had allocated at
+            once (gradients of its inputs and parameters, and temporaries).
     """
 
     name: str
@@ -80,6 +83,7 @@ class OpRecord:
     stochastic: bool
     stateful: bool
     returned: bool
+    bwd_peak_bytes: int = 0
 
 
 def storage_key(t: torch.Tensor) -> int | None:
@@ -106,6 +110,14 @@ class _Watch(TorchDispatchMode):
         self.state_keys = state_keys
         self.reset()
 
+        self.live = 0  # bytes of storages created under the mode and still alive
+        self.peak = 0
+        self.tracking: set[int] = set()
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        self.live -= nbytes
+        self.tracking.discard(key)
+
     def reset(self) -> None:
         self.stochastic = False
         self.stateful = False
@@ -128,7 +140,18 @@ class _Watch(TorchDispatchMode):
                     for t in pytree.tree_leaves(v):
                         if isinstance(t, torch.Tensor) and storage_key(t) in self.state_keys:
                             self.stateful = True
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                k = storage_key(t)
+                if k is not None and k not in self.tracking and k not in self.param_keys:
+                    st = t.untyped_storage()
+                    nbytes = int(st.nbytes())
+                    self.tracking.add(k)
+                    self.live += nbytes
+                    weakref.finalize(st, self._freed, k, nbytes)
+        self.peak = max(self.peak, self.live)
+        return out
 
 
 def _printable(node: torch.fx.Node) -> str:
@@ -171,6 +194,9 @@ class _Recorder(torch.fx.Interpreter):
         self.grad_owner: dict[Any, int] = {}  # autograd node -> record position
         self.bwd_flops: dict[int, int] = {}
         self._bw_start = 0
+        self._bw_pos = -1
+        self._bw_base = 0
+        self.bwd_peak: dict[int, int] = {}  # record position -> most bytes its backward had allocated at once
 
     def fetch_attr(self, target: str) -> Any:
         value = super().fetch_attr(target)
@@ -261,15 +287,20 @@ class _Recorder(torch.fx.Interpreter):
             if fn is None or fn in self.grad_owner:
                 continue
             self.grad_owner[fn] = pos
-            fn.register_prehook(self._bw_pre)
+            fn.register_prehook(functools.partial(self._bw_pre, pos))
             fn.register_hook(functools.partial(self._bw_post, pos))
             stack.extend(f for f, _ in fn.next_functions)
 
-    def _bw_pre(self, grad_outputs: Any) -> None:
+    def _bw_pre(self, pos: int, grad_outputs: Any) -> None:
         self._bw_start = self.counter.get_total_flops()
+        if pos != self._bw_pos:  # a new run of this node's backward: measure from here
+            self._bw_pos = pos
+            self._bw_base = self.watch.live
+            self.watch.peak = self.watch.live
 
     def _bw_post(self, pos: int, grad_inputs: Any, grad_outputs: Any) -> None:
         self.bwd_flops[pos] = self.bwd_flops.get(pos, 0) + self.counter.get_total_flops() - self._bw_start
+        self.bwd_peak[pos] = max(self.bwd_peak.get(pos, 0), self.watch.peak - self._bw_base)
 
     def run_backward(self, result: Any) -> None:
         """One backward from the graph's outputs, attributing FLOPs to the fx nodes."""
@@ -348,7 +379,8 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
         with fake, counter, watch:
             result = rec.run(*fake_inputs)
             rec.run_backward(result)
-    records = [_replace(r, bwd_flops=int(rec.bwd_flops.get(i, 0))) for i, r in enumerate(rec.records)]
+    records = [_replace(r, bwd_flops=int(rec.bwd_flops.get(i, 0)), bwd_peak_bytes=int(rec.bwd_peak.get(i, 0)))
+               for i, r in enumerate(rec.records)]
     # Mark what the graph returns; attach trailing get_attr nodes to the last record.
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     returned = {rec.record_of[a.name] for a in out_node.all_input_nodes if a.name in rec.record_of}
