@@ -30,7 +30,9 @@ NOTE [ Stateful ops under recompute ]
 The returned :class:`CheckpointedModule` shares the model's parameter,
 buffer and submodule dictionaries (same objects: an optimizer built before
 ``apply`` keeps working, ``state_dict`` keys are unchanged) and returns
-outputs with the model's structure. A traced graph fixes the mode it was
+outputs with the model's structure; with ``loss=`` the loss is part of the
+traced graph (its regions may cover it), and the module returns
+``loss(model(*args))``. A traced graph fixes the mode it was
 traced in (train, dropout on); called in another mode or without autograd
 (``torch.no_grad``, eval), the module runs the original model, since there
 is nothing to checkpoint.
@@ -46,7 +48,6 @@ import torch
 import torch.fx
 from torch import nn
 from torch.fx.passes.split_module import split_module
-from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 
 from graphs import CkptError, Graph
@@ -155,16 +156,15 @@ class CheckpointedModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled() or self.training != self._traced_training:
             return self.model(*args, **kwargs)
-        flat = _flatten_inputs(self.traced, args, kwargs)
-        out = self.split(*flat)
-        return _unflatten_outputs(self.traced, out)
+        flat = self.traced.flatten_inputs(*args, **kwargs)
+        return self.traced.unflatten_outputs(self.split(*flat))
 
     def extra_repr(self) -> str:
         return f"{len(self.regions)} checkpoint regions, plan by {self.plan.solver}"
 
 
 def apply(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, *, loss: Any = None,
-          granularity: Any = None, check: bool = True) -> CheckpointedModule:
+          granularity: Any = None, name: str | None = None, check: bool = True) -> CheckpointedModule:
     """Return ``model`` with the plan's regions run under activation checkpointing.
 
     Args:
@@ -176,6 +176,8 @@ def apply(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, *
             so that the fingerprint matches).
         granularity: the tracer's granularity; default: the one recorded in
             the plan's graph meta, else the tracer's default.
+        name: the graph's name as it was traced (default: the model's class
+            name, as :func:`scheduler.trace` does).
         check: refuse a plan whose fingerprint differs from the traced graph.
 
     Returns:
@@ -187,7 +189,7 @@ def apply(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, *
         PlanError: a region is out of range or holds a non-recomputable node.
         ApplyError: the plan's regions cannot be mapped onto the fx graph.
     """
-    traced = _capture(model, args, kwargs, loss=loss, granularity=granularity, plan=plan)
+    traced = _capture(model, args, kwargs, loss=loss, granularity=granularity, plan=plan, name=name)
     if check:
         plan.check_graph(traced.graph)
     else:
@@ -211,12 +213,12 @@ def cut(traced: Any, plan: Plan) -> tuple[torch.fx.GraphModule, list[RegionInfo]
     gm: torch.fx.GraphModule = traced.gm
     region_of = plan.region_of(len(graph))
     owner: dict[str, int] = {}
-    for i, names in enumerate(_members(traced)):
+    for i, names in enumerate(traced.members):
         for name in names:
             owner[name] = i
     fx_names = {n.name for n in gm.graph.nodes}
     for r, (a, b) in enumerate(plan.regions):
-        if not any(name in fx_names for i in range(a, b + 1) for name in _members(traced)[i]):
+        if not any(name in fx_names for i in range(a, b + 1) for name in traced.members[i]):
             raise ApplyError(
                 f"region ({a}, {b}) [{graph.nodes[a].name} .. {graph.nodes[b].name}] has no node in the traced "
                 "fx graph (it lies in the loss or in nodes the module does not run); solve again without it"
@@ -256,58 +258,27 @@ def cut(traced: Any, plan: Plan) -> tuple[torch.fx.GraphModule, list[RegionInfo]
 
 
 # ------------------------------------------------------------------ the tracer
-def _capture(model: nn.Module, args: Any, kwargs: dict | None, *, loss: Any, granularity: Any, plan: Plan) -> Any:
-    try:
-        from .trace import capture  # type: ignore[attr-defined]
-    except ImportError:
-        capture = None
+def _capture(model: nn.Module, args: Any, kwargs: dict | None, *, loss: Any, granularity: Any, plan: Plan,
+             name: str | None) -> Any:
+    from .trace import capture
+
     if granularity is None:
-        granularity = plan.graph_meta.get("granularity")
-    # Tracing may run the model (shape propagation, the check against eager):
-    # leave no trace of it in the buffers (BatchNorm statistics) or the RNG.
+        recorded = str(plan.graph_meta.get("granularity", "auto"))
+        granularity = int(recorded) if recorded.isdigit() else recorded
+    # Tracing runs the model (the check against eager): leave no trace of it
+    # in the buffers (BatchNorm statistics) or in the RNG.
     buffers = list(model.buffers())
     saved = [b.detach().clone() for b in buffers]
     devices = sorted({b.device.index or 0 for b in buffers if b.device.type == "cuda"})
     try:
         with torch.random.fork_rng(devices=devices):
-            if capture is not None:
-                kw: dict[str, Any] = {"loss": loss}
-                if granularity is not None:
-                    kw["granularity"] = granularity
-                return capture(model, args, kwargs, **kw)
-            from ._fx_adapter import capture as fx_capture  # temporary, until scheduler.trace lands
-
-            return fx_capture(model, args, kwargs)
+            return capture(model, args, kwargs, loss=loss, granularity=granularity,
+                           name=name)
     finally:
         with torch.no_grad():
             for b, s in zip(buffers, saved):
                 b.copy_(s)
 
 
-def _members(traced: Any) -> list[tuple[str, ...]]:
-    cached = getattr(traced, "_apply_members", None)
-    if cached is None:
-        members = getattr(traced, "members", None)
-        if members is None:
-            members = [n.members or (n.name,) for n in traced.graph.nodes]
-        cached = [tuple(m) for m in members]
-    return cached
 
 
-def _flatten_inputs(traced: Any, args: Any, kwargs: dict | None) -> list[Any]:
-    flatten = getattr(traced, "flatten_inputs", None)
-    if flatten is not None:
-        return list(flatten(args, kwargs or {}))
-    flat, spec = tree_flatten((tuple(args) if isinstance(args, (tuple, list)) else (args,), kwargs or {}))
-    want = getattr(traced, "in_spec", None)
-    if want is not None and spec != want:
-        raise ApplyError(f"the inputs do not have the structure the model was traced with: {spec} vs {want}")
-    return flat
-
-
-def _unflatten_outputs(traced: Any, out: Any) -> Any:
-    unflatten = getattr(traced, "unflatten_outputs", None)
-    if unflatten is not None:
-        return unflatten(out)
-    spec = getattr(traced, "out_spec", None)
-    return out if spec is None else tree_unflatten(list(out), spec)

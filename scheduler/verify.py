@@ -31,7 +31,7 @@ from solvers import Plan, format_bytes, simulate
 
 from .apply import CheckpointedModule, apply
 
-__all__ = ["Verification", "verify", "measure_step_peak", "default_loss"]
+__all__ = ["Verification", "verify", "measure_step_peak"]
 
 log = logging.getLogger(__name__)
 
@@ -109,17 +109,10 @@ class Verification:
         ]
 
 
-def default_loss(out: Any) -> torch.Tensor:
-    """Sum of the means of every floating output (a loss when the model returns one)."""
-    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not leaves:
-        raise ValueError("the model returns no floating tensor to take a loss of")
-    return sum(t.float().mean() for t in leaves)  # type: ignore[return-value]
-
-
-def _step(module: nn.Module, args: tuple, kwargs: dict, loss: LossFn) -> torch.Tensor:
+def _step(module: nn.Module, args: tuple, kwargs: dict, loss: LossFn | None) -> torch.Tensor:
     out = module(*args, **kwargs)
-    value = loss(out)
+    value = loss(out) if loss is not None else out
+    del out
     value.backward()
     return value.detach()
 
@@ -129,49 +122,33 @@ def _clear_grads(model: nn.Module) -> None:
         p.grad = None
 
 
-def measure_step_peak(module: nn.Module, model: nn.Module, args: tuple, kwargs: dict, loss: LossFn) -> int:
-    """Peak bytes of one training step (parameter gradients start at None).
+def measure_step_peak(module: nn.Module, model: nn.Module, args: tuple, kwargs: dict, loss: LossFn | None) -> int:
+    """Peak bytes of one training step of ``module`` (sharing ``model``'s parameters).
 
-    Counts what exists before the step (parameters, buffers, inputs) plus the
-    peak of what the step allocates.
+    Parameter gradients start at None; parameters, buffers and inputs count as
+    the base (``scheduler.measure.measure_step``, NOTE [ Counting like simulate ]).
     """
-    _clear_grads(model)
-    try:
-        from . import measure  # type: ignore[attr-defined]
-    except ImportError:
-        measure = None
-    if measure is not None and hasattr(measure, "step_peak_bytes"):
-        return int(measure.step_peak_bytes(lambda: _step(module, args, kwargs, loss), model, args, kwargs))
-    from ._peak import track_peak  # temporary, until scheduler.measure lands
+    from .measure import measure_step
 
-    persistent = sum(t.untyped_storage().nbytes() for t in _storages(model, args, kwargs))
-    with track_peak() as tracker:
-        _step(module, args, kwargs, loss)
-    return persistent + tracker.peak_bytes
-
-
-def _storages(model: nn.Module, args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    seen, out = set(), []
-    leaves = list(model.parameters()) + list(model.buffers()) + torch.utils._pytree.tree_leaves((args, kwargs))
-    for t in leaves:
-        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
-            seen.add(t.untyped_storage().data_ptr())
-            out.append(t)
-    return out
+    return measure_step(model, tuple(args), dict(kwargs), loss=loss, run=module).peak_bytes
 
 
 def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, *, loss: LossFn | None = None,
-           trace_loss: Any = None, applied: CheckpointedModule | None = None, steps: int = 5, warmup: int = 1,
-           seed: int = 0, measure_memory: bool = True) -> Verification:
+           applied: CheckpointedModule | None = None, steps: int = 5, warmup: int = 1, seed: int = 0,
+           measure_memory: bool = True, name: str | None = None) -> Verification:
     """Run steps with and without ``plan`` and compare them.
 
     Args:
         model: the user's module (train mode for a training step).
         plan: the plan (checked against the traced graph).
         args, kwargs: the step's inputs.
-        loss: ``loss(outputs) -> scalar``; default :func:`default_loss`.
-        trace_loss: the loss passed to the tracer (see :func:`scheduler.apply.apply`).
-        applied: an already applied module (skips :func:`apply`).
+        loss: ``loss(outputs) -> scalar`` when the model does not return its
+            loss; it is traced with the model (as in ``scheduler.trace(...,
+            loss=)``), so the applied module returns the loss. Without it the
+            model must return a scalar loss.
+        applied: an already applied module (skips :func:`apply`; must have
+            been applied with the same ``loss``).
+        name: the graph's name as traced (see :func:`scheduler.apply.apply`).
         steps: measured steps of each kind for the time ratio (median).
         warmup: un-timed steps of each kind first.
         seed: RNG seed both runs start from (dropout masks equal).
@@ -185,9 +162,9 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
     """
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
     kwargs = dict(kwargs or {})
-    loss = loss or default_loss
     if applied is None:
-        applied = apply(model, plan, args, kwargs, loss=trace_loss)
+        applied = apply(model, plan, args, kwargs, loss=loss, name=name)
+    losses: dict[str, LossFn | None] = {"all": loss, "plan": None}
     graph = applied.graph
     sim_plan = simulate(graph, plan, record=False)
     sim_all = simulate(graph, None, record=False)
@@ -202,10 +179,10 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
 
     # Equality: same seed, same weights, same starting buffers.
     runs = []
-    for module in (model, applied):
+    for key, module in (("all", model), ("plan", applied)):
         reset()
         torch.manual_seed(seed)
-        value = _step(module, args, kwargs, loss)
+        value = _step(module, args, kwargs, losses[key])
         grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
         runs.append((value, grads, [b.detach().clone() for b in buffers]))
     (l0, g0, b0), (l1, g1, b1) = runs
@@ -225,7 +202,7 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
         for key, module in (("all", model), ("plan", applied)):
             reset()
             torch.manual_seed(seed)
-            measured[key] = measure_step_peak(module, model, args, kwargs, loss)
+            measured[key] = measure_step_peak(module, model, args, kwargs, losses[key])
 
     # Time: alternate the two, one run, median of each.
     times: dict[str, list[float]] = {"all": [], "plan": []}
@@ -233,7 +210,7 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
         for key, module in (("all", model), ("plan", applied)):
             _clear_grads(model)
             t0 = time.perf_counter()
-            _step(module, args, kwargs, loss)
+            _step(module, args, kwargs, losses[key])
             if i >= warmup:
                 times[key].append(time.perf_counter() - t0)
     reset()
