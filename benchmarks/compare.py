@@ -32,6 +32,11 @@ log = logging.getLogger("benchmarks.compare")
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 FRACTIONS = (0.2, 0.3, 0.5, 0.7)
 QUICK_FRACTIONS = (0.3, 0.5)
+#: Fewer budgets where a step is slow (GPT-2's 50k-token head on a CPU).
+MODEL_FRACTIONS = {"hf:gpt2": (0.3, 0.5)}
+#: torch intra-op threads while measuring: other work shares the 2 cores, and
+#: OMP barriers make 2-thread step times swing several-fold under contention.
+THREADS = 1
 #: Our solvers, when registered.
 SOLVERS = ("chen", "chen-greedy", "dp", "ilp")
 #: Max-batch methods, in Checkmate's order (store-all first: the ratios' base).
@@ -53,7 +58,8 @@ def run_models(quick: bool) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         wl = workload(spec, quick=quick, bench=True)
         log.info("compare %s (%s)", wl.name, wl.meta)
-        cmp = compare(wl, QUICK_FRACTIONS if quick else FRACTIONS, solver_names=_registered(SOLVERS),
+        fractions = QUICK_FRACTIONS if quick else MODEL_FRACTIONS.get(spec, FRACTIONS)
+        cmp = compare(wl, fractions, solver_names=_registered(SOLVERS),
                       repeats=3 if quick else 5, solver_options={"ilp": {"time_limit_s": 10 if quick else 30}},
                       progress=lambda s: log.info("  %s", s))
         d = cmp.to_dict()
@@ -179,7 +185,8 @@ def model_markdown(d: dict[str, Any]) -> str:
                      "" if r["recompute_ratio"] is None else f"{100 * r['recompute_ratio']:.0f}%",
                      "" if r["measured_recompute_ratio"] is None else f"{100 * r['measured_recompute_ratio']:.0f}%",
                      f"{r['grad_max_abs_diff']:.1e}", r["note"]))
-    meta = ", ".join(f"{k}={v}" for k, v in d["meta"].items() if k not in ("machine", "torch"))
+    meta = ", ".join(f"{k}={v}" for k, v in d["meta"].items()
+                     if k not in ("machine", "torch", "store_all_predicted_bytes"))
     out = [f"### {d['model']}", "", f"{meta}; {d['graph_nodes']} graph nodes; "
            f"{d.get('wall_s', 0):.0f}s", "",
            _md(rows, ["method", "budget", "pred MiB", "meas MiB", "time x", "recomp pred", "recomp meas",
@@ -213,7 +220,8 @@ def summary_markdown(models: list[dict[str, Any]], maxbatch: dict[str, Any], sca
     """The whole suite as Markdown (``compare_summary.md``)."""
     cmd = "python -m benchmarks.run --quick --only compare" if quick else "make bench (python -m benchmarks.run)"
     parts = ["# Compare: our solvers vs per-block, checkpoint_sequential, torch.compile", "",
-             f"Command: `{cmd}`; machine: {machine()}; suite wall time {wall_s:.0f}s.", "",
+             f"Command: `{cmd}`; machine: {machine()}, measured with {THREADS} torch thread; "
+             f"suite wall time {wall_s:.0f}s.", "",
              "Peaks are whole-step bytes (parameters, inputs, gradients, activations) from the profiler's "
              "allocator events, the same for every method; time x is the median step time over the un-checkpointed "
              "step's, alternated in one run; grad diff is the largest absolute gradient difference from the "
@@ -225,11 +233,18 @@ def summary_markdown(models: list[dict[str, Any]], maxbatch: dict[str, Any], sca
 
 
 def main(quick: bool = False) -> None:
+    import torch
+
     os.makedirs(RESULTS, exist_ok=True)
     t0 = time.perf_counter()
-    models = run_models(quick)
-    maxbatch = run_maxbatch(quick)
-    scaling = run_scaling(quick)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        models = run_models(quick)
+        maxbatch = run_maxbatch(quick)
+        scaling = run_scaling(quick)
+    finally:
+        torch.set_num_threads(threads)
     path = write_summary(models, maxbatch, scaling, quick, time.perf_counter() - t0)
     log.info("compare suite written to %s in %.0fs", path, time.perf_counter() - t0)
 

@@ -141,8 +141,6 @@ class _Bench:
     """The shared measuring harness: one model, one input, one seed, one reference step."""
 
     def __init__(self, wl: Workload, *, repeats: int, warmup: int, seed: int = 0) -> None:
-        from .verify import default_loss
-
         self.wl, self.repeats, self.warmup, self.seed = wl, repeats, warmup, seed
         self.loss = wl.loss or default_loss
         self.params = [p for p in wl.model.parameters() if p.requires_grad]
@@ -167,8 +165,9 @@ class _Bench:
         for p in self.params:
             p.grad = None
 
-    def step_of(self, forward: Callable[..., Any]) -> Callable[[], None]:
-        wl, loss, seed = self.wl, self.loss, self.seed
+    def step_of(self, forward: Callable[..., Any], *, returns_loss: bool = False) -> Callable[[], None]:
+        wl, seed = self.wl, self.seed
+        loss = (lambda out: out) if returns_loss else self.loss
 
         def step() -> None:
             torch.manual_seed(seed)
@@ -176,7 +175,7 @@ class _Bench:
 
         return step
 
-    def meter(self, forward: Callable[..., Any]) -> int | None:
+    def meter(self, forward: Callable[..., Any], *, returns_loss: bool = False) -> int | None:
         """Peak of one step by ``scheduler.measure`` (blind to compiled code: eager only)."""
         try:
             from .measure import measure_step
@@ -184,13 +183,14 @@ class _Bench:
             return None
         self.clear()
         torch.manual_seed(self.seed)
-        m = measure_step(self.wl.model, self.wl.args, dict(self.wl.kwargs), loss=self.loss, run=forward)
+        m = measure_step(self.wl.model, self.wl.args, dict(self.wl.kwargs), loss=None if returns_loss else self.loss,
+                         run=forward)
         self.clear()
         return m.peak_bytes
 
     def measure(self, prepared: peers.Prepared, row: Row, *, eager: bool = True) -> tuple[Row, Any]:
         """Warm up, then gradients, profiled peak and interleaved time of ``prepared``."""
-        step = self.step_of(prepared.forward)
+        step = self.step_of(prepared.forward, returns_loss=prepared.returns_loss)
         try:
             with prepared.scope():
                 for _ in range(self.warmup):
@@ -202,7 +202,7 @@ class _Bench:
                 self.clear()
                 tr = profile_step(step, baseline_bytes=self.baseline)
                 t_m, t_r = time_steps(step, self.reference, repeats=self.repeats, before_each=self.clear)
-                metered = self.meter(prepared.forward) if eager else None
+                metered = self.meter(prepared.forward, returns_loss=prepared.returns_loss) if eager else None
         finally:
             prepared.undo()
             self.clear()
@@ -212,6 +212,19 @@ class _Bench:
                       measured_recompute_ratio=extra / self.step_flops if self.step_flops else None,
                       grad_max_abs_diff=diff, grad_rel_diff=rel, note=row.note or prepared.note)
         return row, tr
+
+
+def default_loss(out: Any) -> torch.Tensor:
+    """The output itself when it is a scalar (built-in models return their loss), its ``.loss``
+    (transformers), else the sum of the means of its floating tensors."""
+    if isinstance(out, torch.Tensor) and out.numel() == 1:
+        return out.reshape(())
+    if getattr(out, "loss", None) is not None:
+        return out.loss
+    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise CkptError("the model returns no floating tensor to take a loss of; give the workload a loss")
+    return sum(t.float().mean() for t in leaves)  # type: ignore[return-value]
 
 
 def _why(exc: BaseException) -> str:
@@ -337,7 +350,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
             else:
                 try:
                     applied = apply(wl.model, plan, wl.args, dict(wl.kwargs), loss=wl.trace_loss)
-                    row, tr = bench.measure(peers.Prepared(forward=applied, note=row.note), row)
+                    row, tr = bench.measure(peers.Prepared(forward=applied, note=row.note, returns_loss=True), row)
                     measured[key] = (f"{name}@{f:g}", row, tr)
                     if best_trace is None or f <= best_trace[0]:
                         best_trace = (f, name, plan, tr)

@@ -27,15 +27,15 @@ QUICK_MODELS = ("gpt",)
 #: (GPT-2 blocks with dropout, ResNet-50's bottleneck stages, ...) at CPU sizes.
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "gpt": (dict(layers=2, width=128, heads=4, vocab=512, batch=4, seq=64),
-            dict(layers=4, width=256, heads=4, vocab=4096, batch=4, seq=128)),
+            dict(layers=4, width=128, heads=4, vocab=2048, batch=4, seq=128)),
     "resnet": (dict(depth=26, width=8, classes=10, batch=2, image_size=32),
                dict(depth=50, width=16, classes=100, batch=8, image_size=64)),
     "unet": (dict(levels=2, width=8, batch=2, image_size=32),
              dict(levels=3, width=16, batch=4, image_size=64)),
     "vgg19": (dict(width=8, hidden=64, classes=10, batch=2, image_size=32),
-              dict(width=16, hidden=512, classes=100, batch=16, image_size=64)),
+              dict(width=16, hidden=512, classes=100, batch=8, image_size=64)),
     "hf:gpt2": (dict(layers=1, batch=1, seq=32),
-                dict(layers=2, batch=2, seq=128)),
+                dict(layers=2, batch=1, seq=64)),
 }
 
 #: Checkmate protocol on VGG-19: model options (batch is searched), budget, search range.
@@ -78,7 +78,7 @@ def vgg_maxbatch_setup(*, quick: bool) -> tuple[Callable[[int], Graph], Callable
     allocated); ``confirm(b, plan)`` builds it for real at batch ``b``,
     applies the plan and returns the profiled peak of one step.
     """
-    from . import trace as trace_mod
+    from .trace import capture
     from .apply import apply
     from .models import build
     from .profmem import live_bytes_of, profile_step
@@ -88,7 +88,7 @@ def vgg_maxbatch_setup(*, quick: bool) -> tuple[Callable[[int], Graph], Callable
     def graph_at(b: int) -> Graph:
         torch.manual_seed(0)
         ex = build("vgg19", batch=b, device="meta", **opts)
-        return trace_mod.capture(ex.model, ex.args, ex.kwargs, loss=ex.loss).graph
+        return capture(ex.model, ex.args, ex.kwargs, loss=ex.loss).graph
 
     def confirm(b: int, plan: Plan) -> int:
         torch.manual_seed(0)

@@ -58,12 +58,15 @@ class Prepared:
         undo: restores the model (called once, after measuring).
         scope: a context manager every call must run inside (the compile
             config); a null context for eager peers.
+        returns_loss: ``forward`` returns the loss itself (an applied plan
+            traced with the loss), so the workload's loss is not applied again.
     """
 
     forward: Callable[..., Any]
     note: str
     undo: Callable[[], None] = lambda: None
     scope: Callable[[], ContextManager[Any]] = field(default=contextlib.nullcontext)
+    returns_loss: bool = False
 
 
 def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -144,7 +144,7 @@ def test_ckpt_compare_quick_reports_every_method(tmp_path):
     from scheduler.cli import main
 
     out = tmp_path / "out.json"
-    assert main(["compare", "gpt", "--quick", "--budgets", "0.5", "--repeats", "2", "--json", str(out)]) == 0
+    assert main(["compare", "gpt", "--quick", "--budgets", "0.5", "--repeats", "2", "--threads", "1", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     rows = data["rows"]
     methods = {r["method"] for r in rows}

@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed steps per method (default 5, --quick 3)")
     p.add_argument("--batch", type=int, default=None, help="batch size (default: the model's; --quick: small)")
     p.add_argument("--ilp-time-limit", type=float, default=30.0, help="seconds for the ILP solver (default 30)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads while measuring (default: torch's; 1 is steadier on a shared machine)")
     p.add_argument("--json", dest="json_path", help="write the results as JSON here")
     p.add_argument("--plots", help="write PNG plots into this folder (needs matplotlib)")
 
@@ -70,11 +72,20 @@ def run(args: argparse.Namespace) -> int:
     quick = args.quick
     fractions = _fractions(args.budgets or ("0.3,0.5" if quick else "0.2,0.3,0.5,0.7"))
     names = [s.strip() for s in args.solvers.split(",")] if args.solvers else (_quick_solvers() if quick else None)
-    wl = workload(args.model, quick=quick, batch=args.batch)
-    print(f"comparing on {wl.name} ({', '.join(f'{k}={v}' for k, v in wl.meta.items())}), budgets {fractions}")
-    cmp = compare(wl, fractions, solver_names=names, with_peers=not args.no_peers,
-                  repeats=args.repeats or (3 if quick else 5),
-                  solver_options={"ilp": {"time_limit_s": args.ilp_time_limit}}, progress=print)
+    import torch
+
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        wl = workload(args.model, quick=quick, batch=args.batch)
+        print(f"comparing on {wl.name} ({', '.join(f'{k}={v}' for k, v in wl.meta.items())}), budgets {fractions}, "
+              f"{torch.get_num_threads()} threads")
+        cmp = compare(wl, fractions, solver_names=names, with_peers=not args.no_peers,
+                      repeats=args.repeats or (3 if quick else 5),
+                      solver_options={"ilp": {"time_limit_s": args.ilp_time_limit}}, progress=print)
+    finally:
+        torch.set_num_threads(threads)
     print()
     print(format_table(cmp))
     if args.json_path:
