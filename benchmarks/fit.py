@@ -45,6 +45,7 @@ def gpt_on_2gib(quick: bool) -> dict:
     import torch
 
     import scheduler
+    from scheduler.apply import apply  # not scheduler.apply(...): that name is shadowed by its submodule once imported
     from scheduler.models import build
     from scheduler.verify import measure_step_peak
 
@@ -72,7 +73,7 @@ def gpt_on_2gib(quick: bool) -> dict:
     graph = scheduler.trace(ex.model, ex.args, ex.kwargs, loss=ex.loss)
     budget = res.report.solver_budget_bytes
     plan = solvers.solve(graph, budget, solver=best.solver) if best.solver != "store-all" else solvers.Plan(())
-    applied = scheduler.apply(ex.model, plan, ex.args, ex.kwargs, loss=ex.loss)
+    applied = apply(ex.model, plan, ex.args, ex.kwargs, loss=ex.loss)
     loss = ex.loss or (lambda o: o)
     measured = measure_step_peak(applied, ex.model, ex.args, dict(ex.kwargs), loss)
     state = res.report.state.outside_simulation_bytes  # SGD: 0

@@ -144,7 +144,6 @@ def build_hf_model(config: Any, *, dtype: str = "fp32", device: str = "meta") ->
 
     tf = _transformers()
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    config.use_cache = False  # training: no key/value cache kept beside the activations
     with torch.device(device):
         model = tf.AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     model.train()
