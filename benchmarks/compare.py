@@ -175,7 +175,7 @@ def model_markdown(d: dict[str, Any]) -> str:
     """One model's comparison as a Markdown table plus its claims."""
     rows = []
     for r in d["rows"]:
-        budget = "" if r["budget"] is None else f"{r['budget']:g}"
+        budget = f"{r['budget']:g}" if r["budget"] is not None else (f"={r['matched_to']}" if r.get("matched_to") else "")
         if r["reason"] is not None or r["measured_peak_bytes"] is None:
             rows.append((r["method"], budget, _mib(r["predicted_peak_bytes"]), "", "", "", "", "",
                          f"not run: {r['reason']}"))

@@ -16,8 +16,6 @@ un-checkpointed step. A method that cannot run gets a row with the reason.
 from __future__ import annotations
 
 import logging
-import math
-import platform
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
@@ -32,8 +30,8 @@ from solvers import InfeasibleBudget, Plan, simulate
 
 from . import peers
 from .budget import parse_budget
-from .profmem import downsample, grad_difference, grad_snapshot, live_bytes_of, profile_step, time_steps
-from .report import table
+from .compare_report import format_table, machine, progress_line, timeline
+from .profmem import grad_difference, grad_snapshot, live_bytes_of, profile_step, time_steps
 
 __all__ = ["Workload", "Row", "Comparison", "compare", "format_table", "DEFAULT_FRACTIONS", "OUR_SOLVERS"]
 
@@ -77,6 +75,8 @@ class Row:
         kind: ``ours`` or ``peer``.
         budget: fraction of the store-all activation peak, None when the
             method takes none.
+        matched_to: for our rows solved with a peer's measured peak as the
+            budget, that peer (``per-block``, ``torch.compile@0.5``).
         predicted_peak_bytes: ``simulate``'s peak (ours; peers whose regions
             map onto the graph).
         measured_peak_bytes: profiler peak of a real step.
@@ -98,6 +98,7 @@ class Row:
     method: str
     kind: str
     budget: float | None = None
+    matched_to: str | None = None
     predicted_peak_bytes: int | None = None
     measured_peak_bytes: int | None = None
     meter_peak_bytes: int | None = None
@@ -239,11 +240,8 @@ def trace_graph(wl: Workload) -> Graph:
     saved = [b.detach().clone() for b in buffers]
     try:
         with torch.random.fork_rng():
-            try:
-                from .trace import capture  # type: ignore[attr-defined]
-            except ImportError:  # the tracer has not landed: the apply adapter's graph
-                from ._fx_adapter import capture
-                return capture(model, wl.args, dict(wl.kwargs)).graph
+            from .trace import capture
+
             return capture(model, wl.args, dict(wl.kwargs), loss=wl.trace_loss).graph
     finally:
         with torch.no_grad():
@@ -266,7 +264,7 @@ def block_plan(graph: Graph, model: nn.Module) -> Plan | None:
 
 
 def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, solver_names: Sequence[str] | None = None,
-            with_peers: bool = True, repeats: int = 5, warmup: int = 1,
+            with_peers: bool = True, match_peers: bool = True, repeats: int = 5, warmup: int = 1,
             solver_options: Mapping[str, Mapping[str, Any]] | None = None,
             progress: Callable[[str], None] | None = None) -> Comparison:
     """Measure our solvers and the peers on one workload.
@@ -276,6 +274,8 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
         fractions: budgets, as fractions of the store-all activation peak.
         solver_names: our solvers; default those of :data:`OUR_SOLVERS` registered.
         with_peers: also measure the peers (``none`` is always measured).
+        match_peers: also run our best solver with each peer's measured peak
+            as its budget (the head-to-head at equal memory).
         repeats: timed steps per method (median), alternated with the reference.
         warmup: untimed steps per method first (compiles ``torch.compile``).
         solver_options: per-solver options (``{"ilp": {"time_limit_s": 20}}``).
@@ -294,7 +294,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
     bench = _Bench(wl, repeats=repeats, warmup=warmup)
     sim_all = simulate(graph)
     rows: list[Row] = []
-    timelines: dict[str, Any] = {"none": _timeline(sim_all, bench.ref_trace)}
+    timelines: dict[str, Any] = {"none": timeline(sim_all, bench.ref_trace)}
     ref_row = Row("none", "peer", predicted_peak_bytes=sim_all.peak_bytes, measured_peak_bytes=bench.ref_trace.peak_bytes,
                   meter_peak_bytes=bench.meter(wl.model),
                   step_time_ratio=1.0, recompute_ratio=0.0, measured_recompute_ratio=0.0, grad_max_abs_diff=0.0,
@@ -314,7 +314,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
             log.info("peer %s failed", row.method, exc_info=True)
             row = replace(row, reason=exc.args[0] if isinstance(exc, peers.PeerUnavailable) else _why(exc))
         rows.append(row)
-        say(_progress_line(row))
+        say(progress_line(row))
 
     if with_peers:
         run_peer(Row("per-block", "peer"), lambda: peers.per_block(wl.model), block_plan(graph, wl.model))
@@ -325,45 +325,53 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
     from .apply import apply
 
     measured: dict[tuple, tuple[str, Row, Any]] = {}
-    best_trace = None
+    best_trace: list[Any] = []
+
+    def run_ours(name: str, budget: int, row: Row, label: str) -> Row:
+        try:
+            plan = solvers.solve(graph, budget, solver=name, **opts.get(name, {}))
+        except InfeasibleBudget as exc:
+            need = getattr(exc, "min_feasible_bytes", None)
+            return replace(row, reason=f"infeasible: needs {need / 2**20:.1f} MiB" if need else "infeasible")
+        sim = simulate(graph, plan, record=False)
+        row = replace(row, predicted_peak_bytes=sim.peak_bytes, recompute_ratio=sim.recompute_ratio,
+                      solve_time_s=plan.solve_time_s, regions=len(plan.regions),
+                      note=", ".join(x for x in (row.note, plan.status, f"gap {plan.gap:.1%}" if plan.gap else "") if x))
+        if plan.regions in measured:
+            first, done, _ = measured[plan.regions]
+            return replace(done, method=name, budget=row.budget, matched_to=row.matched_to,
+                           solve_time_s=plan.solve_time_s, note=f"{row.note}; same plan as {first}")
+        try:
+            applied = apply(wl.model, plan, wl.args, dict(wl.kwargs), loss=wl.trace_loss)
+            row, tr = bench.measure(peers.Prepared(forward=applied, note=row.note, returns_loss=True), row)
+        except Exception as exc:  # an apply failure is a finding, reported in the row
+            log.warning("measuring %s (%s) failed", name, label, exc_info=True)
+            return replace(row, reason=_why(exc))
+        measured[plan.regions] = (label, row, tr)
+        if row.budget is not None and (not best_trace or row.budget <= best_trace[0]):
+            best_trace[:] = [row.budget, label, plan, tr]
+        return row
+
+    def add(row: Row) -> None:
+        rows.append(row)
+        say(progress_line(row))
+
     for f in fractions:
-        budget = parse_budget(f, graph)
         for name in names:
-            row = Row(name, "ours", budget=f)
-            try:
-                plan = solvers.solve(graph, budget, solver=name, **opts.get(name, {}))
-            except InfeasibleBudget as exc:
-                row = replace(row, reason=f"infeasible: needs {exc.min_feasible_bytes / 2**20:.1f} MiB"
-                              if getattr(exc, "min_feasible_bytes", None) else "infeasible at this budget")
-                rows.append(row)
-                say(_progress_line(row))
-                continue
-            sim = simulate(graph, plan, record=False)
-            row = replace(row, predicted_peak_bytes=sim.peak_bytes, recompute_ratio=sim.recompute_ratio,
-                          solve_time_s=plan.solve_time_s, regions=len(plan.regions),
-                          note=f"{plan.status}" + (f", gap {plan.gap:.1%}" if plan.gap else ""))
-            key = plan.regions
-            if key in measured:
-                first, done, _ = measured[key]
-                row = replace(done, method=name, budget=f, solve_time_s=plan.solve_time_s,
-                              note=f"{row.note}; same plan as {first}")
-            else:
-                try:
-                    applied = apply(wl.model, plan, wl.args, dict(wl.kwargs), loss=wl.trace_loss)
-                    row, tr = bench.measure(peers.Prepared(forward=applied, note=row.note, returns_loss=True), row)
-                    measured[key] = (f"{name}@{f:g}", row, tr)
-                    if best_trace is None or f <= best_trace[0]:
-                        best_trace = (f, name, plan, tr)
-                except Exception as exc:  # an apply failure is a finding, reported in the row
-                    log.warning("measuring %s at %g failed", name, f, exc_info=True)
-                    row = replace(row, reason=_why(exc))
-            rows.append(row)
-            say(_progress_line(row))
+            add(run_ours(name, parse_budget(f, graph), Row(name, "ours", budget=f), f"{name}@{f:g}"))
+    # Head to head: our best solver with the budget set to each peer's measured peak.
+    best = next((s for s in ("ilp", "dp", "chen-greedy", "chen", "uniform") if s in names), names[-1] if names else None)
+    if match_peers and best is not None:
+        for peer in [r for r in rows if r.kind == "peer" and r.ran and r.method != "none"
+                     and (r.budget is None or r.budget < 1)]:
+            tag = peer.method + (f"@{peer.budget:g}" if peer.budget is not None else "")
+            row = Row(best, "ours", matched_to=tag, note=f"budget = {tag}'s measured peak")
+            add(run_ours(best, peer.measured_peak_bytes, row, f"{best} at {tag}'s peak"))
     if bench.ref_times:
         rows[0] = replace(rows[0], step_time_s=statistics.median(bench.ref_times))
-    if best_trace is not None:
-        f, name, plan, tr = best_trace
-        timelines[f"{name}@{f:g}"] = _timeline(simulate(graph, plan), tr)
+    if best_trace:
+        _, label, plan, tr = best_trace
+        timelines[label] = timeline(simulate(graph, plan), tr)
     meta = {**dict(wl.meta), "torch": torch.__version__, "machine": machine(), "repeats": repeats,
             "store_all_predicted_bytes": sim_all.peak_bytes}
     out = Comparison(model=wl.name, meta=meta, fractions=fractions, rows=tuple(rows), graph_nodes=len(graph),
@@ -371,63 +379,3 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
     from .compare_claims import claims
 
     return replace(out, claims=tuple(claims(out)))
-
-
-def machine() -> str:
-    """One line: CPU model, cores torch uses, OS."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{cpu}, {torch.get_num_threads()} threads, {platform.system()} {platform.release()}"
-
-
-def _timeline(sim: Any, tr: Any) -> dict[str, Any]:
-    n = len(sim.live_bytes)
-    px, py = downsample([i / max(1, n - 1) for i in range(n)], list(sim.live_bytes), 400)
-    span = tr.times_s[-1] if tr.times_s and tr.times_s[-1] > 0 else 1.0
-    return {"predicted_x": list(px), "predicted_bytes": list(py),
-            "measured_x": [t / span for t in tr.times_s], "measured_bytes": list(tr.live_bytes)}
-
-
-def _mib(b: int | None) -> str:
-    return "" if b is None else f"{b / 2**20:.1f}"
-
-
-def _progress_line(r: Row) -> str:
-    head = f"{r.method}" + (f" @ {r.budget:g}" if r.budget is not None else "")
-    if r.reason:
-        return f"{head}: not run: {r.reason}"
-    return (f"{head}: peak {_mib(r.measured_peak_bytes)} MiB (predicted {_mib(r.predicted_peak_bytes) or '-'}), "
-            f"time x{r.step_time_ratio:.3f}, grad diff {r.grad_max_abs_diff:.2g}")
-
-
-def format_table(cmp: Comparison) -> str:
-    """The comparison as a plain-text table, then the claims."""
-    rows = []
-    for r in cmp.rows:
-        budget = "" if r.budget is None else f"{r.budget:g}"
-        if not r.ran:
-            rows.append((r.method, budget, _mib(r.predicted_peak_bytes), "", "", "", "", "", "", "",
-                         f"not run: {r.reason}"))
-            continue
-        err = (f"{100 * (r.measured_peak_bytes / r.predicted_peak_bytes - 1):+.0f}%"
-               if r.predicted_peak_bytes else "")
-        rows.append((
-            r.method, budget, _mib(r.predicted_peak_bytes), _mib(r.measured_peak_bytes), err,
-            f"{r.step_time_ratio:.3f}",
-            "" if r.recompute_ratio is None else f"{100 * r.recompute_ratio:.1f}%",
-            "" if r.measured_recompute_ratio is None else f"{100 * r.measured_recompute_ratio:.1f}%",
-            "" if r.solve_time_s is None else f"{r.solve_time_s:.3f}",
-            f"{r.grad_rel_diff:.1e}", r.note))
-    head = ["method", "budget", "pred MiB", "meas MiB", "err", "time x", "recomp pred", "recomp meas",
-            "solve s", "grad diff (rel)", "note"]
-    lines = [table(rows, head)]
-    for c in cmp.claims:
-        lines.append(f"{'ok ' if c['holds'] else 'NO '} {c['claim']}: {c['detail']}")
-    return "\n".join(lines)
