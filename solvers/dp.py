@@ -1,0 +1,239 @@
+"""``dp``: the optimal dynamic program over a chain of stages.
+
+The graph is cut at its articulation points into a chain of stages
+(``solvers.stages``); a plan is a sequence of segments (a stored stage, or a
+region spanning consecutive stages) and its simulated peak decomposes as
+NOTE [ Decomposing the simulated peak over a chain ] (``solvers.dp_model``)
+says: ``const + max_s (R_before(s) + L(s))``.
+
+Going right to left, a suffix plan starting at stage ``i`` is summarised by
+``(h, cost)`` where ``h = max over its segments of (R between + L)``: putting
+segment ``s`` in front gives ``(max(L(s), R(s) + h), cost(s) + cost)``. The
+table holds, for every stage and boundary state, the Pareto set of these
+pairs in exact integer bytes and FLOPs. It is filled once, without a budget;
+any budget is then a binary search in the first set (:class:`DPTable`), and
+the least feasible budget is its first entry.
+
+On a chain every node is a stage and the DP is optimal over all interval
+plans (checked against brute force). On a DAG it is optimal over the plans
+whose region boundaries are articulation cuts; common tensors are charged for
+the whole step, so its prediction is an upper bound there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphs import Graph
+
+from .dp_model import NodeArrays, node_arrays, region_profiles, stored_profile
+from .errors import InfeasibleBudget
+from .plan import Plan, Status
+from .registry import register
+from .stages import Stages, stages
+
+__all__ = ["DPTable", "dp_table", "dp"]
+
+log = logging.getLogger(__name__)
+
+_CACHE: dict[str, "DPTable"] = {}
+_CACHE_SIZE = 16
+#: Default cap on Pareto-set sizes (see :func:`dp`); exact below it.
+DEFAULT_MAX_FRONT = 256
+
+
+@dataclass(frozen=True)
+class _Front:
+    """A Pareto set: ``h`` ascending, ``cost`` strictly descending; ``choice``
+    is -1 (stored stage) or the last stage of a region; ``nxt`` the index in
+    the next state's set."""
+
+    h: np.ndarray
+    cost: np.ndarray
+    choice: np.ndarray
+    nxt: np.ndarray
+
+
+class DPTable:
+    """The filled DP table of one graph; answer any budget with :meth:`solve`.
+
+    Attributes:
+        graph: the graph.
+        stages: its stage chain.
+        exact: True when the table's predictions equal ``simulate`` (no common
+            tensors).
+        is_chain: every node is a stage (the DP is over all interval plans).
+        thinned: some Pareto set was capped at ``max_front`` (answers stay
+            feasible, optimality is no longer guaranteed).
+        fill_time_s: seconds spent filling the table.
+    """
+
+    def __init__(self, graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT) -> None:
+        t0 = time.perf_counter()
+        self.graph = graph
+        self.max_front = max_front
+        self.thinned = False
+        self.stages: Stages = stages(graph)
+        self._na: NodeArrays = node_arrays(graph, self.stages.common)
+        self.const = self._na.const
+        self.is_chain = len(self.stages) == len(graph)
+        self.exact = not self.stages.common
+        self._fill()
+        self.fill_time_s = time.perf_counter() - t0
+        log.debug("dp table for %s: %d stages, %d entries at the root, %.3fs",
+                  graph.name, len(self.stages), len(self.root.h), self.fill_time_s)
+
+    # ------------------------------------------------------------------ filling
+    def _fill(self) -> None:
+        st, na = self.stages, self._na
+        m = len(st)
+        l0, cost, inp = region_profiles(na, st)
+        ends = st.ends
+        # Which boundary states each stage can be entered with.
+        lh_reg = [int(bool(na.sink[b]) or int(na.out[b]) == 0) for b in ends]
+        stored = {}
+        need: list[set[int]] = [set() for _ in range(m + 1)]
+        need[0].add(1)
+        empty = _Front(np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -2), np.zeros(1, np.int64))
+        fronts: dict[tuple[int, int], _Front] = {(m, 0): empty, (m, 1): empty}
+        for i in range(m):
+            for lh in (0, 1):
+                stored[i, lh] = stored_profile(na, st.starts[i], ends[i], lh)
+        for i in range(1, m + 1):
+            need[i].add(stored[i - 1, 1][2])
+            need[i].add(stored[i - 1, 0][2])
+            if st.regionable[i - 1]:
+                need[i].add(lh_reg[i - 1])
+        for i in range(m - 1, -1, -1):
+            for lh in sorted(need[i]):
+                hs, cs, ch, nx = [], [], [], []
+                local, retained, nlh = stored[i, lh]
+                nf = fronts[i + 1, nlh]
+                hs.append(np.maximum(local, retained + nf.h))
+                cs.append(nf.cost)
+                ch.append(np.full(len(nf.h), -1))
+                nx.append(np.arange(len(nf.h)))
+                j = i
+                while j < m and st.regionable[j]:
+                    extra = int(inp[i]) if lh == 0 else 0
+                    local = int(l0[i, j]) + extra
+                    retained = extra
+                    nf = fronts[j + 1, lh_reg[j]]
+                    # Suffix entries with retained + h <= local all give h = local:
+                    # only the cheapest of them (the last) can be on the front.
+                    t = int(np.searchsorted(nf.h, local - retained, side="right"))
+                    lo = max(t - 1, 0)
+                    hs.append(np.maximum(local, retained + nf.h[lo:]))
+                    cs.append(int(cost[i, j]) + nf.cost[lo:])
+                    ch.append(np.full(len(nf.h) - lo, j))
+                    nx.append(np.arange(lo, len(nf.h)))
+                    j += 1
+                front = _pareto(np.concatenate(hs), np.concatenate(cs), np.concatenate(ch), np.concatenate(nx))
+                if self.max_front is not None and len(front.h) > self.max_front:
+                    front = _thin(front, self.max_front)
+                    self.thinned = True
+                fronts[i, lh] = front
+        self._fronts = fronts
+        self._lh_reg = lh_reg
+        self._stored = stored
+        self.root = fronts[0, 1]
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def min_peak_bytes(self) -> int:
+        """The least peak of any plan the DP considers (its least feasible budget)."""
+        return self.const + int(self.root.h[0])
+
+    def frontier(self) -> list[tuple[int, int]]:
+        """``(predicted peak, recompute FLOPs)`` for every point of the root front."""
+        return [(self.const + int(h), int(c)) for h, c in zip(self.root.h, self.root.cost)]
+
+    def solve(self, budget_bytes: int) -> tuple[tuple[tuple[int, int], ...], int, int]:
+        """The cheapest plan whose predicted peak fits ``budget_bytes``.
+
+        Returns:
+            ``(regions, predicted peak, recompute FLOPs)``.
+
+        Raises:
+            InfeasibleBudget: carrying :attr:`min_peak_bytes`.
+        """
+        root = self.root
+        idx = int(np.searchsorted(root.h, budget_bytes - self.const, side="right")) - 1
+        if idx < 0:
+            raise InfeasibleBudget(budget_bytes, self.min_peak_bytes, solver="dp")
+        regions = []
+        i, lh = 0, 1
+        front = root
+        at = idx
+        m = len(self.stages)
+        while i < m:
+            choice = int(front.choice[at])
+            nxt = int(front.nxt[at])
+            if choice == -1:
+                lh = self._stored[i, lh][2]
+                i += 1
+            else:
+                regions.append((self.stages.starts[i], self.stages.ends[choice]))
+                lh = self._lh_reg[choice]
+                i = choice + 1
+            front = self._fronts[i, lh]
+            at = nxt
+        return tuple(regions), self.const + int(root.h[idx]), int(root.cost[idx])
+
+
+def _pareto(h: np.ndarray, c: np.ndarray, ch: np.ndarray, nx: np.ndarray) -> _Front:
+    order = np.lexsort((c, h))
+    h, c, ch, nx = h[order], c[order], ch[order], nx[order]
+    best = np.minimum.accumulate(c)
+    keep = np.ones(len(h), dtype=bool)
+    keep[1:] = c[1:] < best[:-1]
+    return _Front(h[keep], c[keep], ch[keep], nx[keep])
+
+
+def _thin(front: _Front, size: int) -> _Front:
+    """Keep ``size`` entries evenly spread over the front, always the first
+    (least ``h``: the least peak stays exact) and the last (least cost)."""
+    keep = np.unique(np.linspace(0, len(front.h) - 1, size).round().astype(np.int64))
+    return _Front(front.h[keep], front.cost[keep], front.choice[keep], front.nxt[keep])
+
+
+def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT) -> DPTable:
+    """The DP table of ``graph``, cached by fingerprint (a budget sweep fills it once)."""
+    key = f"{graph.fingerprint()}:{max_front}"
+    table = _CACHE.get(key)
+    if table is None:
+        table = DPTable(graph, max_front=max_front)
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = table
+    return table
+
+
+@register("dp")
+def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_FRONT) -> Plan:
+    """Optimal plan over the chain of articulation points (see the module docstring).
+
+    Args:
+        max_front: cap on the size of each Pareto set; a set that grows past
+            it is thinned to evenly spread entries, which keeps every answer
+            feasible and the least feasible budget exact but may lose
+            optimality (the plan is then ``feasible``). ``None``: exact.
+
+    Returns:
+        A plan with status ``optimal`` on a chain, ``feasible`` on other
+        graphs (optimal among plans cut at articulation points), ``bound``
+        set to its cost when optimal.
+
+    Raises:
+        InfeasibleBudget: with the least budget any such plan needs.
+    """
+    table = dp_table(graph, max_front=max_front)
+    regions, peak, cost = table.solve(budget_bytes)
+    optimal = table.is_chain and table.exact and not table.thinned
+    return Plan(regions=regions, status=Status.OPTIMAL if optimal else Status.FEASIBLE,
+                bound=float(cost) if optimal else None,
+                options={"stages": len(table.stages), "predicted_peak_bytes": peak})

@@ -1,0 +1,246 @@
+"""Segment profiles of a stage chain: the memory model the DP composes.
+
+NOTE [ Decomposing the simulated peak over a chain ]
+    Split the topological order at articulation cuts into stages
+    (``solvers.stages``). A plan restricted to stage boundaries is a sequence
+    of *segments*: a stored stage, or a region spanning one or more stages.
+    Every step of ``simulate`` belongs to one segment (its forward steps, a
+    region's recompute steps, its backward steps), and the bytes live at such
+    a step are
+
+        const + (bytes retained by earlier segments) + (the segment's own bytes)
+
+    because (1) what an earlier segment keeps (a stored node's saved tensors
+    and buffers, a region's inputs, outputs held by the caller) is released
+    only when the backward reaches that earlier segment, after every step of
+    this one; (2) no other tensor of the earlier segments crosses the cut but
+    the boundary tensor ``t = out(a - 1)``; (3) gradients and parameter
+    gradients do not depend on the plan at all (``GB``/``GR`` below); and
+    (4) common tensors are charged to ``const`` for the whole step.
+
+    The boundary tensor belongs to the left segment when its producer keeps it
+    (stored, ``saves_output``) or the caller does (a sink): then it is part of
+    the retained bytes (``lh = 1``). Otherwise the right segment accounts for
+    it (``lh = 0``): awaited by its consumers, held by a stored consumer that
+    saves it, or held as a region's input.
+
+    So a plan's peak is ``const + max over segments s of (R_before(s) + L(s))``
+    where ``L`` is the segment's local peak and ``R`` what it retains. The
+    functions here compute ``L`` and ``R`` for every stored stage and every
+    region ``(first stage, last stage)``, with prefix sums and numpy, in
+    ``O(stages x nodes)``. On a chain (and on any DAG without common tensors)
+    this is exactly ``simulate``; common tensors make it an upper bound.
+
+    Outputs nobody consumes (the loss, returned logits) are held by the caller
+    from their forward step to the end whatever the plan: they are charged
+    globally (``p_sink``), never retained by a segment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphs import Graph
+
+from .stages import Stages
+
+__all__ = ["NodeArrays", "node_arrays", "stored_profile", "region_profiles", "NEG"]
+
+#: Stands for "no step" in max-reductions.
+NEG = -(1 << 62)
+_INF = 1 << 40
+
+
+@dataclass(frozen=True)
+class NodeArrays:
+    """Per-node quantities of the execution model (numpy int64 arrays).
+
+    Attributes:
+        out: output bytes (0 for common tensors, charged to ``const``).
+        own: bytes of the node's own saved buffers kept for its backward.
+        cur: bytes allocated while the node's forward runs (output, buffers,
+            workspace).
+        lc: position of the last consumer, -1 for none.
+        sink: no consumer: the caller holds the output to the end.
+        fs: first node that saves the output for its backward (itself or a
+            consumer, with requires_grad), ``_INF`` for none.
+        cs: first *consumer* that saves it, ``_INF`` for none.
+        rg: requires_grad.
+        gb: gradient + parameter-gradient + transient bytes at the node's
+            backward step (plan independent).
+        gr: gradient + parameter-gradient bytes just before its backward
+            (what a region recomputed there finds alive).
+        flops: forward FLOPs (the recompute cost of the node).
+        const: bytes alive at every step: parameters, inputs, common tensors.
+        p_sink, p_as, p_a: prefix sums (length n + 1) used by the profiles.
+        open_all, u_all, v_all: open-tensor sums per step (see code).
+    """
+
+    out: np.ndarray
+    own: np.ndarray
+    cur: np.ndarray
+    lc: np.ndarray
+    sink: np.ndarray
+    fs: np.ndarray
+    cs: np.ndarray
+    rg: np.ndarray
+    gb: np.ndarray
+    gr: np.ndarray
+    flops: np.ndarray
+    const: int
+    p_sink: np.ndarray
+    p_as: np.ndarray
+    p_a: np.ndarray
+    open_all: np.ndarray
+    u_all: np.ndarray
+    v_all: np.ndarray
+
+
+def _prefix(x: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0], np.cumsum(x, dtype=np.int64)))
+
+
+def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
+    """Compute :class:`NodeArrays` for ``graph`` (one pass, plan independent)."""
+    nodes = graph.nodes
+    n = len(nodes)
+    idx = graph.index
+    preds, succs = graph.preds, graph.succs
+    rg = np.array([nd.requires_grad for nd in nodes], dtype=bool)
+    real_out = [nd.out_bytes for nd in nodes]
+    out = np.array([0 if i in common else nd.out_bytes for i, nd in enumerate(nodes)], dtype=np.int64)
+    own = np.array([nd.saved_bytes if nd.requires_grad else 0 for nd in nodes], dtype=np.int64)
+    cur = out + np.array([nd.saved_bytes + nd.workspace_bytes for nd in nodes], dtype=np.int64)
+    lc = np.array([max(s) if s else -1 for s in succs], dtype=np.int64)
+    sink = lc < 0
+    fs = np.full(n, _INF, dtype=np.int64)
+    cs = np.full(n, _INF, dtype=np.int64)
+    for k, nd in enumerate(nodes):
+        if not nd.requires_grad:
+            continue
+        for name in nd.saves_inputs:
+            j = idx[name]
+            fs[j] = min(fs[j], k)
+            cs[j] = min(cs[j], k)
+        if nd.saves_output:
+            fs[k] = min(fs[k], k)
+    # Gradients: the same walk as simulate's backward, without activations.
+    gb = np.full(n, NEG, dtype=np.int64)
+    gr = np.zeros(n, dtype=np.int64)
+    pgrad = max(0, graph.param_bytes - sum(nd.param_bytes for nd in nodes))
+    agrad = 0
+    alive = [False] * n
+    if nodes[-1].requires_grad:
+        alive[-1] = True
+        agrad += real_out[-1]
+    for i in range(n - 1, -1, -1):
+        gr[i] = agrad + pgrad
+        if not rg[i]:
+            continue
+        transient = nodes[i].workspace_bytes
+        for j in dict.fromkeys(preds[i]):
+            if not rg[j]:
+                continue
+            if alive[j]:
+                transient += real_out[j]
+            else:
+                alive[j] = True
+                agrad += real_out[j]
+        pgrad += nodes[i].param_bytes
+        gb[i] = agrad + pgrad + transient
+        if alive[i]:
+            alive[i] = False
+            agrad -= real_out[i]
+    sa = fs < _INF
+    # open_all[k]: sum of out[j], j < k <= lc[j]; u_all: the same for unsaved j;
+    # v_all[k]: sum of out[j], j <= k < fs[j] < INF.
+    d_open = np.zeros(n + 2, dtype=np.int64)
+    d_u = np.zeros(n + 2, dtype=np.int64)
+    d_v = np.zeros(n + 2, dtype=np.int64)
+    j = np.arange(n)
+    m = lc > j
+    np.add.at(d_open, j[m] + 1, out[m])
+    np.add.at(d_open, lc[m] + 1, -out[m])
+    mu = m & ~sa
+    np.add.at(d_u, j[mu] + 1, out[mu])
+    np.add.at(d_u, lc[mu] + 1, -out[mu])
+    mv = sa & (fs > j)
+    np.add.at(d_v, j[mv], out[mv])
+    np.add.at(d_v, fs[mv], -out[mv])
+    return NodeArrays(
+        out=out, own=own, cur=cur, lc=lc, sink=sink, fs=fs, cs=cs, rg=rg, gb=gb, gr=gr,
+        flops=np.array([nd.fwd_flops for nd in nodes], dtype=np.int64),
+        const=graph.param_bytes + graph.input_bytes + sum(real_out[i] for i in common),
+        p_sink=_prefix(out * sink), p_as=_prefix(out * (sa & ~sink) + own), p_a=_prefix(out * sa + own),
+        open_all=np.cumsum(d_open)[:n], u_all=np.cumsum(d_u)[:n], v_all=np.cumsum(d_v)[:n],
+    )
+
+
+def stored_profile(na: NodeArrays, a: int, b: int, lh: int) -> tuple[int, int, int]:
+    """``(L, R, lh_next)`` of stage ``[a, b]`` run without checkpointing.
+
+    ``lh`` says whether the boundary tensor ``out(a - 1)`` is already counted
+    by the left segment (NOTE [ Decomposing the simulated peak over a chain ]).
+    """
+    k = np.arange(a, b + 1)
+    has_p = a > 0 and not lh
+    p = a - 1
+    fwd = (na.p_as[k] - na.p_as[a]) + na.p_sink[k] + na.u_all[k] + na.cur[k]
+    bwd = (na.p_as[k + 1] - na.p_as[a]) - na.v_all[k] + na.p_sink[-1] + na.gb[k]
+    retained = int(na.p_as[b + 1] - na.p_as[a] - na.v_all[b])
+    if a > 0:
+        op = int(na.out[p])
+        sa_p = bool(na.fs[p] < _INF)
+        fwd = fwd - op * ((na.lc[p] >= k) & (not sa_p))
+        bwd = bwd + op * ((k < na.fs[p]) & sa_p)
+        retained += op * int(b < na.fs[p] < _INF)
+        if has_p:
+            fwd = fwd + op * ((na.lc[p] >= k) | bool(na.cs[p] < _INF))
+            bwd = bwd + op * (na.cs[p] <= k)
+            retained += op * int(na.cs[p] < _INF)
+    bwd = np.where(na.rg[k], bwd, NEG)
+    local = max(int(fwd.max()), int(bwd.max()))
+    lh_next = int(bool(na.sink[b]) or bool(na.fs[b] == b) or bool(na.out[b] == 0))
+    return local, retained, lh_next
+
+
+def region_profiles(na: NodeArrays, st: Stages) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Local peaks of every region spanning stages ``i..j``.
+
+    Returns:
+        ``(L0, cost, inp)``: ``L0[i, j]`` the local peak of the region
+        without its input (add ``inp[i]`` when ``lh == 0``), ``cost[i, j]`` its
+        recompute FLOPs, ``inp[i]`` the bytes of the boundary tensor it holds.
+        Entries with ``j < i`` are meaningless.
+    """
+    n = len(na.out)
+    starts = np.array(st.starts, dtype=np.int64)
+    ends = np.array(st.ends, dtype=np.int64)
+    m = len(starts)
+    k = np.arange(n)[None, :]
+    a = starts[:, None]
+    p = np.maximum(a - 1, 0)
+    has_p = a > 0
+    op = np.where(has_p, na.out[p], 0)
+    f = na.p_sink[k] + na.open_all[k] - op * (na.lc[p] >= k) + na.cur[k]
+    sa_p = na.fs[p] < _INF
+    rc = (na.p_a[k] - na.p_a[a]) + na.u_all[k] - op * (~sa_p & (na.lc[p] >= k)) + na.cur[k]
+    bw = (na.p_a[k + 1] - na.p_a[a]) - (na.v_all[k] - op * ((k < na.fs[p]) & sa_p)) + na.gb[k]
+    before = k < a
+    f = np.where(before, NEG, f)
+    rc = np.where(before, NEG, rc)
+    bw = np.where(before | ~na.rg[k], NEG, bw)
+    fm = np.maximum.accumulate(f, axis=1)[:, ends]
+    rm = np.maximum.accumulate(rc, axis=1)[:, ends]
+    bm = np.maximum.accumulate(bw, axis=1)[:, ends]
+    sinks = int(na.p_sink[-1])
+    gr_end = na.gr[ends][None, :]
+    rm = np.where(rm > NEG, rm + sinks + gr_end, NEG)
+    bm = np.where(bm > NEG, bm + sinks, NEG)
+    l0 = np.maximum(fm, np.maximum(rm, bm))
+    pf = _prefix(na.flops)
+    cost = pf[ends + 1][None, :] - pf[starts][:, None]
+    inp = np.where(starts > 0, na.out[np.maximum(starts - 1, 0)] * (na.lc[np.maximum(starts - 1, 0)] >= starts), 0)
+    return l0, cost, inp.astype(np.int64)

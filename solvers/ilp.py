@@ -1,0 +1,157 @@
+"""``ilp``: the optimal plan for any DAG, with OR-Tools CP-SAT.
+
+NOTE [ An exact model of simulate ]
+    Decisions: ``x[k]`` (node ``k`` is in a region) and ``y[k]`` (a region
+    starts at ``k``); ``cont[k] = x[k] and not y[k]`` (``k`` continues the
+    region of ``k - 1``) and ``same(j, t)`` (``j`` and ``t`` lie in one
+    region: ``x[j]`` and ``cont`` on ``(j, t]``). Every tensor's lifetime in
+    ``simulate`` is a boolean function of these:
+
+    * the forward copy of ``j`` is *held* (kept after its last forward
+      consumer) when it saves itself outside a region, a stored consumer with
+      requires_grad saves it, a region that does not contain ``j`` reads it,
+      or nobody reads it (the caller holds it);
+    * during the backward (and the recomputation) of node ``k``, holders at or
+      before ``k`` still hold: stored savers ``c <= k``, regions reading ``j``
+      that start at or before ``k`` (``x[c] and not same(j, c)`` for readers
+      ``c <= k``, ``same(k, c) and not same(j, c)`` for readers ``c > k``);
+    * a recomputed copy of ``j`` is alive at the recompute of ``k`` when ``j``
+      is in ``k``'s region and a saver or a later reader of ``j`` is too
+      (``same(j, min(first saver, first reader >= k))``), and at the backward
+      of ``k`` when ``same(j, k)`` and a saver ``<= k`` exists;
+    * own buffers, gradients and parameter gradients follow (the latter do not
+      depend on the plan).
+
+    One linear constraint per forward step, per recompute step (enforced when
+    ``x[k]``) and per backward step bounds the live bytes by the budget;
+    running sums (``S``, ``OW``, ``HB``, ``SX``) keep the model linear in size
+    on graphs of narrow width. The objective is the recompute FLOPs; with
+    ``minimise_peak`` it is the peak itself (the least feasible budget).
+    Every answer is checked with ``simulate``; a plan the model got wrong
+    would be cut off with a no-good and the model solved again (tests against
+    brute force keep that loop from ever turning).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from graphs import CkptError, Graph
+
+from .errors import InfeasibleBudget
+from .ilp_model import CheckpointModel
+from .plan import Plan, Status
+from .registry import get_solver, register
+from .simulate import simulate
+
+__all__ = ["IlpTimeout", "ilp", "IlpSolver"]
+
+log = logging.getLogger(__name__)
+
+
+class IlpTimeout(CkptError, RuntimeError):
+    """CP-SAT found no plan (and none was given as a hint) within the time limit."""
+
+
+class IlpSolver:
+    """Build, solve and read out the CP-SAT model of one graph and budget.
+
+    Args:
+        graph: the cost graph.
+        budget_bytes: whole-step budget.
+        time_limit_s: CP-SAT's ``max_time_in_seconds``.
+        workers: CP-SAT search workers.
+        hint: a plan (regions) to warm-start from.
+    """
+
+    def __init__(self, graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers: int = 2,
+                 hint: tuple[tuple[int, int], ...] | None = None) -> None:
+        self.graph = graph
+        self.budget_bytes = int(budget_bytes)
+        self.time_limit_s = time_limit_s
+        self.workers = workers
+        self.hint = hint
+
+    def solve(self) -> Plan:
+        """Solve; a plan with status ``optimal`` or ``feasible`` (bound and gap).
+
+        Raises:
+            InfeasibleBudget: no interval plan fits; carries the least peak.
+            IlpTimeout: no plan found within the time limit.
+        """
+        t0 = time.perf_counter()
+        cuts: list[tuple[tuple[int, int], ...]] = []
+        for _ in range(50):
+            # Phases: variables, constraints, objective (CheckpointModel), then solve.
+            model = CheckpointModel(self.graph, budget_bytes=self.budget_bytes)
+            for bad in cuts:
+                model.forbid(bad)
+            if self.hint is not None and self.hint not in cuts:
+                model.add_hint(self.hint)
+            left = max(1.0, self.time_limit_s - (time.perf_counter() - t0))
+            result = model.solve(time_limit_s=left, workers=self.workers)
+            if result.status == "infeasible":
+                least = self.least_peak(max(1.0, self.time_limit_s - (time.perf_counter() - t0)))
+                raise InfeasibleBudget(self.budget_bytes, least, solver="ilp")
+            if result.regions is None:
+                if self.hint is not None and simulate(self.graph, Plan(regions=self.hint), record=False).peak_bytes <= self.budget_bytes:
+                    return Plan(regions=self.hint, status=Status.FEASIBLE, bound=result.bound,
+                                options={"time_limit_s": self.time_limit_s})
+                raise IlpTimeout(
+                    f"ilp found no plan within {self.time_limit_s:g}s for this graph ({len(self.graph)} nodes); "
+                    "raise time_limit_s, or use solver 'dp' or 'chen'")
+            sim = simulate(self.graph, Plan(regions=result.regions), record=False)
+            if sim.peak_bytes <= self.budget_bytes:
+                optimal = result.status == "optimal"
+                return Plan(regions=result.regions, status=Status.OPTIMAL if optimal else Status.FEASIBLE,
+                            bound=float(sim.recompute_flops) if optimal else float(result.bound),
+                            options={"time_limit_s": self.time_limit_s})
+            log.error("ilp model predicted a fit for %s but simulate says %d > %d; cutting it off",
+                      result.regions, sim.peak_bytes, self.budget_bytes)
+            cuts.append(result.regions)
+        raise IlpTimeout("ilp model and simulate disagree repeatedly; please report this graph")
+
+    def least_peak(self, time_limit_s: float) -> int:
+        """The least simulated peak over all interval plans (exact when proven)."""
+        model = CheckpointModel(self.graph, budget_bytes=None)
+        result = model.solve(time_limit_s=time_limit_s, workers=self.workers)
+        if result.regions is None:
+            return int(result.bound)
+        return simulate(self.graph, Plan(regions=result.regions), record=False).peak_bytes
+
+
+def _warm_start(graph: Graph, budget_bytes: int) -> tuple[tuple[int, int], ...] | None:
+    """The best plan of the fast solvers that fits, to hint CP-SAT with."""
+    best = None
+    for name in ("dp", "chen"):
+        try:
+            plan = get_solver(name)(graph, budget_bytes)
+        except CkptError:
+            continue
+        sim = simulate(graph, plan, record=False)
+        if sim.peak_bytes <= budget_bytes and (best is None or sim.recompute_flops < best[0]):
+            best = (sim.recompute_flops, plan.regions)
+    return None if best is None else best[1]
+
+
+@register("ilp")
+def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers: int = 2,
+        warm_start: bool = True, **_: Any) -> Plan:
+    """Least-recompute interval plan under ``budget_bytes``, proven by CP-SAT.
+
+    Args:
+        time_limit_s: stop after this long with the best plan and its gap.
+        workers: CP-SAT search workers (threads).
+        warm_start: hint the search with the ``dp``/``chen`` plan.
+
+    Returns:
+        ``optimal``, or ``feasible`` with ``bound`` (and so ``gap``) set.
+
+    Raises:
+        InfeasibleBudget: carrying the least peak of any interval plan.
+        IlpTimeout: no plan within the time limit.
+    """
+    hint = _warm_start(graph, budget_bytes) if warm_start else None
+    return IlpSolver(graph, budget_bytes, time_limit_s=time_limit_s, workers=workers, hint=hint).solve()

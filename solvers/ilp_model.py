@@ -1,0 +1,284 @@
+"""The CP-SAT model behind ``ilp`` (NOTE [ An exact model of simulate ] in ``solvers.ilp``)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from graphs import Graph
+
+from .dp_model import node_arrays
+
+__all__ = ["CheckpointModel", "ModelResult"]
+
+log = logging.getLogger(__name__)
+_INF = 1 << 40
+
+
+@dataclass(frozen=True)
+class ModelResult:
+    """What one CP-SAT run returned.
+
+    Attributes:
+        status: ``optimal``, ``feasible``, ``infeasible`` or ``unknown``.
+        regions: the plan read out, or None.
+        objective: the objective of ``regions`` (FLOPs, or peak bytes).
+        bound: CP-SAT's proven lower bound on the objective.
+        wall_s: CP-SAT's wall time.
+    """
+
+    status: str
+    regions: tuple[tuple[int, int], ...] | None
+    objective: float
+    bound: float
+    wall_s: float
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    """Logs every incumbent with the bound, as CP-SAT finds them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def on_solution_callback(self) -> None:
+        self.count += 1
+        log.info("ilp incumbent %d: objective %.6g, bound %.6g, %.2fs",
+                 self.count, self.ObjectiveValue(), self.BestObjectiveBound(), self.WallTime())
+
+
+class CheckpointModel:
+    """The model of one graph: variables, constraints, objective; then :meth:`solve`.
+
+    Args:
+        graph: the cost graph.
+        budget_bytes: whole-step budget; ``None`` minimises the peak instead
+            of the recompute FLOPs.
+    """
+
+    def __init__(self, graph: Graph, *, budget_bytes: int | None) -> None:
+        self.graph = graph
+        self.m = cp_model.CpModel()
+        self._na = node_arrays(graph, frozenset())  # exact: no common-tensor shortcut here
+        self._same: dict[tuple[int, int], cp_model.IntVar] = {}
+        self._variables()
+        self._constraints(budget_bytes)
+        self._objective(budget_bytes)
+
+    # ------------------------------------------------------------- variables
+    def _variables(self) -> None:
+        g, m = self.graph, self.m
+        n = len(g)
+        self.x = [m.NewBoolVar(f"x{k}") for k in range(n)]  # node k is in a region
+        self.y = [m.NewBoolVar(f"y{k}") for k in range(n)]  # a region starts at k
+        self.cont = [m.NewConstant(0)] + [m.NewBoolVar(f"cont{k}") for k in range(1, n)]  # k continues k-1's region
+        for k in range(n):
+            if not g.nodes[k].recomputable:
+                m.Add(self.x[k] == 0)
+            m.AddImplication(self.y[k], self.x[k])
+            if k == 0:
+                m.Add(self.y[0] == self.x[0])
+                continue
+            m.AddBoolOr([self.x[k].Not(), self.x[k - 1], self.y[k]])  # region entered: it starts here
+            c = self.cont[k]
+            m.AddImplication(c, self.x[k])
+            m.AddImplication(c, self.y[k].Not())
+            m.AddBoolOr([self.x[k].Not(), self.y[k], c])
+
+    def same(self, j: int, t: int):
+        """Literal: ``j <= t`` lie in one region."""
+        if j == t:
+            return self.x[j]
+        if t == j + 1:
+            return self.cont[t]
+        key = (j, t)
+        lit = self._same.get(key)
+        if lit is None:
+            a, b = self.cont[j + 1], self.same(j + 1, t)
+            lit = self.m.NewBoolVar(f"same{j}_{t}")
+            self.m.AddImplication(lit, a)
+            self.m.AddImplication(lit, b)
+            self.m.AddBoolOr([a.Not(), b.Not(), lit])
+            self._same[key] = lit
+        return lit
+
+    # ----------------------------------------------------------- constraints
+    def _constraints(self, budget_bytes: int | None) -> None:
+        g, m, na = self.graph, self.m, self._na
+        n = len(g)
+        nodes = g.nodes
+        succs = g.succs
+        out = [int(v) for v in na.out]
+        own = [int(v) for v in na.own]
+        cur = [int(v) for v in na.cur]
+        lc = [int(v) for v in na.lc]
+        fs = [int(v) for v in na.fs]
+        savers = [[] for _ in range(n)]  # consumers with requires_grad that save j
+        for k, nd in enumerate(nodes):
+            if nd.requires_grad:
+                for j in dict.fromkeys(g.index[s] for s in nd.saves_inputs):
+                    savers[j].append(k)
+        selfsave = [bool(nd.requires_grad and nd.saves_output) for nd in nodes]
+        total = sum(out) * 4 + sum(cur) + sum(own) + int(max(na.gb.max(), na.gr.max())) + 1
+        const = g.param_bytes + g.input_bytes
+        if budget_bytes is None:
+            self.cap = m.NewIntVar(0, total, "peak")
+        else:
+            self.cap = budget_bytes - const
+        x, cont = self.x, self.cont
+        hi = total
+
+        def notx(k):
+            return x[k].Not()
+
+        # held[j]: the forward copy is held after its last forward consumer.
+        held = []
+        for j in range(n):
+            if lc[j] < 0:
+                held.append(m.NewConstant(1))
+                continue
+            h = m.NewBoolVar(f"held{j}")
+            if selfsave[j]:
+                m.AddImplication(notx(j), h)
+            for c in savers[j]:
+                m.AddImplication(notx(c), h)
+            for c in succs[j]:
+                m.AddBoolOr([x[c].Not(), self.same(j, c), h])  # a region reading j, without j
+            held.append(h)
+
+        def forward_alive(j: int, k: int):
+            """The forward copy of j (j <= k < lc[j]) at k's recompute/backward."""
+            f = m.NewBoolVar(f"fa{j}_{k}")
+            if selfsave[j]:
+                m.AddImplication(notx(j), f)
+            for c in savers[j]:
+                if c <= k:
+                    m.AddImplication(notx(c), f)
+            for c in succs[j]:
+                if c <= k:
+                    m.AddBoolOr([x[c].Not(), self.same(j, c), f])
+                else:
+                    m.AddBoolOr([self.same(k, c).Not(), self.same(j, c), f])
+            return f
+
+        # Running sums.
+        enter = [[] for _ in range(n)]
+        for j in range(n):
+            enter[max(j, lc[j])].append(j)
+        hb, sx, s_, ow, e_ = [], [], [], [], [None] * n
+        by_saver = [[] for _ in range(n + 1)]
+        for j in range(n):
+            if fs[j] < _INF and fs[j] > j:
+                by_saver[fs[j]].append(j)
+        for k in range(n):
+            v = m.NewIntVar(0, hi, f"hb{k}")  # sum of out[j] held[j], j <= k, lc[j] <= k
+            m.Add(v == (hb[-1] if hb else 0) + sum(out[j] * held[j] for j in enter[k]))
+            hb.append(v)
+            v = m.NewIntVar(0, hi, f"sx{k}")  # own buffers of stored nodes <= k
+            m.Add(v == (sx[-1] if sx else 0) + own[k] - own[k] * x[k])
+            sx.append(v)
+            v = m.NewIntVar(0, hi, f"s{k}")  # recomputed saved copies of j < k in k's region
+            w = m.NewIntVar(0, hi, f"ow{k}")  # recomputed own buffers of j < k in k's region
+            if k == 0:
+                m.Add(v == 0)
+                m.Add(w == 0)
+            else:
+                extra = sum(out[j] * self.same(j, k - 1) for j in by_saver[k] if j < k - 1)
+                last = out[k - 1] if fs[k - 1] <= k else 0
+                m.Add(v == s_[-1] + extra + last).OnlyEnforceIf(cont[k])
+                m.Add(v == 0).OnlyEnforceIf(cont[k].Not())
+                m.Add(w == ow[-1] + own[k - 1]).OnlyEnforceIf(cont[k])
+                m.Add(w == 0).OnlyEnforceIf(cont[k].Not())
+            s_.append(v)
+            ow.append(w)
+        for k in range(n - 1, -1, -1):  # gradients at the end of k's region
+            v = m.NewIntVar(0, hi, f"e{k}")
+            if k + 1 < n:
+                m.Add(v == e_[k + 1]).OnlyEnforceIf(cont[k + 1])
+                m.Add(v == int(na.gr[k])).OnlyEnforceIf(cont[k + 1].Not())
+            else:
+                m.Add(v == int(na.gr[k]))
+            e_[k] = v
+        sinks_after = [0] * (n + 1)
+        for k in range(n - 1, -1, -1):
+            sinks_after[k] = sinks_after[k + 1] + (out[k] if lc[k] < 0 else 0)
+        open_fwd = [0] * n  # sum of out[j], j < k <= lc[j]
+        for j in range(n):
+            for k in range(j + 1, lc[j] + 1):
+                open_fwd[k] += out[j]
+        pending = [[] for _ in range(n)]  # j < k whose fate at k depends on later nodes
+        spans = [[] for _ in range(n)]  # j <= k < lc[j]
+        for j in range(n):
+            for k in range(j, max(lc[j], fs[j] if fs[j] < _INF else -1) + 1):
+                if k < lc[j]:
+                    spans[k].append(j)
+                if j < k and fs[j] > k:
+                    later = [c for c in succs[j] if c >= k][:1]
+                    ends = ([fs[j]] if fs[j] < _INF else []) + later
+                    if ends:
+                        pending[k].append((j, min(ends)))
+
+        for k in range(n):
+            # Forward step k.
+            m.Add(open_fwd[k] + (hb[k - 1] if k else 0) + (sx[k - 1] if k else 0) + cur[k] <= self.cap)
+            fa = sum(out[j] * forward_alive(j, k) for j in spans[k])
+            # Recompute step k (exists when x[k]).
+            rc = s_[k] + sum(out[j] * self.same(j, t) for j, t in pending[k])
+            m.Add(hb[k] + fa + sinks_after[k + 1] + e_[k] + rc + sx[k] + ow[k] + cur[k] <= self.cap).OnlyEnforceIf(x[k])
+            # Backward step k.
+            if nodes[k].requires_grad:
+                a = s_[k] + (out[k] * x[k] if selfsave[k] else 0)
+                m.Add(hb[k] + fa + sinks_after[k + 1] + int(na.gb[k]) + a + sx[k] + ow[k] + own[k] * x[k]
+                      <= self.cap)
+
+    # ------------------------------------------------------------- objective
+    def _objective(self, budget_bytes: int | None) -> None:
+        if budget_bytes is None:
+            self.m.Minimize(self.cap)
+        else:
+            self.m.Minimize(sum(nd.fwd_flops * self.x[k] for k, nd in enumerate(self.graph.nodes)))
+
+    # ----------------------------------------------------------------- hints
+    def add_hint(self, regions) -> None:
+        """Warm start from a plan (``AddHint`` on the region variables)."""
+        starts = {a for a, _ in regions}
+        inside = {i for a, b in regions for i in range(a, b + 1)}
+        for k in range(len(self.graph)):
+            self.m.AddHint(self.x[k], k in inside)
+            self.m.AddHint(self.y[k], k in starts)
+
+    def forbid(self, regions) -> None:
+        """Exclude exactly this plan (a no-good cut)."""
+        starts = {a for a, _ in regions}
+        inside = {i for a, b in regions for i in range(a, b + 1)}
+        lits = []
+        for k in range(len(self.graph)):
+            lits.append(self.x[k].Not() if k in inside else self.x[k])
+            lits.append(self.y[k].Not() if k in starts else self.y[k])
+        self.m.AddBoolOr(lits)
+
+    # ----------------------------------------------------------------- solve
+    def solve(self, *, time_limit_s: float, workers: int) -> ModelResult:
+        """Run CP-SAT and read the plan out."""
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = float(time_limit_s)
+        solver.parameters.num_search_workers = int(workers)
+        status = solver.Solve(self.m, _Progress())
+        name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
+                cp_model.INFEASIBLE: "infeasible"}.get(status, "unknown")
+        log.info("ilp %s: status %s, objective %s, bound %s, %.2fs", self.graph.name, name,
+                 solver.ObjectiveValue() if name in ("optimal", "feasible") else None,
+                 solver.BestObjectiveBound(), solver.WallTime())
+        if name not in ("optimal", "feasible"):
+            return ModelResult(name, None, float("nan"), solver.BestObjectiveBound(), solver.WallTime())
+        regions = []
+        for k in range(len(self.graph)):
+            if solver.Value(self.x[k]):
+                if solver.Value(self.y[k]) or not regions:
+                    regions.append([k, k])
+                else:
+                    regions[-1][1] = k
+        return ModelResult(name, tuple(tuple(r) for r in regions), solver.ObjectiveValue(),
+                           solver.BestObjectiveBound(), solver.WallTime())
