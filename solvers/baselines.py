@@ -79,8 +79,6 @@ def uniform(graph: Graph, budget_bytes: int, k: int | None = None) -> Plan:
 class NoModulePaths(CkptError, ValueError):
     """The graph carries no repeated-block module paths for ``per-module``."""
 
-
-
 def _block_prefix(path: str) -> str | None:
     """``"transformer.h.3.attn"`` -> ``"transformer.h.3"``; None without an index."""
     parts = path.split(".")
@@ -88,7 +86,6 @@ def _block_prefix(path: str) -> str | None:
         if part.isdigit() and i > 0:
             return ".".join(parts[: i + 1])
     return None
-
 
 def block_regions(graph: Graph) -> list[tuple[int, int]]:
     """Consecutive runs of nodes inside one repeated block (the most frequent
@@ -113,7 +110,6 @@ def block_regions(graph: Graph) -> list[tuple[int, int]]:
                 regions.append((start, i - 1))
             current, start = key, i
     return [(a, b) for a, b in regions if all(graph.nodes[i].recomputable for i in range(a, b + 1))]
-
 
 @register("per-module")
 def per_module(graph: Graph, budget_bytes: int) -> Plan:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 
 import graphs
-from solvers import available_solvers, simulate
+from graphs import CkptError
+from solvers import available_solvers, format_bytes
 
 from ..api import solve
-from ..report import plan_summary
+from ..budget import parse_budget
+from ..report import plan_summary, ratio, table
 
 NAME = "solve"
 HELP = "choose the checkpoint regions of a graph under a memory budget"
@@ -17,9 +19,11 @@ DESCRIPTION = """Solve which activations to keep for GRAPH under a memory budget
 GRAPH is a cost-graph JSON file (see `ckpt trace`). The budget is for the
 whole step (parameters, gradients, activations), e.g. 6GiB, 512MiB, 1.5GB or
 bytes, or a fraction in (0, 1] of the store-all activation peak (0.3).
+--solver all runs every solver and prints them side by side.
 
-example:
-  ckpt solve graph.json --budget 2GiB --solver uniform -o plan.json"""
+examples:
+  ckpt solve graph.json --budget 2GiB --solver ilp --time-limit 30 -o plan.json
+  ckpt solve graph.json --budget 0.3 --solver all"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,15 +31,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", "-b", required=True, help="6GiB, 512MiB, bytes, or a fraction such as 0.3")
     p.add_argument("--solver", "-s", default="dp",
                    help=f"one of: {', '.join(available_solvers())}, or 'all' (default: dp)")
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds for the ilp solver (default: 60)")
     p.add_argument("--optimizer", default=None, help="subtract this optimizer's state from the budget (adam, sgd, ...)")
-    p.add_argument("-o", "--output", help="write the plan here (JSON)")
+    p.add_argument("-o", "--output", help="write the plan here (JSON; with --solver all, the cheapest plan that fits)")
+
+
+def _options(name: str, args: argparse.Namespace) -> dict:
+    return {"time_limit_s": args.time_limit} if name == "ilp" else {}
 
 
 def run(args: argparse.Namespace) -> int:
     graph = graphs.load(args.graph)
-    plan = solve(graph, args.budget, solver=args.solver, optimizer=args.optimizer)
-    print(plan_summary(graph, plan))
+    if args.solver != "all":
+        plan = solve(graph, args.budget, solver=args.solver, optimizer=args.optimizer, **_options(args.solver, args))
+        print(plan_summary(graph, plan))
+        if args.output:
+            plan.save(args.output)
+            print(f"plan written to {args.output}")
+        return 0
+    budget = parse_budget(args.budget, graph, optimizer=args.optimizer)
+    step = graph.total_fwd_flops() + graph.total_bwd_flops()
+    rows, best = [], None
+    for name in available_solvers():
+        try:
+            plan = solve(graph, budget, solver=name, **_options(name, args))
+        except CkptError as exc:
+            least = getattr(exc, "min_feasible_bytes", None)
+            status = f"infeasible (needs {format_bytes(least)})" if least is not None else f"n/a: {str(exc).split(';')[0]}"
+            rows.append((name, status, "", "", format_bytes(budget), "", "", ""))
+            continue
+        rows.append((name, plan.status, len(plan.regions), format_bytes(plan.peak_bytes), format_bytes(budget),
+                     ratio(plan.recompute_flops / step if step else 0.0), f"{plan.solve_time_s:.2f}s",
+                     "" if plan.gap is None else ratio(plan.gap)))
+        if best is None or plan.recompute_flops < best.recompute_flops:
+            best = plan
+    print(table(rows, ["solver", "status", "regions", "predicted peak", "budget", "recompute", "solve time", "gap"]))
+    if best is None:
+        print("no solver found a plan that fits")
+        return 2
+    print(f"cheapest: {best.solver}")
     if args.output:
-        plan.save(args.output)
+        best.save(args.output)
         print(f"plan written to {args.output}")
     return 0

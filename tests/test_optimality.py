@@ -1,0 +1,111 @@
+"""Optimality against brute force on 240 random seeded graphs of 4 to 10 nodes.
+
+``dp`` equals the optimum on chains, ``ilp`` on every graph, ``chen`` is never
+below it; recompute FLOPs compared exactly (integers), and the least feasible
+budget an infeasible answer carries equals brute force's least peak.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import solvers
+from graphs import Graph, Node, synthetic
+from solvers import InfeasibleBudget, pareto_frontier, simulate
+from solvers.brute_force import best_from_frontier
+from solvers.dp import DPTable
+from solvers.ilp import IlpSolver
+
+
+def random_graph(seed: int, *, chain: bool) -> Graph:
+    """A small random graph: random edges, save patterns, buffers, workspace,
+    parameters, requires_grad and recomputable flags."""
+    rng = random.Random(seed)
+    n = rng.randint(4, 9)
+    nodes = []
+    for i in range(n):
+        if i == 0:
+            inputs: tuple[str, ...] = ()
+        elif chain:
+            inputs = (f"n{i - 1}",)
+        else:
+            ins = [f"n{i - 1}"] if rng.random() < 0.8 else []
+            ins += [f"n{j}" for j in range(i - 1) if rng.random() < 0.25]
+            inputs = tuple(ins or [f"n{rng.randrange(i)}"])
+        nodes.append(Node(
+            name=f"n{i}", inputs=inputs, saves_inputs=tuple(x for x in inputs if rng.random() < 0.6),
+            saves_output=rng.random() < 0.3, out_bytes=rng.randint(1, 20) * 100,
+            saved_bytes=rng.choice([0, 0, rng.randint(1, 10) * 10]),
+            workspace_bytes=rng.choice([0, 0, rng.randint(1, 10) * 10]),
+            param_bytes=rng.choice([0, rng.randint(1, 5) * 10]),
+            fwd_flops=rng.randint(0, 50), bwd_flops=rng.randint(0, 100),
+            requires_grad=i == 0 or rng.random() < 0.9, recomputable=rng.random() < 0.95,
+        ))
+    return Graph(nodes=tuple(nodes), param_bytes=rng.randint(0, 500), input_bytes=rng.randint(0, 100),
+                 name=f"random{seed}")
+
+
+def _cases():
+    out = []
+    for seed in range(100):
+        out.append(("chain", seed, random_graph(seed, chain=True)))
+    for seed in range(100, 200):
+        out.append(("dag", seed, random_graph(seed, chain=False)))
+    # The synthetic families small enough for brute force (a transformer block alone is 12 nodes).
+    for fam in ("chain", "hetero-chain", "residual", "unet", "random-dag"):
+        for seed in range(8):
+            n = 4 + seed if fam != "unet" else 8 + (seed % 3)
+            out.append((fam, seed, synthetic.make(fam, min(n, 10), seed=seed)))
+    return out
+
+
+CASES = _cases()
+
+
+def test_enough_cases():
+    assert len(CASES) >= 200
+    assert all(4 <= len(g) <= 10 for _, _, g in CASES)
+
+
+@pytest.mark.parametrize("kind,seed,graph", CASES, ids=[f"{k}-{s}-{len(g)}n" for k, s, g in CASES])
+def test_against_brute_force(kind, seed, graph):
+    frontier = pareto_frontier(graph)
+    least = frontier[0][0]
+    is_chain = all(p == ((i - 1,) if i else ()) for i, p in enumerate(graph.preds))
+    # Budgets across the feasible range: every frontier point for dp/chen, three for ilp.
+    budgets = [peak for peak, _, _ in frontier] + [(frontier[0][0] + frontier[-1][0]) // 2]
+    table = DPTable(graph, max_front=None)
+    for budget in budgets:
+        best = best_from_frontier(frontier, budget)
+        assert best is not None
+        opt = best[1]
+        if is_chain:
+            assert table.exact and table.is_chain
+            regions, peak, cost = table.solve(budget)
+            sim = simulate(graph, solvers.Plan(regions=regions))
+            assert (sim.peak_bytes, sim.recompute_flops) == (peak, cost)  # the DP's own prediction is exact
+            assert cost == opt and peak <= budget
+        try:
+            plan = solvers.solve(graph, budget, solver="chen")
+            assert plan.recompute_flops >= opt
+        except InfeasibleBudget as exc:
+            assert exc.min_feasible_bytes > budget
+    rng = random.Random(seed)
+    for budget in (least, budgets[-1], rng.choice(budgets)):
+        opt = best_from_frontier(frontier, budget)[1]
+        plan = IlpSolver(graph, budget, time_limit_s=30, workers=1).solve()
+        sim = simulate(graph, plan)
+        assert sim.peak_bytes <= budget
+        assert sim.recompute_flops == opt
+        assert plan.status == "optimal"
+    # Below the least peak: infeasible, carrying exactly the least peak.
+    with pytest.raises(InfeasibleBudget) as info:
+        IlpSolver(graph, least - 1, time_limit_s=30, workers=1).solve()
+    assert info.value.min_feasible_bytes == least
+    if is_chain:
+        assert table.min_peak_bytes == least
+        with pytest.raises(InfeasibleBudget) as info:
+            solvers.solve(graph, least - 1, solver="dp", max_front=None)
+        assert info.value.min_feasible_bytes == least

@@ -1,0 +1,135 @@
+"""Every registered solver through the same battery, checked by ``simulate``."""
+
+from __future__ import annotations
+
+import pytest
+
+import solvers
+from graphs import synthetic
+from solvers import InfeasibleBudget, activation_budget_bytes, simulate
+from solvers.baselines import NoModulePaths
+
+GRAPHS = {
+    "hetero-chain-24": synthetic.make("hetero-chain", 24, seed=1),
+    "residual-20": synthetic.make("residual", 20, seed=2),
+    "unet-20": synthetic.make("unet", 20, seed=3),
+    "transformer-28": synthetic.make("transformer", 28, seed=4),
+    "random-dag-18": synthetic.make("random-dag", 18, seed=5),
+}
+FRACTIONS = (0.3, 0.5, 0.7, 1.0)
+OPTIONS = {"ilp": {"time_limit_s": 10, "workers": 2}}
+#: Solvers whose answer is proven optimal, so cost is monotone in the budget
+#: by optimality. The others pick the cheapest of a budget-independent
+#: candidate set that fits, which is monotone too: the test holds for all.
+OPTIMAL = {"ilp"}
+
+
+def _sweep(name, graph):
+    plans = []
+    for f in FRACTIONS:
+        budget = activation_budget_bytes(graph, f)
+        try:
+            plan = solvers.solve(graph, budget, solver=name, **OPTIONS.get(name, {}))
+        except InfeasibleBudget as exc:
+            assert exc.min_feasible_bytes > budget
+            plans.append((budget, None, exc.min_feasible_bytes))
+            continue
+        except NoModulePaths:
+            assert name == "per-module" and not any(nd.module for nd in graph.nodes)
+            return None
+        plans.append((budget, plan, None))
+    return plans
+
+
+@pytest.mark.parametrize("gname", list(GRAPHS))
+@pytest.mark.parametrize("name", solvers.available_solvers())
+def test_solver_battery(name, gname):
+    graph = GRAPHS[gname]
+    plans = _sweep(name, graph)
+    if plans is None:
+        return
+    last_cost = None
+    least = None
+    for budget, plan, min_feasible in plans:
+        if plan is None:
+            assert last_cost is None, "a bigger budget became infeasible"
+            least = min_feasible if least is None else least
+            continue
+        sim = simulate(graph, plan)
+        assert sim.peak_bytes <= budget  # fits
+        assert plan.peak_bytes == sim.peak_bytes and plan.recompute_flops == sim.recompute_flops  # reported == simulate
+        assert plan.status in ("optimal", "feasible")
+        if least is not None:
+            assert least <= budget  # the least feasible budget it reported was honest
+            assert simulate(graph, plan).peak_bytes >= 0
+        if last_cost is not None:
+            assert plan.recompute_flops <= last_cost  # bigger budget never costs more
+        last_cost = plan.recompute_flops
+
+
+def test_store_all_at_full_budget_is_free():
+    g = GRAPHS["residual-20"]
+    plan = solvers.solve(g, activation_budget_bytes(g, 1.0), solver="dp")
+    assert plan.recompute_flops == 0
+
+
+def test_dp_table_reused_and_exact_on_chain():
+    g = synthetic.make("hetero-chain", 40, seed=9)
+    t1 = solvers.dp_table(g, max_front=None)
+    assert solvers.dp_table(g, max_front=None) is t1
+    for f in (0.5, 0.7, 0.9):
+        budget = activation_budget_bytes(g, f)
+        regions, peak, cost = t1.solve(budget)
+        sim = simulate(g, solvers.Plan(regions=regions))
+        assert (sim.peak_bytes, sim.recompute_flops) == (peak, cost)
+
+
+def test_ilp_never_worse_than_dp_and_chen():
+    g = GRAPHS["unet-20"]
+    for f in (0.8, 0.9):
+        budget = activation_budget_bytes(g, f)
+        ilp = solvers.solve(g, budget, solver="ilp", time_limit_s=10)
+        for other in ("dp", "chen"):
+            try:
+                plan = solvers.solve(g, budget, solver=other)
+            except InfeasibleBudget:
+                continue
+            assert ilp.recompute_flops <= plan.recompute_flops
+
+
+def test_per_module_regions_are_blocks():
+    g = GRAPHS["transformer-28"]
+    regions = solvers.baselines.block_regions(g)
+    assert len(regions) == 2
+    for a, b in regions:
+        assert len({g.nodes[i].module for i in range(a, b + 1)}) == 1
+    with pytest.raises(NoModulePaths, match="module paths"):
+        solvers.baselines.block_regions(GRAPHS["hetero-chain-24"])
+
+
+def test_chen_modes():
+    g = GRAPHS["residual-20"]
+    budget = activation_budget_bytes(g, 0.8)
+    best = solvers.solve(g, budget, solver="chen")
+    for mode in ("sqrt", "greedy"):
+        try:
+            other = solvers.solve(g, budget, solver="chen", mode=mode)
+        except InfeasibleBudget:
+            continue
+        assert best.recompute_flops <= other.recompute_flops
+    with pytest.raises(ValueError, match="mode"):
+        solvers.solve(g, budget, solver="chen", mode="nope")
+
+
+def test_cli_solve_all(tmp_path, capsys):
+    from graphs import save
+    from scheduler.cli import main
+
+    path = tmp_path / "g.json"
+    save(GRAPHS["transformer-28"], path)
+    out = tmp_path / "plan.json"
+    assert main(["solve", str(path), "--budget", "0.5", "--solver", "all", "--time-limit", "5", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    for name in solvers.available_solvers():
+        assert name in text
+    assert "recompute" in text and out.exists()
