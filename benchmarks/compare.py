@@ -60,7 +60,7 @@ def run_models(quick: bool) -> list[dict[str, Any]]:
         log.info("compare %s (%s)", wl.name, wl.meta)
         fractions = QUICK_FRACTIONS if quick else MODEL_FRACTIONS.get(spec, FRACTIONS)
         cmp = compare(wl, fractions, solver_names=_registered(SOLVERS),
-                      repeats=3 if quick else 5, solver_options={"ilp": {"time_limit_s": 10 if quick else 30}},
+                      repeats=3 if quick else 5, solver_options={"ilp": {"time_limit_s": 5}},
                       progress=lambda s: log.info("  %s", s))
         d = cmp.to_dict()
         d["wall_s"] = time.perf_counter() - t0
@@ -84,7 +84,7 @@ def run_maxbatch(quick: bool) -> dict[str, Any]:
 
     graph_at, confirm, budget, hi, meta = vgg_maxbatch_setup(quick=quick)
     rows = max_batches(graph_at, budget, _registered(MAXBATCH_METHODS), hi=hi,
-                       options={"ilp": {"time_limit_s": 20 if quick else 60}}, confirm=confirm,
+                       options={"ilp": {"time_limit_s": 20}}, confirm=confirm,
                        progress=lambda s: log.info("  maxbatch %s", s))
     d = {"budget_bytes": budget, "meta": meta, "checkmate_vgg19": CHECKMATE_VGG19,
          "rows": [r.__dict__ for r in rows]}

@@ -237,7 +237,7 @@ def sequential(model: nn.Module, *, segments: int | None = None) -> Prepared:
                 env[n] = _eval(gm, n, env)
         raise PeerUnavailable("the traced graph has no output")
 
-    return Prepared(forward=forward, note=f"{len(chain)} of {len(modules)} modules in {k} segments")
+    return Prepared(forward=forward, note=f"{len(chain)} layers ({len(in_chain)} of {len(modules)} modules) in {k} segments")
 
 
 def compiled(model: nn.Module, fraction: float) -> Prepared:
