@@ -64,15 +64,18 @@ class IlpSolver:
         time_limit_s: CP-SAT's ``max_time_in_seconds``.
         workers: CP-SAT search workers.
         hint: a plan (regions) to warm-start from.
+        lower_bound: a proven lower bound on the recompute FLOPs (``dp``'s
+            optimum on a chain), added as a constraint to close the gap.
     """
 
     def __init__(self, graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers: int = 2,
-                 hint: tuple[tuple[int, int], ...] | None = None) -> None:
+                 hint: tuple[tuple[int, int], ...] | None = None, lower_bound: int | None = None) -> None:
         self.graph = graph
         self.budget_bytes = int(budget_bytes)
         self.time_limit_s = time_limit_s
         self.workers = workers
         self.hint = hint
+        self.lower_bound = lower_bound
 
     def solve(self) -> Plan:
         """Solve; a plan with status ``optimal`` or ``feasible`` (bound and gap).
@@ -90,6 +93,8 @@ class IlpSolver:
                 model.forbid(bad)
             if self.hint is not None and self.hint not in cuts:
                 model.add_hint(self.hint)
+            if self.lower_bound is not None:
+                model.add_lower_bound(self.lower_bound)
             left = max(1.0, self.time_limit_s - (time.perf_counter() - t0))
             result = model.solve(time_limit_s=left, workers=self.workers)
             if result.status == "infeasible":
@@ -122,9 +127,10 @@ class IlpSolver:
         return simulate(self.graph, Plan(regions=result.regions), record=False).peak_bytes
 
 
-def _warm_start(graph: Graph, budget_bytes: int) -> tuple[tuple[int, int], ...] | None:
-    """The best plan of the fast solvers that fits, to hint CP-SAT with."""
-    best = None
+def _warm_start(graph: Graph, budget_bytes: int) -> tuple[tuple[tuple[int, int], ...] | None, int | None]:
+    """The best plan of the fast solvers that fits, to hint CP-SAT with, and a
+    proven lower bound on the cost when ``dp`` is optimal (on chains)."""
+    best, bound = None, None
     for name in ("dp", "chen"):
         try:
             plan = get_solver(name)(graph, budget_bytes)
@@ -133,7 +139,9 @@ def _warm_start(graph: Graph, budget_bytes: int) -> tuple[tuple[int, int], ...] 
         sim = simulate(graph, plan, record=False)
         if sim.peak_bytes <= budget_bytes and (best is None or sim.recompute_flops < best[0]):
             best = (sim.recompute_flops, plan.regions)
-    return None if best is None else best[1]
+        if plan.status == Status.OPTIMAL and sim.peak_bytes <= budget_bytes:
+            bound = sim.recompute_flops
+    return (None if best is None else best[1]), bound
 
 
 @register("ilp")
@@ -153,5 +161,6 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers:
         InfeasibleBudget: carrying the least peak of any interval plan.
         IlpTimeout: no plan within the time limit.
     """
-    hint = _warm_start(graph, budget_bytes) if warm_start else None
-    return IlpSolver(graph, budget_bytes, time_limit_s=time_limit_s, workers=workers, hint=hint).solve()
+    hint, bound = _warm_start(graph, budget_bytes) if warm_start else (None, None)
+    return IlpSolver(graph, budget_bytes, time_limit_s=time_limit_s, workers=workers, hint=hint,
+                     lower_bound=bound).solve()

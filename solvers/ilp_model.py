@@ -249,6 +249,10 @@ class CheckpointModel:
             self.m.AddHint(self.x[k], k in inside)
             self.m.AddHint(self.y[k], k in starts)
 
+    def add_lower_bound(self, flops: int) -> None:
+        """The recompute FLOPs are at least ``flops`` (a bound proven elsewhere)."""
+        self.m.Add(sum(nd.fwd_flops * self.x[k] for k, nd in enumerate(self.graph.nodes)) >= int(flops))
+
     def forbid(self, regions) -> None:
         """Exclude exactly this plan (a no-good cut)."""
         starts = {a for a, _ in regions}
