@@ -127,6 +127,11 @@ def build(name: str, **options: Any) -> Example:
         from . import hf
 
         key = name[3:]
+        from . import hf_configs  # published shapes (issue 7): gpt2-xl, llama-2-7b, mistral-7b...
+
+        if key not in hf.HF_CONFIGS and key in hf_configs.HF_CONFIGS:
+            _check_options(name, hf_configs.build, options)
+            return Example(name, *hf_configs.build(key, **options), options=options)
         if key not in hf.HF_CONFIGS:
             raise UnknownModel(f"no transformers config named {key!r}; known: {', '.join('hf:' + k for k in hf.HF_CONFIGS)}")
         _check_options(name, hf.build, options)
@@ -176,4 +181,9 @@ def describe() -> list[tuple[str, str, dict[str, Any]]]:
     hf_opts = {k: v for k, v in options_of(hf.build).items()}
     for key, (desc, _cls, _kw) in hf.HF_CONFIGS.items():
         rows.append((f"hf:{key}", desc, hf_opts))
+    from . import hf_configs
+
+    shape_opts = options_of(hf_configs.build)
+    rows += [(name, f"{size} parameters, published shape of {src} (offline; device=meta for large ones)", shape_opts)
+             for name, size, src in hf_configs.describe() if name[3:] not in hf.HF_CONFIGS]
     return rows

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from graphs import CkptError
 
 __all__ = ["HFShape", "HF_CONFIGS", "HFConfigError", "hf_config", "build_hf_model", "hf_param_count", "describe",
-           "max_positions", "hf_inputs", "hf_loss"]
+           "max_positions", "hf_inputs", "hf_loss", "build"]
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,8 @@ def build_hf_model(config: Any, *, dtype: str = "fp32", device: str = "meta") ->
     import torch
 
     tf = _transformers()
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch_dtype = dtype if isinstance(dtype, torch.dtype) else {"fp32": torch.float32, "bf16": torch.bfloat16,
+                                                                 "fp16": torch.float16}[dtype]
     with torch.device(device):
         model = tf.AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     model.train()
@@ -188,3 +189,14 @@ def hf_inputs(config: Any, batch: int, seq: int, *, device: str = "meta") -> tup
 def hf_loss(out: Any) -> Any:
     """The loss a transformers causal-LM returns when given labels."""
     return out.loss
+
+
+def build(name: str, *, batch: int = 1, seq: int = 128, dtype: Any = "fp32", device: str = "cpu"
+          ) -> tuple[Any, tuple, dict[str, Any], Any]:
+    """``(model, args, kwargs, loss)`` for a named shape, as ``scheduler.models.build("hf:NAME")`` returns it.
+
+    Use ``device="meta"`` for shapes too large for this machine's memory.
+    """
+    model = build_hf_model(hf_config(name), dtype=dtype, device=device)
+    args, kwargs = hf_inputs(model.config, batch, seq, device=device)
+    return model, args, kwargs, hf_loss
