@@ -317,7 +317,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
                               note=row.note + "; recompute not measured: the profiler counts no FLOPs for "
                               "aten.convolution in compiled graphs")
         except Exception as exc:  # a peer that fails is reported, not fatal
-            log.info("peer %s failed", row.method, exc_info=True)
+            log.debug("peer %s failed", row.method, exc_info=True)
             row = replace(row, reason=exc.args[0] if isinstance(exc, peers.PeerUnavailable) else _why(exc))
         rows.append(row)
         say(progress_line(row))

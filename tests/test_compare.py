@@ -163,3 +163,22 @@ def test_ckpt_compare_quick_reports_every_method(tmp_path):
     # Checkpointing with RNG replay leaves gradients unchanged.
     assert all(r["grad_max_abs_diff"] < 1e-5 for r in rows if r["method"] == "per-block" and r["reason"] is None)
     assert data["timelines"]["none"]["measured_bytes"]
+
+
+def test_max_batches_finds_the_edge_and_ranks_methods():
+    import solvers
+    from graphs import synthetic
+    from scheduler.maxbatch import max_batches
+
+    def graph_at(b: int):
+        return synthetic.chain(12, out_bytes=b * 1024, flops=10**6)
+
+    budget = solvers.simulate(graph_at(40)).peak_bytes
+    rows = max_batches(graph_at, budget, ["store-all", "uniform"], hi=512)
+    base, uni = rows
+    assert base.batch == 40 and base.ratio == 1.0 and not base.capped
+    assert uni.batch is not None and uni.batch > base.batch and uni.ratio == uni.batch / 40
+    for r in rows:  # the answer fits and the next batch does not
+        assert r.predicted_peak_bytes <= budget
+        with pytest.raises(solvers.InfeasibleBudget):
+            solvers.solve(graph_at(r.batch + 1), budget, solver=r.method)
