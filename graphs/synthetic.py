@@ -123,15 +123,17 @@ def unet(n: int, *, seed: int = 0) -> Graph:
 
     size = 32 * MB
     x = add("conv", (), size, rng.randint(5, 10) * 10**8)
+    sizes: list[int] = []
     for _ in range(depth):
         x = add("conv", (x,), size, rng.randint(5, 10) * 10**8)
         x = add("relu", (x,), size, 10**6)
         skips.append(x)
+        sizes.append(size)
         size = max(MB, size // 2)
         x = add("pool", (x,), size, 10**6)
     x = add("conv", (x,), size, rng.randint(5, 10) * 10**8)
     for _ in range(depth):
-        size = size * 2
+        size = sizes.pop()  # mirror the encoder's resolution on the way up
         x = add("up", (x,), size, rng.randint(2, 5) * 10**8)
         x = add("conv", (x, skips.pop()), size, rng.randint(5, 10) * 10**8)
         x = add("relu", (x,), size, 10**6)

@@ -128,3 +128,9 @@ def test_residual_and_unet_have_skips():
 def test_unknown_family():
     with pytest.raises(ValueError, match="unknown graph family"):
         synthetic.make("mobius", 10)
+
+
+def test_unet_sizes_mirror_the_encoder_at_any_depth():
+    g = synthetic.unet(1200, seed=0)
+    assert max(n.out_bytes for n in g.nodes) == g.nodes[0].out_bytes  # no growth past the input resolution
+    assert len(g) <= 1210
