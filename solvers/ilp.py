@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from graphs import CkptError, Graph
@@ -46,13 +47,22 @@ from .plan import Plan, Status
 from .registry import get_solver, register
 from .simulate import simulate
 
-__all__ = ["IlpTimeout", "ilp", "IlpSolver"]
+__all__ = ["IlpTimeout", "ilp", "IlpSolver", "Incumbent", "WARM_SOLVERS"]
 
 log = logging.getLogger(__name__)
 
 
 class IlpTimeout(CkptError, RuntimeError):
     """CP-SAT found no plan (and none was given as a hint) within the time limit."""
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    """A plan known to fit (checked with ``simulate``) and its recompute FLOPs."""
+
+    regions: tuple[tuple[int, int], ...]
+    flops: int
+    source: str
 
 
 class IlpSolver:
@@ -66,26 +76,43 @@ class IlpSolver:
         hint: a plan (regions) to warm-start from.
         lower_bound: a proven lower bound on the recompute FLOPs (``dp``'s
             optimum on a chain), added as a constraint to close the gap.
+        incumbent: a plan known to fit; it hints the search, caps the
+            objective, and is returned when CP-SAT finds nothing better.
     """
 
     def __init__(self, graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers: int = 2,
-                 hint: tuple[tuple[int, int], ...] | None = None, lower_bound: int | None = None) -> None:
+                 hint: tuple[tuple[int, int], ...] | None = None, lower_bound: int | None = None,
+                 incumbent: Incumbent | None = None) -> None:
         self.graph = graph
         self.budget_bytes = int(budget_bytes)
         self.time_limit_s = time_limit_s
         self.workers = workers
-        self.hint = hint
+        self.incumbent = incumbent
+        self.hint = hint if hint is not None or incumbent is None else incumbent.regions
         self.lower_bound = lower_bound
+
+    def _from_incumbent(self, bound: float | None, why: str) -> Plan:
+        inc = self.incumbent
+        assert inc is not None
+        lb = max(float(bound) if bound is not None and bound == bound else 0.0, float(self.lower_bound or 0))
+        lb = min(lb, float(inc.flops))
+        optimal = lb >= inc.flops
+        log.info("ilp returns the %s plan (%s): %d FLOPs, bound %.6g", inc.source, why, inc.flops, lb)
+        return Plan(regions=inc.regions, status=Status.OPTIMAL if optimal else Status.FEASIBLE, bound=lb,
+                    options={"time_limit_s": self.time_limit_s, "incumbent": inc.source})
 
     def solve(self) -> Plan:
         """Solve; a plan with status ``optimal`` or ``feasible`` (bound and gap).
 
+        Never worse than :attr:`incumbent` when one is given.
+
         Raises:
             InfeasibleBudget: no interval plan fits; carries the least peak.
-            IlpTimeout: no plan found within the time limit.
+            IlpTimeout: no plan found within the time limit (and no incumbent).
         """
         t0 = time.perf_counter()
         cuts: list[tuple[tuple[int, int], ...]] = []
+        inc = self.incumbent
         for _ in range(50):
             # Phases: variables, constraints, objective (CheckpointModel), then solve.
             model = CheckpointModel(self.graph, budget_bytes=self.budget_bytes)
@@ -95,12 +122,20 @@ class IlpSolver:
                 model.add_hint(self.hint)
             if self.lower_bound is not None:
                 model.add_lower_bound(self.lower_bound)
+            if inc is not None:
+                model.add_upper_bound(inc.flops)
             left = max(1.0, self.time_limit_s - (time.perf_counter() - t0))
             result = model.solve(time_limit_s=left, workers=self.workers)
             if result.status == "infeasible":
+                if inc is not None:
+                    # The incumbent itself satisfies the model (it is exact), so this is a model bug.
+                    log.error("ilp model rejects the %s plan that simulate says fits", inc.source)
+                    return self._from_incumbent(None, "model rejects it")
                 least = self.least_peak(max(1.0, self.time_limit_s - (time.perf_counter() - t0)))
                 raise InfeasibleBudget(self.budget_bytes, least, solver="ilp")
             if result.regions is None:
+                if inc is not None:
+                    return self._from_incumbent(result.bound, "time limit")
                 if self.hint is not None and simulate(self.graph, Plan(regions=self.hint), record=False).peak_bytes <= self.budget_bytes:
                     return Plan(regions=self.hint, status=Status.FEASIBLE, bound=result.bound,
                                 options={"time_limit_s": self.time_limit_s})
@@ -110,12 +145,16 @@ class IlpSolver:
             sim = simulate(self.graph, Plan(regions=result.regions), record=False)
             if sim.peak_bytes <= self.budget_bytes:
                 optimal = result.status == "optimal"
+                bound = float(sim.recompute_flops) if optimal else float(result.bound)
+                if inc is not None and inc.flops < sim.recompute_flops:
+                    return self._from_incumbent(bound, "cheaper than CP-SAT's plan")
                 return Plan(regions=result.regions, status=Status.OPTIMAL if optimal else Status.FEASIBLE,
-                            bound=float(sim.recompute_flops) if optimal else float(result.bound),
-                            options={"time_limit_s": self.time_limit_s})
+                            bound=bound, options={"time_limit_s": self.time_limit_s})
             log.error("ilp model predicted a fit for %s but simulate says %d > %d; cutting it off",
                       result.regions, sim.peak_bytes, self.budget_bytes)
             cuts.append(result.regions)
+        if inc is not None:
+            return self._from_incumbent(None, "model and simulate disagree")
         raise IlpTimeout("ilp model and simulate disagree repeatedly; please report this graph")
 
     def least_peak(self, time_limit_s: float) -> int:
@@ -127,21 +166,28 @@ class IlpSolver:
         return simulate(self.graph, Plan(regions=result.regions), record=False).peak_bytes
 
 
-def _warm_start(graph: Graph, budget_bytes: int) -> tuple[tuple[tuple[int, int], ...] | None, int | None]:
-    """The best plan of the fast solvers that fits, to hint CP-SAT with, and a
+#: The fast solvers whose best fitting plan warm-starts ``ilp``.
+WARM_SOLVERS = ("dp", "chen", "uniform", "per-module")
+
+
+def _warm_start(graph: Graph, budget_bytes: int) -> tuple[Incumbent | None, int | None]:
+    """The cheapest fitting plan of the fast solvers (per ``simulate``), and a
     proven lower bound on the cost when ``dp`` is optimal (on chains)."""
-    best, bound = None, None
-    for name in ("dp", "chen"):
+    best: Incumbent | None = None
+    bound = None
+    for name in WARM_SOLVERS:
         try:
             plan = get_solver(name)(graph, budget_bytes)
         except CkptError:
             continue
         sim = simulate(graph, plan, record=False)
-        if sim.peak_bytes <= budget_bytes and (best is None or sim.recompute_flops < best[0]):
-            best = (sim.recompute_flops, plan.regions)
-        if plan.status == Status.OPTIMAL and sim.peak_bytes <= budget_bytes:
+        if sim.peak_bytes > budget_bytes:
+            continue
+        if best is None or sim.recompute_flops < best.flops:
+            best = Incumbent(tuple(plan.regions), int(sim.recompute_flops), name)
+        if name == "dp" and plan.status == Status.OPTIMAL:
             bound = sim.recompute_flops
-    return (None if best is None else best[1]), bound
+    return best, bound
 
 
 @register("ilp")
@@ -152,15 +198,25 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers:
     Args:
         time_limit_s: stop after this long with the best plan and its gap.
         workers: CP-SAT search workers (threads).
-        warm_start: hint the search with the ``dp``/``chen`` plan.
+        warm_start: start from the cheapest fitting plan of ``dp``, ``chen``,
+            ``uniform`` and ``per-module``: it hints the search, caps the
+            objective and is returned if CP-SAT finds nothing cheaper, so
+            ``ilp`` is never worse than any of them and never fails where one
+            found a plan.
 
     Returns:
         ``optimal``, or ``feasible`` with ``bound`` (and so ``gap``) set.
 
     Raises:
         InfeasibleBudget: carrying the least peak of any interval plan.
-        IlpTimeout: no plan within the time limit.
+        IlpTimeout: no plan within the time limit (none of the warm-start
+            solvers found one either).
     """
-    hint, bound = _warm_start(graph, budget_bytes) if warm_start else (None, None)
-    return IlpSolver(graph, budget_bytes, time_limit_s=time_limit_s, workers=workers, hint=hint,
-                     lower_bound=bound).solve()
+    t0 = time.perf_counter()
+    inc, bound = _warm_start(graph, budget_bytes) if warm_start else (None, None)
+    if inc is not None and bound is not None and inc.flops <= bound:
+        return Plan(regions=inc.regions, status=Status.OPTIMAL, bound=float(bound),
+                    options={"time_limit_s": time_limit_s, "incumbent": inc.source})
+    left = max(1.0, time_limit_s - (time.perf_counter() - t0))
+    return IlpSolver(graph, budget_bytes, time_limit_s=left, workers=workers, lower_bound=bound,
+                     incumbent=inc).solve()

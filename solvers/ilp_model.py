@@ -253,6 +253,10 @@ class CheckpointModel:
         """The recompute FLOPs are at least ``flops`` (a bound proven elsewhere)."""
         self.m.Add(sum(nd.fwd_flops * self.x[k] for k, nd in enumerate(self.graph.nodes)) >= int(flops))
 
+    def add_upper_bound(self, flops: int) -> None:
+        """The recompute FLOPs are at most ``flops`` (a plan that fits is known)."""
+        self.m.Add(sum(nd.fwd_flops * self.x[k] for k, nd in enumerate(self.graph.nodes)) <= int(flops))
+
     def forbid(self, regions) -> None:
         """Exclude exactly this plan (a no-good cut)."""
         starts = {a for a, _ in regions}
