@@ -198,7 +198,7 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     groups = group_records(records, chosen)
     nodes = build_nodes(records, groups, dict(totals.get("trainable", {})))
     nodes = attribute_params(nodes, records, groups, dict(totals.get("trainable", {})))
-    meta = dict(meta, granularity=str(chosen))
+    meta = dict(meta, granularity=str(chosen), estimated_flops=sum(r.estimated_flops for r in records))
     graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]),
                   input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]), name=name, meta=meta)
     return graph, tuple(nd.members for nd in nodes), chosen

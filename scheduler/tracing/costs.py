@@ -20,6 +20,18 @@ device costs nothing to measure. Per node:
   itself: dropout's mask, layer norm's mean/rstd: ``own_saved_bytes``);
 * stochastic: an op tagged ``nondeterministic_seeded`` ran; stateful: an op
   wrote into a parameter or buffer.
+
+NOTE [ Ops without a FLOP formula ]
+    ``FlopCounterMode`` counts matmuls, convolutions and attention, and
+    nothing for elementwise ops, reductions, normalisations, softmax or
+    dropout. Costed at zero, their recompute would look free and a solver
+    would recompute any number of them to save a byte. So a node whose
+    forward counts zero FLOPs but creates new storage is charged one FLOP per
+    element it creates, and an autograd node whose backward counts zero is
+    charged one per element of the gradients it produces. These estimates are
+    kept apart in ``OpRecord.estimated_fwd_flops`` / ``estimated_bwd_flops`` (and their total in the graph's
+    ``meta["estimated_flops"]``), so the counted part can still be compared
+    with ``FlopCounterMode``.
 """
 
 from __future__ import annotations
@@ -59,7 +71,10 @@ class OpRecord:
         saves: positions of records whose output this node saves (may include
             its own position).
         own_saved_bytes: bytes of saved tensors owned by nobody else.
-        fwd_flops, bwd_flops: counted FLOPs.
+        fwd_flops, bwd_flops: counted FLOPs (NOTE [ Ops without a FLOP formula ]).
+        estimated_fwd_flops, estimated_bwd_flops: the part of ``fwd_flops``
+            and ``bwd_flops`` counted as one per element rather than by
+            ``FlopCounterMode``.
         param_keys: storage keys of the parameters the node touched.
         requires_grad, stochastic, stateful: flags.
         returned: the graph's output returns this node's value.
@@ -84,6 +99,12 @@ class OpRecord:
     stateful: bool
     returned: bool
     bwd_peak_bytes: int = 0
+    estimated_fwd_flops: int = 0
+    estimated_bwd_flops: int = 0
+
+    @property
+    def estimated_flops(self) -> int:
+        return self.estimated_fwd_flops + self.estimated_bwd_flops
 
 
 def storage_key(t: torch.Tensor) -> int | None:
@@ -193,6 +214,7 @@ class _Recorder(torch.fx.Interpreter):
         self.record_of: dict[str, int] = {}  # fx node name -> record position
         self.grad_owner: dict[Any, int] = {}  # autograd node -> record position
         self.bwd_flops: dict[int, int] = {}
+        self.bwd_estimated: dict[int, int] = {}
         self._bw_start = 0
         self._bw_pos = -1
         self._bw_base = 0
@@ -226,6 +248,7 @@ class _Recorder(torch.fx.Interpreter):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             result = getattr(self, n.op)(n.target, args, kwargs)
         fwd = self.counter.get_total_flops() - f0
+        estimated = 0
         pos = len(self.records)
         # Inputs: direct producers, and owners of storages read.
         direct: dict[int, None] = {}
@@ -248,6 +271,8 @@ class _Recorder(torch.fx.Interpreter):
             self.owner[k] = pos
             self.keep.append(t)
             out_bytes += storage_bytes(t)
+            if fwd == 0:
+                estimated += t.numel()  # NOTE [ Ops without a FLOP formula ]
         # Saved tensors, by storage.
         saves: dict[int, None] = {}
         own_keys: dict[int, int] = {}
@@ -273,9 +298,9 @@ class _Recorder(torch.fx.Interpreter):
             name=n.name, members=members, op=_printable(n), module=module_path(n, self.strip),
             inputs=tuple(sorted(i for i in inputs if i != pos)), owners=tuple(sorted(i for i in owners if i != pos)),
             out_bytes=out_bytes, saves=tuple(sorted(saves)), own_saved_bytes=sum(own_keys.values()),
-            fwd_flops=int(fwd), bwd_flops=0, param_keys=tuple(self.watch.touched),
+            fwd_flops=int(fwd + estimated), bwd_flops=0, param_keys=tuple(self.watch.touched),
             requires_grad=requires_grad, stochastic=self.watch.stochastic, stateful=self.watch.stateful,
-            returned=False,
+            returned=False, estimated_fwd_flops=estimated,
         ))
         return result
 
@@ -299,7 +324,12 @@ class _Recorder(torch.fx.Interpreter):
             self.watch.peak = self.watch.live
 
     def _bw_post(self, pos: int, grad_inputs: Any, grad_outputs: Any) -> None:
-        self.bwd_flops[pos] = self.bwd_flops.get(pos, 0) + self.counter.get_total_flops() - self._bw_start
+        counted = self.counter.get_total_flops() - self._bw_start
+        if counted == 0 and self.records[pos].out_bytes > 0:
+            # NOTE [ Ops without a FLOP formula ]: one per element of the gradients produced (views stay free)
+            counted = sum(g.numel() for g in grad_inputs if isinstance(g, torch.Tensor))
+            self.bwd_estimated[pos] = self.bwd_estimated.get(pos, 0) + counted
+        self.bwd_flops[pos] = self.bwd_flops.get(pos, 0) + counted
         self.bwd_peak[pos] = max(self.bwd_peak.get(pos, 0), self.watch.peak - self._bw_base)
 
     def run_backward(self, result: Any) -> None:
@@ -379,7 +409,8 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
         with fake, counter, watch:
             result = rec.run(*fake_inputs)
             rec.run_backward(result)
-    records = [_replace(r, bwd_flops=int(rec.bwd_flops.get(i, 0)), bwd_peak_bytes=int(rec.bwd_peak.get(i, 0)))
+    records = [_replace(r, bwd_flops=int(rec.bwd_flops.get(i, 0)), bwd_peak_bytes=int(rec.bwd_peak.get(i, 0)),
+                        estimated_bwd_flops=int(rec.bwd_estimated.get(i, 0)))
                for i, r in enumerate(rec.records)]
     # Mark what the graph returns; attach trailing get_attr nodes to the last record.
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
