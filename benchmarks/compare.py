@@ -38,9 +38,9 @@ MODEL_FRACTIONS = {"hf:gpt2": (0.3, 0.5)}
 #: OMP barriers make 2-thread step times swing several-fold under contention.
 THREADS = 1
 #: Our solvers, when registered.
-SOLVERS = ("chen", "chen-greedy", "dp", "ilp")
+SOLVERS = ("chen-sqrt", "chen-greedy", "dp", "ilp")
 #: Max-batch methods, in Checkmate's order (store-all first: the ratios' base).
-MAXBATCH_METHODS = ("store-all", "chen", "chen-greedy", "dp", "ilp")
+MAXBATCH_METHODS = ("store-all", "chen-sqrt", "chen-greedy", "dp", "ilp")
 
 
 def _registered(names: tuple[str, ...]) -> list[str]:
@@ -60,7 +60,7 @@ def run_models(quick: bool) -> list[dict[str, Any]]:
         log.info("compare %s (%s)", wl.name, wl.meta)
         fractions = QUICK_FRACTIONS if quick else MODEL_FRACTIONS.get(spec, FRACTIONS)
         cmp = compare(wl, fractions, solver_names=_registered(SOLVERS),
-                      repeats=3 if quick else 5, solver_options={"ilp": {"time_limit_s": 5}},
+                      repeats=3 if quick else 7, solver_options={"ilp": {"time_limit_s": 5}},
                       progress=lambda s: log.info("  %s", s))
         d = cmp.to_dict()
         d["wall_s"] = time.perf_counter() - t0
@@ -135,7 +135,7 @@ def measure_scaling(quick: bool) -> dict[str, list[tuple[int, float]]]:
 
     sizes = (16, 32, 64) if quick else (16, 32, 64, 128, 256, 512)
     out: dict[str, list[tuple[int, float]]] = {}
-    for name in _registered(("chen", "chen-greedy", "dp", "ilp")):
+    for name in _registered(SOLVERS):
         for n in sizes:
             g = synthetic.make("transformer", n, seed=0) if hasattr(synthetic, "make") else synthetic.chain(n)
             budget = solvers.activation_budget_bytes(g, 0.4)
@@ -177,11 +177,11 @@ def model_markdown(d: dict[str, Any]) -> str:
     for r in d["rows"]:
         budget = f"{r['budget']:g}" if r["budget"] is not None else (f"={r['matched_to']}" if r.get("matched_to") else "")
         if r["reason"] is not None or r["measured_peak_bytes"] is None:
-            rows.append((r["method"], budget, _mib(r["predicted_peak_bytes"]), "", "", "", "", "",
+            rows.append((r["method"], budget, _mib(r["predicted_peak_bytes"]), "", "", "", "", "", "",
                          f"not run: {r['reason']}"))
             continue
         rows.append((r["method"], budget, _mib(r["predicted_peak_bytes"]), _mib(r["measured_peak_bytes"]),
-                     f"{r['step_time_ratio']:.2f}",
+                     _mib(r.get("meter_peak_bytes")), f"{r['step_time_ratio']:.2f}",
                      "" if r["recompute_ratio"] is None else f"{100 * r['recompute_ratio']:.0f}%",
                      "" if r["measured_recompute_ratio"] is None else f"{100 * r['measured_recompute_ratio']:.0f}%",
                      f"{r['grad_max_abs_diff']:.1e}", r["note"]))
@@ -189,7 +189,7 @@ def model_markdown(d: dict[str, Any]) -> str:
                      if k not in ("machine", "torch", "store_all_predicted_bytes"))
     out = [f"### {d['model']}", "", f"{meta}; {d['graph_nodes']} graph nodes; "
            f"{d.get('wall_s', 0):.0f}s", "",
-           _md(rows, ["method", "budget", "pred MiB", "meas MiB", "time x", "recomp pred", "recomp meas",
+           _md(rows, ["method", "budget", "pred MiB", "meas MiB", "storages MiB", "time x", "recomp pred", "recomp meas",
                       "max grad diff", "note"]), ""]
     for c in d["claims"]:
         out.append(f"- {'holds' if c['holds'] else '**does not hold**'}: {c['claim']} ({c['detail']})")
@@ -206,13 +206,13 @@ def maxbatch_markdown(d: dict[str, Any]) -> str:
         rows.append((r["method"], "" if r["batch"] is None else f"{r['batch']}{'+' if r['capped'] else ''}",
                      "" if r["ratio"] is None else f"{r['ratio']:.2f}x",
                      "" if paper is None else f"{paper} ({paper / base:.2f}x)",
-                     _mib(r["predicted_peak_bytes"]), _mib(r["measured_peak_bytes"]),
+                     _mib(r["predicted_peak_bytes"]), _mib(r["measured_peak_bytes"]), _mib(r.get("meter_peak_bytes")),
                      "" if r["recompute_ratio"] is None else f"{100 * r['recompute_ratio']:.0f}%",
                      r["reason"] or ""))
     meta = ", ".join(f"{k}={v}" for k, v in d["meta"].items())
     return "\n".join([f"budget {_mib(d['budget_bytes'])} MiB for the whole step; {meta}", "",
                       _md(rows, ["method", "max batch", "vs store-all", "Checkmate (VGG-19, 224px, V100)",
-                                 "pred MiB", "meas MiB", "recompute", "note"])]) + "\n"
+                                 "pred MiB", "meas MiB", "storages MiB", "recompute", "note"])]) + "\n"
 
 
 def summary_markdown(models: list[dict[str, Any]], maxbatch: dict[str, Any], scaling: dict[str, Any], *,
@@ -222,8 +222,10 @@ def summary_markdown(models: list[dict[str, Any]], maxbatch: dict[str, Any], sca
     parts = ["# Compare: our solvers vs per-block, checkpoint_sequential, torch.compile", "",
              f"Command: `{cmd}`; machine: {machine()}, measured with {THREADS} torch thread; "
              f"suite wall time {wall_s:.0f}s.", "",
-             "Peaks are whole-step bytes (parameters, inputs, gradients, activations) from the profiler's "
-             "allocator events, the same for every method; time x is the median step time over the un-checkpointed "
+             "Peaks are whole-step bytes (parameters, inputs, gradients, activations). `meas` is the "
+             "profiler's allocator events, the same for every method (compiled included), kernel workspaces "
+             "included; `storages` is `scheduler.measure` (tensor storages, what `simulate` models; blind to "
+             "compiled code); `pred` is `simulate`. time x is the median step time over the un-checkpointed "
              "step's, alternated in one run; grad diff is the largest absolute gradient difference from the "
              "un-checkpointed step with the same seed.", ""]
     parts += [model_markdown(m["cmp"]) for m in models]

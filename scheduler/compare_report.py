@@ -60,19 +60,19 @@ def format_table(cmp: Comparison) -> str:
     for r in cmp.rows:
         budget = budget_label(r)
         if not r.ran:
-            rows.append((r.method, budget, _mib(r.predicted_peak_bytes), "", "", "", "", "", "", "",
+            rows.append((r.method, budget, _mib(r.predicted_peak_bytes), "", "", "", "", "", "", "", "",
                          f"not run: {r.reason}"))
             continue
         err = (f"{100 * (r.measured_peak_bytes / r.predicted_peak_bytes - 1):+.0f}%"
                if r.predicted_peak_bytes else "")
         rows.append((
-            r.method, budget, _mib(r.predicted_peak_bytes), _mib(r.measured_peak_bytes), err,
+            r.method, budget, _mib(r.predicted_peak_bytes), _mib(r.measured_peak_bytes), _mib(r.meter_peak_bytes), err,
             f"{r.step_time_ratio:.3f}",
             "" if r.recompute_ratio is None else f"{100 * r.recompute_ratio:.1f}%",
             "" if r.measured_recompute_ratio is None else f"{100 * r.measured_recompute_ratio:.1f}%",
             "" if r.solve_time_s is None else f"{r.solve_time_s:.3f}",
             f"{r.grad_rel_diff:.1e}", r.note))
-    head = ["method", "budget", "pred MiB", "meas MiB", "err", "time x", "recomp pred", "recomp meas",
+    head = ["method", "budget", "pred MiB", "meas MiB", "storages MiB", "err", "time x", "recomp pred", "recomp meas",
             "solve s", "grad diff (rel)", "note"]
     lines = [table(rows, head)]
     for c in cmp.claims:

@@ -27,7 +27,7 @@ __all__ = ["MaxBatch", "max_batches", "CHECKMATE_VGG19"]
 log = logging.getLogger(__name__)
 
 #: Checkmate's published VGG-19 max batch sizes (Jain et al. 2020, Fig. 5).
-CHECKMATE_VGG19 = {"store-all": 167, "chen": 197, "chen-greedy": 266, "ilp": 289}
+CHECKMATE_VGG19 = {"store-all": 167, "chen-sqrt": 197, "chen-greedy": 266, "ilp": 289}
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,11 @@ class MaxBatch:
         capped: the search's upper end fits (the true answer may be larger).
         ratio: ``batch`` over store-all's.
         predicted_peak_bytes: simulated peak at ``batch``.
-        measured_peak_bytes: peak of one real step at ``batch`` (None if not confirmed).
+        measured_peak_bytes: peak of one real step at ``batch``, from the
+            profiler's allocator events (kernel workspaces included); None if
+            not confirmed.
+        meter_peak_bytes: the same step's peak of tensor storages
+            (``scheduler.measure``: what ``simulate`` models).
         recompute_ratio: predicted recompute / step FLOPs at ``batch``.
         search_s: wall time of the search (solves and traces not cached).
         reason: why there is no answer (the error), else None.
@@ -52,6 +56,7 @@ class MaxBatch:
     ratio: float | None = None
     predicted_peak_bytes: int | None = None
     measured_peak_bytes: int | None = None
+    meter_peak_bytes: int | None = None
     recompute_ratio: float | None = None
     search_s: float = 0.0
     reason: str | None = None
@@ -59,7 +64,7 @@ class MaxBatch:
 
 def max_batches(graph_at: Callable[[int], Graph], budget_bytes: int, methods: Sequence[str], *, hi: int,
                 lo: int = 1, options: Mapping[str, Mapping[str, Any]] | None = None,
-                confirm: Callable[[int, Plan], int] | None = None,
+                confirm: Callable[[int, Plan], tuple[int, int | None]] | None = None,
                 progress: Callable[[str], None] | None = None) -> list[MaxBatch]:
     """The largest batch in ``[lo, hi]`` each method plans under ``budget_bytes``.
 
@@ -69,7 +74,8 @@ def max_batches(graph_at: Callable[[int], Graph], budget_bytes: int, methods: Se
         methods: solver names (``store-all`` first gives the ratios' base).
         hi, lo: the search range.
         options: per-solver options.
-        confirm: ``confirm(batch, plan) -> measured peak bytes`` of one real step.
+        confirm: ``confirm(batch, plan) -> (profiler peak, storage peak)`` of
+            one real step.
         progress: called with one line per method.
 
     Returns:
@@ -110,13 +116,13 @@ def max_batches(graph_at: Callable[[int], Graph], budget_bytes: int, methods: Se
         sim = solvers.simulate(graph(best), plan, record=False)
         if method == "store-all":
             base = best
-        measured = None
+        measured = meter = None
         if confirm is not None:
             try:
-                measured = confirm(best, plan)
+                measured, meter = confirm(best, plan)
             except Exception as exc:  # the confirmation step is a measurement; report its failure
                 log.warning("confirming %s at batch %d failed: %s", method, best, exc)
-        row = MaxBatch(method, best, capped, best / base if base else None, sim.peak_bytes, measured,
+        row = MaxBatch(method, best, capped, best / base if base else None, sim.peak_bytes, measured, meter,
                        sim.recompute_ratio, elapsed)
         out.append(row)
         say(f"{method}: batch {best}{' (capped)' if capped else ''}, predicted {sim.peak_bytes / 2**20:.1f} MiB"
