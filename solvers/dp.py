@@ -108,30 +108,32 @@ class DPTable:
             need[i].add(stored[i - 1, 0][2])
             if st.regionable[i - 1]:
                 need[i].add(lh_reg[i - 1])
+        buf = _SuccessorBuffer(m, _span(na))
+        lmax = np.full(m, -1, dtype=np.int64)  # last stage j >= i with stages i..j all regionable
         for i in range(m - 1, -1, -1):
+            lmax[i] = (lmax[i + 1] if i + 1 < m and st.regionable[i + 1] else i) if st.regionable[i] else i - 1
+        for i in range(m - 1, -1, -1):
+            if st.regionable[i]:
+                buf.push(i, fronts[i + 1, lh_reg[i]])
             for lh in sorted(need[i]):
-                hs, cs, ch, nx = [], [], [], []
                 local, retained, nlh = stored[i, lh]
                 nf = fronts[i + 1, nlh]
-                hs.append(np.maximum(local, retained + nf.h))
-                cs.append(nf.cost)
-                ch.append(np.full(len(nf.h), -1))
-                nx.append(np.arange(len(nf.h)))
-                j = i
-                while j < m and st.regionable[j]:
+                hs = [np.maximum(local, retained + nf.h)]
+                cs = [nf.cost]
+                ch = [np.full(len(nf.h), -1, dtype=np.int64)]
+                nx = [np.arange(len(nf.h), dtype=np.int64)]
+                if lmax[i] >= i:
+                    # Every region i..j at once: its successor front, from the entry
+                    # at or just below ``local - extra`` (all below collapse to
+                    # h = local; only the cheapest of them can be on the front).
+                    js = np.arange(i, lmax[i] + 1)
                     extra = int(inp[i]) if lh == 0 else 0
-                    local = int(l0[i, j]) + extra
-                    retained = extra
-                    nf = fronts[j + 1, lh_reg[j]]
-                    # Suffix entries with retained + h <= local all give h = local:
-                    # only the cheapest of them (the last) can be on the front.
-                    t = int(np.searchsorted(nf.h, local - retained, side="right"))
-                    lo = max(t - 1, 0)
-                    hs.append(np.maximum(local, retained + nf.h[lo:]))
-                    cs.append(int(cost[i, j]) + nf.cost[lo:])
-                    ch.append(np.full(len(nf.h) - lo, j))
-                    nx.append(np.arange(lo, len(nf.h)))
-                    j += 1
+                    loc = l0[i, i:lmax[i] + 1] + extra
+                    h, c, jj, nxt = buf.gather(js, loc - extra)
+                    hs.append(np.maximum(loc[jj - i], extra + h))
+                    cs.append(cost[i, jj] + c)
+                    ch.append(jj)
+                    nx.append(nxt)
                 front = _pareto(np.concatenate(hs), np.concatenate(cs), np.concatenate(ch), np.concatenate(nx))
                 if self.max_front is not None and len(front.h) > self.max_front:
                     front = _thin(front, self.max_front)
@@ -186,12 +188,100 @@ class DPTable:
 
 
 def _pareto(h: np.ndarray, c: np.ndarray, ch: np.ndarray, nx: np.ndarray) -> _Front:
-    order = np.lexsort((c, h))
-    h, c, ch, nx = h[order], c[order], ch[order], nx[order]
+    """The Pareto set of candidates ``(h, c)``: ``h`` ascending, ``c`` strictly descending.
+
+    The candidates arrive as runs already sorted by ``h`` (one per region
+    end), which a stable sort merges cheaply; among equal ``h`` the cheapest
+    (last kept) survives.
+    """
+    order = np.argsort(h, kind="stable")
+    h, c = h[order], c[order]
     best = np.minimum.accumulate(c)
     keep = np.ones(len(h), dtype=bool)
     keep[1:] = c[1:] < best[:-1]
-    return _Front(h[keep], c[keep], ch[keep], nx[keep])
+    sel = order[keep]
+    hk = h[keep]
+    last = np.ones(len(hk), dtype=bool)
+    last[:-1] = hk[1:] != hk[:-1]
+    sel = sel[last]
+    return _Front(hk[last], c[keep][last], ch[sel], nx[sel])
+
+
+def _span(na: NodeArrays) -> int:
+    """An upper bound on every ``h`` of the table, plus one (keys of the buffer)."""
+    total = (2 * int(na.out.sum()) + 2 * int(na.own.sum()) + int(na.cur.sum()) + int(na.p_sink[-1])
+             + max(int(na.gb.max()), 0) + int(na.gr.max()))
+    return total + 2
+
+
+class _SuccessorBuffer:
+    """The fronts that follow a region ending at each stage ``j``, in one flat
+    array ordered by ``j``, so that all regions starting at one stage are read
+    with a single vectorised search and gather (no Python loop over ``j``).
+
+    Entries are keyed ``j * span + h``: ordered by ``j`` then ``h``.
+    """
+
+    def __init__(self, m: int, span: int) -> None:
+        self.span = span
+        self.exact_keys = span * (m + 1) < (1 << 62)
+        self.cap = 1024
+        self.h = np.empty(self.cap, np.int64)
+        self.c = np.empty(self.cap, np.int64)
+        self.idx = np.empty(self.cap, np.int64)
+        self.key = np.empty(self.cap, np.int64)
+        self.left = self.cap  # first used position (filled right to left)
+        self.seg_start = np.zeros(m, np.int64)
+        self.seg_end = np.zeros(m, np.int64)
+        self._m = m
+
+    def _grow(self, need: int) -> None:
+        used = self.cap - self.left
+        cap = max(2 * self.cap, used + need + 1024)
+        shift = cap - self.cap
+        for name in ("h", "c", "idx", "key"):
+            arr = np.empty(cap, np.int64)
+            arr[shift + self.left:] = getattr(self, name)[self.left:]
+            setattr(self, name, arr)
+        self.seg_start += shift
+        self.seg_end += shift
+        self.left += shift
+        self.cap = cap
+
+    def push(self, j: int, front: _Front) -> None:
+        """Add the successor front of stage ``j`` (stages are pushed right to left)."""
+        n = len(front.h)
+        if n > self.left:
+            self._grow(n)
+        a = self.left - n
+        self.h[a:self.left] = front.h
+        self.c[a:self.left] = front.cost
+        self.idx[a:self.left] = np.arange(n)
+        if self.exact_keys:
+            self.key[a:self.left] = front.h + j * self.span
+        self.seg_start[j], self.seg_end[j] = a, self.left
+        self.left = a
+
+    def gather(self, js: np.ndarray, floor: np.ndarray):
+        """For each ``j`` in ``js``, the entries of its front from the last one with
+        ``h <= floor[j]`` (or the first) to the end.
+
+        Returns:
+            ``(h, cost, j, index in its front)`` flat arrays.
+        """
+        s0, s1 = self.seg_start[js], self.seg_end[js]
+        if self.exact_keys:
+            q = js * self.span + np.clip(floor, -1, self.span - 1)
+            t = np.searchsorted(self.key[self.left:], q, side="right") + self.left
+        else:
+            t = np.array([np.searchsorted(self.h[a:b], f, side="right") + a
+                          for a, b, f in zip(s0, s1, floor)], dtype=np.int64)
+        lo = np.maximum(t - 1, s0)
+        lens = s1 - lo
+        total = int(lens.sum())
+        ends = np.cumsum(lens)
+        pos = np.arange(total, dtype=np.int64) + np.repeat(lo - (ends - lens), lens)
+        return self.h[pos], self.c[pos], np.repeat(js, lens), self.idx[pos]
 
 
 def _thin(front: _Front, size: int) -> _Front:
