@@ -17,7 +17,6 @@ Writes under ``benchmarks/results/``:
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
@@ -94,15 +93,14 @@ def run_maxbatch(quick: bool) -> dict[str, Any]:
 
 
 def run_scaling(quick: bool) -> dict[str, Any]:
-    """Solve time vs graph size: plot benchmarks/solvers.py's measurements when present, else measure."""
+    """Solve time vs graph size: plot benchmarks/solvers.py's table when present, else measure."""
     from scheduler.compare_plots import plot_scaling
 
-    points: dict[str, list[tuple[int, float]]] = {}
-    source = "benchmarks/results/solvers_*.json"
-    for path in sorted(glob.glob(os.path.join(RESULTS, "solvers_*.json"))):
-        points_from_solvers_file(path, points)
+    path = os.path.join(RESULTS, "solvers.csv")
+    points = points_from_solvers_csv(path) if os.path.exists(path) else {}
+    source = "benchmarks/results/solvers.csv (benchmarks/solvers.py), median over families and budgets"
     if not points:
-        source = "measured here (benchmarks/solvers.py wrote no solve times)"
+        source = "measured here (benchmarks/solvers.py wrote no solvers.csv)"
         points = measure_scaling(quick)
         with open(os.path.join(RESULTS, "compare_scaling.json"), "w", encoding="utf-8") as fh:
             json.dump(points, fh, indent=1)
@@ -110,22 +108,23 @@ def run_scaling(quick: bool) -> dict[str, Any]:
     return {"source": source, "points": points}
 
 
-def points_from_solvers_file(path: str, points: dict[str, list[tuple[int, float]]]) -> None:
-    """Collect ``(nodes, solve seconds)`` per solver from a solver-benchmark JSON (list of records)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, json.JSONDecodeError):
-        return
-    records = data.get("rows", data.get("records", [])) if isinstance(data, dict) else data
-    for rec in records if isinstance(records, list) else []:
-        if not isinstance(rec, dict):
-            continue
-        n = rec.get("nodes", rec.get("n"))
-        s = rec.get("solve_time_s", rec.get("time_s"))
-        name = rec.get("solver")
-        if isinstance(n, int) and isinstance(s, (int, float)) and isinstance(name, str):
-            points.setdefault(name, []).append((n, float(s)))
+def points_from_solvers_csv(path: str) -> dict[str, list[tuple[int, float]]]:
+    """``(nodes, median solve seconds)`` per solver from benchmarks/solvers.py's ``solvers.csv``."""
+    import csv
+    import statistics
+
+    times: dict[tuple[str, int], list[float]] = {}
+    with open(path, newline="", encoding="utf-8") as fh:
+        for rec in csv.DictReader(fh):
+            try:
+                key = (rec["solver"], int(rec["nodes"]))
+                times.setdefault(key, []).append(float(rec["solve_s"]))
+            except (KeyError, ValueError, TypeError):
+                continue  # a row without a solve time (solver not run at that size)
+    points: dict[str, list[tuple[int, float]]] = {}
+    for (solver, n), ts in sorted(times.items()):
+        points.setdefault(solver, []).append((n, statistics.median(ts)))
+    return points
 
 
 def measure_scaling(quick: bool) -> dict[str, list[tuple[int, float]]]:
