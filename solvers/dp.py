@@ -34,6 +34,7 @@ from .dp_model import NodeArrays, node_arrays, region_profiles, stored_profile
 from .errors import InfeasibleBudget
 from .plan import Plan, Status
 from .registry import register
+from .simulate import simulate
 from .stages import Stages, stages
 
 __all__ = ["DPTable", "dp_table", "dp"]
@@ -94,7 +95,8 @@ class DPTable:
         l0, cost, inp = region_profiles(na, st)
         ends = st.ends
         # Which boundary states each stage can be entered with.
-        lh_reg = [int(bool(na.sink[b]) or int(na.out[b]) == 0) for b in ends]
+        bnd = list(st.boundary[1:]) + [ends[-1]]  # the tensor crossing out of each stage
+        lh_reg = [int(bool(na.sink[q]) or int(na.out[q]) == 0) for q in bnd]
         stored = {}
         need: list[set[int]] = [set() for _ in range(m + 1)]
         need[0].add(1)
@@ -102,7 +104,8 @@ class DPTable:
         fronts: dict[tuple[int, int], _Front] = {(m, 0): empty, (m, 1): empty}
         for i in range(m):
             for lh in (0, 1):
-                stored[i, lh] = stored_profile(na, st.starts[i], ends[i], lh)
+                stored[i, lh] = stored_profile(na, st.starts[i], ends[i], lh, p=st.boundary[i] if i else None,
+                                               q=bnd[i])
         for i in range(1, m + 1):
             need[i].add(stored[i - 1, 1][2])
             need[i].add(stored[i - 1, 0][2])
@@ -167,6 +170,11 @@ class DPTable:
         idx = int(np.searchsorted(root.h, budget_bytes - self.const, side="right")) - 1
         if idx < 0:
             raise InfeasibleBudget(budget_bytes, self.min_peak_bytes, solver="dp")
+        return self.plan_at(idx)
+
+    def plan_at(self, idx: int) -> tuple[tuple[tuple[int, int], ...], int, int]:
+        """The plan of the root front's entry ``idx``: ``(regions, predicted peak, FLOPs)``."""
+        root = self.root
         regions = []
         i, lh = 0, 1
         front = root
@@ -322,8 +330,35 @@ def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_F
         InfeasibleBudget: with the least budget any such plan needs.
     """
     table = dp_table(graph, max_front=max_front)
+    if not table.exact:
+        return _dp_inexact(graph, table, budget_bytes)
     regions, peak, cost = table.solve(budget_bytes)
     optimal = table.is_chain and table.exact and not table.thinned
     return Plan(regions=regions, status=Status.OPTIMAL if optimal else Status.FEASIBLE,
                 bound=float(cost) if optimal else None,
+                options={"stages": len(table.stages), "predicted_peak_bytes": peak})
+
+
+#: Front entries above the budget that ``dp`` simulates when its predictions
+#: are upper bounds (common tensors): their real peak may still fit.
+RESCUE = 16
+
+
+def _dp_inexact(graph: Graph, table: DPTable, budget_bytes: int) -> Plan:
+    """``dp`` when common tensors make the table's peaks upper bounds: the
+    cheapest of the predicted fit and the next :data:`RESCUE` front entries
+    whose *simulated* peak fits (so store-all at a budget it fits is found)."""
+    root = table.root
+    idx = int(np.searchsorted(root.h, budget_bytes - table.const, side="right")) - 1
+    best = None
+    for at in range(max(idx, 0), min(len(root.h), max(idx, 0) + RESCUE + 1)):
+        regions, peak, cost = table.plan_at(at)
+        if at > idx and simulate(graph, Plan(regions=regions), record=False).peak_bytes > budget_bytes:
+            continue
+        if best is None or cost < best[2]:
+            best = (regions, peak, cost)
+    if best is None:
+        raise InfeasibleBudget(budget_bytes, table.min_peak_bytes, solver="dp")
+    regions, peak, cost = best
+    return Plan(regions=regions, status=Status.FEASIBLE, bound=None,
                 options={"stages": len(table.stages), "predicted_peak_bytes": peak})

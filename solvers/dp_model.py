@@ -14,7 +14,8 @@ NOTE [ Decomposing the simulated peak over a chain ]
     and buffers, a region's inputs, outputs held by the caller) is released
     only when the backward reaches that earlier segment, after every step of
     this one; (2) no other tensor of the earlier segments crosses the cut but
-    the boundary tensor ``t = out(a - 1)``; (3) gradients and parameter
+    the boundary tensor ``t`` (``out(a - 1)`` on a chain; on a DAG the one
+    tensor that crosses, produced in the stage before); (3) gradients and parameter
     gradients do not depend on the plan at all (``GB``/``GR`` below); and
     (4) common tensors are charged to ``const`` for the whole step.
 
@@ -178,15 +179,19 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
     )
 
 
-def stored_profile(na: NodeArrays, a: int, b: int, lh: int) -> tuple[int, int, int]:
+def stored_profile(na: NodeArrays, a: int, b: int, lh: int, p: int | None = None,
+                   q: int | None = None) -> tuple[int, int, int]:
     """``(L, R, lh_next)`` of stage ``[a, b]`` run without checkpointing.
 
-    ``lh`` says whether the boundary tensor ``out(a - 1)`` is already counted
-    by the left segment (NOTE [ Decomposing the simulated peak over a chain ]).
+    ``lh`` says whether the boundary tensor ``out(p)`` is already counted
+    by the left segment (NOTE [ Decomposing the simulated peak over a chain ]);
+    ``p`` defaults to ``a - 1``, and ``q``, the next stage's boundary tensor,
+    to ``b``.
     """
     k = np.arange(a, b + 1)
     has_p = a > 0 and not lh
-    p = a - 1
+    p = a - 1 if p is None else p
+    q = b if q is None else q
     fwd = (na.p_as[k] - na.p_as[a]) + na.p_sink[k] + na.u_all[k] + na.cur[k]
     bwd = (na.p_as[k + 1] - na.p_as[a]) - na.v_all[k] + na.p_sink[-1] + na.gb[k]
     retained = int(na.p_as[b + 1] - na.p_as[a] - na.v_all[b])
@@ -202,7 +207,7 @@ def stored_profile(na: NodeArrays, a: int, b: int, lh: int) -> tuple[int, int, i
             retained += op * int(na.cs[p] < _INF)
     bwd = np.where(na.rg[k], bwd, NEG)
     local = max(int(fwd.max()), int(bwd.max()))
-    lh_next = int(bool(na.sink[b]) or bool(na.fs[b] == b) or bool(na.out[b] == 0))
+    lh_next = int(bool(na.sink[q]) or bool(na.fs[q] <= b) or bool(na.out[q] == 0))
     return local, retained, lh_next
 
 
@@ -221,7 +226,8 @@ def region_profiles(na: NodeArrays, st: Stages) -> tuple[np.ndarray, np.ndarray,
     m = len(starts)
     k = np.arange(n)[None, :]
     a = starts[:, None]
-    p = np.maximum(a - 1, 0)
+    bnd = np.array(st.boundary if st.boundary else [s - 1 for s in st.starts], dtype=np.int64)
+    p = np.maximum(bnd, 0)[:, None]
     has_p = a > 0
     op = np.where(has_p, na.out[p], 0)
     f = na.p_sink[k] + na.open_all[k] - op * (na.lc[p] >= k) + na.cur[k]
@@ -242,5 +248,6 @@ def region_profiles(na: NodeArrays, st: Stages) -> tuple[np.ndarray, np.ndarray,
     l0 = np.maximum(fm, np.maximum(rm, bm))
     pf = _prefix(na.flops)
     cost = pf[ends + 1][None, :] - pf[starts][:, None]
-    inp = np.where(starts > 0, na.out[np.maximum(starts - 1, 0)] * (na.lc[np.maximum(starts - 1, 0)] >= starts), 0)
+    pb = np.maximum(bnd, 0)
+    inp = np.where(starts > 0, na.out[pb] * (na.lc[pb] >= starts), 0)
     return l0, cost, inp.astype(np.int64)

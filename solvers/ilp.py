@@ -124,6 +124,11 @@ class IlpSolver:
                 model.add_lower_bound(self.lower_bound)
             if inc is not None:
                 model.add_upper_bound(inc.flops)
+            knap = model.add_memory_cuts(self.budget_bytes)
+            if knap > (self.lower_bound or 0):
+                log.info("ilp knapsack bound %d FLOPs", knap)
+                self.lower_bound = knap
+                model.add_lower_bound(knap)
             left = max(1.0, self.time_limit_s - (time.perf_counter() - t0))
             result = model.solve(time_limit_s=left, workers=self.workers)
             if result.status == "infeasible":
@@ -146,8 +151,9 @@ class IlpSolver:
             if sim.peak_bytes <= self.budget_bytes:
                 optimal = result.status == "optimal"
                 bound = float(sim.recompute_flops) if optimal else float(result.bound)
-                if inc is not None and inc.flops < sim.recompute_flops:
-                    return self._from_incumbent(bound, "cheaper than CP-SAT's plan")
+                if inc is not None and inc.flops <= sim.recompute_flops:
+                    # Ties go to the incumbent: CP-SAT's equal-cost plan may add free regions.
+                    return self._from_incumbent(bound, "no cheaper plan found")
                 return Plan(regions=result.regions, status=Status.OPTIMAL if optimal else Status.FEASIBLE,
                             bound=bound, options={"time_limit_s": self.time_limit_s})
             log.error("ilp model predicted a fit for %s but simulate says %d > %d; cutting it off",
@@ -214,8 +220,8 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers:
     """
     t0 = time.perf_counter()
     inc, bound = _warm_start(graph, budget_bytes) if warm_start else (None, None)
-    if inc is not None and bound is not None and inc.flops <= bound:
-        return Plan(regions=inc.regions, status=Status.OPTIMAL, bound=float(bound),
+    if inc is not None and (inc.flops == 0 or (bound is not None and inc.flops <= bound)):
+        return Plan(regions=inc.regions, status=Status.OPTIMAL, bound=float(inc.flops),
                     options={"time_limit_s": time_limit_s, "incumbent": inc.source})
     left = max(1.0, time_limit_s - (time.perf_counter() - t0))
     return IlpSolver(graph, budget_bytes, time_limit_s=left, workers=workers, lower_bound=bound,

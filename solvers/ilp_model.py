@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from graphs import Graph
@@ -252,6 +254,61 @@ class CheckpointModel:
     def add_lower_bound(self, flops: int) -> None:
         """The recompute FLOPs are at least ``flops`` (a bound proven elsewhere)."""
         self.m.Add(sum(nd.fwd_flops * self.x[k] for k, nd in enumerate(self.graph.nodes)) >= int(flops))
+
+    def add_memory_cuts(self, budget_bytes: int) -> int:
+        """Valid inequalities from the store-all timeline, and the bound they give.
+
+        At a forward step ``t``, or the backward step of node ``t``, a plan's
+        live bytes are at least store-all's there minus, for each node ``c < t``
+        in a region, ``free[c]``: its own buffers plus every tensor it saves
+        (a region frees at most those; holding its inputs only adds). So
+        ``sum_{c<t} free[c] x[c] >= storeall(t) - budget`` must hold. These
+        knapsack rows give CP-SAT's LP a bound far from zero; their
+        fractional-knapsack optimum (returned, rounded up) is a proven lower
+        bound on the recompute FLOPs.
+
+        Returns:
+            The largest knapsack bound over the rows (0 when none binds).
+        """
+        from .simulate import simulate  # local: keeps the model module light
+
+        g = self.graph
+        n = len(g)
+        free = []
+        for nd in g.nodes:
+            if not nd.requires_grad:
+                free.append(0)
+                continue
+            saved = set(nd.saves_inputs) | ({nd.name} if nd.saves_output else set())
+            free.append(int(nd.saved_bytes) + sum(g.nodes[g.index[x]].out_bytes for x in saved))
+        sim = simulate(g, None, record=True)
+        need = [0] * (n + 1)  # need[L]: bytes the nodes c < L must free
+        for (phase, i), live in zip(sim.steps, sim.live_bytes):
+            need[i] = max(need[i], int(live) - int(budget_bytes))
+        rows, best_before = [], 0
+        for L in range(1, n + 1):  # a row is implied by a shorter prefix needing as much
+            if need[L] > best_before:
+                rows.append(L)
+                best_before = need[L]
+        if len(rows) > 64:
+            rows = [rows[int(r)] for r in np.unique(np.linspace(0, len(rows) - 1, 64).round())]
+        flops = [nd.fwd_flops if nd.recomputable else 0 for nd in g.nodes]
+        ok = [nd.recomputable and free[c] > 0 for c, nd in enumerate(g.nodes)]
+        bound = 0
+        for L in rows:
+            idx = [c for c in range(L) if ok[c]]
+            self.m.Add(sum(free[c] * self.x[c] for c in idx) >= need[L])
+            # Fractional knapsack: cheapest FLOPs per freed byte first.
+            left, lb = need[L], 0.0
+            for c in sorted(idx, key=lambda c: flops[c] / free[c]):
+                take = min(1.0, left / free[c])
+                lb += take * flops[c]
+                left -= take * free[c]
+                if left <= 0:
+                    break
+            if left <= 0:
+                bound = max(bound, int(math.ceil(lb - 1e-9)))
+        return bound
 
     def add_upper_bound(self, flops: int) -> None:
         """The recompute FLOPs are at most ``flops`` (a plan that fits is known)."""

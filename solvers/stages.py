@@ -2,9 +2,13 @@
 
 Chen et al. and Rotor plan over a *chain*. A DAG in topological order is
 reduced to one by cutting only where a single tensor crosses: a cut before
-position ``c`` is an *articulation cut* when every tensor produced before
-``c`` and read at or after ``c`` is the output of node ``c - 1``, ignoring
-*common* tensors. The nodes between two consecutive cuts form a *stage*.
+position ``c`` is an *articulation cut* when at most one tensor produced
+before ``c`` is read at or after ``c``, ignoring *common* tensors, and that
+tensor (the cut's *boundary tensor*) was produced after the previous cut. It
+need not be the output of node ``c - 1``: in a transformer the attention
+mask is computed between the embedding and block 0, yet the cut before
+block 0 is valid (the embedding's output crosses it alone). The nodes
+between two consecutive cuts form a *stage*.
 
 NOTE [ Common tensors ]
     An attention mask, position ids or a shape computed once and read by every
@@ -32,31 +36,54 @@ def common_tensors(graph: Graph) -> frozenset[int]:
                      if not nd.requires_grad and len(graph.succs[i]) >= 2)
 
 
-def articulation_cuts(graph: Graph, common: frozenset[int] | None = None) -> list[int]:
-    """Positions ``c`` (1..n-1) before which the graph can be cut.
-
-    A cut is valid when the non-common tensors produced before ``c`` and read
-    at or after ``c`` are at most the output of node ``c - 1``. On a chain
-    every position is a cut.
-    """
-    if common is None:
-        common = common_tensors(graph)
+def _cuts_and_boundaries(graph: Graph, common: frozenset[int]) -> tuple[list[int], list[int]]:
+    """Cuts and, for each, the position of its boundary tensor (``c - 1`` when
+    no tensor crosses)."""
     n = len(graph)
     last = [max(s) if s else -1 for s in graph.succs]
-    # crossing[c]: non-common tensors j < c with last consumer >= c.
+    # crossing[c]: non-common tensors j < c with last consumer >= c; xor of
+    # their positions identifies the single one when the count is 1.
     delta = [0] * (n + 1)
+    dx = [0] * (n + 1)
     for j in range(n):
         if j not in common and last[j] > j:
             delta[j + 1] += 1
             delta[last[j] + 1] -= 1
-    cuts = []
-    open_ = 0
+            dx[j + 1] ^= j
+            dx[last[j] + 1] ^= j
+    cuts, bounds = [], []
+    open_, x = 0, 0
+    prev = 0
     for c in range(1, n):
         open_ += delta[c]
-        own = 1 if (c - 1 not in common and last[c - 1] >= c) else 0
-        if open_ - own == 0:
+        x ^= dx[c]
+        if open_ == 0:
             cuts.append(c)
-    return cuts
+            bounds.append(c - 1)
+            prev = c
+        elif open_ == 1 and x >= prev:
+            cuts.append(c)
+            bounds.append(x)
+            prev = c
+        elif (open_ == 1 and cuts and x >= (cuts[-2] if len(cuts) > 1 else 0)
+              and any(i in common or not graph.nodes[i].recomputable for i in range(prev, c))):
+            # The tensor also crossed the previous cut, whose stage (an attention
+            # mask, say) cannot be a region anyway: move that cut here.
+            cuts[-1], bounds[-1] = c, x
+            prev = c
+    return cuts, bounds
+
+
+def articulation_cuts(graph: Graph, common: frozenset[int] | None = None) -> list[int]:
+    """Positions ``c`` (1..n-1) before which the graph can be cut.
+
+    A cut is valid when at most one non-common tensor produced before ``c``
+    is read at or after ``c``, and it was produced after the previous cut.
+    On a chain every position is a cut.
+    """
+    if common is None:
+        common = common_tensors(graph)
+    return _cuts_and_boundaries(graph, common)[0]
 
 
 @dataclass(frozen=True)
@@ -69,12 +96,15 @@ class Stages:
         common: positions of common tensors.
         regionable: per stage, whether its nodes may be put in a region (all
             recomputable, no common producer).
+        boundary: per stage, the position of the tensor that crosses into it
+            from the left (``starts[s] - 1`` when none does; -1 for stage 0).
     """
 
     starts: tuple[int, ...]
     ends: tuple[int, ...]
     common: frozenset[int]
     regionable: tuple[bool, ...]
+    boundary: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -83,9 +113,10 @@ class Stages:
 def stages(graph: Graph) -> Stages:
     """Split ``graph`` at its articulation cuts (see the module docstring)."""
     common = common_tensors(graph)
-    starts = [0] + articulation_cuts(graph, common)
+    cuts, bounds = _cuts_and_boundaries(graph, common)
+    starts = [0] + cuts
     ends = [s - 1 for s in starts[1:]] + [len(graph) - 1]
     ok = []
     for a, b in zip(starts, ends):
         ok.append(all(graph.nodes[i].recomputable and i not in common for i in range(a, b + 1)))
-    return Stages(tuple(starts), tuple(ends), common, tuple(ok))
+    return Stages(tuple(starts), tuple(ends), common, tuple(ok), tuple([-1] + bounds))
