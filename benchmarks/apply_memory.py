@@ -56,10 +56,10 @@ def _best_plan(graph, budget):
 
 
 def _measure(name, opts, fractions, steps):
-    from scheduler.apply import CheckpointedModule, cut
+    from scheduler.applier import CheckpointedModule, cut
     from scheduler.explain import explain_floor
     from scheduler.models import build
-    from scheduler.trace import capture
+    from scheduler.tracer import capture
     from scheduler.verify import verify
 
     torch.manual_seed(0)

@@ -45,7 +45,7 @@ def gpt_on_2gib(quick: bool) -> dict:
     import torch
 
     import scheduler
-    from scheduler.apply import apply  # not scheduler.apply(...): that name is shadowed by its submodule once imported
+    from scheduler.applier import apply  # not scheduler.apply(...): that name is shadowed by its submodule once imported
     from scheduler.models import build
     from scheduler.verify import measure_step_peak
 

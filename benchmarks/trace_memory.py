@@ -22,7 +22,7 @@ from scheduler.budget import format_bytes
 from scheduler.measure import measure_step
 from scheduler.models import build
 from scheduler.report import table
-from scheduler.trace import capture
+from scheduler.tracer import capture
 
 log = logging.getLogger(__name__)
 

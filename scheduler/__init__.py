@@ -44,8 +44,8 @@ __all__ = [
 
 # Names served lazily (they import torch): name -> "module:attribute".
 _LAZY = {
-    "trace": "scheduler.trace:trace",
-    "apply": "scheduler.apply:apply",
+    "trace": "scheduler.tracer:trace",
+    "apply": "scheduler.applier:apply",
 }
 
 

@@ -240,7 +240,7 @@ def trace_graph(wl: Workload) -> Graph:
     saved = [b.detach().clone() for b in buffers]
     try:
         with torch.random.fork_rng():
-            from .trace import capture
+            from .tracer import capture
 
             return capture(model, wl.args, dict(wl.kwargs), loss=wl.trace_loss).graph
     finally:
@@ -328,7 +328,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
         for f in sorted(set(fractions) | {1.0}):
             run_peer(Row("torch.compile", "peer", budget=f), lambda f=f: peers.compiled(wl.model, f))
 
-    from .apply import apply
+    from .applier import apply
 
     measured: dict[tuple, tuple[str, Row, Any]] = {}
     best_trace: list[Any] = []

@@ -101,8 +101,8 @@ def vgg_maxbatch_setup(*, quick: bool) -> tuple[Callable[[int], Graph], Callable
     applies the plan and returns the peak of one step by the profiler and by
     ``scheduler.measure`` (tensor storages).
     """
-    from .trace import capture
-    from .apply import apply
+    from .tracer import capture
+    from .applier import apply
     from .models import build
     from .measure import measure_step
     from .profmem import live_bytes_of, profile_step

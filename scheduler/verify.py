@@ -29,7 +29,7 @@ from torch import nn
 
 from solvers import Plan, format_bytes, simulate
 
-from .apply import CheckpointedModule, apply
+from .applier import CheckpointedModule, apply
 
 __all__ = ["Verification", "verify", "measure_step_peak"]
 
@@ -148,7 +148,7 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
             model must return a scalar loss.
         applied: an already applied module (skips :func:`apply`; must have
             been applied with the same ``loss``).
-        name: the graph's name as traced (see :func:`scheduler.apply.apply`).
+        name: the graph's name as traced (see :func:`scheduler.applier.apply`).
         steps: measured steps of each kind for the time ratio (median).
         warmup: un-timed steps of each kind first.
         seed: RNG seed both runs start from (dropout masks equal).

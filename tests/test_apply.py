@@ -11,7 +11,7 @@ from torch import nn
 import solvers
 from graphs import synthetic
 from solvers import InfeasibleBudget, Plan, PlanMismatch, activation_budget_bytes, enumerate_plans, simulate
-from scheduler.apply import CheckpointedModule, apply, cut
+from scheduler.applier import CheckpointedModule, apply, cut
 from scheduler.explain import explain_floor, node_floors
 from scheduler.models import build
 

@@ -13,7 +13,7 @@ import graphs
 import scheduler
 from scheduler.measure import measure_peak, measure_step
 from scheduler.models import build
-from scheduler.trace import TraceError, TraceMismatch, capture
+from scheduler.tracer import TraceError, TraceMismatch, capture
 from solvers import simulate
 
 CASES = {

@@ -72,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..apply import apply
+    from ..applier import apply
     from ..models import build
     from ..verify import verify
 

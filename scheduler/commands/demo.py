@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from ..api import solve
     from ..explain import explain_floor
     from ..models import build
-    from ..trace import capture
+    from ..tracer import capture
     from ..verify import verify
 
     t0 = time.perf_counter()

@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..models import build
-    from ..trace import capture
+    from ..tracer import capture
 
     ex = build(args.model, **model_options(args))
     gran: Any = int(args.granularity) if str(args.granularity).isdigit() else args.granularity

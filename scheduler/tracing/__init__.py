@@ -1,6 +1,6 @@
 """Tracing internals: capturing an fx graph, measuring its nodes, grouping them.
 
-The public API is :mod:`scheduler.trace` (``capture``, ``trace``, ``Traced``).
+The public API is :mod:`scheduler.tracer` (``capture``, ``trace``, ``Traced``).
 
 * ``capture``: ``torch.fx`` / ``torch.export`` into a normalised GraphModule,
   and the check against an eager run;

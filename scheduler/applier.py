@@ -260,7 +260,7 @@ def cut(traced: Any, plan: Plan) -> tuple[torch.fx.GraphModule, list[RegionInfo]
 # ------------------------------------------------------------------ the tracer
 def _capture(model: nn.Module, args: Any, kwargs: dict | None, *, loss: Any, granularity: Any, plan: Plan,
              name: str | None) -> Any:
-    from .trace import capture
+    from .tracer import capture
 
     if granularity is None:
         recorded = str(plan.graph_meta.get("granularity", "auto"))

@@ -1,13 +1,13 @@
-"""``scheduler.trace``: an ``nn.Module`` and example inputs -> a cost graph.
+"""``scheduler.trace`` (this module's :func:`trace`): an ``nn.Module`` and example inputs -> a cost graph.
 
 Example:
     >>> import scheduler
     >>> graph = scheduler.trace(model, (tokens,), {"targets": targets})
-    >>> from scheduler.trace import capture
+    >>> from scheduler.tracer import capture
     >>> traced = capture(model, (tokens,), {"targets": targets})   # the fx graph as well
 
-``scheduler.trace`` is both this module and (callable) the function
-:func:`trace`, whichever way it was imported first.
+The module is named ``tracer`` so that the package attribute
+``scheduler.trace`` stays the function whatever was imported before.
 
 How: the model (with the loss, when ``loss=`` is given) is traced with
 ``torch.fx.symbolic_trace``, or with ``torch.export.export`` (training IR) when
@@ -50,8 +50,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-import sys
-import types
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -227,13 +225,3 @@ def _describe(model: nn.Module, name: str, args: tuple, kwargs: Mapping[str, Any
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     return {"model": name, "inputs": inputs, "dtype": ",".join(dtypes), "tracer": method,
             "training": bool(model.training)}
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``scheduler.trace(...)`` work after ``import scheduler.trace`` bound the module there."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Graph:
-        return trace(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
