@@ -6,9 +6,10 @@ from typing import Any
 
 import solvers
 from graphs import Graph
-from solvers import Plan
+from solvers import InfeasibleBudget, Plan
 
 from .budget import BudgetSpec, parse_budget
+from .explain import explain_floor
 
 __all__ = ["solve"]
 
@@ -27,7 +28,14 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "dp", *, optimizer: st
 
     Raises:
         BudgetError: the budget cannot be read.
-        InfeasibleBudget: nothing fits; ``.min_feasible_bytes`` says what would.
+        InfeasibleBudget: nothing fits; ``.min_feasible_bytes`` says what would
+            and ``.floor`` which step sets the least peak (``scheduler.explain``).
     """
     budget_bytes = parse_budget(budget, graph, optimizer=optimizer)
-    return solvers.solve(graph, budget_bytes, solver=solver, **options)
+    try:
+        return solvers.solve(graph, budget_bytes, solver=solver, **options)
+    except InfeasibleBudget as exc:
+        if exc.floor:
+            raise
+        floor = explain_floor(graph).text
+        raise InfeasibleBudget(exc.budget_bytes, exc.min_feasible_bytes, solver=exc.solver, floor=floor) from None

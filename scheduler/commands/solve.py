@@ -9,6 +9,7 @@ from graphs import CkptError
 from solvers import available_solvers, format_bytes
 
 from ..api import solve
+from ..explain import explain_floor
 from ..budget import parse_budget
 from ..report import plan_summary, ratio, table
 
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     print(table(rows, ["solver", "status", "regions", "predicted peak", "budget", "recompute", "solve time", "gap"]))
     if best is None:
         print("no solver found a plan that fits")
+        print(explain_floor(graph).text)
         return 2
     print(f"cheapest: {best.solver}")
     if args.output:
