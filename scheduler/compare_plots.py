@@ -54,16 +54,8 @@ def plot_comparison(cmp: Any, folder: str) -> list[str]:
         ys = [r.step_time_ratio for r in rows]
         style = "-o" if rows[0].kind == "ours" else ("--s" if len(rows) > 1 else "D")
         ax.plot(xs, ys, style, label=method, markersize=5)
-    ax.set_xlabel("measured peak (MiB)")
-    ax.set_ylabel("step time / no checkpointing")
-    ax.set_title(f"{cmp.model}: overhead vs memory")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(folder, f"{_slug(cmp.model)}_pareto.png")
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
-    paths.append(path)
+    paths.append(_finish(plt, fig, ax, "measured peak (MiB)", "step time / no checkpointing",
+                         f"{cmp.model}: overhead vs memory", os.path.join(folder, f"{_slug(cmp.model)}_pareto.png")))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for (name, tl), color in zip(cmp.timelines.items(), ("tab:blue", "tab:red", "tab:green")):
@@ -71,17 +63,23 @@ def plot_comparison(cmp: Any, folder: str) -> list[str]:
                 label=f"{name} predicted")
         ax.plot(tl["measured_x"], [b / mib for b in tl["measured_bytes"]], "-", color=color, alpha=0.7,
                 label=f"{name} measured")
-    ax.set_xlabel("progress through the step (forward, then backward)")
-    ax.set_ylabel("live memory (MiB)")
-    ax.set_title(f"{cmp.model}: memory through one step")
+    paths.append(_finish(plt, fig, ax, "progress through the step (forward, then backward)", "live memory (MiB)",
+                         f"{cmp.model}: memory through one step",
+                         os.path.join(folder, f"{_slug(cmp.model)}_timeline.png")))
+    return paths
+
+
+def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) -> str:
+    """Label, save and close one figure; returns its path."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path = os.path.join(folder, f"{_slug(cmp.model)}_timeline.png")
     fig.savefig(path, dpi=_DPI)
     plt.close(fig)
-    paths.append(path)
-    return paths
+    return path
 
 
 def plot_scaling(points: Mapping[str, Sequence[tuple[int, float]]], path: str, *, title: str = "solve time") -> str:
