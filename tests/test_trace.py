@@ -256,3 +256,15 @@ def test_a_plan_solved_on_a_meta_trace_applies_to_the_real_model_with_the_check_
     module = scheduler.apply(ex.model, plan, ex.args, ex.kwargs, loss=ex.loss)  # check=True: fingerprints agree
     module(*ex.args, **ex.kwargs).backward()
     assert all(p.grad is not None for p in ex.model.parameters())
+
+
+def test_retrace_after_a_training_step_gives_the_same_graph():
+    # After a step every parameter has a .grad; the trace must not measure accumulation into it.
+    from scheduler.models import build as build_model
+
+    ex = build_model("unet", levels=2, width=8, image_size=32)
+    first = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss).graph
+    ex.step_loss().backward()
+    assert all(p.grad is not None for p in ex.model.parameters())
+    again = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss).graph
+    assert again.to_dict() == first.to_dict()

@@ -372,6 +372,9 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
                     f = fake.from_tensor(t, static_shapes=True)
                     if kind == "param":
                         f.requires_grad_(t.requires_grad)
+                        # The fake copy carries the real ``.grad`` when one is set (after a step):
+                        # the measured backward would then accumulate into it and differ.
+                        f.grad = None
                     memo[id(t)] = f
                 f = memo[id(t)]
                 state[name] = f
