@@ -90,6 +90,10 @@ class Node:
         stateful: updates state in the forward (BatchNorm running stats).
         recomputable: False forbids any plan from putting the node in a region.
         requires_grad: whether the output requires grad (has a backward).
+        grad_views: the backward hands its inputs *views* of its output's
+            gradient instead of new tensors (``cat``, ``stack``): that
+            gradient's storage then lives until the last such input's
+            backward is done.
         members: names of the finer-grained nodes merged into this one (when a
             tracer coarsens the graph); empty means just ``name``.
     """
@@ -110,10 +114,11 @@ class Node:
     stateful: bool = False
     recomputable: bool = True
     requires_grad: bool = True
+    grad_views: bool = False
     members: tuple[str, ...] = ()
 
     _INT_FIELDS = ("out_bytes", "fwd_flops", "bwd_flops", "saved_bytes", "workspace_bytes", "param_bytes")
-    _BOOL_FIELDS = ("saves_output", "stochastic", "stateful", "recomputable", "requires_grad")
+    _BOOL_FIELDS = ("saves_output", "stochastic", "stateful", "recomputable", "requires_grad", "grad_views")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))

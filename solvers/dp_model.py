@@ -45,6 +45,7 @@ import numpy as np
 
 from graphs import Graph
 
+from .simulate import GradientWalk
 from .stages import Stages
 
 __all__ = ["NodeArrays", "node_arrays", "stored_profile", "region_profiles", "NEG"]
@@ -131,29 +132,16 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
     gb = np.full(n, NEG, dtype=np.int64)
     gr = np.zeros(n, dtype=np.int64)
     pgrad = max(0, graph.param_bytes - sum(nd.param_bytes for nd in nodes))
-    agrad = 0
-    alive = [False] * n
-    if nodes[-1].requires_grad:
-        alive[-1] = True
-        agrad += real_out[-1]
+    grads = GradientWalk(graph)
+    grads.start()
     for i in range(n - 1, -1, -1):
-        gr[i] = agrad + pgrad
+        gr[i] = grads.bytes + pgrad
         if not rg[i]:
             continue
-        transient = nodes[i].workspace_bytes
-        for j in dict.fromkeys(preds[i]):
-            if not rg[j]:
-                continue
-            if alive[j]:
-                transient += real_out[j]
-            else:
-                alive[j] = True
-                agrad += real_out[j]
+        transient = grads.node_backward(i)
         pgrad += nodes[i].param_bytes
-        gb[i] = agrad + pgrad + transient
-        if alive[i]:
-            alive[i] = False
-            agrad -= real_out[i]
+        gb[i] = grads.bytes + pgrad + transient
+        grads.node_done(i)
     sa = fs < _INF
     # open_all[k]: sum of out[j], j < k <= lc[j]; u_all: the same for unsaved j;
     # v_all[k]: sum of out[j], j <= k < fs[j] < INF.

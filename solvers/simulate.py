@@ -34,6 +34,11 @@ NOTE [ Execution model ]
         parameters (kept), and its workspace; then frees the gradient of its
         output and releases what it saved;
       * a region releases its inputs after the backward of its first node.
+      * a node with ``grad_views`` (``cat``) gives an input whose gradient
+        does not exist yet a view of its own output's gradient (no new
+        bytes); that storage is freed when the last view's owner has run its
+        backward. A later contribution to such an input is added out of place
+        (a new gradient tensor replaces the view). See :class:`GradientWalk`.
 
     The recompute cost of a plan is the forward FLOPs of every node in a
     region (each region is recomputed exactly once).
@@ -48,9 +53,75 @@ from graphs import Graph
 
 from .plan import Plan
 
-__all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes"]
+__all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "GradientWalk"]
 
 FORWARD, RECOMPUTE, BACKWARD = "forward", "recompute", "backward"
+
+
+class GradientWalk:
+    """Gradients of activations through the backward (they do not depend on the plan).
+
+    The one implementation of the gradient rules of NOTE [ Execution model ],
+    shared by :func:`simulate` and the solvers' own models. Call
+    :meth:`start`, then for each node in reverse order :meth:`node_backward`
+    (returns the transient bytes of that step; ``bytes`` is then the live
+    gradient bytes during it) and :meth:`node_done`.
+    """
+
+    def __init__(self, graph: Graph) -> None:
+        self.nodes = graph.nodes
+        self.preds = graph.preds
+        self.out = [nd.out_bytes for nd in graph.nodes]
+        self.rg = [nd.requires_grad for nd in graph.nodes]
+        n = len(graph.nodes)
+        self.alive = [False] * n  # node's gradient exists (own storage or a view)
+        self.view_of = [-1] * n  # its gradient is a view of this node's gradient storage
+        self.views = [0] * n  # live views on this node's gradient storage
+        self.bytes = 0
+
+    def start(self) -> None:
+        last = len(self.nodes) - 1
+        if self.rg[last]:
+            self.alive[last] = True
+            self.bytes += self.out[last]
+
+    def node_backward(self, i: int) -> int:
+        """Gradients node ``i``'s backward creates for its inputs; returns transient bytes."""
+        transient = self.nodes[i].workspace_bytes
+        base = self.view_of[i] if self.view_of[i] >= 0 else i
+        for j in dict.fromkeys(self.preds[i]):
+            if not self.rg[j]:
+                continue
+            if self.alive[j]:
+                transient += self.out[j]  # the contribution, added into the existing gradient
+                if self.view_of[j] >= 0:  # a view cannot be added into in place: a new tensor replaces it
+                    self._drop_view(j)
+                    self.bytes += self.out[j]
+            elif self.nodes[i].grad_views and self.alive[i]:  # no output gradient: nothing to view
+                self.alive[j] = True
+                self.view_of[j] = base
+                self.views[base] += 1
+            else:
+                self.alive[j] = True
+                self.bytes += self.out[j]
+        return transient
+
+    def node_done(self, i: int) -> None:
+        """Node ``i``'s backward is over: its output's gradient is released."""
+        if not self.alive[i]:
+            return
+        self.alive[i] = False
+        if self.view_of[i] >= 0:
+            self._drop_view(i)
+        elif self.views[i] == 0:
+            self.bytes -= self.out[i]
+
+    def _drop_view(self, j: int) -> None:
+        b = self.view_of[j]
+        self.view_of[j] = -1
+        self.views[b] -= 1
+        if self.views[b] == 0 and not self.alive[b]:
+            self.bytes -= self.out[b]
 
 
 @dataclass(frozen=True)
@@ -208,11 +279,9 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
 
     # ------------------------------------------------------------ backward
     pgrad += unattributed_pgrad
-    grad_alive = [False] * n
-    last = n - 1
-    if rg[last]:
-        grad_alive[last] = True
-        agrad += out_b[last]
+    grads = GradientWalk(graph)
+    grads.start()
+    agrad = grads.bytes
     region_last = {b: r for r, (a, b) in enumerate(regions)}
     region_first = {a: r for r, (a, b) in enumerate(regions)}
     rec_hold = [0] * n  # holders of recomputed copies
@@ -256,20 +325,12 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
                     act -= out_b[k]
         if rg[i]:
             nd = nodes[i]
-            transient = nd.workspace_bytes
-            for j in dict.fromkeys(preds[i]):
-                if not rg[j]:
-                    continue
-                if grad_alive[j]:
-                    transient += out_b[j]
-                else:
-                    grad_alive[j] = True
-                    agrad += out_b[j]
+            transient = grads.node_backward(i)
+            agrad = grads.bytes
             pgrad += nd.param_bytes
             record_step(BACKWARD, i, transient)
-            if grad_alive[i]:
-                grad_alive[i] = False
-                agrad -= out_b[i]
+            grads.node_done(i)
+            agrad = grads.bytes
             act -= own_b[i]  # own saved buffers (kept whether in a region or not)
             for j in node_holds[i]:
                 release(j)

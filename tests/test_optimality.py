@@ -21,7 +21,7 @@ from solvers.ilp import IlpSolver
 
 def random_graph(seed: int, *, chain: bool) -> Graph:
     """A small random graph: random edges, save patterns, buffers, workspace,
-    parameters, requires_grad and recomputable flags."""
+    parameters, requires_grad, recomputable and grad_views flags."""
     rng = random.Random(seed)
     n = rng.randint(4, 9)
     nodes = []
@@ -42,6 +42,9 @@ def random_graph(seed: int, *, chain: bool) -> Graph:
             param_bytes=rng.choice([0, rng.randint(1, 5) * 10]),
             fwd_flops=rng.randint(0, 50), bwd_flops=rng.randint(0, 100),
             requires_grad=i == 0 or rng.random() < 0.9, recomputable=rng.random() < 0.95,
+            # cat-like backward (input gradients are views of the output's), drawn apart so the
+            # other fields keep their seeds
+            grad_views=bool(inputs) and random.Random(seed * 7919 + i).random() < 0.25,
         ))
     return Graph(nodes=tuple(nodes), param_bytes=rng.randint(0, 500), input_bytes=rng.randint(0, 100),
                  name=f"random{seed}")

@@ -154,3 +154,19 @@ def test_brute_force_matches_exhaustive_minimum():
     peaks = [simulate(g, Plan(regions=r), record=False).peak_bytes for r in enumerate_plans(g)]
     assert frontier[0][0] == min(peaks)
     assert len(peaks) == 233  # F(13): every interval plan of 6 nodes
+
+
+@pytest.mark.parametrize("views,expected", [
+    # cat hands its inputs views of its output's gradient: the 20-byte buffer lives until a's backward
+    (True, [10, 20, 40, 21, 42, 21, 21, 21]),
+    # separate gradients: cat's backward allocates 10 + 10, each freed after its owner's backward
+    (False, [10, 20, 40, 21, 42, 41, 21, 11]),
+])
+def test_cat_like_backward_with_view_gradients(views, expected):
+    g = Graph(nodes=(
+        Node("a", out_bytes=10, fwd_flops=1),
+        Node("b", out_bytes=10, fwd_flops=1),
+        Node("cat", inputs=("a", "b"), saves_inputs=(), out_bytes=20, fwd_flops=1, grad_views=views),
+        Node("loss", inputs=("cat",), out_bytes=1, fwd_flops=1),
+    ))
+    assert list(simulate(g).live_bytes) == expected

@@ -20,6 +20,9 @@ NOTE [ Merging nodes ]
       once during ``G``'s forward, or the bytes its backward holds beyond the
       gradients simulate allocates (measured per fx node, plus the largest
       internal gradient in a group), whichever is larger, is ``workspace_bytes``;
+    * ``grad_views`` (the backward hands inputs views of the output's
+      gradient, as ``cat`` does) only when the one member that creates
+      storage has it;
     * FLOPs add up; flags are "any member"; ``param_bytes`` are the
       parameters whose last forward user is in ``G`` (their gradient is
       created when the backward reaches that user).
@@ -151,6 +154,8 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
             stochastic=any(r.stochastic for r in rs),
             stateful=any(r.stateful for r in rs),
             requires_grad=rg,
+            # cat-like backward: only when that op alone creates the group's storage (one op, or folded views)
+            grad_views=rg and [r.grad_views for r in rs if r.out_bytes > 0] == [True],
             members=tuple(name for r in rs for name in r.members),
         ))
     return nodes

@@ -72,6 +72,8 @@ class OpRecord:
             its own position).
         own_saved_bytes: bytes of saved tensors owned by nobody else.
         fwd_flops, bwd_flops: counted FLOPs (NOTE [ Ops without a FLOP formula ]).
+        grad_views: the backward returned views of its output's gradient for
+            its inputs (``cat``): measured in the backward hooks.
         estimated_fwd_flops, estimated_bwd_flops: the part of ``fwd_flops``
             and ``bwd_flops`` counted as one per element rather than by
             ``FlopCounterMode``.
@@ -101,6 +103,7 @@ class OpRecord:
     bwd_peak_bytes: int = 0
     estimated_fwd_flops: int = 0
     estimated_bwd_flops: int = 0
+    grad_views: bool = False
 
     @property
     def estimated_flops(self) -> int:
@@ -215,6 +218,7 @@ class _Recorder(torch.fx.Interpreter):
         self.grad_owner: dict[Any, int] = {}  # autograd node -> record position
         self.bwd_flops: dict[int, int] = {}
         self.bwd_estimated: dict[int, int] = {}
+        self.grad_views: set[int] = set()  # record positions whose backward returned views of its gradient
         self._bw_start = 0
         self._bw_pos = -1
         self._bw_base = 0
@@ -331,6 +335,9 @@ class _Recorder(torch.fx.Interpreter):
             self.bwd_estimated[pos] = self.bwd_estimated.get(pos, 0) + counted
         self.bwd_flops[pos] = self.bwd_flops.get(pos, 0) + counted
         self.bwd_peak[pos] = max(self.bwd_peak.get(pos, 0), self.watch.peak - self._bw_base)
+        out_keys = {storage_key(g) for g in grad_outputs if isinstance(g, torch.Tensor)}
+        if any(isinstance(g, torch.Tensor) and storage_key(g) in out_keys for g in grad_inputs):
+            self.grad_views.add(pos)
 
     def run_backward(self, result: Any) -> None:
         """One backward from the graph's outputs, attributing FLOPs to the fx nodes."""
@@ -413,7 +420,8 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
             result = rec.run(*fake_inputs)
             rec.run_backward(result)
     records = [_replace(r, bwd_flops=int(rec.bwd_flops.get(i, 0)), bwd_peak_bytes=int(rec.bwd_peak.get(i, 0)),
-                        estimated_bwd_flops=int(rec.bwd_estimated.get(i, 0)))
+                        estimated_bwd_flops=int(rec.bwd_estimated.get(i, 0)),
+                        grad_views=i in rec.grad_views and r.out_bytes > 0)
                for i, r in enumerate(rec.records)]
     # Mark what the graph returns; attach trailing get_attr nodes to the last record.
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
