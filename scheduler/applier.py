@@ -41,6 +41,7 @@ is nothing to checkpoint.
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -254,7 +255,46 @@ def cut(traced: Any, plan: Plan) -> tuple[torch.fx.GraphModule, list[RegionInfo]
             isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats for m in body.modules())
         setattr(split, name, CheckpointRegion(body, stateful=stateful))
         infos.append(RegionInfo(region=(a, b), submodule=name, fx_nodes=count[pid], stateful=stateful))
+    _inline_stretches(split, {info.submodule for info in infos})
     return split, infos
+
+
+def _inline_stretches(split: torch.fx.GraphModule, regions: set[str]) -> None:
+    """Copy the partitions that are not regions back into the top-level graph.
+
+    A call keeps its arguments alive until it returns, so a stretch run as one
+    submodule would hold every tensor it reads (a U-Net's skip) to its end,
+    where the model (and ``simulate``) frees each right after its last use.
+    Inlined, the top-level graph's own code frees them as the model does.
+    """
+    graph = split.graph
+    for call in list(graph.nodes):
+        if call.op != "call_module" or call.target in regions:
+            continue
+        sub = getattr(split, call.target)
+        if not isinstance(sub, torch.fx.GraphModule):
+            continue
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        if call.kwargs or len(placeholders) != len(call.args):
+            continue  # not a plain positional partition call: leave it as it is
+        val_map: dict[torch.fx.Node, Any] = dict(zip(placeholders, call.args))
+        before = set(graph.nodes)
+        with graph.inserting_before(call):
+            out = graph.graph_copy(sub.graph, val_map)
+        for node in graph.nodes:
+            if node not in before and node.op in ("get_attr", "call_module"):
+                node.target = f"{call.target}.{node.target}"
+        if isinstance(out, (tuple, list)):
+            for user in list(call.users):
+                if user.op == "call_function" and user.target is operator.getitem:
+                    user.replace_all_uses_with(out[user.args[1]])
+                    graph.erase_node(user)
+        else:
+            call.replace_all_uses_with(out)
+        if not call.users:
+            graph.erase_node(call)
+    graph.lint()
+    split.recompile()
 
 
 # ------------------------------------------------------------------ the tracer
