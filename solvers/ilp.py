@@ -72,6 +72,7 @@ class IlpSolver:
         graph: the cost graph.
         budget_bytes: whole-step budget.
         time_limit_s: CP-SAT's ``max_time_in_seconds``.
+        gap_limit: stop once the relative gap is at most this (0: prove optimality).
         workers: CP-SAT search workers.
         hint: a plan (regions) to warm-start from.
         lower_bound: a proven lower bound on the recompute FLOPs (``dp``'s
@@ -81,12 +82,14 @@ class IlpSolver:
     """
 
     def __init__(self, graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers: int = 2,
+                 gap_limit: float = 0.0,
                  hint: tuple[tuple[int, int], ...] | None = None, lower_bound: int | None = None,
                  incumbent: Incumbent | None = None) -> None:
         self.graph = graph
         self.budget_bytes = int(budget_bytes)
         self.time_limit_s = time_limit_s
         self.workers = workers
+        self.gap_limit = float(gap_limit)
         self.incumbent = incumbent
         self.hint = hint if hint is not None or incumbent is None else incumbent.regions
         self.lower_bound = lower_bound
@@ -119,7 +122,7 @@ class IlpSolver:
             for bad in cuts:
                 model.forbid(bad)
             if self.hint is not None and self.hint not in cuts:
-                model.add_hint(self.hint)
+                model.add_hint(self.hint, complete_s=min(30.0, 0.1 * self.time_limit_s + 1.0))
             if self.lower_bound is not None:
                 model.add_lower_bound(self.lower_bound)
             if inc is not None:
@@ -130,7 +133,7 @@ class IlpSolver:
                 self.lower_bound = knap
                 model.add_lower_bound(knap)
             left = max(1.0, self.time_limit_s - (time.perf_counter() - t0))
-            result = model.solve(time_limit_s=left, workers=self.workers)
+            result = model.solve(time_limit_s=left, workers=self.workers, gap_limit=self.gap_limit)
             if result.status == "infeasible":
                 if inc is not None:
                     # The incumbent itself satisfies the model (it is exact), so this is a model bug.
@@ -198,12 +201,15 @@ def _warm_start(graph: Graph, budget_bytes: int) -> tuple[Incumbent | None, int 
 
 @register("ilp")
 def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers: int = 2,
-        warm_start: bool = True, **_: Any) -> Plan:
+        warm_start: bool = True, gap_limit: float = 0.0, **_: Any) -> Plan:
     """Least-recompute interval plan under ``budget_bytes``, proven by CP-SAT.
 
     Args:
         time_limit_s: stop after this long with the best plan and its gap.
         workers: CP-SAT search workers (threads).
+        gap_limit: stop as soon as the relative gap is at most this (e.g.
+            0.01); the plan is then ``feasible`` with its bound. 0: run until
+            optimality is proven or the time limit.
         warm_start: start from the cheapest fitting plan of ``dp``, ``chen``,
             ``uniform`` and ``per-module``: it hints the search, caps the
             objective and is returned if CP-SAT finds nothing cheaper, so
@@ -224,5 +230,5 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers:
         return Plan(regions=inc.regions, status=Status.OPTIMAL, bound=float(inc.flops),
                     options={"time_limit_s": time_limit_s, "incumbent": inc.source})
     left = max(1.0, time_limit_s - (time.perf_counter() - t0))
-    return IlpSolver(graph, budget_bytes, time_limit_s=left, workers=workers, lower_bound=bound,
+    return IlpSolver(graph, budget_bytes, time_limit_s=left, workers=workers, gap_limit=gap_limit, lower_bound=bound,
                      incumbent=inc).solve()

@@ -33,12 +33,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--solver", "-s", default="dp",
                    help=f"one of: {', '.join(available_solvers())}, or 'all' (default: dp)")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds for the ilp solver (default: 60)")
+    p.add_argument("--gap", type=float, default=0.0,
+                   help="ilp: stop once the proven gap is at most this fraction, e.g. 0.01 (default: prove optimality)")
     p.add_argument("--optimizer", default=None, help="subtract this optimizer's state from the budget (adam, sgd, ...)")
     p.add_argument("-o", "--output", help="write the plan here (JSON; with --solver all, the cheapest plan that fits)")
 
 
 def _options(name: str, args: argparse.Namespace) -> dict:
-    return {"time_limit_s": args.time_limit} if name == "ilp" else {}
+    return {"time_limit_s": args.time_limit, "gap_limit": args.gap} if name == "ilp" else {}
 
 
 def run(args: argparse.Namespace) -> int:
