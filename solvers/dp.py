@@ -12,7 +12,8 @@ segment ``s`` in front gives ``(max(L(s), R(s) + h), cost(s) + cost)``. The
 table holds, for every stage and boundary state, the Pareto set of these
 pairs in exact integer bytes and FLOPs. It is filled once, without a budget;
 any budget is then a binary search in the first set (:class:`DPTable`), and
-the least feasible budget is its first entry.
+the least feasible budget is its first entry. Each set is merged from its
+candidates by a compiled kernel (``solvers._dp_kernel``, numba).
 
 On a chain every node is a stage and the DP is optimal over all interval
 plans (checked against brute force). On a DAG it is optimal over the plans
@@ -111,33 +112,29 @@ class DPTable:
             need[i].add(stored[i - 1, 0][2])
             if st.regionable[i - 1]:
                 need[i].add(lh_reg[i - 1])
-        buf = _SuccessorBuffer(m, _span(na))
+        from ._dp_kernel import merge_stage  # numba: loaded when a table is first filled
+
+        buf = _SuccessorBuffer(m)
         lmax = np.full(m, -1, dtype=np.int64)  # last stage j >= i with stages i..j all regionable
         for i in range(m - 1, -1, -1):
             lmax[i] = (lmax[i + 1] if i + 1 < m and st.regionable[i + 1] else i) if st.regionable[i] else i - 1
+        l0 = np.ascontiguousarray(l0, dtype=np.int64)
+        cost = np.ascontiguousarray(cost, dtype=np.int64)
         for i in range(m - 1, -1, -1):
             if st.regionable[i]:
                 buf.push(i, fronts[i + 1, lh_reg[i]])
+            jmax = int(lmax[i])
             for lh in sorted(need[i]):
                 local, retained, nlh = stored[i, lh]
                 nf = fronts[i + 1, nlh]
-                hs = [np.maximum(local, retained + nf.h)]
-                cs = [nf.cost]
-                ch = [np.full(len(nf.h), -1, dtype=np.int64)]
-                nx = [np.arange(len(nf.h), dtype=np.int64)]
-                if lmax[i] >= i:
-                    # Every region i..j at once: its successor front, from the entry
-                    # at or just below ``local - extra`` (all below collapse to
-                    # h = local; only the cheapest of them can be on the front).
-                    js = np.arange(i, lmax[i] + 1)
-                    extra = int(inp[i]) if lh == 0 else 0
-                    loc = l0[i, i:lmax[i] + 1] + extra
-                    h, c, jj, nxt = buf.gather(js, loc - extra)
-                    hs.append(np.maximum(loc[jj - i], extra + h))
-                    cs.append(cost[i, jj] + c)
-                    ch.append(jj)
-                    nx.append(nxt)
-                front = _pareto(np.concatenate(hs), np.concatenate(cs), np.concatenate(ch), np.concatenate(nx))
+                # The stored option and every region i..j at once, each region read
+                # from the entry of its successor front at or just below its floor
+                # (all below collapse to the floor; only the cheapest of them can be
+                # on the front). NOTE [ Filtering a stage's candidates by the front
+                # so far ] in ``solvers._dp_kernel``.
+                extra = int(inp[i]) if lh == 0 else 0
+                front = _Front(*merge_stage(local, retained, nf.h, nf.cost, buf.h, buf.c, buf.seg_start,
+                                            buf.seg_end, i, jmax, l0[i, i:], cost[i, i:], extra))
                 if self.max_front is not None and len(front.h) > self.max_front:
                     front = _thin(front, self.max_front)
                     self.thinned = True
@@ -195,59 +192,26 @@ class DPTable:
         return tuple(regions), self.const + int(root.h[idx]), int(root.cost[idx])
 
 
-def _pareto(h: np.ndarray, c: np.ndarray, ch: np.ndarray, nx: np.ndarray) -> _Front:
-    """The Pareto set of candidates ``(h, c)``: ``h`` ascending, ``c`` strictly descending.
-
-    The candidates arrive as runs already sorted by ``h`` (one per region
-    end), which a stable sort merges cheaply; among equal ``h`` the cheapest
-    (last kept) survives.
-    """
-    order = np.argsort(h, kind="stable")
-    h, c = h[order], c[order]
-    best = np.minimum.accumulate(c)
-    keep = np.ones(len(h), dtype=bool)
-    keep[1:] = c[1:] < best[:-1]
-    sel = order[keep]
-    hk = h[keep]
-    last = np.ones(len(hk), dtype=bool)
-    last[:-1] = hk[1:] != hk[:-1]
-    sel = sel[last]
-    return _Front(hk[last], c[keep][last], ch[sel], nx[sel])
-
-
-def _span(na: NodeArrays) -> int:
-    """An upper bound on every ``h`` of the table, plus one (keys of the buffer)."""
-    total = (2 * int(na.out.sum()) + 2 * int(na.own.sum()) + int(na.cur.sum()) + int(na.p_sink[-1])
-             + max(int(na.gb.max()), 0) + int(na.gr.max()))
-    return total + 2
-
-
 class _SuccessorBuffer:
     """The fronts that follow a region ending at each stage ``j``, in one flat
-    array ordered by ``j``, so that all regions starting at one stage are read
-    with a single vectorised search and gather (no Python loop over ``j``).
-
-    Entries are keyed ``j * span + h``: ordered by ``j`` then ``h``.
+    array ordered by ``j`` (filled right to left), so that the kernel reads all
+    regions starting at one stage without a Python loop over ``j``: front
+    ``j`` is ``h[seg_start[j]:seg_end[j]]`` (and ``c``).
     """
 
-    def __init__(self, m: int, span: int) -> None:
-        self.span = span
-        self.exact_keys = span * (m + 1) < (1 << 62)
+    def __init__(self, m: int) -> None:
         self.cap = 1024
         self.h = np.empty(self.cap, np.int64)
         self.c = np.empty(self.cap, np.int64)
-        self.idx = np.empty(self.cap, np.int64)
-        self.key = np.empty(self.cap, np.int64)
-        self.left = self.cap  # first used position (filled right to left)
+        self.left = self.cap  # first used position
         self.seg_start = np.zeros(m, np.int64)
         self.seg_end = np.zeros(m, np.int64)
-        self._m = m
 
     def _grow(self, need: int) -> None:
         used = self.cap - self.left
         cap = max(2 * self.cap, used + need + 1024)
         shift = cap - self.cap
-        for name in ("h", "c", "idx", "key"):
+        for name in ("h", "c"):
             arr = np.empty(cap, np.int64)
             arr[shift + self.left:] = getattr(self, name)[self.left:]
             setattr(self, name, arr)
@@ -264,32 +228,8 @@ class _SuccessorBuffer:
         a = self.left - n
         self.h[a:self.left] = front.h
         self.c[a:self.left] = front.cost
-        self.idx[a:self.left] = np.arange(n)
-        if self.exact_keys:
-            self.key[a:self.left] = front.h + j * self.span
         self.seg_start[j], self.seg_end[j] = a, self.left
         self.left = a
-
-    def gather(self, js: np.ndarray, floor: np.ndarray):
-        """For each ``j`` in ``js``, the entries of its front from the last one with
-        ``h <= floor[j]`` (or the first) to the end.
-
-        Returns:
-            ``(h, cost, j, index in its front)`` flat arrays.
-        """
-        s0, s1 = self.seg_start[js], self.seg_end[js]
-        if self.exact_keys:
-            q = js * self.span + np.clip(floor, -1, self.span - 1)
-            t = np.searchsorted(self.key[self.left:], q, side="right") + self.left
-        else:
-            t = np.array([np.searchsorted(self.h[a:b], f, side="right") + a
-                          for a, b, f in zip(s0, s1, floor)], dtype=np.int64)
-        lo = np.maximum(t - 1, s0)
-        lens = s1 - lo
-        total = int(lens.sum())
-        ends = np.cumsum(lens)
-        pos = np.arange(total, dtype=np.int64) + np.repeat(lo - (ends - lens), lens)
-        return self.h[pos], self.c[pos], np.repeat(js, lens), self.idx[pos]
 
 
 def _thin(front: _Front, size: int) -> _Front:

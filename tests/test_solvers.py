@@ -151,3 +151,82 @@ def test_cli_solve_all(tmp_path, capsys):
     for name in solvers.available_solvers():
         assert name in text
     assert "recompute" in text and out.exists()
+
+
+# --------------------------------------------------------------- dp kernel
+def _tie_chain(seed: int):
+    """A random chain whose sizes and FLOPs come from tiny sets (many exact ties
+    of peak and cost), with some nodes that cannot be recomputed."""
+    import random
+
+    from graphs import Graph, Node
+
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(rng.randint(5, 40)):
+        inputs = (f"n{i - 1}",) if i else ()
+        nodes.append(Node(
+            name=f"n{i}", inputs=inputs, saves_inputs=inputs if rng.random() < 0.7 else (),
+            saves_output=rng.random() < 0.2, out_bytes=rng.choice([100, 100, 200, 300]),
+            saved_bytes=rng.choice([0, 0, 50]), fwd_flops=rng.choice([0, 1, 1, 2]), bwd_flops=2,
+            recomputable=rng.random() < 0.93))
+    return Graph(nodes=tuple(nodes), input_bytes=100, name=f"ties{seed}")
+
+
+def _reference_fronts(table):
+    """The DP's sets recomputed in plain Python from the table's profiles: every
+    candidate listed (stored, then regions by last stage, then by position),
+    one stable sort by ``h``, then the Pareto scan and the same thinning."""
+    from solvers.dp_model import region_profiles
+
+    st = table.stages
+    m = len(st)
+    l0, cost, inp = region_profiles(table._na, st)
+    ref = {(m, 0): ([0], [0], [-2], [0]), (m, 1): ([0], [0], [-2], [0])}
+    for i in range(m - 1, -1, -1):
+        for lh in (0, 1):
+            if (i, lh) not in table._fronts:
+                continue
+            local, retained, nlh = table._stored[i, lh]
+            fh, fc = ref[i + 1, nlh][:2]
+            cands = [(max(local, retained + h), c, -1, k) for k, (h, c) in enumerate(zip(fh, fc))]
+            extra = int(inp[i]) if lh == 0 else 0
+            j = i
+            while j < m and all(st.regionable[i:j + 1]):
+                fh, fc = ref[j + 1, table._lh_reg[j]][:2]
+                floor = int(l0[i, j])
+                t = max([k for k, h in enumerate(fh) if h <= floor], default=0)
+                cands += [(max(floor + extra, extra + fh[k]), int(cost[i, j]) + fc[k], j, k)
+                          for k in range(t, len(fh))]
+                j += 1
+            front: list[tuple[int, int, int, int]] = []
+            for cand in sorted(cands, key=lambda x: x[0]):
+                if not front or cand[1] < front[-1][1]:
+                    if front and front[-1][0] == cand[0]:
+                        front.pop()
+                    front.append(cand)
+            size = table.max_front
+            if size is not None and len(front) > size:
+                step = (len(front) - 1) / (size - 1)  # as np.linspace: k * step, the last exact
+                keep = sorted({round(k * step) for k in range(size - 1)} | {len(front) - 1})
+                front = [front[k] for k in keep]
+            ref[i, lh] = tuple(list(col) for col in zip(*front))
+    return ref
+
+
+@pytest.mark.parametrize("max_front", [None, 5])
+def test_dp_kernel_matches_plain_python(max_front):
+    # Tie-heavy random chains, a homogeneous chain and DAGs with stages: every set
+    # of the table (h, cost, and which candidate won each tie) as the plain version.
+    graphs = [_tie_chain(seed) for seed in range(25)]
+    graphs += [synthetic.make("chain", 50), synthetic.make("residual", 30, seed=1),
+               synthetic.make("transformer", 40, seed=2)]
+    checked = 0
+    for g in graphs:
+        table = solvers.dp.DPTable(g, max_front=max_front)
+        ref = _reference_fronts(table)
+        for key, front in table._fronts.items():
+            got = (front.h.tolist(), front.cost.tolist(), front.choice.tolist(), front.nxt.tolist())
+            assert got == ref[key], (g.name, key)
+            checked += len(front.h)
+    assert checked > 1000
