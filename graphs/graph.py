@@ -42,6 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = [
     "FORMAT_VERSION",
+    "COSTS_META",
     "CkptError",
     "GraphError",
     "Node",
@@ -50,6 +51,9 @@ __all__ = [
 
 #: Version of the JSON format written by :meth:`Graph.to_dict`.
 FORMAT_VERSION = 1
+#: ``Graph.meta`` key describing how ``fwd_flops`` were obtained when they are
+#: not counted FLOPs (e.g. measured times, ``scheduler.tracing.timing``).
+COSTS_META = "costs"
 
 
 class CkptError(Exception):
@@ -295,11 +299,24 @@ class Graph:
         return sum(n.bwd_flops for n in self.nodes if n.requires_grad)
 
     def fingerprint(self) -> str:
-        """A short hash of everything a plan depends on (structure, sizes, meta).
+        """A short hash of everything a plan's meaning depends on (structure, sizes, meta).
 
         Two traces of the same model with the same input shapes and dtype give
-        the same fingerprint; a different model, shape or dtype does not.
+        the same fingerprint; a different model, shape or dtype does not. The
+        costs (``fwd_flops``, ``bwd_flops`` and ``meta["costs"]``) are left
+        out: they change which plan is cheapest, not what a plan does, and
+        measured times differ from one trace to the next. :meth:`content_hash`
+        covers everything.
         """
+        d = self.to_dict()
+        d["meta"].pop(COSTS_META, None)
+        for nd in d["nodes"]:
+            del nd["fwd_flops"], nd["bwd_flops"]
+        payload = json.dumps(d, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def content_hash(self) -> str:
+        """A short hash of the whole graph, costs included (cache keys)."""
         payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

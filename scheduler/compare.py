@@ -233,7 +233,7 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__
 
 
-def trace_graph(wl: Workload) -> Graph:
+def trace_graph(wl: Workload, costs: str = "flops") -> Graph:
     """The workload's cost graph (``scheduler.trace``), leaving buffers and RNG as they were."""
     model = wl.model
     buffers = list(model.buffers())
@@ -242,7 +242,7 @@ def trace_graph(wl: Workload) -> Graph:
         with torch.random.fork_rng():
             from .tracer import capture
 
-            return capture(model, wl.args, dict(wl.kwargs), loss=wl.trace_loss).graph
+            return capture(model, wl.args, dict(wl.kwargs), loss=wl.trace_loss, costs=costs).graph
     finally:
         with torch.no_grad():
             for b, s in zip(buffers, saved):
@@ -266,7 +266,7 @@ def block_plan(graph: Graph, model: nn.Module) -> Plan | None:
 def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, solver_names: Sequence[str] | None = None,
             with_peers: bool = True, match_peers: bool = True, repeats: int = 5, warmup: int = 1,
             solver_options: Mapping[str, Mapping[str, Any]] | None = None,
-            progress: Callable[[str], None] | None = None) -> Comparison:
+            progress: Callable[[str], None] | None = None, costs: str = "time") -> Comparison:
     """Measure our solvers and the peers on one workload.
 
     Args:
@@ -280,6 +280,9 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
         warmup: untimed steps per method first (compiles ``torch.compile``).
         solver_options: per-solver options (``{"ilp": {"time_limit_s": 20}}``).
         progress: called with a line per method measured.
+        costs: what our solvers minimise: ``"time"`` (each node's measured
+            forward time, the default: the comparison is on this machine's
+            clock) or ``"flops"`` (NOTE [ Time costs ]).
 
     Returns:
         A :class:`Comparison`.
@@ -290,7 +293,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
         s for s in OUR_SOLVERS if s in solvers.available_solvers()]
     opts = {k: dict(v) for k, v in (solver_options or {}).items()}
     wl.model.train()
-    graph = trace_graph(wl)
+    graph = trace_graph(wl, costs)
     bench = _Bench(wl, repeats=repeats, warmup=warmup)
     sim_all = simulate(graph)
     has_conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in wl.model.modules())
@@ -390,7 +393,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
     if best_trace:
         _, label, plan, tr = best_trace
         timelines[label] = timeline(simulate(graph, plan), tr)
-    meta = {**dict(wl.meta), "torch": torch.__version__, "machine": machine(), "repeats": repeats,
+    meta = {**dict(wl.meta), "torch": torch.__version__, "machine": machine(), "repeats": repeats, "costs": costs,
             "store_all_predicted_bytes": sim_all.peak_bytes}
     out = Comparison(model=wl.name, meta=meta, fractions=fractions, rows=tuple(rows), graph_nodes=len(graph),
                      step_flops=bench.step_flops, timelines=timelines)

@@ -58,11 +58,12 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch import nn
 
-from graphs import Graph
+from graphs import COSTS_META, Graph
 
 from .tracing.build import attribute_params, build_nodes, group_records
 from .tracing.capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .tracing.costs import OpRecord, measure_ops
+from .tracing.timing import COST_MODELS, measure_node_times, time_records
 
 __all__ = ["Traced", "capture", "trace", "TraceError", "TraceMismatch", "AUTO_MAX_NODES"]
 
@@ -125,7 +126,8 @@ class Traced:
 
 def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[str, Any] | None = None, *,
             loss: Callable[[Any], torch.Tensor] | None = None, granularity: str | int = "auto",
-            method: str = "auto", check: bool = True, name: str | None = None) -> Traced:
+            method: str = "auto", check: bool = True, name: str | None = None, costs: str = "flops",
+            time_repeats: int = 5) -> Traced:
     """Trace ``model`` on example inputs and measure its cost graph.
 
     Args:
@@ -142,6 +144,13 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         method: ``"auto"`` (fx, then export), ``"fx"`` or ``"export"``.
         check: compare the traced graph with an eager run before trusting it.
         name: the graph's name (default: the model's class name).
+        costs: ``"flops"`` (counted FLOPs, the default; works on ``meta``)
+            or ``"time"``: each node's measured forward time, in
+            FLOP-equivalents (NOTE [ Time costs ] in
+            ``scheduler.tracing.timing``); what to use when the plan must be
+            fast on *this* machine, e.g. a CPU, where memory-bound ops cost
+            far more than their FLOPs say.
+        time_repeats: forward runs measured with ``costs="time"`` (median).
 
     Returns:
         A :class:`Traced` (NOTE [ Traced contract ]).
@@ -153,6 +162,8 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
     """
     if not isinstance(args, (tuple, list)):
         args = (args,)
+    if costs not in COST_MODELS:
+        raise TraceError(f"costs={costs!r} is not one of {', '.join(COST_MODELS)}")
     args = tuple(args)
     kwargs = dict(kwargs or {})
     target: nn.Module = LossWrapper(model, loss) if loss is not None else model
@@ -166,6 +177,12 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         raise TraceError(f"{type(model).__name__} traced to a graph without operations; nothing to plan")
     name = name or type(model).__name__
     meta = _describe(model, name, args, kwargs, used)
+    if costs == "time":
+        try:
+            times = measure_node_times(gm, flat, repeats=time_repeats)
+        except ValueError as exc:
+            raise TraceError(str(exc)) from None
+        records, meta[COSTS_META] = time_records(records, times)
     graph, members, gran = _assemble(records, granularity, totals, name, meta)
     placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     log.info("traced %s with %s: %d fx nodes -> %d cost nodes (granularity %s)", name, used, len(records),

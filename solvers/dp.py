@@ -241,7 +241,7 @@ def _thin(front: _Front, size: int) -> _Front:
 
 def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT) -> DPTable:
     """The DP table of ``graph``, cached by fingerprint (a budget sweep fills it once)."""
-    key = f"{graph.fingerprint()}:{max_front}"
+    key = f"{graph.content_hash()}:{max_front}"  # costs included: fingerprints leave them out
     table = _CACHE.get(key)
     if table is None:
         table = DPTable(graph, max_front=max_front)

@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequence length (default 1024: shorter sequences put the peak in the embedding/LM-head "
                         "backward, which no plan lowers; the demo then says so)")
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--costs", choices=["time", "flops"], default="time",
+                   help="what the solvers minimise: measured forward time per node (default) or counted FLOPs")
     p.add_argument("--steps", type=int, default=3, help="measured steps of each kind (default 3)")
     p.add_argument("--time-limit", type=float, default=10.0, dest="time_limit",
                    help="time limit per solver in seconds, for those that take one (default 10)")
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     torch.manual_seed(0)
     ex = build("gpt", layers=args.layers, seq=args.seq, batch=args.batch)
-    traced = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss)
+    traced = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, costs=args.costs)
     graph = traced.graph
     store_all = simulate(graph, None, record=False)
     print(f"gpt: {args.layers} layers, width 768, vocabulary 50257, sequence {args.seq}, batch {args.batch}: "

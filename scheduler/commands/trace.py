@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--granularity", default="auto",
                    help="op, fold, auto, or a module depth (int); default auto")
     p.add_argument("--method", default="auto", choices=["auto", "fx", "export"], help="tracer (default: fx, then export)")
+    p.add_argument("--costs", choices=["flops", "time"], default="flops",
+                   help="node costs: counted FLOPs (default) or measured forward time in FLOP-equivalents "
+                        "(plans that are fast on this machine; not on the meta device)")
     p.add_argument("-o", "--output", help="write the graph here (JSON)")
 
 
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     ex = build(args.model, **model_options(args))
     gran: Any = int(args.granularity) if str(args.granularity).isdigit() else args.granularity
-    traced = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity=gran, method=args.method, name=args.model)
+    traced = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity=gran, method=args.method, name=args.model,
+                     costs=args.costs)
     g = traced.graph
     print(f"{args.model}: traced with {traced.method}, {len(traced.records)} fx nodes -> {len(g)} graph nodes "
           f"(granularity {traced.granularity})")
