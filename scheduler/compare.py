@@ -298,7 +298,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
     sim_all = simulate(graph)
     has_conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in wl.model.modules())
     rows: list[Row] = []
-    timelines: dict[str, Any] = {"none": timeline(sim_all, bench.ref_trace)}
+    timelines: dict[str, Any] = {"none": timeline(sim_all, bench.ref_trace, graph)}
     ref_row = Row("none", "peer", predicted_peak_bytes=sim_all.peak_bytes, measured_peak_bytes=bench.ref_trace.peak_bytes,
                   meter_peak_bytes=bench.meter(wl.model),
                   step_time_ratio=1.0, recompute_ratio=0.0, measured_recompute_ratio=0.0, grad_max_abs_diff=0.0,
@@ -392,7 +392,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
         rows[0] = replace(rows[0], step_time_s=statistics.median(bench.ref_times))
     if best_trace:
         _, label, plan, tr = best_trace
-        timelines[label] = timeline(simulate(graph, plan), tr)
+        timelines[label] = timeline(simulate(graph, plan), tr, graph)
     meta = {**dict(wl.meta), "torch": torch.__version__, "machine": machine(), "repeats": repeats, "costs": costs,
             "store_all_predicted_bytes": sim_all.peak_bytes}
     out = Comparison(model=wl.name, meta=meta, fractions=fractions, rows=tuple(rows), graph_nodes=len(graph),

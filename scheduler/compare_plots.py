@@ -63,7 +63,8 @@ def plot_comparison(cmp: Any, folder: str) -> list[str]:
                 label=f"{name} predicted")
         ax.plot(tl["measured_x"], [b / mib for b in tl["measured_bytes"]], "-", color=color, alpha=0.7,
                 label=f"{name} measured")
-    paths.append(_finish(plt, fig, ax, "progress through the step (forward, then backward)", "live memory (MiB)",
+    paths.append(_finish(plt, fig, ax, "progress through the step (measured: wall time; predicted: cost done)",
+                         "live memory (MiB)",
                          f"{cmp.model}: memory through one step",
                          os.path.join(folder, f"{_slug(cmp.model)}_timeline.png")))
     return paths

@@ -34,9 +34,27 @@ def machine() -> str:
     return f"{cpu}, {torch.get_num_threads()} threads, {platform.system()} {platform.release()}"
 
 
-def timeline(sim: Any, tr: Any) -> dict[str, Any]:
+def timeline(sim: Any, tr: Any, graph: Any = None) -> dict[str, Any]:
+    """Predicted and measured live bytes through one step, on one x axis.
+
+    The measured curve is placed by wall time (fraction of the step); the
+    predicted one by the cost done so far (forward and recompute steps cost
+    their node's ``fwd_flops``, backward steps its ``bwd_flops``), the
+    simulator's stand-in for time, so the forward/backward turn and the
+    recomputations line up with the measured events. Without ``graph`` each
+    simulated step counts the same.
+    """
     n = len(sim.live_bytes)
-    px, py = downsample([i / max(1, n - 1) for i in range(n)], list(sim.live_bytes), 400)
+    if graph is not None and len(sim.steps) == n:
+        nodes = graph.nodes
+        cost = [max(1, nodes[i].bwd_flops if phase == "backward" else nodes[i].fwd_flops) for phase, i in sim.steps]
+        total, acc, xs = float(sum(cost)), 0, []
+        for c in cost:
+            acc += c
+            xs.append(acc / total)
+    else:
+        xs = [i / max(1, n - 1) for i in range(n)]
+    px, py = downsample(xs, list(sim.live_bytes), 400)
     span = tr.times_s[-1] if tr.times_s and tr.times_s[-1] > 0 else 1.0
     return {"predicted_x": list(px), "predicted_bytes": list(py),
             "measured_x": [t / span for t in tr.times_s], "measured_bytes": list(tr.live_bytes)}

@@ -182,3 +182,22 @@ def test_max_batches_finds_the_edge_and_ranks_methods():
         assert r.predicted_peak_bytes <= budget
         with pytest.raises(solvers.InfeasibleBudget):
             solvers.solve(graph_at(r.batch + 1), budget, solver=r.method)
+
+
+def test_timeline_places_predicted_steps_by_cost_done():
+    from types import SimpleNamespace
+
+    from graphs import synthetic
+    from scheduler.compare_report import timeline
+    from solvers import simulate
+
+    g = synthetic.make("chain", 6, seed=0)
+    sim = simulate(g, None)
+    measured = SimpleNamespace(times_s=[0.0, 1.0, 3.0], live_bytes=[0, 5, 0])
+    tl = timeline(sim, measured, g)
+    xs = tl["predicted_x"]
+    assert xs == sorted(xs) and xs[-1] == 1.0
+    fwd = g.total_fwd_flops()
+    turn = xs[len(g) - 1]  # the last forward step
+    assert abs(turn - fwd / (fwd + g.total_bwd_flops())) < 1e-9
+    assert tl["measured_x"] == [0.0, 1 / 3, 1.0]
