@@ -136,8 +136,12 @@ def time_steps(step: Callable[[], None], reference: Callable[[], None], *, repea
         ``(median_step_s, median_reference_s)``.
     """
     ts, tr = [], []
-    for _ in range(max(1, repeats)):
-        for fn, acc in ((reference, tr), (step, ts)):
+    pair = ((reference, tr), (step, ts))
+    for i in range(max(1, repeats)):
+        # ABBA order: each runs after itself as often as after the other, so
+        # what a step leaves behind (allocator state, caches) and linear drift
+        # weigh on both alike.
+        for fn, acc in (pair if i % 2 == 0 else pair[::-1]):
             if before_each is not None:
                 before_each()
             t0 = time.perf_counter()
