@@ -266,7 +266,7 @@ def block_plan(graph: Graph, model: nn.Module) -> Plan | None:
 def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, solver_names: Sequence[str] | None = None,
             with_peers: bool = True, match_peers: bool = True, repeats: int = 5, warmup: int = 1,
             solver_options: Mapping[str, Mapping[str, Any]] | None = None,
-            progress: Callable[[str], None] | None = None, costs: str = "time") -> Comparison:
+            progress: Callable[[str], None] | None = None, costs: str = "flops") -> Comparison:
     """Measure our solvers and the peers on one workload.
 
     Args:
@@ -280,9 +280,8 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
         warmup: untimed steps per method first (compiles ``torch.compile``).
         solver_options: per-solver options (``{"ilp": {"time_limit_s": 20}}``).
         progress: called with a line per method measured.
-        costs: what our solvers minimise: ``"time"`` (each node's measured
-            forward time, the default: the comparison is on this machine's
-            clock) or ``"flops"`` (NOTE [ Time costs ]).
+        costs: what our solvers minimise: ``"flops"`` (the default) or
+            ``"time"``, each node's measured forward time (NOTE [ Time costs ]).
 
     Returns:
         A :class:`Comparison`.

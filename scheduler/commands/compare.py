@@ -43,8 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ilp-time-limit", type=float, default=30.0, help="seconds for the ILP solver (default 30)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads while measuring (default: torch's; 1 is steadier on a shared machine)")
-    p.add_argument("--costs", choices=["time", "flops"], default="time",
-                   help="what our solvers minimise: measured forward time per node (default) or counted FLOPs")
+    p.add_argument("--costs", choices=["flops", "time"], default="flops",
+                   help="what our solvers minimise: counted FLOPs (default) or measured forward time per node")
     p.add_argument("--json", dest="json_path", help="write the results as JSON here")
     p.add_argument("--plots", help="write PNG plots into this folder (needs matplotlib)")
 
