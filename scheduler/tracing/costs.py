@@ -222,6 +222,7 @@ class _Recorder(torch.fx.Interpreter):
         self._bw_start = 0
         self._bw_pos = -1
         self._bw_base = 0
+        self._bw_out: list[tuple[int, Any]] = []  # (storage key, weakref) of the output gradient in backward
         self.bwd_peak: dict[int, int] = {}  # record position -> most bytes its backward had allocated at once
 
     def fetch_attr(self, target: str) -> Any:
@@ -317,7 +318,7 @@ class _Recorder(torch.fx.Interpreter):
                 continue
             self.grad_owner[fn] = pos
             fn.register_prehook(functools.partial(self._bw_pre, pos))
-            fn.register_hook(functools.partial(self._bw_post, pos))
+            fn.register_hook(functools.partial(self._bw_post, pos, fn))
             stack.extend(f for f, _ in fn.next_functions)
 
     def _bw_pre(self, pos: int, grad_outputs: Any) -> None:
@@ -326,8 +327,12 @@ class _Recorder(torch.fx.Interpreter):
             self._bw_pos = pos
             self._bw_base = self.watch.live
             self.watch.peak = self.watch.live
+            # The first autograd function of the node receives its output's gradient.
+            # Weak references: a key only means that storage while its tensor lives (addresses are reused).
+            self._bw_out = [(storage_key(g), weakref.ref(g)) for g in grad_outputs
+                            if isinstance(g, torch.Tensor) and storage_key(g) is not None]
 
-    def _bw_post(self, pos: int, grad_inputs: Any, grad_outputs: Any) -> None:
+    def _bw_post(self, pos: int, fn: Any, grad_inputs: Any, grad_outputs: Any) -> None:
         counted = self.counter.get_total_flops() - self._bw_start
         if counted == 0 and self.records[pos].out_bytes > 0:
             # NOTE [ Ops without a FLOP formula ]: one per element of the gradients produced (views stay free)
@@ -335,9 +340,19 @@ class _Recorder(torch.fx.Interpreter):
             self.bwd_estimated[pos] = self.bwd_estimated.get(pos, 0) + counted
         self.bwd_flops[pos] = self.bwd_flops.get(pos, 0) + counted
         self.bwd_peak[pos] = max(self.bwd_peak.get(pos, 0), self.watch.peak - self._bw_base)
-        out_keys = {storage_key(g) for g in grad_outputs if isinstance(g, torch.Tensor)}
-        if any(isinstance(g, torch.Tensor) and storage_key(g) in out_keys for g in grad_inputs):
-            self.grad_views.add(pos)
+        # grad_views: a gradient this node hands to another node's output is a view of the
+        # node's own output gradient (cat). Views made inside the node (a linear's reshapes
+        # around addmm) do not count: the gradient leaving it is a new tensor.
+        nxt = fn.next_functions
+        for i, g in enumerate(grad_inputs):
+            if not isinstance(g, torch.Tensor) or i >= len(nxt) or nxt[i][0] is None:
+                continue
+            to = nxt[i][0]
+            if self.grad_owner.get(to, -1) == pos or type(to).__name__ == "AccumulateGrad":
+                continue
+            k = storage_key(g)
+            if any(k == key and ref() is not None for key, ref in self._bw_out):
+                self.grad_views.add(pos)
 
     def run_backward(self, result: Any) -> None:
         """One backward from the graph's outputs, attributing FLOPs to the fx nodes."""
