@@ -393,12 +393,16 @@ class CheckpointModel:
         bound = solver.BestObjectiveBound() * self.unit
         if name not in ("optimal", "feasible"):
             return ModelResult(name, None, float("nan"), bound, solver.WallTime())
-        regions = []
+        return ModelResult(name, self.read_regions(solver), solver.ObjectiveValue() * self.unit,
+                           bound, solver.WallTime())
+
+    def read_regions(self, solver: cp_model.CpSolver) -> tuple[tuple[int, int], ...]:
+        """The plan in ``solver``'s solution: a region per run of ``x`` cut where ``y`` starts one."""
+        regions: list[list[int]] = []
         for k in range(len(self.graph)):
             if solver.Value(self.x[k]):
                 if solver.Value(self.y[k]) or not regions:
                     regions.append([k, k])
                 else:
                     regions[-1][1] = k
-        return ModelResult(name, tuple(tuple(r) for r in regions), solver.ObjectiveValue() * self.unit,
-                           bound, solver.WallTime())
+        return tuple((a, b) for a, b in regions)

@@ -23,17 +23,6 @@ def test_ilp_proves_a_100_node_residual_graph_optimal():
     assert simulate(g, plan, record=False).peak_bytes <= budget
 
 
-def _regions_of(model: CheckpointModel, solver: cp_model.CpSolver):
-    regions = []
-    for k in range(len(model.graph)):
-        if solver.Value(model.x[k]):
-            if solver.Value(model.y[k]) or not regions:
-                regions.append([k, k])
-            else:
-                regions[-1][1] = k
-    return tuple(tuple(r) for r in regions)
-
-
 def test_complete_hint_is_a_solution_of_the_model():
     g = synthetic.make("transformer", 40, seed=1)
     budget = activation_budget_bytes(g, 0.6)
@@ -48,7 +37,7 @@ def test_complete_hint_is_a_solution_of_the_model():
     solver.parameters.max_time_in_seconds = 10
     status = solver.Solve(model.m)
     assert status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    assert _regions_of(model, solver) == tuple(plan.regions)
+    assert model.read_regions(solver) == tuple(plan.regions)
     assert solver.ObjectiveValue() * model.unit == simulate(g, plan, record=False).recompute_flops
 
 
