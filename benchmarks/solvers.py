@@ -3,8 +3,8 @@
 Writes ``benchmarks/results/solvers.md`` and ``solvers.csv``. Budgets are
 fractions of the store-all activation peak (``activation_budget_bytes``);
 overhead is recompute FLOPs / FLOPs of the un-checkpointed step. Also
-measured: the DP table fill time on a 1000-node chain, and the ilp gap on a
-700-node DAG after its time limit.
+measured: the DP table fill time on a 1000-node chain, and the ilp gap on
+700-node DAGs after 5 minutes (or once it is under 1 %).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _run(graph, budget, name, **opts):
 
 def main(quick: bool = False) -> None:
     os.makedirs(OUT, exist_ok=True)
-    sizes = [10, 30] if quick else [10, 30, 100, 300]
+    sizes = [10, 30] if quick else [10, 30, 100, 300, 1000]
     rows = []
     for fam in FAMILIES:
         for n in sizes:
@@ -83,7 +83,7 @@ def main(quick: bool = False) -> None:
         extras.append(f"- 40-node transformer at per-module's own peak ({pm.peak_bytes / 2**20:.1f} MiB): per-module "
                       f"overhead {round(100 * pm.recompute_flops / (g.total_fwd_flops() + g.total_bwd_flops()), 2)}%, "
                       f"dp {r['status']} {r['overhead_pct']}%")
-        for fam, limit in (("transformer", 300), ("random-dag", 60)):
+        for fam, limit in (("transformer", 300), ("random-dag", 300)):  # the issue's target: 1 % within 5 minutes
             g = synthetic.make(fam, 700)
             b = activation_budget_bytes(g, 0.8)
             fast = {s: _run(g, b, s) for s in ("dp", "chen", "uniform")}
