@@ -37,5 +37,7 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "dp", *, optimizer: st
     except InfeasibleBudget as exc:
         if exc.floor:
             raise
-        floor = explain_floor(graph).text
-        raise InfeasibleBudget(exc.budget_bytes, exc.min_feasible_bytes, solver=exc.solver, floor=floor) from None
+        best = None if exc.best_regions is None else Plan(regions=exc.best_regions)
+        floor = explain_floor(graph, best).text
+        raise InfeasibleBudget(exc.budget_bytes, exc.min_feasible_bytes, solver=exc.solver, floor=floor,
+                               best_regions=exc.best_regions) from None

@@ -109,6 +109,7 @@ def explain_floor(graph: Graph, plan: Plan | None = None) -> Floor:
         A :class:`Floor` with the bound, the plan's simulated peak and a text.
     """
     sim = simulate(graph, plan)
+    who = "storing everything" if plan is None or not plan.regions else "the lowest-peak plan found"
     bound = max(node_floors(graph), key=lambda f: f.bytes)
     tight = sim.peak_bytes <= bound.bytes * (1 + TIGHT)
     node = graph.nodes[graph.index[bound.name]]
@@ -119,12 +120,12 @@ def explain_floor(graph: Graph, plan: Plan | None = None) -> Floor:
     if tight:
         text = (f"The floor is set by the {bound.phase} of {where}: it needs {format_bytes(bound.bytes)} at once "
                 f"({parts}). Checkpointing only frees what is saved between forward and backward, not what one op "
-                f"holds while it runs, so no plan can go below {format_bytes(bound.bytes)}; the best plan peaks at "
+                f"holds while it runs, so no plan can go below {format_bytes(bound.bytes)}; {who} peaks at "
                 f"{format_bytes(sim.peak_bytes)} during the {peak_at}. To go lower: a smaller batch or sequence, a "
                 "lower-precision dtype, or a chunked op (e.g. a chunked LM-head loss).")
     else:
         brk = ", ".join(f"{k} {format_bytes(v)}" for k, v in sim.breakdown.items() if v)
-        text = (f"The best plan peaks at {format_bytes(sim.peak_bytes)} during the {peak_at} ({brk}). The largest "
+        text = (f"{who[0].upper()}{who[1:]} peaks at {format_bytes(sim.peak_bytes)} during the {peak_at} ({brk}). The largest "
                 f"single-op need is {format_bytes(bound.bytes)} in the {bound.phase} of {where}; the rest of the "
                 "peak is what other nodes keep at that moment.")
     return Floor(bound=bound, best_peak_bytes=sim.peak_bytes, sim=sim, tight=tight, text=text)

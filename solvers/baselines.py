@@ -31,7 +31,7 @@ def store_all(graph: Graph, budget_bytes: int) -> Plan:
     """No regions. Raises :class:`InfeasibleBudget` if store-all does not fit."""
     sim = simulate(graph, None, record=False)
     if sim.peak_bytes > budget_bytes:
-        raise InfeasibleBudget(budget_bytes, sim.peak_bytes, solver="store-all")
+        raise InfeasibleBudget(budget_bytes, sim.peak_bytes, solver="store-all", best_regions=())
     return Plan(regions=(), status=Status.OPTIMAL if sim.recompute_flops == 0 else Status.FEASIBLE)
 
 
@@ -61,17 +61,18 @@ def uniform(graph: Graph, budget_bytes: int, k: int | None = None) -> Plan:
     """
     candidates = [k] if k is not None else range(1, len(graph) + 1)
     best = None
-    min_peak = None
+    min_peak, least = None, ()
     for kk in candidates:
         plan = Plan(regions=tuple(uniform_regions(graph, kk)))
         sim = simulate(graph, plan, record=False)
-        min_peak = sim.peak_bytes if min_peak is None else min(min_peak, sim.peak_bytes)
+        if min_peak is None or sim.peak_bytes < min_peak:
+            min_peak, least = sim.peak_bytes, plan.regions
         if sim.peak_bytes <= budget_bytes:
             key = (sim.recompute_flops, sim.peak_bytes)
             if best is None or key < best[0]:
                 best = (key, plan, kk)
     if best is None:
-        raise InfeasibleBudget(budget_bytes, int(min_peak), solver="uniform")
+        raise InfeasibleBudget(budget_bytes, int(min_peak), solver="uniform", best_regions=least)
     _, plan, kk = best
     return Plan(regions=plan.regions, status=Status.FEASIBLE, options={"k": kk})
 
@@ -122,5 +123,5 @@ def per_module(graph: Graph, budget_bytes: int) -> Plan:
     regions = tuple(block_regions(graph))
     sim = simulate(graph, Plan(regions=regions), record=False)
     if sim.peak_bytes > budget_bytes:
-        raise InfeasibleBudget(budget_bytes, sim.peak_bytes, solver="per-module")
+        raise InfeasibleBudget(budget_bytes, sim.peak_bytes, solver="per-module", best_regions=regions)
     return Plan(regions=regions, status=Status.FEASIBLE, options={"blocks": len(regions)})

@@ -44,8 +44,8 @@ def pareto_frontier(graph: Graph) -> list[tuple[int, int, tuple[tuple[int, int],
     """Every plan's ``(peak_bytes, recompute_flops)``, reduced to the frontier.
 
     Returns ``(peak, cost, regions)`` sorted by ascending peak and strictly
-    descending cost: for any budget, the optimum is the first entry whose peak
-    fits is the last one whose peak is within budget (:func:`best_from_frontier`). Ties on cost
+    descending cost: for any budget, the optimum is the last entry whose peak
+    is within budget (:func:`best_from_frontier`). Ties on cost
     keep the lowest peak, then the fewest regions.
 
     Raises:
@@ -94,7 +94,7 @@ def brute_force(graph: Graph, budget_bytes: int, *, frontier=None) -> Plan:
         frontier = pareto_frontier(graph)
     best = best_from_frontier(frontier, budget_bytes)
     if best is None:
-        raise InfeasibleBudget(budget_bytes, frontier[0][0], solver="brute-force")
+        raise InfeasibleBudget(budget_bytes, frontier[0][0], solver="brute-force", best_regions=frontier[0][2])
     peak, cost, regions = best
     return Plan.from_regions(
         graph, regions, solver="brute-force", status=Status.OPTIMAL, budget_bytes=int(budget_bytes),

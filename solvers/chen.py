@@ -77,16 +77,17 @@ def greedy_plans(graph: Graph) -> list[tuple[tuple[int, int], ...]]:
 
 
 def _best(graph: Graph, budget_bytes: int, candidates, solver: str) -> Plan:
-    best, least = None, None
+    best, least, lowest = None, None, ()
     for regions in candidates:
         sim = simulate(graph, Plan(regions=regions), record=False)
-        least = sim.peak_bytes if least is None else min(least, sim.peak_bytes)
+        if least is None or sim.peak_bytes < least:
+            least, lowest = sim.peak_bytes, regions
         if sim.peak_bytes <= budget_bytes:
             key = (sim.recompute_flops, sim.peak_bytes)
             if best is None or key < best[0]:
                 best = (key, regions)
     if best is None:
-        raise InfeasibleBudget(budget_bytes, int(least), solver=solver)
+        raise InfeasibleBudget(budget_bytes, int(least), solver=solver, best_regions=lowest)
     return Plan(regions=best[1], status=Status.FEASIBLE)
 
 

@@ -166,7 +166,7 @@ class DPTable:
         root = self.root
         idx = int(np.searchsorted(root.h, budget_bytes - self.const, side="right")) - 1
         if idx < 0:
-            raise InfeasibleBudget(budget_bytes, self.min_peak_bytes, solver="dp")
+            raise InfeasibleBudget(budget_bytes, self.min_peak_bytes, solver="dp", best_regions=self.plan_at(0)[0])
         return self.plan_at(idx)
 
     def plan_at(self, idx: int) -> tuple[tuple[tuple[int, int], ...], int, int]:
@@ -298,7 +298,7 @@ def _dp_inexact(graph: Graph, table: DPTable, budget_bytes: int) -> Plan:
         if best is None or cost < best[2]:
             best = (regions, peak, cost)
     if best is None:
-        raise InfeasibleBudget(budget_bytes, table.min_peak_bytes, solver="dp")
+        raise InfeasibleBudget(budget_bytes, table.min_peak_bytes, solver="dp", best_regions=table.plan_at(0)[0])
     regions, peak, cost = best
     return Plan(regions=regions, status=Status.FEASIBLE, bound=None,
                 options={"stages": len(table.stages), "predicted_peak_bytes": peak})

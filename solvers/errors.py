@@ -31,13 +31,18 @@ class InfeasibleBudget(CkptError, ValueError):
             smallest simulated peak over all plans the solver considers).
         floor: optional explanation of what sets that minimum (which step and
             node), as a sentence.
+        best_regions: the regions of the plan that peaks at
+            ``min_feasible_bytes``, when the solver has it (``()`` is
+            store-all); None when unknown.
     """
 
-    def __init__(self, budget_bytes: int, min_feasible_bytes: int, *, solver: str = "", floor: str = "") -> None:
+    def __init__(self, budget_bytes: int, min_feasible_bytes: int, *, solver: str = "", floor: str = "",
+                 best_regions: tuple[tuple[int, int], ...] | None = None) -> None:
         self.budget_bytes = int(budget_bytes)
         self.min_feasible_bytes = int(min_feasible_bytes)
         self.solver = solver
         self.floor = floor
+        self.best_regions = None if best_regions is None else tuple((int(a), int(b)) for a, b in best_regions)
         who = f" for solver {solver!r}" if solver else ""
         msg = (
             f"no plan fits a budget of {format_bytes(self.budget_bytes)}{who}: the least feasible budget is "

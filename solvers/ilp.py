@@ -139,8 +139,8 @@ class IlpSolver:
                     # The incumbent itself satisfies the model (it is exact), so this is a model bug.
                     log.error("ilp model rejects the %s plan that simulate says fits", inc.source)
                     return self._from_incumbent(None, "model rejects it")
-                least = self.least_peak(max(1.0, self.time_limit_s - (time.perf_counter() - t0)))
-                raise InfeasibleBudget(self.budget_bytes, least, solver="ilp")
+                least, regions = self.least_peak(max(1.0, self.time_limit_s - (time.perf_counter() - t0)))
+                raise InfeasibleBudget(self.budget_bytes, least, solver="ilp", best_regions=regions)
             if result.regions is None:
                 if inc is not None:
                     return self._from_incumbent(result.bound, "time limit")
@@ -166,13 +166,16 @@ class IlpSolver:
             return self._from_incumbent(None, "model and simulate disagree")
         raise IlpTimeout("ilp model and simulate disagree repeatedly; please report this graph")
 
-    def least_peak(self, time_limit_s: float) -> int:
-        """The least simulated peak over all interval plans (exact when proven)."""
+    def least_peak(self, time_limit_s: float) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """The least simulated peak over all interval plans and a plan that
+        reaches it (exact when proven; else the lowest peak found, which a
+        plan reaches: never a bound no plan was seen to meet)."""
         model = CheckpointModel(self.graph, budget_bytes=None)
         result = model.solve(time_limit_s=time_limit_s, workers=self.workers)
-        if result.regions is None:
-            return int(result.bound)
-        return simulate(self.graph, Plan(regions=result.regions), record=False).peak_bytes
+        every = tuple((k, k) for k, nd in enumerate(self.graph.nodes) if nd.recomputable)
+        candidates = [(), every] + ([result.regions] if result.regions is not None else [])
+        peaks = [(simulate(self.graph, Plan(regions=r), record=False).peak_bytes, r) for r in candidates]
+        return min(peaks, key=lambda p: p[0])
 
 
 #: The fast solvers whose best fitting plan warm-starts ``ilp``.

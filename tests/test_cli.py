@@ -5,6 +5,9 @@ import subprocess
 import sys
 
 import graphs
+import pytest
+import scheduler
+import solvers
 from graphs import synthetic
 from scheduler.cli import main
 
@@ -41,6 +44,20 @@ def test_infeasible_budget_is_a_sentence(tmp_path, capsys):
     graphs.save(synthetic.chain(8), tmp_path / "g.json")
     code, _, err = run(capsys, "solve", str(tmp_path / "g.json"), "--budget", "1KiB", "--solver", "store-all")
     assert code == 2 and "least feasible budget is" in err and "Traceback" not in err
+
+
+def test_infeasible_budget_describes_the_plan_that_reaches_the_least_peak():
+    """The sentence after "least feasible budget is X" describes a plan that
+    peaks at X (the solver's lowest), not store-all's higher peak."""
+    g = synthetic.chain(12)
+    store_all = solvers.simulate(g).peak_bytes
+    with pytest.raises(solvers.InfeasibleBudget) as info:
+        scheduler.solve(g, budget=1024, solver="uniform")
+    exc = info.value
+    assert exc.min_feasible_bytes < store_all and exc.best_regions
+    text = str(exc)
+    assert f"The lowest-peak plan found peaks at {solvers.format_bytes(exc.min_feasible_bytes)}" in text
+    assert solvers.format_bytes(store_all) not in text
 
 
 def test_bad_graph_file_is_a_sentence(tmp_path, capsys):

@@ -107,6 +107,7 @@ def test_against_brute_force(kind, seed, graph):
     with pytest.raises(InfeasibleBudget) as info:
         IlpSolver(graph, least - 1, time_limit_s=30, workers=1).solve()
     assert info.value.min_feasible_bytes == least
+    assert simulate(graph, solvers.Plan(regions=info.value.best_regions)).peak_bytes == least
     if is_chain:
         assert table.min_peak_bytes == least
         with pytest.raises(InfeasibleBudget) as info:

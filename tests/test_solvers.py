@@ -32,6 +32,9 @@ def _sweep(name, graph):
             plan = solvers.solve(graph, budget, solver=name, **OPTIONS.get(name, {}))
         except InfeasibleBudget as exc:
             assert exc.min_feasible_bytes > budget
+            # The error carries the plan that reaches its least peak (dp's is its prediction, never below simulate's).
+            reached = simulate(graph, solvers.Plan(regions=exc.best_regions)).peak_bytes
+            assert reached == exc.min_feasible_bytes if name != "dp" else reached <= exc.min_feasible_bytes
             plans.append((budget, None, exc.min_feasible_bytes))
             continue
         except NoModulePaths:

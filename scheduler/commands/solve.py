@@ -6,7 +6,7 @@ import argparse
 
 import graphs
 from graphs import CkptError
-from solvers import available_solvers, format_bytes
+from solvers import Plan, available_solvers, format_bytes
 
 from ..api import solve
 from ..explain import explain_floor
@@ -54,12 +54,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     budget = parse_budget(args.budget, graph, optimizer=args.optimizer)
     step = graph.total_fwd_flops() + graph.total_bwd_flops()
-    rows, best = [], None
+    rows, best, lowest = [], None, None
     for name in available_solvers():
         try:
             plan = solve(graph, budget, solver=name, **_options(name, args))
         except CkptError as exc:
             least = getattr(exc, "min_feasible_bytes", None)
+            regions = getattr(exc, "best_regions", None)
+            if regions is not None and (lowest is None or least < lowest[0]):
+                lowest = (least, regions)
             status = f"infeasible (needs {format_bytes(least)})" if least is not None else f"n/a: {str(exc).split(';')[0]}"
             rows.append((name, status, "", "", format_bytes(budget), "", "", ""))
             continue
@@ -71,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     print(table(rows, ["solver", "status", "regions", "predicted peak", "budget", "recompute", "solve time", "gap"]))
     if best is None:
         print("no solver found a plan that fits")
-        print(explain_floor(graph).text)
+        print(explain_floor(graph, None if lowest is None else Plan(regions=lowest[1])).text)
         return 2
     print(f"cheapest: {best.solver}")
     if args.output:
