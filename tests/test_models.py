@@ -1,5 +1,7 @@
 """The example-model registry: built-ins, hf:NAME configs, package.module:factory."""
 
+import sys
+
 import pytest
 import torch
 
@@ -44,6 +46,21 @@ def test_factory_by_import_path():
     ex = build("scheduler.models.gpt:build", layers=1, width=32, heads=2, vocab=50, seq=8)
     model, args, kwargs = ex
     assert isinstance(model, torch.nn.Module) and "targets" in kwargs
+
+
+def test_factory_in_the_current_directory(tmp_path, monkeypatch):
+    """`ckpt trace mymodel:build` next to mymodel.py finds it, as `python -m` would."""
+    (tmp_path / "my_zoo_model.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))\n"
+        "    return net, (torch.randn(2, 4),), {}, lambda out: out.sum()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    ex = build("my_zoo_model:build")
+    assert isinstance(ex.model, torch.nn.Sequential) and ex.loss is not None
+    with pytest.raises(UnknownModel, match="current directory"):
+        build("no_such_zoo_model:build")
 
 
 def test_unknown_model_and_bad_option_are_clear_errors():

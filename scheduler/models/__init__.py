@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -133,7 +135,8 @@ def build(name: str, **options: Any) -> Example:
             _check_options(name, hf_configs.build, options)
             return Example(name, *hf_configs.build(key, **options), options=options)
         if key not in hf.HF_CONFIGS:
-            raise UnknownModel(f"no transformers config named {key!r}; known: {', '.join('hf:' + k for k in hf.HF_CONFIGS)}")
+            known = ", ".join("hf:" + k for k in (*hf.HF_CONFIGS, *hf_configs.HF_CONFIGS))
+            raise UnknownModel(f"no transformers config named {key!r}; known: {known}")
         _check_options(name, hf.build, options)
         try:
             model, args, kwargs, loss = hf.build(key, **options)
@@ -145,10 +148,15 @@ def build(name: str, **options: Any) -> Example:
         factory = reg[name].factory
     elif ":" in name:
         mod_name, _, attr = name.partition(":")
+        # Like `python -m` (and uvicorn's "module:app"), a module in the current
+        # directory is found: `ckpt trace mymodel:build` next to mymodel.py.
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
         try:
             factory = getattr(importlib.import_module(mod_name), attr)
         except (ImportError, AttributeError) as exc:
-            raise UnknownModel(f"cannot import the factory {name!r}: {exc}") from exc
+            raise UnknownModel(f"cannot import the factory {name!r}: {exc} (modules are searched in the current "
+                               "directory and on PYTHONPATH)") from exc
     else:
         raise UnknownModel(f"unknown model {name!r}; built-in: {', '.join(reg)}; or hf:NAME "
                            "(see `ckpt models`), or package.module:factory")
