@@ -168,9 +168,11 @@ def attribute_params(nodes: list[Node], records: Sequence[OpRecord], groups: Seq
     That is the *last* node using it in the forward (the first reached by the
     backward); for a parameter used once it is the node that uses it. A shared
     parameter (tied embedding and output weights) gets a second gradient in
-    the backward of each earlier user, which ``AccumulateGrad`` adds out of
-    place: that transient is part of the earlier user's measured backward peak
-    (``OpRecord.bwd_peak_bytes``), hence of its ``workspace_bytes``.
+    the backward of each earlier user, which the engine adds out of place
+    into the pending one: that contribution and the sum are part of the
+    earlier user's measured backward peak (``OpRecord.bwd_peak_bytes``), hence
+    of its ``workspace_bytes`` (NOTE [ Shared parameter gradients ] in
+    ``scheduler.tracing.costs``).
     """
     import dataclasses
 

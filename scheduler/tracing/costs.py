@@ -32,6 +32,24 @@ NOTE [ Ops without a FLOP formula ]
     kept apart in ``OpRecord.estimated_fwd_flops`` / ``estimated_bwd_flops`` (and their total in the graph's
     ``meta["estimated_flops"]``), so the counted part can still be compared
     with ``FlopCounterMode``.
+
+NOTE [ Shared parameter gradients ]
+    A node's backward is measured from its autograd nodes' pre-hook to their
+    post-hook. The engine adds what a node returns into the gradients pending
+    for the next autograd nodes only *after* the post-hook. For a parameter
+    used by several nodes (tied input and output embeddings, an embedding
+    read by an encoder and a decoder) every contribution after the first is
+    added there into the pending one, out of place when that one is a view
+    (a linear's weight gradient is a transpose; on fake tensors always): the
+    pending gradient, the contribution and their sum are alive at once. In a
+    T5 that sum (the size of the vocabulary embedding) was missed at the
+    backward of ``decoder.embed_tokens`` and a real step peaked above
+    ``simulate``. So when a node hands a gradient to an ``AccumulateGrad``
+    that already received one, its measuring window stays open until the
+    next autograd node starts (or the backward ends): the sum lands in the
+    node's ``bwd_peak_bytes``, hence its ``workspace_bytes``, while the
+    pending gradient is the parameter gradient ``simulate`` already holds
+    since the backward of the parameter's last user.
 """
 
 from __future__ import annotations
@@ -81,7 +99,10 @@ class OpRecord:
         requires_grad, stochastic, stateful: flags.
         returned: the graph's output returns this node's value.
         bwd_peak_bytes: the most bytes the node's backward had allocated at
-            once (gradients of its inputs and parameters, and temporaries).
+            once (gradients of its inputs and parameters, and temporaries),
+            including the sum the engine makes when it adds the node's
+            contribution into a parameter gradient that another node's
+            backward already started (NOTE [ Shared parameter gradients ]).
     """
 
     name: str
@@ -224,6 +245,8 @@ class _Recorder(torch.fx.Interpreter):
         self._bw_base = 0
         self._bw_out: list[tuple[int, Any]] = []  # (storage key, weakref) of the output gradient in backward
         self.bwd_peak: dict[int, int] = {}  # record position -> most bytes its backward had allocated at once
+        self._fed: set[Any] = set()  # AccumulateGrad nodes that already received a gradient in this backward
+        self._tail = -1  # record position whose window stays open until the next pre-hook (shared parameter)
 
     def fetch_attr(self, target: str) -> Any:
         value = super().fetch_attr(target)
@@ -322,6 +345,7 @@ class _Recorder(torch.fx.Interpreter):
             stack.extend(f for f, _ in fn.next_functions)
 
     def _bw_pre(self, pos: int, grad_outputs: Any) -> None:
+        self._close_tail()
         self._bw_start = self.counter.get_total_flops()
         if pos != self._bw_pos:  # a new run of this node's backward: measure from here
             self._bw_pos = pos
@@ -348,11 +372,21 @@ class _Recorder(torch.fx.Interpreter):
             if not isinstance(g, torch.Tensor) or i >= len(nxt) or nxt[i][0] is None:
                 continue
             to = nxt[i][0]
+            if type(to).__name__ == "AccumulateGrad":
+                if to in self._fed:  # NOTE [ Shared parameter gradients ]
+                    self._tail = pos
+                self._fed.add(to)
             if self.grad_owner.get(to, -1) == pos or type(to).__name__ == "AccumulateGrad":
                 continue
             k = storage_key(g)
             if any(k == key and ref() is not None for key, ref in self._bw_out):
                 self.grad_views.add(pos)
+
+    def _close_tail(self) -> None:
+        """End the window kept open past a post-hook: what the engine allocated meanwhile is that node's."""
+        pos, self._tail = self._tail, -1
+        if pos >= 0:
+            self.bwd_peak[pos] = max(self.bwd_peak.get(pos, 0), self.watch.peak - self._bw_base)
 
     def run_backward(self, result: Any) -> None:
         """One backward from the graph's outputs, attributing FLOPs to the fx nodes."""
@@ -361,6 +395,7 @@ class _Recorder(torch.fx.Interpreter):
         if not outs:
             return
         torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        self._close_tail()
 
 
 def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_module: str = ""
