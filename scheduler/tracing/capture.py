@@ -80,9 +80,7 @@ def capture_graph_module(module: nn.Module, args: tuple, kwargs: Mapping[str, An
             errors.append(("torch.fx.symbolic_trace", exc))
     if method in ("auto", "export"):
         try:
-            ep = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
-            gm = ep.module(check_guards=False)
-            return _normalise(gm, module), "export"
+            return _normalise(_export(module, args, kwargs), module), "export"
         except Exception as exc:  # noqa: BLE001
             errors.append(("torch.export.export", exc))
     if not errors:
@@ -106,6 +104,64 @@ def _fx_trace(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> torc
         if name not in bound.arguments:
             concrete[name] = p.default
     return torch.fx.symbolic_trace(module, concrete_args=concrete or None)
+
+
+def _export(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> torch.fx.GraphModule:
+    """``torch.export.export`` (training IR), custom autograd functions kept whole when it can.
+
+    NOTE [ Custom autograd functions ]
+        ``torch.export`` inlines the forward of a ``torch.autograd.Function``:
+        its ops then run under autograd in the graph module and save what
+        their derivatives need, where the model saved only what the
+        function's ``ctx.save_for_backward`` chose (BLOOM's GeLU saves its
+        input; inlined, its eight elementwise ops save seven tensors more).
+        The graph module would need more memory than the model, and the cost
+        graph, exact for the graph module, would be above the model's real
+        step. So while exporting, ``Function.apply`` of every class importable
+        by its qualified name is wrapped with torch's
+        ``allow_in_pre_dispatch_graph``: the call stays one ``flat_apply``
+        node that runs the user's function, forward and backward. A class
+        that cannot be imported by name (defined in a function) is inlined as
+        before; so is everything when the wrapped export fails.
+    """
+    def run() -> torch.fx.GraphModule:
+        ep = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
+        return ep.module(check_guards=False)
+
+    try:
+        from torch._export.wrappers import allow_in_pre_dispatch_graph
+    except ImportError:  # an older or newer torch without it: inline
+        return run()
+    function = torch.autograd.Function
+    original = function.__dict__["apply"]
+    plain = original.__func__
+    kept = allow_in_pre_dispatch_graph(plain)
+
+    def apply(cls: type, *a: Any, **k: Any) -> Any:
+        return (kept if _importable(cls) else plain)(cls, *a, **k)
+
+    function.apply = classmethod(apply)  # type: ignore[assignment]
+    try:
+        gm = run()
+    except Exception as exc:  # noqa: BLE001
+        log.info("export with custom autograd functions kept whole failed (%s: %s); inlining them",
+                 type(exc).__name__, exc)
+        gm = None
+    finally:
+        function.apply = original  # type: ignore[assignment]
+    return gm if gm is not None else run()
+
+
+def _importable(cls: type) -> bool:
+    """``cls`` is a top-level name of an importable module (how the ``flat_apply`` node finds it)."""
+    import importlib
+
+    if "." in cls.__qualname__ or "<" in cls.__qualname__:
+        return False
+    try:
+        return getattr(importlib.import_module(cls.__module__), cls.__qualname__, None) is cls
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _explain(who: str, exc: BaseException, module: nn.Module) -> str:
