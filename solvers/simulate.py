@@ -23,7 +23,9 @@ NOTE [ Execution model ]
 
     Backward, nodes in reverse order (only nodes with ``requires_grad``):
       * at the start, gradients of parameters not attributed to a node and the
-        gradient of the last node's output are allocated;
+        gradient of the last node's output are allocated; the latter (the
+        ``ones`` that ``loss.backward()`` makes) is held by the caller's
+        ``torch.autograd.backward`` frame until the whole backward returns;
       * when the backward reaches the last node of a region, the region is
         recomputed once from its inputs: nodes run forward again, keeping
         exactly what they save (new copies) and freeing temporaries as they go
@@ -107,20 +109,21 @@ class GradientWalk:
         return transient
 
     def node_done(self, i: int) -> None:
-        """Node ``i``'s backward is over: its output's gradient is released."""
+        """Node ``i``'s backward is over: its output's gradient is released
+        (the last node's stays: ``backward()``'s caller holds it to the end)."""
         if not self.alive[i]:
             return
         self.alive[i] = False
         if self.view_of[i] >= 0:
             self._drop_view(i)
-        elif self.views[i] == 0:
+        elif self.views[i] == 0 and i != len(self.nodes) - 1:
             self.bytes -= self.out[i]
 
     def _drop_view(self, j: int) -> None:
         b = self.view_of[j]
         self.view_of[j] = -1
         self.views[b] -= 1
-        if self.views[b] == 0 and not self.alive[b]:
+        if self.views[b] == 0 and not self.alive[b] and b != len(self.nodes) - 1:
             self.bytes -= self.out[b]
 
 

@@ -25,18 +25,21 @@ def diamond() -> Graph:
     ))
 
 
-# Timelines derived by hand from NOTE [ Execution model ]; see the comments.
+# Timelines derived by hand from NOTE [ Execution model ]; see the comments. The
+# seed gradient of c (grad c, the ``ones`` of ``loss.backward()``) is held by the
+# caller until the backward returns, so it is in every backward step.
 CHAIN3_CASES = {
-    # fwd: a | a,b | a,b,c ; bwd c: +grad c(seed) +grad b ; bwd b: a,c + grad b + grad a ; bwd a: c + grad a
-    (): [10, 20, 30, 50, 40, 20],
-    # b is recomputed from a (kept by the caller of c? no: a is held by b outside the region)
-    ((1, 1),): [10, 20, 30, 50, 40, 40, 20],
+    # fwd: a | a,b | a,b,c ; bwd c: +grad c(seed) +grad b ; bwd b: a,c + grad c + grad b + grad a ;
+    # bwd a: c + grad c + grad a
+    (): [10, 20, 30, 50, 50, 30],
+    # b is recomputed from a (a is held by the region)
+    ((1, 1),): [10, 20, 30, 50, 50, 50, 30],
     # region [a, b]: a dies in the forward (b is inside), b is kept by c.
-    # bwd c: b,c + grad c + grad b = 40; recompute a (kept for b) = c + a + grad b = 30,
-    # recompute b (a temporary) = 40; bwd b: c, a + grad b + grad a = 40; bwd a: c + grad a
-    ((0, 1),): [10, 20, 20, 40, 30, 40, 40, 20],
+    # bwd c: b,c + grad c + grad b = 40; recompute a (kept for b) = c + a + grad c + grad b = 40,
+    # recompute b (a temporary) = 50; bwd b: c, a + grad c + grad b + grad a = 50; bwd a: c + grad c + grad a
+    ((0, 1),): [10, 20, 20, 40, 40, 50, 50, 30],
     # one region over everything: the backward rematerialises it all.
-    ((0, 2),): [10, 20, 20, 30, 40, 50, 50, 40, 20],
+    ((0, 2),): [10, 20, 20, 30, 40, 50, 50, 50, 30],
 }
 
 
@@ -50,12 +53,13 @@ def test_chain3_timeline_by_hand(regions):
 
 DIAMOND_CASES = {
     # fwd 10, 30, 60, 65; bwd d: acts 65 + grad d 5 + grad b 20 + grad c 30 = 120;
-    # bwd c: a, d + grad b + grad a = 75 (wait: grad c freed after) ; bwd b: a,d + grad b + grad a + transient grad a = 55
-    (): [10, 30, 60, 65, 120, 75, 55, 15],
+    # bwd c: a, d + grad d (seed, held to the end) + grad b + grad a = 80 (grad c freed after);
+    # bwd b: a, d + grad d + grad b + grad a + transient grad a = 60; bwd a: d + grad d + grad a = 20
+    (): [10, 30, 60, 65, 120, 80, 60, 20],
     # region [b, d]: a held by the region; b, c die in the forward; recompute b (40), c (70), d (75, a temporary)
-    ((1, 3),): [10, 30, 60, 65, 40, 70, 75, 120, 75, 55, 15],
+    ((1, 3),): [10, 30, 60, 65, 40, 70, 75, 120, 80, 60, 20],
     # region [a]: recomputing a adds a temporary copy of a (nothing in the region saves it)
-    ((0, 0),): [10, 30, 60, 65, 120, 75, 55, 25, 15],
+    ((0, 0),): [10, 30, 60, 65, 120, 80, 60, 30, 20],
 }
 
 
@@ -158,9 +162,10 @@ def test_brute_force_matches_exhaustive_minimum():
 
 @pytest.mark.parametrize("views,expected", [
     # cat hands its inputs views of its output's gradient: the 20-byte buffer lives until a's backward
-    (True, [10, 20, 40, 21, 42, 21, 21, 21]),
+    # (and the loss's 1-byte seed gradient to the end)
+    (True, [10, 20, 40, 21, 42, 22, 22, 22]),
     # separate gradients: cat's backward allocates 10 + 10, each freed after its owner's backward
-    (False, [10, 20, 40, 21, 42, 41, 21, 11]),
+    (False, [10, 20, 40, 21, 42, 42, 22, 12]),
 ])
 def test_cat_like_backward_with_view_gradients(views, expected):
     g = Graph(nodes=(
