@@ -27,6 +27,24 @@ NOTE [ Stateful ops under recompute ]
     running statistics after a step equal those without checkpointing.
     Regions with no stateful node and no normalisation module skip the copy.
 
+NOTE [ Recompute at the region's end ]
+    Non-reentrant checkpoint recomputes a region when the backward first
+    unpacks a tensor the region saved. Nodes at the end of a region that save
+    nothing (views, ``contiguous``, a ``dropout`` with p=0, a residual read)
+    run their backward *before* that: in Swin the attention block's output
+    goes through ``view``/``transpose``/``view`` and the reshape's backward
+    copies the gradient (64 KiB) before the recompute starts, so the recompute
+    ran with one more gradient alive than ``solvers.simulate`` counts (it
+    recomputes a region before the backward of its last node), and a plan
+    solved to its budget measured 22 KiB over. Each region therefore saves an
+    empty probe first (0 bytes, the first tensor it packs, so the checkpoint's
+    early stop still ends the recompute at the last tensor really needed),
+    and a gradient hook on the region's outputs (``mode="any"``: the first of
+    them whose backward runs) unpacks it, which runs the recompute there, as
+    the model has it. The probe's node is held by the hook only, never by
+    the function the checkpoint keeps (a cycle through the checkpoint's frame
+    would keep the region's inputs alive until the garbage collector runs).
+
 The returned :class:`CheckpointedModule` shares the model's parameter,
 buffer and submodule dictionaries (same objects: an optimizer built before
 ``apply`` keeps working, ``state_dict`` keys are unchanged) and returns
@@ -47,6 +65,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.fx.passes.split_module import split_module
 from torch.utils.checkpoint import checkpoint
@@ -96,11 +115,14 @@ class CheckpointRegion(nn.Module):
         if not torch.is_grad_enabled():
             return self.body(*args)
         calls = 0
+        probes: list[_Probe] = []
 
         def run(*a: Any) -> Any:
             nonlocal calls
             calls += 1
+            probe = _Probe()  # the region's first saved tensor, in the forward and in the recompute
             if calls == 1:
+                probes.append(probe)
                 return self.body(*a)
             self.recomputes += 1
             if not self.stateful:
@@ -114,7 +136,30 @@ class CheckpointRegion(nn.Module):
                     for b, s in zip(buffers, saved):
                         b.copy_(s)
 
-        return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True)
+        out = checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True)
+        probe = probes.pop()  # the checkpoint holds run(): the probe must not stay there (NOTE above)
+        outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if outs:
+            torch.autograd.graph.register_multi_grad_hook(outs, probe.unpack, mode="any")
+        return out
+
+
+class _Probe:
+    """An empty tensor a region saves; unpacking it runs the region's recompute.
+
+    See NOTE [ Recompute at the region's end ].
+    """
+
+    __slots__ = ("node",)
+
+    def __init__(self) -> None:
+        # sin saves its input: a 0-byte leaf, packed by the checkpoint's hook.
+        self.node = torch.empty(0, requires_grad=True).sin().grad_fn
+
+    def unpack(self, _grad: Any = None) -> None:
+        node, self.node = self.node, None
+        if node is not None:
+            node._saved_self  # noqa: B018  (the checkpoint's unpack hook recomputes the region)
 
 
 class CheckpointedModule(nn.Module):
