@@ -172,7 +172,8 @@ def attribute_params(nodes: list[Node], records: Sequence[OpRecord], groups: Seq
     into the pending one: that contribution and the sum are part of the
     earlier user's measured backward peak (``OpRecord.bwd_peak_bytes``), hence
     of its ``workspace_bytes`` (NOTE [ Shared parameter gradients ] in
-    ``scheduler.tracing.costs``).
+    ``scheduler.tracing.costs``). A model input that requires grad is given
+    to its last user the same way (NOTE [ Gradients of model inputs ]).
     """
     import dataclasses
 

@@ -50,6 +50,20 @@ NOTE [ Shared parameter gradients ]
     node's ``bwd_peak_bytes``, hence its ``workspace_bytes``, while the
     pending gradient is the parameter gradient ``simulate`` already holds
     since the backward of the parameter's last user.
+
+NOTE [ Gradients of model inputs ]
+    A model input that requires grad (a leaf the caller made with
+    ``requires_grad=True``) gets its ``.grad`` in the backward of the first of
+    its users the backward reaches, and keeps it to the end of the step, as a
+    parameter does. Counted only as that node's workspace (or, when the node
+    passes its output gradient on unchanged, as a residual ``add`` does, as
+    that gradient, freed once the view chain after it copied it), it was
+    missing from the later steps: a block ``x + fc(norm(x))`` whose branch
+    ends in a window-merge view chain measured its ``x.grad`` above
+    ``simulate`` at the branch's backward. So such an input's storage is
+    watched and attributed like a trainable parameter's: the node that last
+    touches it in the forward gets its bytes as ``param_bytes`` (a gradient
+    kept from its backward on), and they leave its ``workspace_bytes``.
 """
 
 from __future__ import annotations
@@ -459,11 +473,13 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
                 if k not in input_keys:
                     input_keys.add(k)
                     totals["input_bytes"] += storage_bytes(v)
+                    if v.requires_grad and k not in param_keys:  # NOTE [ Gradients of model inputs ]
+                        trainable[k] = storage_bytes(v)
                 fake_inputs.append(f)
             else:
                 fake_inputs.append(v)
     counter = FlopCounterMode(display=False)
-    watch = _Watch(param_keys, state_keys)
+    watch = _Watch(param_keys | set(trainable), state_keys)
     rec = _Recorder(gm, fake, counter, watch, set(state_keys) | input_keys, strip_module)
     with stateless._reparametrize_module(gm, state, tie_weights=True), torch.enable_grad():
         with fake, counter, watch:
