@@ -12,6 +12,7 @@ can name contiguous runs of its nodes (see NOTE [ Traced contract ] in
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 from typing import Any, Callable, Mapping, Sequence
@@ -154,8 +155,6 @@ def _export(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> torch.
 
 def _importable(cls: type) -> bool:
     """``cls`` is a top-level name of an importable module (how the ``flat_apply`` node finds it)."""
-    import importlib
-
     if "." in cls.__qualname__ or "<" in cls.__qualname__:
         return False
     try:

@@ -390,7 +390,8 @@ class _Recorder(torch.fx.Interpreter):
                 if to in self._fed:  # NOTE [ Shared parameter gradients ]
                     self._tail = pos
                 self._fed.add(to)
-            if self.grad_owner.get(to, -1) == pos or type(to).__name__ == "AccumulateGrad":
+                continue
+            if self.grad_owner.get(to, -1) == pos:
                 continue
             k = storage_key(g)
             if any(k == key and ref() is not None for key, ref in self._bw_out):
