@@ -220,7 +220,9 @@ def region_profiles(na: NodeArrays, st: Stages) -> tuple[np.ndarray, np.ndarray,
     op = np.where(has_p, na.out[p], 0)
     f = na.p_sink[k] + na.open_all[k] - op * (na.lc[p] >= k) + na.cur[k]
     sa_p = na.fs[p] < _INF
-    rc = (na.p_a[k] - na.p_a[a]) + na.u_all[k] - op * (~sa_p & (na.lc[p] >= k)) + na.cur[k]
+    # Recomputed sinks stay referenced by the running region (its outputs) until it ends.
+    rc = ((na.p_a[k] - na.p_a[a]) + (na.p_sink[k] - na.p_sink[a]) + na.u_all[k] - op * (~sa_p & (na.lc[p] >= k))
+          + na.cur[k])
     bw = (na.p_a[k + 1] - na.p_a[a]) - (na.v_all[k] - op * ((k < na.fs[p]) & sa_p)) + na.gb[k]
     before = k < a
     f = np.where(before, NEG, f)

@@ -214,24 +214,25 @@ class CheckpointModel:
         for j in range(n):
             for k in range(j + 1, lc[j] + 1):
                 open_fwd[k] += out[j]
-        pending = [[] for _ in range(n)]  # j < k whose fate at k depends on later nodes
+        # pending[k]: j < k not yet saved at k whose recomputed copy is alive at
+        # k's recompute exactly when j is in k's region: a reader or saver at or
+        # after k needs it, or (that reader outside the region) the region
+        # still references it as an output; sinks are outputs too.
+        pending = [[] for _ in range(n)]
         spans = [[] for _ in range(n)]  # j <= k < lc[j]
         for j in range(n):
-            for k in range(j, max(lc[j], fs[j] if fs[j] < _INF else -1) + 1):
-                if k < lc[j]:
-                    spans[k].append(j)
-                if j < k and fs[j] > k:
-                    later = [c for c in succs[j] if c >= k][:1]
-                    ends = ([fs[j]] if fs[j] < _INF else []) + later
-                    if ends:
-                        pending[k].append((j, min(ends)))
+            for k in range(j, lc[j]):
+                spans[k].append(j)
+            for k in range(j + 1, (lc[j] if lc[j] >= 0 else n - 1) + 1):
+                if fs[j] > k:
+                    pending[k].append(j)
 
         for k in range(n):
             # Forward step k.
             m.Add(open_fwd[k] + (hb[k - 1] if k else 0) + (sx[k - 1] if k else 0) + cur[k] <= self.cap)
             fa = sum(out[j] * forward_alive(j, k) for j in spans[k])
             # Recompute step k (exists when x[k]).
-            rc = s_[k] + sum(out[j] * self.same(j, t) for j, t in pending[k])
+            rc = s_[k] + sum(out[j] * self.same(j, k) for j in pending[k])
             m.Add(hb[k] + fa + sinks_after[k + 1] + e_[k] + rc + sx[k] + ow[k] + cur[k] <= self.cap).OnlyEnforceIf(x[k])
             # Backward step k.
             if nodes[k].requires_grad:

@@ -28,8 +28,10 @@ NOTE [ Execution model ]
         ``torch.autograd.backward`` frame until the whole backward returns;
       * when the backward reaches the last node of a region, the region is
         recomputed once from its inputs: nodes run forward again, keeping
-        exactly what they save (new copies) and freeing temporaries as they go
-        (the region's output is a temporary unless a node inside saves it);
+        exactly what they save (new copies) and freeing temporaries as they go;
+        the region's outputs (tensors read after the region, or by the
+        caller) stay referenced by the running region until its recompute
+        ends, then are freed unless a node inside saves them;
       * node ``i``'s backward allocates a gradient for each input that requires
         grad (kept until that input's own backward; a second contribution is a
         transient buffer added into the first), the gradients of its
@@ -79,6 +81,7 @@ class GradientWalk:
         self.alive = [False] * n  # node's gradient exists (own storage or a view)
         self.view_of = [-1] * n  # its gradient is a view of this node's gradient storage
         self.views = [0] * n  # live views on this node's gradient storage
+        self._replaced: list[int] = []  # view gradients replaced in the running step
         self.bytes = 0
 
     def start(self) -> None:
@@ -91,14 +94,15 @@ class GradientWalk:
         """Gradients node ``i``'s backward creates for its inputs; returns transient bytes."""
         transient = self.nodes[i].workspace_bytes
         base = self.view_of[i] if self.view_of[i] >= 0 else i
+        replacing = 0
         for j in dict.fromkeys(self.preds[i]):
             if not self.rg[j]:
                 continue
             if self.alive[j]:
                 transient += self.out[j]  # the contribution, added into the existing gradient
                 if self.view_of[j] >= 0:  # a view cannot be added into in place: a new tensor replaces it
-                    self._drop_view(j)
-                    self.bytes += self.out[j]
+                    self._replaced.append(j)
+                    replacing += self.out[j]
             elif self.nodes[i].grad_views and self.alive[i]:  # no output gradient: nothing to view
                 self.alive[j] = True
                 self.view_of[j] = base
@@ -106,11 +110,24 @@ class GradientWalk:
             else:
                 self.alive[j] = True
                 self.bytes += self.out[j]
+        if replacing:
+            # NOTE [ Replacing a view gradient ]: ``view + contribution`` runs after
+            # node i's function returned (its output gradient and own saved
+            # buffers are gone) while the view still holds its base; the new
+            # gradient replaces the view when the step ends (node_done).
+            released = self.nodes[i].saved_bytes
+            if self.alive[i] and self.view_of[i] < 0 and self.views[i] == 0 and i != len(self.nodes) - 1:
+                released += self.out[i]
+            transient += max(0, replacing - released)
         return transient
 
     def node_done(self, i: int) -> None:
         """Node ``i``'s backward is over: its output's gradient is released
         (the last node's stays: ``backward()``'s caller holds it to the end)."""
+        for j in self._replaced:
+            self._drop_view(j)
+            self.bytes += self.out[j]
+        self._replaced.clear()
         if not self.alive[i]:
             return
         self.alive[i] = False
@@ -312,6 +329,9 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
                     if a <= j <= b:
                         rec_hold[j] += 1
                         rec_node_holds[k].append(j)
+            # The region's outputs (read after it, or by the caller) stay
+            # referenced by the running region until its recompute ends.
+            outs = [caller[k] or succs[k][-1] > b for k in range(a, b + 1)]
             for k in range(a, b + 1):
                 nd = nodes[k]
                 recompute_flops += nd.fwd_flops
@@ -322,9 +342,12 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
                 for j in dict.fromkeys(preds[k]):
                     if a <= j <= b:
                         rem[j - a] -= 1
-                        if rem[j - a] == 0 and rec_hold[j] == 0:
+                        if rem[j - a] == 0 and rec_hold[j] == 0 and not outs[j - a]:
                             act -= out_b[j]
-                if rem[k - a] == 0 and rec_hold[k] == 0:
+                if rem[k - a] == 0 and rec_hold[k] == 0 and not outs[k - a]:
+                    act -= out_b[k]
+            for k in range(a, b + 1):
+                if outs[k - a] and rec_hold[k] == 0:
                     act -= out_b[k]
         if rg[i]:
             nd = nodes[i]

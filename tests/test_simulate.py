@@ -60,6 +60,10 @@ DIAMOND_CASES = {
     ((1, 3),): [10, 30, 60, 65, 40, 70, 75, 120, 80, 60, 20],
     # region [a]: recomputing a adds a temporary copy of a (nothing in the region saves it)
     ((0, 0),): [10, 30, 60, 65, 120, 80, 60, 30, 20],
+    # region [b, c], both read by d after it: a held by the region. Before the recompute a, d + grad d, b, c = 70;
+    # recompute b (90); recompute c: b is an output of the running region, still referenced (90 + 30 = 120,
+    # not 100); both are freed when the recompute ends; bwd c, b, a as in store-all.
+    ((1, 2),): [10, 30, 60, 65, 120, 90, 120, 80, 60, 20],
 }
 
 
