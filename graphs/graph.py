@@ -92,6 +92,9 @@ class Node:
         module: dotted path in the module tree ("" when unknown).
         stochastic: draws random numbers (dropout); recompute must replay RNG.
         stateful: updates state in the forward (BatchNorm running stats).
+        state_bytes: bytes of the buffers the node updates in its forward; a
+            region holding it snapshots them while it recomputes (NOTE
+            [ Stateful ops under recompute ] in ``scheduler.applier``).
         recomputable: False forbids any plan from putting the node in a region.
         requires_grad: whether the output requires grad (has a backward).
         grad_views: the backward hands its inputs *views* of its output's
@@ -116,12 +119,14 @@ class Node:
     module: str = ""
     stochastic: bool = False
     stateful: bool = False
+    state_bytes: int = 0
     recomputable: bool = True
     requires_grad: bool = True
     grad_views: bool = False
     members: tuple[str, ...] = ()
 
-    _INT_FIELDS = ("out_bytes", "fwd_flops", "bwd_flops", "saved_bytes", "workspace_bytes", "param_bytes")
+    _INT_FIELDS = ("out_bytes", "fwd_flops", "bwd_flops", "saved_bytes", "workspace_bytes", "param_bytes",
+                   "state_bytes")
     _BOOL_FIELDS = ("saves_output", "stochastic", "stateful", "recomputable", "requires_grad", "grad_views")
 
     def __post_init__(self) -> None:

@@ -75,6 +75,7 @@ class NodeArrays:
         gr: gradient + parameter-gradient bytes just before its backward
             (what a region recomputed there finds alive).
         flops: forward FLOPs (the recompute cost of the node).
+        state: bytes of buffers a region holding the node snapshots while it recomputes.
         const: bytes alive at every step: parameters, inputs, common tensors.
         p_sink, p_as, p_a: prefix sums (length n + 1) used by the profiles.
         open_all, u_all, v_all: open-tensor sums per step (see code).
@@ -91,6 +92,7 @@ class NodeArrays:
     gb: np.ndarray
     gr: np.ndarray
     flops: np.ndarray
+    state: np.ndarray
     const: int
     p_sink: np.ndarray
     p_as: np.ndarray
@@ -161,6 +163,7 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
     return NodeArrays(
         out=out, own=own, cur=cur, lc=lc, sink=sink, fs=fs, cs=cs, rg=rg, gb=gb, gr=gr,
         flops=np.array([nd.fwd_flops for nd in nodes], dtype=np.int64),
+        state=np.array([nd.state_bytes for nd in nodes], dtype=np.int64),
         const=graph.param_bytes + graph.input_bytes + sum(real_out[i] for i in common),
         p_sink=_prefix(out * sink), p_as=_prefix(out * (sa & ~sink) + own), p_a=_prefix(out * sa + own),
         open_all=np.cumsum(d_open)[:n], u_all=np.cumsum(d_u)[:n], v_all=np.cumsum(d_v)[:n],
@@ -233,7 +236,9 @@ def region_profiles(na: NodeArrays, st: Stages) -> tuple[np.ndarray, np.ndarray,
     bm = np.maximum.accumulate(bw, axis=1)[:, ends]
     sinks = int(na.p_sink[-1])
     gr_end = na.gr[ends][None, :]
-    rm = np.where(rm > NEG, rm + sinks + gr_end, NEG)
+    pst = _prefix(na.state)
+    snapshot = pst[ends + 1][None, :] - pst[starts][:, None]  # state buffers copied for the recompute
+    rm = np.where(rm > NEG, rm + sinks + gr_end + snapshot, NEG)
     bm = np.where(bm > NEG, bm + sinks, NEG)
     l0 = np.maximum(fm, np.maximum(rm, bm))
     pf = _prefix(na.flops)

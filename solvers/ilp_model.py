@@ -127,7 +127,7 @@ class CheckpointModel:
                 for j in dict.fromkeys(g.index[s] for s in nd.saves_inputs):
                     savers[j].append(k)
         selfsave = [bool(nd.requires_grad and nd.saves_output) for nd in nodes]
-        total = sum(out) * 4 + sum(cur) + sum(own) + int(max(na.gb.max(), na.gr.max())) + 1
+        total = sum(out) * 4 + sum(cur) + sum(own) + int(na.state.sum()) + int(max(na.gb.max(), na.gr.max())) + 1
         const = g.param_bytes + g.input_bytes
         if budget_bytes is None:
             self.cap = m.NewIntVar(0, total, "peak")
@@ -207,6 +207,29 @@ class CheckpointModel:
             else:
                 m.Add(v == int(na.gr[k]))
             e_[k] = v
+        # Buffers of stateful nodes, snapshotted for a region's whole recompute:
+        # sl[k] (those at or before k in k's region) + sr[k] (after k in it).
+        state = [int(v) for v in na.state]
+        snap: list = [0] * n
+        if any(state):
+            sl, sr = [None] * n, [None] * n
+            for k in range(n):
+                v = m.NewIntVar(0, hi, f"sl{k}")
+                if k == 0:
+                    m.Add(v == state[0])
+                else:
+                    m.Add(v == sl[k - 1] + state[k]).OnlyEnforceIf(cont[k])
+                    m.Add(v == state[k]).OnlyEnforceIf(cont[k].Not())
+                sl[k] = v
+            for k in range(n - 1, -1, -1):
+                v = m.NewIntVar(0, hi, f"sr{k}")
+                if k + 1 < n:
+                    m.Add(v == sr[k + 1] + state[k + 1]).OnlyEnforceIf(cont[k + 1])
+                    m.Add(v == 0).OnlyEnforceIf(cont[k + 1].Not())
+                else:
+                    m.Add(v == 0)
+                sr[k] = v
+            snap = [sl[k] + sr[k] for k in range(n)]
         sinks_after = [0] * (n + 1)
         for k in range(n - 1, -1, -1):
             sinks_after[k] = sinks_after[k + 1] + (out[k] if lc[k] < 0 else 0)
@@ -233,7 +256,8 @@ class CheckpointModel:
             fa = sum(out[j] * forward_alive(j, k) for j in spans[k])
             # Recompute step k (exists when x[k]).
             rc = s_[k] + sum(out[j] * self.same(j, k) for j in pending[k])
-            m.Add(hb[k] + fa + sinks_after[k + 1] + e_[k] + rc + sx[k] + ow[k] + cur[k] <= self.cap).OnlyEnforceIf(x[k])
+            m.Add(hb[k] + fa + sinks_after[k + 1] + e_[k] + rc + sx[k] + ow[k] + cur[k] + snap[k]
+                  <= self.cap).OnlyEnforceIf(x[k])
             # Backward step k.
             if nodes[k].requires_grad:
                 a = s_[k] + (out[k] * x[k] if selfsave[k] else 0)

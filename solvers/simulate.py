@@ -31,7 +31,9 @@ NOTE [ Execution model ]
         exactly what they save (new copies) and freeing temporaries as they go;
         the region's outputs (tensors read after the region, or by the
         caller) stay referenced by the running region until its recompute
-        ends, then are freed unless a node inside saves them;
+        ends, then are freed unless a node inside saves them; the buffers of
+        its stateful nodes (``state_bytes``) are copied for the recompute's
+        duration;
       * node ``i``'s backward allocates a gradient for each input that requires
         grad (kept until that input's own backward; a second contribution is a
         transient buffer added into the first), the gradients of its
@@ -332,6 +334,8 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
             # The region's outputs (read after it, or by the caller) stay
             # referenced by the running region until its recompute ends.
             outs = [caller[k] or succs[k][-1] > b for k in range(a, b + 1)]
+            snapshot = sum(nodes[k].state_bytes for k in range(a, b + 1))  # buffers copied around the recompute
+            act += snapshot
             for k in range(a, b + 1):
                 nd = nodes[k]
                 recompute_flops += nd.fwd_flops
@@ -349,6 +353,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
             for k in range(a, b + 1):
                 if outs[k - a] and rec_hold[k] == 0:
                     act -= out_b[k]
+            act -= snapshot
         if rg[i]:
             nd = nodes[i]
             transient = grads.node_backward(i)

@@ -21,7 +21,7 @@ from solvers.ilp import IlpSolver
 
 def random_graph(seed: int, *, chain: bool) -> Graph:
     """A small random graph: random edges, save patterns, buffers, workspace,
-    parameters, requires_grad, recomputable and grad_views flags."""
+    parameters, requires_grad, recomputable and grad_views flags, state buffers."""
     rng = random.Random(seed)
     n = rng.randint(4, 9)
     nodes = []
@@ -45,6 +45,8 @@ def random_graph(seed: int, *, chain: bool) -> Graph:
             # cat-like backward (input gradients are views of the output's), drawn apart so the
             # other fields keep their seeds
             grad_views=bool(inputs) and random.Random(seed * 7919 + i).random() < 0.25,
+            # buffers a region snapshots while it recomputes (BatchNorm's statistics)
+            state_bytes=random.Random(seed * 104729 + i).choice([0, 0, 0, 40, 300]),
         ))
     return Graph(nodes=tuple(nodes), param_bytes=rng.randint(0, 500), input_bytes=rng.randint(0, 100),
                  name=f"random{seed}")

@@ -153,6 +153,7 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
             module=_common_module(rs),
             stochastic=any(r.stochastic for r in rs),
             stateful=any(r.stateful for r in rs),
+            state_bytes=sum(r.state_bytes for r in rs),
             requires_grad=rg,
             # cat-like backward: only when that op alone creates the group's storage (one op, or folded views)
             grad_views=rg and [r.grad_views for r in rs if r.out_bytes > 0] == [True],

@@ -111,6 +111,10 @@ class OpRecord:
             ``FlopCounterMode``.
         param_keys: storage keys of the parameters the node touched.
         requires_grad, stochastic, stateful: flags.
+        state_bytes: bytes of the buffers a stateful node reads or writes (all
+            of a BatchNorm's: ``native_batch_norm`` updates the running
+            statistics without declaring the write; ``num_batches_tracked``
+            is what marks it stateful).
         returned: the graph's output returns this node's value.
         bwd_peak_bytes: the most bytes the node's backward had allocated at
             once (gradients of its inputs and parameters, and temporaries),
@@ -139,6 +143,7 @@ class OpRecord:
     estimated_fwd_flops: int = 0
     estimated_bwd_flops: int = 0
     grad_views: bool = False
+    state_bytes: int = 0
 
     @property
     def estimated_flops(self) -> int:
@@ -180,6 +185,7 @@ class _Watch(TorchDispatchMode):
     def reset(self) -> None:
         self.stochastic = False
         self.stateful = False
+        self.state_read: dict[int, int] = {}  # storage key -> bytes, buffers the node's ops read or wrote
         self.touched: dict[int, None] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
@@ -191,6 +197,8 @@ class _Watch(TorchDispatchMode):
                 k = storage_key(t)
                 if k in self.param_keys:
                     self.touched[k] = None
+                elif k in self.state_keys:
+                    self.state_read[k] = storage_bytes(t)
         schema = func._schema
         if schema.is_mutable:
             for i, a in enumerate(schema.arguments):
@@ -342,7 +350,7 @@ class _Recorder(torch.fx.Interpreter):
             out_bytes=out_bytes, saves=tuple(sorted(saves)), own_saved_bytes=sum(own_keys.values()),
             fwd_flops=int(fwd + estimated), bwd_flops=0, param_keys=tuple(self.watch.touched),
             requires_grad=requires_grad, stochastic=self.watch.stochastic, stateful=self.watch.stateful,
-            returned=False, estimated_fwd_flops=estimated,
+            returned=False, estimated_fwd_flops=estimated, state_bytes=sum(self.watch.state_read.values()) if self.watch.stateful else 0,
         ))
         return result
 
