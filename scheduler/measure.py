@@ -11,6 +11,17 @@ NOTE [ Counting like simulate ]
     parameters, as they are created and freed. Allocator caching, kernel
     workspaces and the Python heap are not counted (they are not tensors).
 
+    One thing the mode itself changes: while any dispatch mode is active,
+    autograd adds a second gradient contribution *out of place*
+    (``old + new``, a third buffer for a moment) where a plain run adds it in
+    place (``old.add_(new)``, what ``simulate`` assumes), because the engine
+    then treats every tensor as subclass-like. Checked on a block whose
+    input feeds two branches: ``aten::add_`` in the profiler's trace of a
+    plain backward, ``aten.add.Tensor`` under this mode. So at such a step
+    this count can exceed both the real run and the prediction by up to one
+    gradient (1,216 bytes over on that block); ``scheduler.profmem`` (the
+    allocator's events, no mode) sees the real run.
+
 :func:`measure_step` runs one training step (forward, the loss, backward) of
 a module with ``.grad`` set to None first, so the numbers compare with
 ``simulate(graph, plan).peak_bytes`` of the graph traced from the same call.

@@ -37,3 +37,4 @@ def test_unet_plan_with_skips_inside_regions_measures_as_predicted():
     predicted = simulate(g, plan, record=False).peak_bytes
     assert predicted >= measured
     assert predicted - measured <= 0.001 * measured
+
