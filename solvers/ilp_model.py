@@ -237,25 +237,39 @@ class CheckpointModel:
         for j in range(n):
             for k in range(j + 1, lc[j] + 1):
                 open_fwd[k] += out[j]
-        # pending[k]: j < k not yet saved at k whose recomputed copy is alive at
-        # k's recompute exactly when j is in k's region: a reader or saver at or
-        # after k needs it, or (that reader outside the region) the region
-        # still references it as an output; sinks are outputs too.
-        pending = [[] for _ in range(n)]
         spans = [[] for _ in range(n)]  # j <= k < lc[j]
         for j in range(n):
             for k in range(j, lc[j]):
                 spans[k].append(j)
-            for k in range(j + 1, (lc[j] if lc[j] >= 0 else n - 1) + 1):
-                if fs[j] > k:
-                    pending[k].append(j)
+        # q[k]: recomputed copies of j < k not yet saved at k, in k's region. Such
+        # a copy is alive at k's recompute exactly when j is in k's region while
+        # a reader or saver at or after k needs it, or (that reader outside the
+        # region) the region still references it as an output; sinks are
+        # outputs to the end. So j counts for k in (j, last[j]], and a running
+        # sum along the region drops it after last[j] (one ``same`` per j).
+        last = [min(lc[j] if lc[j] >= 0 else n - 1, fs[j] - 1) for j in range(n)]
+        leaving = [[] for _ in range(n + 1)]
+        for j in range(n):
+            if last[j] > j:
+                leaving[last[j] + 1].append(j)
+        q = []
+        for k in range(n):
+            v = m.NewIntVar(0, hi, f"q{k}")
+            if k == 0:
+                m.Add(v == 0)
+            else:
+                gone = sum(out[j] * self.same(j, k - 1) for j in leaving[k])  # j < k - 1: last[j] > j
+                enters = out[k - 1] if last[k - 1] >= k else 0
+                m.Add(v == q[-1] - gone + enters).OnlyEnforceIf(cont[k])
+                m.Add(v == 0).OnlyEnforceIf(cont[k].Not())
+            q.append(v)
 
         for k in range(n):
             # Forward step k.
             m.Add(open_fwd[k] + (hb[k - 1] if k else 0) + (sx[k - 1] if k else 0) + cur[k] <= self.cap)
             fa = sum(out[j] * forward_alive(j, k) for j in spans[k])
             # Recompute step k (exists when x[k]).
-            rc = s_[k] + sum(out[j] * self.same(j, k) for j in pending[k])
+            rc = s_[k] + q[k]
             m.Add(hb[k] + fa + sinks_after[k + 1] + e_[k] + rc + sx[k] + ow[k] + cur[k] + snap[k]
                   <= self.cap).OnlyEnforceIf(x[k])
             # Backward step k.
