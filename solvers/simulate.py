@@ -44,7 +44,9 @@ NOTE [ Execution model ]
         does not exist yet a view of its own output's gradient (no new
         bytes); that storage is freed when the last view's owner has run its
         backward. A later contribution to such an input is added out of place
-        (a new gradient tensor replaces the view). See :class:`GradientWalk`.
+        (a new gradient tensor replaces the view, made while the view still
+        holds its base: NOTE [ Replacing a view gradient ]). See
+        :class:`GradientWalk`.
 
     The recompute cost of a plan is the forward FLOPs of every node in a
     region (each region is recomputed exactly once).
