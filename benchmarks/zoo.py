@@ -128,9 +128,15 @@ def convnext():
                   hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 2, 1], num_labels=10)
 
 
+def resnet():
+    # BatchNorm under torch.export: buffers arrive as get_attr reads (NOTE [ Buffers inside a region ])
+    return _build("ResNetConfig", "ResNetForImageClassification", _image(64), embedding_size=16,
+                  hidden_sizes=[16, 32], depths=[1, 1], num_labels=10)
+
+
 #: name -> factory returning ``(model, args, kwargs, loss)``
 ZOO: dict[str, Callable[[], tuple]] = {f.__name__: f for f in (
-    bert, distilbert, opt, mistral, qwen2, phi, bloom, t5, bart, vit, swin, convnext)}
+    bert, distilbert, opt, mistral, qwen2, phi, bloom, t5, bart, vit, swin, convnext, resnet)}
 QUICK = ("bert", "t5", "vit", "mistral")
 
 

@@ -291,10 +291,12 @@ def cut(traced: Any, plan: Plan) -> tuple[torch.fx.GraphModule, list[RegionInfo]
         part[node.name] = pid
         count[pid] = count.get(pid, 0) + 1
     split = split_module(gm, gm, lambda n: part[n.name], keep_original_order=True)
+    buffers = {id(t) for t in gm.buffers()}
     infos = []
     for pid, r in sorted(part_region.items()):
         name = f"submod_{pid}"
         body = getattr(split, name)
+        _own_buffers(split, name, body, buffers)
         a, b = plan.regions[r]
         stateful = any(graph.nodes[i].stateful for i in range(a, b + 1)) or any(
             isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats for m in body.modules())
@@ -302,6 +304,55 @@ def cut(traced: Any, plan: Plan) -> tuple[torch.fx.GraphModule, list[RegionInfo]
         infos.append(RegionInfo(region=(a, b), submodule=name, fx_nodes=count[pid], stateful=stateful))
     _inline_stretches(split, {info.submodule for info in infos})
     return split, infos
+
+
+def _own_buffers(split: torch.fx.GraphModule, name: str, body: torch.fx.GraphModule, buffers: set[int]) -> None:
+    """Make the buffers a region reads attributes of its body, not arguments.
+
+    NOTE [ Buffers inside a region ]: ``split_module`` passes every tensor
+    ``get_attr`` (a ``torch.export`` graph reads parameters and buffers that
+    way) to a partition as an argument. Non-reentrant ``checkpoint`` keeps its
+    arguments for the recompute and checks their versions, so a BatchNorm's
+    ``num_batches_tracked.add_(1)`` inside the region failed the recompute
+    ("modified by an inplace operation"; transformers' ResNet), and the
+    snapshot of NOTE [ Stateful ops under recompute ] (the body's buffers)
+    missed them: the recompute would have updated the statistics twice. The
+    same tensor object is registered on the body instead.
+    """
+    call = next((n for n in split.graph.nodes if n.op == "call_module" and n.target == name), None)
+    if call is None:
+        return
+    holders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    if len(holders) != len(call.args) or call.kwargs:
+        return
+    keep = []
+    for arg, holder in zip(call.args, holders):
+        value = None
+        if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+            value = _attr(split, str(arg.target))
+        if isinstance(value, torch.Tensor) and id(value) in buffers:
+            attr = "buf_" + str(arg.target).replace(".", "_")
+            body.register_buffer(attr, value)
+            with body.graph.inserting_before(holder):
+                read = body.graph.get_attr(attr)
+            holder.replace_all_uses_with(read)
+            body.graph.erase_node(holder)
+        else:
+            keep.append(arg)
+    if len(keep) != len(call.args):
+        dropped = [a for a in call.args if a not in keep]
+        call.args = tuple(keep)
+        for arg in dropped:
+            if not arg.users:
+                split.graph.erase_node(arg)
+        body.recompile()
+        split.recompile()
+
+
+def _attr(module: nn.Module, qualname: str) -> Any:
+    for part in qualname.split("."):
+        module = getattr(module, part)
+    return module
 
 
 def _inline_stretches(split: torch.fx.GraphModule, regions: set[str]) -> None:

@@ -20,7 +20,7 @@ from benchmarks.zoo import run_one  # noqa: E402
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["bert", "bart", "vit"])
+@pytest.mark.parametrize("name", ["bert", "bart", "vit", "resnet"])
 def test_zoo_model_fits_and_keeps_gradients(name):
     row = run_one(name, time_limit_s=10)
     assert row["regions"] > 0, row  # the budget made it checkpoint something

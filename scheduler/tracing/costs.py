@@ -199,6 +199,11 @@ class _Watch(TorchDispatchMode):
                     self.touched[k] = None
                 elif k in self.state_keys:
                     self.state_read[k] = storage_bytes(t)
+        if func is torch.ops.aten.native_batch_norm.default and len(args) > 5 and args[5]:
+            # training mode updates running_mean/var in place without declaring the write
+            for t in args[3:5]:
+                if isinstance(t, torch.Tensor) and storage_key(t) in self.state_keys:
+                    self.stateful = True
         schema = func._schema
         if schema.is_mutable:
             for i, a in enumerate(schema.arguments):
