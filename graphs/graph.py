@@ -43,6 +43,7 @@ from typing import Any, Iterable, Mapping, Sequence
 __all__ = [
     "FORMAT_VERSION",
     "COSTS_META",
+    "WORKSPACES_META",
     "CkptError",
     "GraphError",
     "Node",
@@ -54,6 +55,8 @@ FORMAT_VERSION = 1
 #: ``Graph.meta`` key describing how ``fwd_flops`` were obtained when they are
 #: not counted FLOPs (e.g. measured times, ``scheduler.tracing.timing``).
 COSTS_META = "costs"
+#: ``meta`` key naming the device convolution workspaces were measured on (when they were).
+WORKSPACES_META = "workspaces"
 
 
 class CkptError(Exception):
@@ -308,15 +311,17 @@ class Graph:
 
         Two traces of the same model with the same input shapes and dtype give
         the same fingerprint; a different model, shape or dtype does not. The
-        costs (``fwd_flops``, ``bwd_flops`` and ``meta["costs"]``) are left
-        out: they change which plan is cheapest, not what a plan does, and
-        measured times differ from one trace to the next. :meth:`content_hash`
-        covers everything.
+        costs (``fwd_flops``, ``bwd_flops`` and ``meta["costs"]``) and the
+        kernel workspaces (``workspace_bytes``, ``meta["workspaces"]``: measured
+        only on request) are left out: they change which plan is cheapest or
+        fits, not what a plan does, and measurements differ from one trace to
+        the next. :meth:`content_hash` covers everything.
         """
         d = self.to_dict()
         d["meta"].pop(COSTS_META, None)
+        d["meta"].pop(WORKSPACES_META, None)
         for nd in d["nodes"]:
-            del nd["fwd_flops"], nd["bwd_flops"]
+            del nd["fwd_flops"], nd["bwd_flops"], nd["workspace_bytes"]
         payload = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

@@ -58,7 +58,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch import nn
 
-from graphs import COSTS_META, Graph
+from graphs import COSTS_META, WORKSPACES_META, Graph
 
 from .tracing.build import attribute_params, build_nodes, group_records
 from .tracing.capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
@@ -127,7 +127,7 @@ class Traced:
 def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[str, Any] | None = None, *,
             loss: Callable[[Any], torch.Tensor] | None = None, granularity: str | int = "auto",
             method: str = "auto", check: bool = True, name: str | None = None, costs: str = "flops",
-            time_repeats: int = 5) -> Traced:
+            time_repeats: int = 5, workspaces: str = "none") -> Traced:
     """Trace ``model`` on example inputs and measure its cost graph.
 
     Args:
@@ -151,6 +151,10 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             fast on *this* machine, e.g. a CPU, where memory-bound ops cost
             far more than their FLOPs say.
         time_repeats: forward runs measured with ``costs="time"`` (median).
+        workspaces: ``"none"`` (default) or ``"measure"``: run each distinct
+            convolution's backward once on the model's device (the CPU for a
+            ``meta`` model) and count the buffers it holds inside the op
+            (NOTE [ Convolution workspaces ] in ``scheduler.tracing.workspaces``).
 
     Returns:
         A :class:`Traced` (NOTE [ Traced contract ]).
@@ -164,6 +168,8 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         args = (args,)
     if costs not in COST_MODELS:
         raise TraceError(f"costs={costs!r} is not one of {', '.join(COST_MODELS)}")
+    if workspaces not in ("none", "measure"):
+        raise TraceError(f"workspaces={workspaces!r} is not one of 'none', 'measure'")
     args = tuple(args)
     kwargs = dict(kwargs or {})
     target: nn.Module = LossWrapper(model, loss) if loss is not None else model
@@ -183,6 +189,13 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         except ValueError as exc:
             raise TraceError(str(exc)) from None
         records, meta[COSTS_META] = time_records(records, times)
+    if workspaces == "measure":
+        from .tracing.workspaces import measure_conv_workspaces
+
+        device = next((t.device for t in list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)]),
+                      torch.device("cpu"))
+        records = measure_conv_workspaces(records, device)
+        meta[WORKSPACES_META] = "cpu" if device.type == "meta" else str(device)
     graph, members, gran = _assemble(records, granularity, totals, name, meta)
     placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     log.info("traced %s with %s: %d fx nodes -> %d cost nodes (granularity %s)", name, used, len(records),

@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--costs", choices=["flops", "time"], default="flops",
                    help="node costs: counted FLOPs (default) or measured forward time in FLOP-equivalents "
                         "(plans that are fast on this machine; not on the meta device)")
+    p.add_argument("--workspaces", choices=["none", "measure"], default="none",
+                   help="measure each convolution's backward once on the model's device and count the buffers it "
+                        "holds inside the op (what the allocator sees on conv nets); default none")
     p.add_argument("-o", "--output", help="write the graph here (JSON)")
 
 
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     ex = build(args.model, **model_options(args))
     gran: Any = int(args.granularity) if str(args.granularity).isdigit() else args.granularity
     traced = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity=gran, method=args.method, name=args.model,
-                     costs=args.costs)
+                     costs=args.costs, workspaces=args.workspaces)
     g = traced.graph
     print(f"{args.model}: traced with {traced.method}, {len(traced.records)} fx nodes -> {len(g)} graph nodes "
           f"(granularity {traced.granularity})")

@@ -144,6 +144,7 @@ class OpRecord:
     estimated_bwd_flops: int = 0
     grad_views: bool = False
     state_bytes: int = 0
+    convs: tuple = ()  # signatures of the convolutions the node ran (scheduler.tracing.workspaces)
 
     @property
     def estimated_flops(self) -> int:
@@ -186,6 +187,7 @@ class _Watch(TorchDispatchMode):
         self.stochastic = False
         self.stateful = False
         self.state_read: dict[int, int] = {}  # storage key -> bytes, buffers the node's ops read or wrote
+        self.convs: list[tuple] = []
         self.touched: dict[int, None] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
@@ -199,6 +201,9 @@ class _Watch(TorchDispatchMode):
                     self.touched[k] = None
                 elif k in self.state_keys:
                     self.state_read[k] = storage_bytes(t)
+        if func is torch.ops.aten.convolution.default:
+            from .workspaces import conv_signature  # local: only convolutions need it
+            self.convs.append(conv_signature(args))
         if func is torch.ops.aten.native_batch_norm.default and len(args) > 5 and args[5]:
             # training mode updates running_mean/var in place without declaring the write
             for t in args[3:5]:
@@ -356,6 +361,7 @@ class _Recorder(torch.fx.Interpreter):
             fwd_flops=int(fwd + estimated), bwd_flops=0, param_keys=tuple(self.watch.touched),
             requires_grad=requires_grad, stochastic=self.watch.stochastic, stateful=self.watch.stateful,
             returned=False, estimated_fwd_flops=estimated, state_bytes=sum(self.watch.state_read.values()) if self.watch.stateful else 0,
+            convs=tuple(self.watch.convs),
         ))
         return result
 
