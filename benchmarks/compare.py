@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 from scheduler.compare import compare, format_table, machine
@@ -85,6 +86,12 @@ def run_maxbatch(quick: bool) -> dict[str, Any]:
     rows = max_batches(graph_at, budget, _registered(MAXBATCH_METHODS), hi=hi,
                        options={"ilp": {"time_limit_s": 20}}, confirm=confirm,
                        progress=lambda s: log.info("  maxbatch %s", s))
+    # The same search on graphs with measured convolution workspaces (what the allocator sees).
+    graph_ws, _, _, _, _ = vgg_maxbatch_setup(quick=quick, workspaces="measure")
+    rows += [replace(r, method=f"{r.method} + workspaces")
+             for r in max_batches(graph_ws, budget, _registered(("store-all", "dp", "ilp")), hi=hi,
+                                  options={"ilp": {"time_limit_s": 20}}, confirm=confirm,
+                                  progress=lambda s: log.info("  maxbatch (workspaces measured) %s", s))]
     d = {"budget_bytes": budget, "meta": meta, "checkmate_vgg19": CHECKMATE_VGG19,
          "rows": [r.__dict__ for r in rows]}
     with open(os.path.join(RESULTS, "compare_maxbatch.json"), "w", encoding="utf-8") as fh:

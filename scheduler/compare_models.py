@@ -92,7 +92,7 @@ def _hf_workload(name: str, opts: dict[str, Any]) -> Workload:
                     meta={"model": type(model).__name__, **opts})
 
 
-def vgg_maxbatch_setup(*, quick: bool) -> tuple[Callable[[int], Graph], Callable[[int, Plan], tuple[int, int]], int, int,
+def vgg_maxbatch_setup(*, quick: bool, workspaces: str = "none") -> tuple[Callable[[int], Graph], Callable[[int, Plan], tuple[int, int]], int, int,
                                                 dict]:
     """``(graph_at, confirm, budget_bytes, hi, meta)`` for the max-batch protocol on VGG-19.
 
@@ -112,7 +112,8 @@ def vgg_maxbatch_setup(*, quick: bool) -> tuple[Callable[[int], Graph], Callable
     def graph_at(b: int) -> Graph:
         torch.manual_seed(0)
         ex = build("vgg19", batch=b, device="meta", **opts)
-        return capture(ex.model, ex.args, ex.kwargs, loss=ex.loss).graph
+        # workspaces="measure": each convolution's backward run once on the CPU at this batch
+        return capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, workspaces=workspaces).graph
 
     def confirm(b: int, plan: Plan) -> int:
         torch.manual_seed(0)
