@@ -82,6 +82,8 @@ from torch.nn.utils import stateless
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from .workspaces import conv_signature
+
 __all__ = ["OpRecord", "measure_ops", "storage_key", "storage_bytes"]
 
 log = logging.getLogger(__name__)
@@ -202,7 +204,6 @@ class _Watch(TorchDispatchMode):
                 elif k in self.state_keys:
                     self.state_read[k] = storage_bytes(t)
         if func is torch.ops.aten.convolution.default:
-            from .workspaces import conv_signature  # local: only convolutions need it
             self.convs.append(conv_signature(args))
         if func is torch.ops.aten.native_batch_norm.default and len(args) > 5 and args[5]:
             # training mode updates running_mean/var in place without declaring the write
@@ -360,8 +361,8 @@ class _Recorder(torch.fx.Interpreter):
             out_bytes=out_bytes, saves=tuple(sorted(saves)), own_saved_bytes=sum(own_keys.values()),
             fwd_flops=int(fwd + estimated), bwd_flops=0, param_keys=tuple(self.watch.touched),
             requires_grad=requires_grad, stochastic=self.watch.stochastic, stateful=self.watch.stateful,
-            returned=False, estimated_fwd_flops=estimated, state_bytes=sum(self.watch.state_read.values()) if self.watch.stateful else 0,
-            convs=tuple(self.watch.convs),
+            returned=False, estimated_fwd_flops=estimated, convs=tuple(self.watch.convs),
+            state_bytes=sum(self.watch.state_read.values()) if self.watch.stateful else 0,
         ))
         return result
 

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from .costs import OpRecord
+if TYPE_CHECKING:  # costs imports conv_signature from here
+    from .costs import OpRecord
 
 __all__ = ["conv_signature", "measure_conv_workspaces", "conv_backward_workspace"]
 
