@@ -303,6 +303,7 @@ def cut(traced: Any, plan: Plan) -> tuple[torch.fx.GraphModule, list[RegionInfo]
         setattr(split, name, CheckpointRegion(body, stateful=stateful))
         infos.append(RegionInfo(region=(a, b), submodule=name, fx_nodes=count[pid], stateful=stateful))
     _inline_stretches(split, {info.submodule for info in infos})
+    _copy_inputs_written_later(split, {info.submodule for info in infos})
     return split, infos
 
 
@@ -329,7 +330,7 @@ def _own_buffers(split: torch.fx.GraphModule, name: str, body: torch.fx.GraphMod
     for arg, holder in zip(call.args, holders):
         value = None
         if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
-            value = _attr(split, str(arg.target))
+            value = operator.attrgetter(str(arg.target))(split)
         if isinstance(value, torch.Tensor) and id(value) in buffers:
             attr = "buf_" + str(arg.target).replace(".", "_")
             body.register_buffer(attr, value)
@@ -349,10 +350,46 @@ def _own_buffers(split: torch.fx.GraphModule, name: str, body: torch.fx.GraphMod
         split.recompile()
 
 
-def _attr(module: nn.Module, qualname: str) -> Any:
-    for part in qualname.split("."):
-        module = getattr(module, part)
-    return module
+def _writes(node: torch.fx.Node, target: torch.fx.Node) -> bool:
+    """``node`` writes ``target`` in place: an aten op with a mutable schema
+    argument (torch.export) or a ``Tensor.x_`` method on it (torch.fx)."""
+    if node.op == "call_method":
+        return str(node.target).endswith("_") and not str(node.target).endswith("__") and bool(node.args) \
+            and node.args[0] is target
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    if schema is None or not schema.is_mutable:
+        return False
+    for a, value in zip(schema.arguments, node.args):
+        if value is target and a.alias_info is not None and a.alias_info.is_write:
+            return True
+    return False
+
+
+def _copy_inputs_written_later(split: torch.fx.GraphModule, regions: set[str]) -> None:
+    """A region gets a copy of an input that the graph writes in place after the region.
+
+    NOTE [ Inputs written after a region ]: checkpoint keeps a region's
+    inputs for its recompute and checks their versions. BART builds its
+    decoder inputs with ``masked_fill_`` on a tensor a region had read just
+    before (``shifted == -100``), so that plan failed its recompute
+    ("modified by an inplace operation"). The region now reads a copy made
+    at the call (a few KiB of token ids there; not in the cost model).
+    """
+    graph = split.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    changed = False
+    for call in list(graph.nodes):
+        if call.op != "call_module" or call.target not in regions:
+            continue
+        args = list(call.args)
+        for k, arg in enumerate(args):
+            if isinstance(arg, torch.fx.Node) and any(order[u] > order[call] and _writes(u, arg) for u in arg.users):
+                with graph.inserting_before(call):
+                    args[k] = graph.call_function(torch.clone, (arg,))
+                changed = True
+        call.args = tuple(args)
+    if changed:
+        split.recompile()
 
 
 def _inline_stretches(split: torch.fx.GraphModule, regions: set[str]) -> None:
