@@ -1,4 +1,10 @@
-"""``ilp``: the optimal plan for any DAG, with OR-Tools CP-SAT.
+"""``ilp``: the optimal plan for any DAG.
+
+Two exact methods search the same set of interval plans: the frontier
+program (``solvers.frontier``, NOTE [ The frontier DP ]) solves graphs where
+few tensors cross any position of the order in seconds; the CP-SAT model
+below takes any DAG, with a time limit, a proven bound and a gap. ``auto``
+tries the first and hands over to the second.
 
 NOTE [ An exact model of simulate ]
     Decisions: ``x[k]`` (node ``k`` is in a region) and ``y[k]`` (a region
@@ -42,12 +48,13 @@ from typing import Any
 from graphs import CkptError, Graph
 
 from .errors import InfeasibleBudget
+from .frontier import FrontierDP, FrontierTimeout, TooWide
 from .ilp_model import CheckpointModel
 from .plan import Plan, Status
 from .registry import get_solver, register
 from .simulate import simulate
 
-__all__ = ["IlpTimeout", "ilp", "IlpSolver", "Incumbent", "WARM_SOLVERS"]
+__all__ = ["IlpTimeout", "ilp", "IlpSolver", "Incumbent", "WARM_SOLVERS", "METHODS"]
 
 log = logging.getLogger(__name__)
 
@@ -202,10 +209,63 @@ def _warm_start(graph: Graph, budget_bytes: int) -> tuple[Incumbent | None, int 
     return best, bound
 
 
+#: ``ilp``'s methods: ``auto`` runs the frontier program on narrow graphs, CP-SAT otherwise.
+METHODS = ("auto", "frontier", "cp-sat")
+
+
+def _by_frontier(graph: Graph, budget_bytes: int, inc: Incumbent | None, time_limit_s: float,
+                 required: bool) -> Plan | None:
+    """The optimum by the frontier program (NOTE [ The frontier DP ]), or None
+    to hand the graph to CP-SAT (too wide, out of time, or a disagreement with
+    ``simulate``, which is logged as the bug it would be)."""
+    try:
+        program = FrontierDP(graph)
+    except TooWide as exc:
+        if required:
+            raise CkptError(f"ilp method 'frontier' needs a narrow graph: {exc}; use method 'auto' or 'cp-sat'") from None
+        log.info("ilp: %s; solving with CP-SAT", exc)
+        return None
+    t0 = time.perf_counter()
+    try:
+        res = program.solve(budget_bytes, upper=inc.flops if inc is not None else None, time_limit_s=time_limit_s)
+        if res is None and inc is None:
+            # No interval plan fits: the least peak, by the same program, bounded by two plans' peaks.
+            every = tuple((k, k) for k, nd in enumerate(graph.nodes) if nd.recomputable)
+            top = min(simulate(graph, Plan(regions=r), record=False).peak_bytes for r in ((), every))
+            least = program.solve(top, objective="peak", time_limit_s=max(1.0, time_limit_s - (time.perf_counter() - t0)))
+            if least is not None and least.objective > budget_bytes:
+                raise InfeasibleBudget(budget_bytes, least.objective, solver="ilp", best_regions=least.regions)
+            log.error("ilp frontier program found no plan under %d, yet its least peak is %s", budget_bytes,
+                      None if least is None else least.objective)
+            return None
+    except FrontierTimeout as exc:
+        if required:
+            raise IlpTimeout(f"{exc}; raise time_limit_s, or use method 'auto'") from None
+        log.info("ilp: %s; solving with CP-SAT", exc)
+        return None
+    if res is None:
+        log.error("ilp frontier program rejects the %s plan that simulate says fits", inc.source)
+        return None
+    sim = simulate(graph, Plan(regions=res.regions), record=False)
+    if sim.peak_bytes > budget_bytes or sim.recompute_flops != res.objective:
+        log.error("ilp frontier program predicted %d FLOPs under %d for %s; simulate says %d FLOPs at %d",
+                  res.objective, budget_bytes, res.regions, sim.recompute_flops, sim.peak_bytes)
+        return None
+    regions = res.regions if inc is None or res.objective < inc.flops else inc.regions
+    return Plan(regions=regions, status=Status.OPTIMAL, bound=float(res.objective),
+                options={"time_limit_s": time_limit_s, "method": "frontier", "frontier_states": res.states})
+
+
 @register("ilp")
 def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers: int = 2,
-        warm_start: bool = True, gap_limit: float = 0.0, **_: Any) -> Plan:
-    """Least-recompute interval plan under ``budget_bytes``, proven by CP-SAT.
+        warm_start: bool = True, gap_limit: float = 0.0, method: str = "auto", **_: Any) -> Plan:
+    """Least-recompute interval plan under ``budget_bytes``, proven optimal.
+
+    Two exact methods over the same set of plans: the frontier program
+    (NOTE [ The frontier DP ]), fast when few tensors cross any position of
+    the order (transformers, chains, narrow DAGs), and the CP-SAT model
+    (NOTE [ An exact model of simulate ]) for any DAG, with a time limit, a
+    bound and a gap.
 
     Args:
         time_limit_s: stop after this long with the best plan and its gap.
@@ -218,6 +278,9 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers:
             objective and is returned if CP-SAT finds nothing cheaper, so
             ``ilp`` is never worse than any of them and never fails where one
             found a plan.
+        method: ``auto`` (the frontier program on graphs at most
+            ``frontier.MAX_WIDTH`` wide, given 80 % of the time limit, then
+            CP-SAT if it did not finish), ``frontier`` or ``cp-sat``.
 
     Returns:
         ``optimal``, or ``feasible`` with ``bound`` (and so ``gap``) set.
@@ -227,11 +290,21 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers:
         IlpTimeout: no plan within the time limit (none of the warm-start
             solvers found one either).
     """
+    if method not in METHODS:
+        raise CkptError(f"unknown ilp method {method!r}; choose one of {', '.join(METHODS)}")
     t0 = time.perf_counter()
     inc, bound = _warm_start(graph, budget_bytes) if warm_start else (None, None)
     if inc is not None and (inc.flops == 0 or (bound is not None and inc.flops <= bound)):
         return Plan(regions=inc.regions, status=Status.OPTIMAL, bound=float(inc.flops),
                     options={"time_limit_s": time_limit_s, "incumbent": inc.source})
+    if method != "cp-sat":
+        # The frontier program is exact when it finishes; CP-SAT keeps a fifth of the time (or what a
+        # projected overrun leaves: the program gives up early when it would not finish).
+        share = time_limit_s if method == "frontier" else 0.8 * time_limit_s
+        plan = _by_frontier(graph, budget_bytes, inc, max(0.1, share - (time.perf_counter() - t0)),
+                            required=method == "frontier")
+        if plan is not None:
+            return plan
     left = max(1.0, time_limit_s - (time.perf_counter() - t0))
     return IlpSolver(graph, budget_bytes, time_limit_s=left, workers=workers, gap_limit=gap_limit, lower_bound=bound,
                      incumbent=inc).solve()

@@ -1,8 +1,9 @@
 """Optimality against brute force on 240 random seeded graphs of 4 to 10 nodes.
 
-``dp`` equals the optimum on chains, ``ilp`` on every graph, ``chen`` is never
-below it; recompute FLOPs compared exactly (integers), and the least feasible
-budget an infeasible answer carries equals brute force's least peak.
+``dp`` equals the optimum on chains, ``ilp`` (both its methods: the CP-SAT
+model and the frontier program) on every graph, ``chen`` is never below it;
+recompute FLOPs compared exactly (integers), and the least feasible budget an
+infeasible answer carries equals brute force's least peak.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from graphs import Graph, Node, synthetic
 from solvers import InfeasibleBudget, pareto_frontier, simulate
 from solvers.brute_force import best_from_frontier
 from solvers.dp import DPTable
+from solvers.frontier import FrontierDP
 from solvers.ilp import IlpSolver
 
 
@@ -110,6 +112,19 @@ def test_against_brute_force(kind, seed, graph):
         IlpSolver(graph, least - 1, time_limit_s=30, workers=1).solve()
     assert info.value.min_feasible_bytes == least
     assert simulate(graph, solvers.Plan(regions=info.value.best_regions)).peak_bytes == least
+    # The frontier program (ilp's method on narrow graphs): the optimum at every
+    # budget, nothing below the least peak, and the least peak itself.
+    program = FrontierDP(graph, max_width=64)
+    for budget in budgets:
+        res = program.solve(budget)
+        sim = simulate(graph, solvers.Plan(regions=res.regions))
+        assert sim.peak_bytes <= budget and sim.recompute_flops == res.objective == best_from_frontier(frontier, budget)[1]
+    assert program.solve(least - 1) is None
+    res = program.solve(None, objective="peak")
+    assert res.objective == least == simulate(graph, solvers.Plan(regions=res.regions)).peak_bytes
+    with pytest.raises(InfeasibleBudget) as info:
+        solvers.solve(graph, least - 1, solver="ilp", method="frontier", warm_start=False)
+    assert info.value.min_feasible_bytes == least
     if is_chain:
         assert table.min_peak_bytes == least
         with pytest.raises(InfeasibleBudget) as info:

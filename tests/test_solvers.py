@@ -112,10 +112,14 @@ def test_ilp_time_limit_returns_incumbent_with_gap():
     g = synthetic.make("transformer", 100, seed=0)
     budget = activation_budget_bytes(g, 0.4)
     dp_cost = solvers.solve(g, budget, solver="dp").recompute_flops
-    plan = solvers.solve(g, budget, solver="ilp", time_limit_s=1)
+    plan = solvers.solve(g, budget, solver="ilp", time_limit_s=1, method="cp-sat")
     assert plan.recompute_flops <= dp_cost
     assert plan.status == "feasible" and plan.gap is not None and 0 <= plan.gap <= 1
     assert plan.bound is not None and plan.bound <= plan.recompute_flops
+    # The frontier program proves the same graph optimal within the same second.
+    exact = solvers.solve(g, budget, solver="ilp", time_limit_s=1)
+    assert exact.status == "optimal" and exact.options["method"] == "frontier"
+    assert exact.recompute_flops <= plan.recompute_flops and exact.bound >= plan.bound
 
 
 def test_per_module_regions_are_blocks():

@@ -35,12 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds for the ilp solver (default: 60)")
     p.add_argument("--gap", type=float, default=0.0,
                    help="ilp: stop once the proven gap is at most this fraction, e.g. 0.01 (default: prove optimality)")
+    p.add_argument("--method", choices=("auto", "frontier", "cp-sat"), default="auto",
+                   help="ilp: 'frontier' (exact program for graphs where few tensors cross any position), "
+                        "'cp-sat' (any DAG, with a bound and gap) or 'auto' (the first when it applies; default)")
     p.add_argument("--optimizer", default=None, help="subtract this optimizer's state from the budget (adam, sgd, ...)")
     p.add_argument("-o", "--output", help="write the plan here (JSON; with --solver all, the cheapest plan that fits)")
 
 
 def _options(name: str, args: argparse.Namespace) -> dict:
-    return {"time_limit_s": args.time_limit, "gap_limit": args.gap} if name == "ilp" else {}
+    return {"time_limit_s": args.time_limit, "gap_limit": args.gap, "method": args.method} if name == "ilp" else {}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,110 @@
+"""The frontier program (NOTE [ The frontier DP ]): ilp's exact method on narrow graphs.
+
+Brute force checks it on 240 small graphs (tests/test_optimality.py); here it
+is checked against the CP-SAT model on graphs too big for brute force, and
+its limits (width, time) are checked to hand over to CP-SAT or say so.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import graphs
+import solvers
+from graphs import CkptError, synthetic
+from scheduler.cli import main
+from solvers import activation_budget_bytes, simulate
+from solvers.frontier import FrontierDP, FrontierTimeout, TooWide, width
+from solvers.ilp import IlpSolver, IlpTimeout
+
+
+def test_width_counts_open_tensors():
+    assert width(synthetic.chain(50)) == 1  # each output is read by the next node only
+    g = synthetic.residual(30)
+    assert width(g) == 2  # the skip and the main path
+    with pytest.raises(TooWide, match="open at one position"):
+        FrontierDP(synthetic.make("random-dag", 100), max_width=12)
+
+
+@pytest.mark.parametrize("fam,n", [("transformer", 29), ("residual", 30), ("unet", 30), ("random-dag", 30),
+                                   ("hetero-chain", 40)])
+def test_agrees_with_cp_sat_where_it_proves_optimality(fam, n):
+    g = synthetic.make(fam, n)
+    program = FrontierDP(g)
+    checked = 0
+    for f in (0.3, 0.5, 0.7, 0.9):
+        budget = activation_budget_bytes(g, f)
+        res = program.solve(budget)
+        cp = IlpSolver(g, budget, time_limit_s=60, workers=2)
+        try:
+            plan = cp.solve()
+        except solvers.InfeasibleBudget as exc:
+            assert res is None
+            least = program.solve(None, objective="peak")
+            assert least.objective == exc.min_feasible_bytes  # both exact: the least peak of any interval plan
+            continue
+        assert plan.status == "optimal"
+        sim = simulate(g, solvers.Plan(regions=res.regions))
+        assert sim.peak_bytes <= budget
+        assert res.objective == sim.recompute_flops == simulate(g, plan).recompute_flops
+        checked += 1
+    assert checked >= 2
+
+
+def test_upper_bound_prunes_exactly():
+    g = synthetic.make("transformer", 41)
+    budget = activation_budget_bytes(g, 0.5)
+    program = FrontierDP(g)
+    best = program.solve(budget)
+    assert program.solve(budget, upper=best.objective).objective == best.objective
+    assert program.solve(budget, upper=best.objective - 1) is None
+    assert program.solve(budget, upper=best.objective).states < best.states
+
+
+def test_ilp_uses_it_on_transformers_and_beats_dp():
+    g = synthetic.make("transformer", 101)
+    budget = activation_budget_bytes(g, 0.6)
+    plan = solvers.solve(g, budget, solver="ilp", time_limit_s=60)
+    assert plan.status == "optimal" and plan.options["method"] == "frontier" and plan.gap == 0
+    assert plan.recompute_flops < solvers.solve(g, budget, solver="dp").recompute_flops
+
+
+def test_ilp_hands_wide_graphs_to_cp_sat_and_says_why_when_forced():
+    g = synthetic.make("unet", 100)  # 17 tensors open at once
+    budget = activation_budget_bytes(g, 0.8)
+    plan = solvers.solve(g, budget, solver="ilp", time_limit_s=60)
+    assert "method" not in plan.options and plan.status == "optimal"
+    with pytest.raises(CkptError, match="narrow graph.*'auto' or 'cp-sat'"):
+        solvers.solve(g, budget, solver="ilp", method="frontier")
+    with pytest.raises(CkptError, match="unknown ilp method"):
+        solvers.solve(g, budget, solver="ilp", method="gurobi")
+
+
+def test_time_limit(monkeypatch):
+    g = synthetic.make("transformer", 101)
+    budget = activation_budget_bytes(g, 0.6)
+    with pytest.raises(FrontierTimeout):
+        FrontierDP(g).solve(budget, time_limit_s=0.0)
+    with pytest.raises(IlpTimeout, match="raise time_limit_s"):
+        solvers.solve(g, budget, solver="ilp", method="frontier", time_limit_s=0.0)
+
+    # Out of time, auto hands over to CP-SAT with the rest of the limit.
+    def slow(self, *args, **kwargs):
+        raise FrontierTimeout("no time")
+
+    monkeypatch.setattr(FrontierDP, "solve", slow)
+    plan = solvers.solve(g, budget, solver="ilp", time_limit_s=3)
+    assert "method" not in plan.options and plan.status in ("optimal", "feasible")
+    assert plan.peak_bytes <= budget
+
+
+def test_objective_is_checked():
+    with pytest.raises(ValueError, match="objective"):
+        FrontierDP(synthetic.chain(5)).solve(None, objective="time")
+
+
+def test_cli_names_the_method(tmp_path, capsys):
+    graphs.save(synthetic.make("transformer", 29), tmp_path / "g.json")
+    assert main(["solve", str(tmp_path / "g.json"), "--budget", "0.6", "--solver", "ilp", "--method", "frontier"]) == 0
+    out = capsys.readouterr().out
+    assert "solver ilp (frontier): status optimal" in out
