@@ -60,7 +60,7 @@ def run_models(quick: bool) -> list[dict[str, Any]]:
         log.info("compare %s (%s)", wl.name, wl.meta)
         fractions = QUICK_FRACTIONS if quick else MODEL_FRACTIONS.get(spec, FRACTIONS)
         cmp = compare(wl, fractions, solver_names=_registered(SOLVERS),
-                      repeats=3 if quick else 5, solver_options={"ilp": {"time_limit_s": 5}},
+                      repeats=3 if quick else 5, solver_options={"ilp": {"time_limit_s": 20}},
                       progress=lambda s: log.info("  %s", s))
         d = cmp.to_dict()
         d["wall_s"] = time.perf_counter() - t0

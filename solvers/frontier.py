@@ -185,10 +185,11 @@ class FrontierDP:
 
     Args:
         graph: the cost graph.
-        max_width: refuse (:class:`TooWide`) graphs with more open tensors at a boundary.
+        max_width: refuse (:class:`TooWide`) graphs with more open tensors at
+            a boundary (None: any width, for ``max_free`` runs).
     """
 
-    def __init__(self, graph: Graph, *, max_width: int = MAX_WIDTH) -> None:
+    def __init__(self, graph: Graph, *, max_width: int | None = MAX_WIDTH) -> None:
         self.graph = graph
         na = node_arrays(graph, frozenset())
         self.na = na
@@ -198,7 +199,7 @@ class FrontierDP:
         self.lc = na.lc
         self.opens = _open_sets(na.lc)
         w = max((len(o) for o in self.opens), default=0)
-        if w > max_width:
+        if max_width is not None and w > max_width:
             raise TooWide(f"{w} tensors are open at one position (max_width {max_width})")
         self.width = w
         rg = na.rg
@@ -223,7 +224,6 @@ class FrontierDP:
         self.pflops = np.concatenate(([0], np.cumsum(na.flops)))
         self.pstate = np.concatenate(([0], np.cumsum(na.state)))
         self.const = int(graph.param_bytes + graph.input_bytes)
-        # Stored-node step terms that do not depend on the bits.
         self.rg = rg
 
     # ------------------------------------------------------------ regions
@@ -240,7 +240,7 @@ class FrontierDP:
         dA += (out[p:kmax + 1] * (lc[p:kmax + 1] < 0))
         cA = np.cumsum(dA)
         cA_prev = np.concatenate(([0], cA[:-1]))
-        js = ks
+        js = ks  # as producers j
         # s[k]: j in [p, k-1] with fs[j] <= k; q[k]: j in [p, k-1] with last[j] >= k.
         ds = np.zeros(m + 1, dtype=np.int64)
         start = np.maximum(js + 1, na.fs[p:kmax + 1])
@@ -262,9 +262,18 @@ class FrontierDP:
         rc = cA + self.sinks_after[p + 1:kmax + 2] + s + q + ow + cur
         return np.maximum.accumulate(fwd), bwd, rc, cA
 
+    def _round_up(self, key: tuple[int, ...], opens: list[int], max_free: int) -> tuple[int, ...]:
+        """``key`` with all but the ``max_free`` largest unheld open tensors counted as held."""
+        free = [j for j in opens if j not in key]
+        if len(free) <= max_free:
+            return key
+        keep = set(sorted(free, key=lambda j: -int(self.out[j]))[:max_free])
+        return tuple(j for j in opens if j in key or j not in keep)
+
     # --------------------------------------------------------------- solve
     def solve(self, budget_bytes: int | None, *, objective: str = "flops",
-              upper: int | None = None, time_limit_s: float | None = None) -> FrontierResult | None:
+              upper: int | None = None, time_limit_s: float | None = None,
+              max_free: int | None = None) -> FrontierResult | None:
         """The optimum under ``budget_bytes`` (``objective="flops"``), or the
         least peak (``objective="peak"``; ``budget_bytes``, when given, caps
         the peaks considered); None when no interval plan fits.
@@ -272,6 +281,12 @@ class FrontierDP:
         Args:
             upper: prune prefixes whose objective exceeds this (a known plan's).
             time_limit_s: raise :class:`FrontierTimeout` past this.
+            max_free: a heuristic for wide graphs: at each boundary keep at
+                most this many open tensors *not* held (the largest); count
+                the others as held. Live bytes are then never under-counted,
+                so the plan fits (``simulate`` checks it) but is optimal only
+                among what that count allows; the patterns per boundary are
+                bounded whatever the width. None: exact.
         """
         if objective not in ("flops", "peak"):
             raise ValueError(f"objective must be 'flops' or 'peak', not {objective!r}")
@@ -328,6 +343,8 @@ class FrontierDP:
                 cut = int(np.searchsorted(a, cap - local, side="right"))
                 if cut:
                     nkey = tuple(j for j in nxt_open if j in held or (j == p and self.selfsave[p]))
+                    if max_free is not None:
+                        nkey = self._round_up(nkey, nxt_open, max_free)
                     fronts[p + 1].add(nkey, a, o, cut, dA, 0, local, (p, key, -1))
             # ---- a region [p, b].
             if not self.recomputable[p]:
@@ -377,7 +394,10 @@ class FrontierDP:
                         i = b - p
                         nkey = nkeys.get((eff, b))
                         if nkey is None:
-                            nkey = nkeys[(eff, b)] = tuple(j for j in self.opens[b + 1] if j < p and j in eff)
+                            nkey = tuple(j for j in self.opens[b + 1] if j < p and j in eff)
+                            if max_free is not None:
+                                nkey = self._round_up(nkey, self.opens[b + 1], max_free)
+                            nkeys[(eff, b)] = nkey
                         fronts[b + 1].add(nkey, a, o, int(cuts[off]), int(cA[i]), int(cost[i]), int(local[i]), (p, key, b))
                     if end < hi:
                         break

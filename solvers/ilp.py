@@ -256,6 +256,32 @@ def _by_frontier(graph: Graph, budget_bytes: int, inc: Incumbent | None, time_li
                 options={"time_limit_s": time_limit_s, "method": "frontier", "frontier_states": res.states})
 
 
+def _frontier_heuristic(graph: Graph, budget_bytes: int, time_limit_s: float) -> Incumbent | None:
+    """A plan for a graph too wide for the exact program: the program with at
+    most ``k`` unheld open tensors per boundary (the rest counted as held, so
+    the plan fits), for ``k`` = 0, 2, 4, 8 while the time lasts; the cheapest."""
+    t0 = time.perf_counter()
+    program = FrontierDP(graph, max_width=None)
+    best: Incumbent | None = None
+    for k in (0, 2, 4, 8):
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left <= 0:
+            break
+        try:
+            res = program.solve(budget_bytes, max_free=k, time_limit_s=left,
+                                upper=best.flops if best is not None else None)
+        except FrontierTimeout as exc:
+            log.info("ilp heuristic (max_free %d): %s", k, exc)
+            break
+        if res is None:
+            log.info("ilp heuristic (max_free %d): no plan%s", k, " cheaper" if best is not None else "")
+            continue
+        sim = simulate(graph, Plan(regions=res.regions), record=False)
+        if sim.peak_bytes <= budget_bytes and (best is None or sim.recompute_flops < best.flops):
+            best = Incumbent(res.regions, int(sim.recompute_flops), f"frontier (max_free {k})")
+    return best
+
+
 @register("ilp")
 def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers: int = 2,
         warm_start: bool = True, gap_limit: float = 0.0, method: str = "auto", **_: Any) -> Plan:
@@ -305,6 +331,12 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers:
                             required=method == "frontier")
         if plan is not None:
             return plan
+        if method == "auto" and warm_start:
+            # Too wide (or slow) to be exact: its bounded-width form may still beat the warm start.
+            heur = _frontier_heuristic(graph, budget_bytes, 0.1 * time_limit_s)
+            if heur is not None and (inc is None or heur.flops < inc.flops):
+                log.info("ilp warm start: %s, %d FLOPs", heur.source, heur.flops)
+                inc = heur
     left = max(1.0, time_limit_s - (time.perf_counter() - t0))
     return IlpSolver(graph, budget_bytes, time_limit_s=left, workers=workers, gap_limit=gap_limit, lower_bound=bound,
                      incumbent=inc).solve()
