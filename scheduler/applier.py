@@ -373,7 +373,10 @@ def _copy_inputs_written_later(split: torch.fx.GraphModule, regions: set[str]) -
     decoder inputs with ``masked_fill_`` on a tensor a region had read just
     before (``shifted == -100``), so that plan failed its recompute
     ("modified by an inplace operation"). The region now reads a copy made
-    at the call (a few KiB of token ids there; not in the cost model).
+    at the call (a few KiB of token ids there; not in the cost model). A
+    region output that *views* such an input would view the copy, and writes
+    through it would miss the original: the tracer keeps those views out of
+    regions (NOTE [ Views of written storages ] in ``scheduler.tracing.build``).
     """
     graph = split.graph
     order = {n: i for i, n in enumerate(graph.nodes)}

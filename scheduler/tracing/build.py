@@ -109,6 +109,7 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
             if group_of[i] != group_of[j]:
                 read_after[i] = True
     names = [_group_name(records, g) for g in groups]
+    pinned = _views_written_later(records, group_of)
     nodes: list[Node] = []
     for g, members in enumerate(groups):
         gset = set(members)
@@ -155,11 +156,46 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
             stateful=any(r.stateful for r in rs),
             state_bytes=sum(r.state_bytes for r in rs),
             requires_grad=rg,
+            recomputable=not any(m in pinned for m in members),
             # cat-like backward: only when that op alone creates the group's storage (one op, or folded views)
             grad_views=rg and [r.grad_views for r in rs if r.out_bytes > 0] == [True],
             members=tuple(name for r in rs for name in r.members),
         ))
     return nodes
+
+
+def _views_written_later(records: Sequence[OpRecord], group_of: Sequence[int]) -> set[int]:
+    """Records whose output views a storage that a later group writes in place
+    while the storage's own value is still read after the view.
+
+    NOTE [ Views of written storages ]: T5 builds its decoder inputs as
+    ``shifted = input_ids.new_zeros(...)``; ``shifted[..., 1:]`` (a view)
+    ``.copy_(...)``; then reads ``shifted``: the write goes through the view.
+    A region holding the view's op reads its input as a copy when the graph
+    writes that input after the region (NOTE [ Inputs written after a region ]
+    in ``scheduler.applier``), so its output would view the copy and the
+    write would miss ``shifted``: the decoder read zeros, and the gradients
+    moved by 0.06. Such views are marked not recomputable (they create no
+    storage: keeping them out of regions costs nothing). A view whose writes
+    only flow on through its own value (a residual ``out += identity`` then
+    ``relu_``) stays recomputable: the copy is all anyone reads.
+    """
+    writers: dict[int, list[int]] = {}  # storage owner -> positions writing it
+    readers: dict[int, list[int]] = {}  # record -> positions taking its value as an argument
+    for j, r in enumerate(records):
+        for o in r.writes:
+            writers.setdefault(o, []).append(j)
+        for i in r.direct:
+            readers.setdefault(i, []).append(j)
+    pinned: set[int] = set()
+    for j, r in enumerate(records):
+        for base in r.aliases:
+            if base == j:
+                continue
+            written = any(w > j and group_of[w] != group_of[j] for w in writers.get(base, ()))
+            if written and any(u > j and group_of[u] != group_of[j] for u in readers.get(base, ())):
+                pinned.add(j)
+    return pinned
 
 
 def attribute_params(nodes: list[Node], records: Sequence[OpRecord], groups: Sequence[Sequence[int]],

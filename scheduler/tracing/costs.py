@@ -147,6 +147,9 @@ class OpRecord:
     grad_views: bool = False
     state_bytes: int = 0
     convs: tuple = ()  # signatures of the convolutions the node ran (scheduler.tracing.workspaces)
+    aliases: tuple[int, ...] = ()  # records owning the storages its outputs view (NOTE [ Views of written storages ])
+    writes: tuple[int, ...] = ()  # records owning the storages its ops write in place
+    direct: tuple[int, ...] = ()  # records whose values it takes as arguments (``inputs`` without the owners)
 
     @property
     def estimated_flops(self) -> int:
@@ -191,6 +194,7 @@ class _Watch(TorchDispatchMode):
         self.state_read: dict[int, int] = {}  # storage key -> bytes, buffers the node's ops read or wrote
         self.convs: list[tuple] = []
         self.touched: dict[int, None] = {}
+        self.written: dict[int, None] = {}  # storage keys written in place (aten schema: Tensor(a!))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
@@ -216,8 +220,10 @@ class _Watch(TorchDispatchMode):
                 if a.alias_info is not None and a.alias_info.is_write:
                     v = args[i] if i < len(args) else kwargs.get(a.name)
                     for t in pytree.tree_leaves(v):
-                        if isinstance(t, torch.Tensor) and storage_key(t) in self.state_keys:
-                            self.stateful = True
+                        if isinstance(t, torch.Tensor):
+                            if storage_key(t) in self.state_keys:
+                                self.stateful = True
+                            self.written[storage_key(t)] = None
         out = func(*args, **kwargs)
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor):
@@ -325,8 +331,11 @@ class _Recorder(torch.fx.Interpreter):
         # Outputs: new storages are owned by this node.
         out_tensors = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
         out_bytes = 0
+        aliases: dict[int, None] = {}
         for t in out_tensors:
             k = storage_key(t)
+            if k is not None and k in self.owner:
+                aliases[self.owner[k]] = None  # a view of (or the very) storage an earlier node made
             if k is None or k in self.free_keys or k in self.owner:
                 continue
             self.owner[k] = pos
@@ -363,6 +372,8 @@ class _Recorder(torch.fx.Interpreter):
             requires_grad=requires_grad, stochastic=self.watch.stochastic, stateful=self.watch.stateful,
             returned=False, estimated_fwd_flops=estimated, convs=tuple(self.watch.convs),
             state_bytes=sum(self.watch.state_read.values()) if self.watch.stateful else 0,
+            aliases=tuple(sorted(aliases)), direct=tuple(sorted(i for i in direct if i != pos)),
+            writes=tuple(sorted({self.owner[k] for k in self.watch.written if k in self.owner})),
         ))
         return result
 
