@@ -75,13 +75,7 @@ def _open_sets(lc: np.ndarray) -> list[list[int]]:
 
 def width(graph: Graph) -> int:
     """The most tensors open at any boundary of the topological order."""
-    lc = node_arrays(graph, frozenset()).lc
-    count = np.zeros(len(lc) + 2, dtype=np.int64)
-    for j, c in enumerate(lc):
-        if c > j:
-            count[j + 1] += 1
-            count[c + 1] -= 1
-    return int(np.cumsum(count).max()) if len(lc) else 0
+    return max(len(o) for o in _open_sets(node_arrays(graph, frozenset()).lc))
 
 
 @dataclass(frozen=True)
@@ -211,15 +205,9 @@ class FrontierDP:
                     self.savers[graph.index[name]].add(k)
         self.readers = [sorted(s) for s in graph.succs]
         self.recomputable = np.array([nd.recomputable for nd in nodes])
-        out, lc, fs = na.out, na.lc, na.fs
-        sink = lc < 0
-        self.sinks_after = np.concatenate((np.cumsum((out * sink)[::-1])[::-1], [0])).astype(np.int64)
-        d = np.zeros(n + 2, dtype=np.int64)
-        for j in range(n):
-            if lc[j] > j:
-                d[j + 1] += out[j]
-                d[lc[j] + 1] -= out[j]
-        self.open_fwd = np.cumsum(d)[:n]
+        lc, fs = na.lc, na.fs
+        self.sinks_after = na.p_sink[-1] - na.p_sink  # sinks_after[k]: outputs nobody reads, produced at k or later
+        self.open_fwd = na.open_all  # forward copies awaiting a consumer at k (j < k <= lc[j])
         self.last = np.array([min(int(lc[j]) if lc[j] >= 0 else n - 1, int(fs[j]) - 1) for j in range(n)], dtype=np.int64)
         self.pflops = np.concatenate(([0], np.cumsum(na.flops)))
         self.pstate = np.concatenate(([0], np.cumsum(na.state)))
@@ -300,7 +288,7 @@ class FrontierDP:
             return None
         # a_max[p]: a prefix with more A fails a later step whatever follows (plan-independent
         # lower bounds of the steps k >= p: forward copies awaiting consumers, gradients, sinks).
-        sinkcum = np.concatenate(([0], np.cumsum(out * (lc < 0))))  # sinkcum[k]: sinks before k
+        sinkcum = na.p_sink  # sinkcum[k]: sinks before k
         total_sinks = int(sinkcum[-1])
         need = np.maximum(self.open_fwd + na.cur + sinkcum[:-1],
                           np.where(self.rg, na.gb + total_sinks, NEG))

@@ -179,10 +179,15 @@ class IlpSolver:
         plan reaches: never a bound no plan was seen to meet)."""
         model = CheckpointModel(self.graph, budget_bytes=None)
         result = model.solve(time_limit_s=time_limit_s, workers=self.workers)
-        every = tuple((k, k) for k, nd in enumerate(self.graph.nodes) if nd.recomputable)
-        candidates = [(), every] + ([result.regions] if result.regions is not None else [])
-        peaks = [(simulate(self.graph, Plan(regions=r), record=False).peak_bytes, r) for r in candidates]
+        peaks = _simple_peaks(self.graph) + ([(simulate(self.graph, Plan(regions=result.regions), record=False)
+                                               .peak_bytes, result.regions)] if result.regions is not None else [])
         return min(peaks, key=lambda p: p[0])
+
+
+def _simple_peaks(graph: Graph) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
+    """``(peak, regions)`` of two plans any graph has: store-all, and every recomputable node its own region."""
+    every = tuple((k, k) for k, nd in enumerate(graph.nodes) if nd.recomputable)
+    return [(simulate(graph, Plan(regions=r), record=False).peak_bytes, r) for r in ((), every)]
 
 
 #: The fast solvers whose best fitting plan warm-starts ``ilp``.
@@ -230,8 +235,7 @@ def _by_frontier(graph: Graph, budget_bytes: int, inc: Incumbent | None, time_li
         res = program.solve(budget_bytes, upper=inc.flops if inc is not None else None, time_limit_s=time_limit_s)
         if res is None and inc is None:
             # No interval plan fits: the least peak, by the same program, bounded by two plans' peaks.
-            every = tuple((k, k) for k, nd in enumerate(graph.nodes) if nd.recomputable)
-            top = min(simulate(graph, Plan(regions=r), record=False).peak_bytes for r in ((), every))
+            top = min(peak for peak, _ in _simple_peaks(graph))
             least = program.solve(top, objective="peak", time_limit_s=max(1.0, time_limit_s - (time.perf_counter() - t0)))
             if least is not None and least.objective > budget_bytes:
                 raise InfeasibleBudget(budget_bytes, least.objective, solver="ilp", best_regions=least.regions)
