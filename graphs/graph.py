@@ -47,6 +47,7 @@ __all__ = [
     "CkptError",
     "GraphError",
     "Node",
+    "Span",
     "Graph",
 ]
 
@@ -196,6 +197,37 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Span:
+    """A run of nodes that the user's module executes as one submodule call.
+
+    NOTE [ Module-aligned regions ]
+        A plan is applied onto the user's own module by checkpointing
+        submodule calls (hooks on the submodule; the user's forward runs as
+        written). Only a region that covers exactly the nodes of one such
+        call can be lowered that way, so a traced graph lists those calls as
+        spans, and when :attr:`Graph.spans` is non-empty every solver
+        chooses regions among them only (``(first, last)`` equal to some
+        span's). ``Graph.unaligned()`` drops the restriction (plans for the
+        graph-level fallback applier). The spans need not nest: a run of
+        consecutive children of an ``nn.Sequential`` is a span too.
+
+    Attributes:
+        first: position of the call's first node.
+        last: position of its last node (inclusive).
+        module: dotted path of the submodule in the user's model (``h.3``,
+            ``encoder.layer.2.attention``); ``seq[2:5]`` names the run of
+            children 2, 3, 4 of the ``nn.Sequential`` at path ``seq``.
+    """
+
+    first: int
+    last: int
+    module: str
+
+    def to_list(self) -> list:
+        return [self.first, self.last, self.module]
+
+
+@dataclass(frozen=True)
 class Graph:
     """A cost-annotated DAG, nodes in topological order.
 
@@ -210,6 +242,10 @@ class Graph:
         meta: free-form description of what was traced (model, input shapes,
             dtype); part of the fingerprint, so a plan solved for batch 8 is
             not applied at batch 16.
+        spans: the regions a plan may use when it must be applied onto the
+            user's module (NOTE [ Module-aligned regions ]); empty: any
+            interval. Sorted by ``(first, -last)``, one span per interval
+            (the outermost module when several calls cover the same nodes).
     """
 
     nodes: tuple[Node, ...]
@@ -217,10 +253,12 @@ class Graph:
     input_bytes: int = 0
     name: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict)
+    spans: tuple[Span, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
         object.__setattr__(self, "meta", dict(self.meta))
+        object.__setattr__(self, "spans", _normalise_spans(self.spans))
         self.validate()
 
     # ------------------------------------------------------------------ checks
@@ -256,6 +294,10 @@ class Graph:
                 if v < 0:
                     raise GraphError(f"node {node.name!r}: field {key!r} is negative ({v})")
             index[node.name] = i
+        n = len(self.nodes)
+        for sp in self.spans:
+            if not (0 <= sp.first <= sp.last < n):
+                raise GraphError(f"span {sp.to_list()!r} is out of range: need 0 <= first <= last < {n}")
         for i, node in enumerate(self.nodes):
             for src in node.inputs:
                 if index[src] >= i:
@@ -300,6 +342,33 @@ class Graph:
             object.__setattr__(self, "_succs", cached)
         return cached
 
+    @property
+    def aligned(self) -> bool:
+        """Whether plans are restricted to :attr:`spans` (NOTE [ Module-aligned regions ])."""
+        return bool(self.spans)
+
+    def allowed_regions(self) -> frozenset[tuple[int, int]] | None:
+        """The ``(first, last)`` intervals a plan may use, or None for any interval."""
+        if not self.spans:
+            return None
+        cached = self.__dict__.get("_allowed")
+        if cached is None:
+            cached = frozenset((sp.first, sp.last) for sp in self.spans)
+            object.__setattr__(self, "_allowed", cached)
+        return cached
+
+    def span_module(self, region: Sequence[int]) -> str:
+        """The module path of the span equal to ``region``, or "" when none is."""
+        cached = self.__dict__.get("_span_names")
+        if cached is None:
+            cached = {(sp.first, sp.last): sp.module for sp in self.spans}
+            object.__setattr__(self, "_span_names", cached)
+        return cached.get((int(region[0]), int(region[1])), "")
+
+    def unaligned(self) -> "Graph":
+        """The same graph with no span restriction: plans may use any interval."""
+        return dataclasses.replace(self, spans=()) if self.spans else self
+
     def total_fwd_flops(self) -> int:
         return sum(n.fwd_flops for n in self.nodes)
 
@@ -318,6 +387,7 @@ class Graph:
         the next. :meth:`content_hash` covers everything.
         """
         d = self.to_dict()
+        d.pop("spans", None)  # which regions can be lowered onto modules, not what a plan does
         d["meta"].pop(COSTS_META, None)
         d["meta"].pop(WORKSPACES_META, None)
         for nd in d["nodes"]:
@@ -332,7 +402,7 @@ class Graph:
 
     # -------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "format": FORMAT_VERSION,
             "name": self.name,
             "param_bytes": self.param_bytes,
@@ -340,6 +410,9 @@ class Graph:
             "meta": dict(self.meta),
             "nodes": [n.to_dict() for n in self.nodes],
         }
+        if self.spans:
+            d["spans"] = [sp.to_list() for sp in self.spans]
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Graph":
@@ -381,11 +454,34 @@ class Graph:
             if not isinstance(d["meta"], Mapping):
                 raise GraphError("graph field 'meta' must be an object")
             kw["meta"] = dict(d["meta"])
+        if "spans" in d:
+            raw_spans = d["spans"]
+            if not isinstance(raw_spans, list) or not all(
+                    isinstance(x, list) and len(x) == 3 and isinstance(x[2], str)
+                    and all(isinstance(v, int) and not isinstance(v, bool) for v in x[:2]) for x in raw_spans):
+                raise GraphError("graph field 'spans' must be a list of [first, last, module] triples")
+            if [nd.name for nd in nodes] != [x["name"] for x in raw]:
+                raise GraphError("graph field 'spans' needs the nodes listed in topological order")
+            kw["spans"] = tuple(Span(a, b, m) for a, b, m in raw_spans)
         return cls(nodes=tuple(nodes), **kw)
 
     def with_nodes(self, nodes: Sequence[Node], **changes: Any) -> "Graph":
         """A copy with other nodes (and optionally other graph fields)."""
         return dataclasses.replace(self, nodes=tuple(nodes), **changes)
+
+
+def _normalise_spans(spans: Iterable[Span | Sequence[Any]]) -> tuple[Span, ...]:
+    out: dict[tuple[int, int], Span] = {}
+    for sp in spans:
+        if not isinstance(sp, Span):
+            if len(sp) != 3:
+                raise GraphError(f"a span is a (first, last, module) triple, got {sp!r}")
+            sp = Span(*sp)
+        if (isinstance(sp.first, bool) or isinstance(sp.last, bool) or not isinstance(sp.first, int)
+                or not isinstance(sp.last, int) or not isinstance(sp.module, str)):
+            raise GraphError(f"span {sp!r}: first and last must be integers, module a string")
+        out.setdefault((sp.first, sp.last), sp)
+    return tuple(sorted(out.values(), key=lambda sp: (sp.first, -sp.last)))
 
 
 def _toposort(nodes: Iterable[Node]) -> list[Node]:

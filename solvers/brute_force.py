@@ -23,9 +23,11 @@ MAX_BRUTE_FORCE_NODES = 14
 
 def enumerate_plans(graph: Graph) -> Iterator[tuple[tuple[int, int], ...]]:
     """Yield every set of disjoint regions (as sorted tuples) over ``graph``,
-    skipping regions that contain a node marked ``recomputable=False``."""
+    skipping regions that contain a node marked ``recomputable=False`` and,
+    on a graph with spans, regions that are no span (NOTE [ Module-aligned regions ])."""
     n = len(graph)
     ok = [nd.recomputable for nd in graph.nodes]
+    allowed = graph.allowed_regions()
 
     def rec(i: int, acc: tuple[tuple[int, int], ...]) -> Iterator[tuple[tuple[int, int], ...]]:
         if i >= n:
@@ -34,7 +36,8 @@ def enumerate_plans(graph: Graph) -> Iterator[tuple[tuple[int, int], ...]]:
         yield from rec(i + 1, acc)
         j = i
         while j < n and ok[j]:
-            yield from rec(j + 1, acc + ((i, j),))
+            if allowed is None or (i, j) in allowed:
+                yield from rec(j + 1, acc + ((i, j),))
             j += 1
 
     return rec(0, ())

@@ -54,6 +54,9 @@ class Plan:
         graph_meta: meta of the graph solved for (model, shapes, dtype).
         node_names: names of the graph's nodes at each region's ends, so a
             human can read the JSON (informative only).
+        modules: per region, the module path of the submodule call it is
+            (NOTE [ Module-aligned regions ] in ``graphs.graph``), or "" where
+            the region is no single call; what ``scheduler.apply`` hooks.
     """
 
     regions: tuple[tuple[int, int], ...]
@@ -70,6 +73,7 @@ class Plan:
     graph_name: str = ""
     graph_meta: Mapping[str, Any] = field(default_factory=dict)
     node_names: tuple[tuple[str, str], ...] = ()
+    modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         regions = _normalise_regions(self.regions)
@@ -77,6 +81,9 @@ class Plan:
         object.__setattr__(self, "options", dict(self.options))
         object.__setattr__(self, "graph_meta", dict(self.graph_meta))
         object.__setattr__(self, "node_names", tuple(tuple(p) for p in self.node_names))
+        object.__setattr__(self, "modules", tuple(self.modules))
+        if self.modules and len(self.modules) != len(self.regions):
+            raise PlanError(f"plan lists {len(self.modules)} module paths for {len(self.regions)} regions")
         if self.status not in Status.ALL:
             raise PlanError(f"plan status {self.status!r} is not one of {Status.ALL}")
 
@@ -100,8 +107,20 @@ class Plan:
             **fields,
         )
         plan.validate(graph)
-        names = tuple((graph.nodes[a].name, graph.nodes[b].name) for a, b in plan.regions)
-        return dataclasses.replace(plan, node_names=names)
+        return plan.labelled(graph)
+
+    def labelled(self, graph: Graph) -> "Plan":
+        """A copy naming each region's end nodes and module call in ``graph``."""
+        names = tuple((graph.nodes[a].name, graph.nodes[b].name) for a, b in self.regions)
+        modules = tuple(graph.span_module(r) for r in self.regions) if graph.spans else ()
+        return dataclasses.replace(self, node_names=names, modules=modules)
+
+    def unaligned_regions(self, graph: Graph) -> list[tuple[int, int]]:
+        """The regions that are no submodule call of ``graph`` (NOTE [ Module-aligned regions ])."""
+        allowed = graph.allowed_regions()
+        if allowed is None:
+            return []
+        return [r for r in self.regions if r not in allowed]
 
     def validate(self, graph: Graph) -> None:
         """Check the regions fit ``graph`` (indices, recomputable flags).
@@ -157,6 +176,7 @@ class Plan:
         d = dataclasses.asdict(self)
         d["regions"] = [list(r) for r in self.regions]
         d["node_names"] = [list(p) for p in self.node_names]
+        d["modules"] = list(self.modules)
         return {"format": PLAN_FORMAT_VERSION, **d}
 
     @classmethod
@@ -184,7 +204,11 @@ class Plan:
         if not isinstance(regions, list) or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in regions):
             raise PlanError(f"plan field 'regions' must be a list of [first, last] pairs, got {regions!r}")
         node_names = d.pop("node_names", ())
-        return cls(regions=tuple(tuple(r) for r in regions), node_names=tuple(tuple(p) for p in node_names), **d)
+        modules = d.pop("modules", ())
+        if not isinstance(modules, (list, tuple)) or not all(isinstance(m, str) for m in modules):
+            raise PlanError(f"plan field 'modules' must be a list of module paths, got {modules!r}")
+        return cls(regions=tuple(tuple(r) for r in regions), node_names=tuple(tuple(p) for p in node_names),
+                   modules=tuple(modules), **d)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the plan as JSON."""

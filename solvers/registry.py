@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from graphs import Graph
 
-from .errors import InfeasibleBudget, UnknownSolver
+from .errors import InfeasibleBudget, PlanError, UnknownSolver
 from .plan import Plan
 from .simulate import simulate
 
@@ -63,12 +63,11 @@ def finalize(graph: Graph, plan: Plan, budget_bytes: int, solver: str, options: 
     """Cost ``plan`` with ``simulate`` and stamp it (the shared lowering path)."""
     sim = simulate(graph, plan, record=False)
     elapsed = time.perf_counter() - t0
-    names = tuple((graph.nodes[a].name, graph.nodes[b].name) for a, b in plan.regions)
     gap = plan.gap
     if plan.bound is not None and gap is None:
         gap = max(0.0, (sim.recompute_flops - plan.bound) / max(sim.recompute_flops, 1))
     return dataclasses.replace(
-        plan,
+        plan.labelled(graph),
         fingerprint=graph.fingerprint(),
         solver=solver,
         options={**plan.options, **{k: v for k, v in options.items() if isinstance(v, (int, float, str, bool, type(None)))}},
@@ -79,7 +78,6 @@ def finalize(graph: Graph, plan: Plan, budget_bytes: int, solver: str, options: 
         solve_time_s=elapsed,
         graph_name=graph.name,
         graph_meta=graph.meta,
-        node_names=names,
     )
 
 
@@ -105,6 +103,10 @@ def solve(graph: Graph, budget_bytes: int, solver: str | SolverFn = "dp", **opti
     t0 = time.perf_counter()
     plan = fn(graph, int(budget_bytes), **options)
     plan.validate(graph)
+    stray = plan.unaligned_regions(graph)
+    if stray:
+        raise PlanError(f"solver {name} returned region(s) {stray[:3]} that are no submodule call of the graph "
+                        "(NOTE [ Module-aligned regions ]); solve on graph.unaligned() for the graph-level applier")
     out = finalize(graph, plan, budget_bytes, name, options, t0)
     if out.peak_bytes > budget_bytes:
         log.warning("solver %s returned a plan over budget (%d > %d)", name, out.peak_bytes, budget_bytes)
