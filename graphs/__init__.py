@@ -4,8 +4,8 @@ Imports nothing of the project and nothing of torch (the tracer that builds
 graphs from ``nn.Module`` lives in ``scheduler.trace``).
 """
 
-from .graph import COSTS_META, FORMAT_VERSION, WORKSPACES_META, CkptError, Graph, GraphError, Node, Span
+from .graph import BUILD_META, COSTS_META, FORMAT_VERSION, WORKSPACES_META, CkptError, Graph, GraphError, Node, Span
 from .io import dumps, load, loads, save
 from . import synthetic
 
-__all__ = ["FORMAT_VERSION", "COSTS_META", "WORKSPACES_META", "CkptError", "Graph", "GraphError", "Node", "Span", "load", "save", "loads", "dumps", "synthetic"]
+__all__ = ["BUILD_META", "FORMAT_VERSION", "COSTS_META", "WORKSPACES_META", "CkptError", "Graph", "GraphError", "Node", "Span", "load", "save", "loads", "dumps", "synthetic"]

@@ -44,6 +44,7 @@ __all__ = [
     "FORMAT_VERSION",
     "COSTS_META",
     "WORKSPACES_META",
+    "BUILD_META",
     "CkptError",
     "GraphError",
     "Node",
@@ -58,6 +59,9 @@ FORMAT_VERSION = 1
 COSTS_META = "costs"
 #: ``meta`` key naming the device convolution workspaces were measured on (when they were).
 WORKSPACES_META = "workspaces"
+#: ``meta`` key: how the CLI built the model (``{"model": NAME, "options": {...}}``), so that
+#: ``ckpt apply PLAN`` rebuilds it without retyping; provenance, not part of the fingerprint.
+BUILD_META = "build"
 
 
 class CkptError(Exception):
@@ -390,6 +394,7 @@ class Graph:
         d.pop("spans", None)  # which regions can be lowered onto modules, not what a plan does
         d["meta"].pop(COSTS_META, None)
         d["meta"].pop(WORKSPACES_META, None)
+        d["meta"].pop(BUILD_META, None)
         for nd in d["nodes"]:
             del nd["fwd_flops"], nd["bwd_flops"], nd["workspace_bytes"]
         payload = json.dumps(d, sort_keys=True, separators=(",", ":"))

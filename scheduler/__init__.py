@@ -5,7 +5,7 @@ Example:
     >>> graph = scheduler.trace(model, example_inputs)
     >>> plan = scheduler.solve(graph, budget="6GiB", solver="ilp")
     >>> plan.save("plan.json")
-    >>> model = scheduler.apply(model, plan, example_inputs)
+    >>> scheduler.apply(model, plan)     # in place: the regions are submodule calls; then train as before
 
 torch is imported only by the parts that trace, apply or measure; they are
 loaded on first use.
@@ -39,13 +39,14 @@ __all__ = [
     "InfeasibleBudget", "Plan", "PlanError", "PlanMismatch", "Simulation", "Status", "UnknownSolver",
     "available_solvers", "load_plan", "simulate",
     "BudgetError", "format_bytes", "parse_budget", "parse_size", "solve",
-    "trace", "apply", "fit",
+    "trace", "apply", "remove", "fit",
 ]
 
 # Names served lazily (they import torch): name -> "module:attribute".
 _LAZY = {
     "trace": "scheduler.tracer:trace",
-    "apply": "scheduler.applier:apply",
+    "apply": "scheduler.applying:apply",
+    "remove": "scheduler.applying:remove",
 }
 
 

@@ -436,25 +436,6 @@ def _inline_stretches(split: torch.fx.GraphModule, regions: set[str]) -> None:
 # ------------------------------------------------------------------ the tracer
 def _capture(model: nn.Module, args: Any, kwargs: dict | None, *, loss: Any, granularity: Any, plan: Plan,
              name: str | None) -> Any:
-    from .tracer import capture
+    from .tracer import capture_for_plan
 
-    if granularity is None:
-        recorded = str(plan.graph_meta.get("granularity", "auto"))
-        granularity = int(recorded) if recorded.isdigit() else recorded
-    # Tracing runs the model (the check against eager): leave no trace of it
-    # in the buffers (BatchNorm statistics) or in the RNG.
-    buffers = list(model.buffers())
-    saved = [b.detach().clone() for b in buffers]
-    devices = sorted({b.device.index or 0 for b in buffers if b.device.type == "cuda"})
-    try:
-        with torch.random.fork_rng(devices=devices):
-            return capture(model, args, kwargs, loss=loss, granularity=granularity,
-                           name=name)
-    finally:
-        with torch.no_grad():
-            for b, s in zip(buffers, saved):
-                b.copy_(s)
-
-
-
-
+    return capture_for_plan(model, plan, args, kwargs, loss=loss, granularity=granularity, name=name)

@@ -61,11 +61,12 @@ from torch import nn
 from graphs import COSTS_META, WORKSPACES_META, Graph
 
 from .tracing.build import attribute_params, build_nodes, group_records
+from .tracing.spans import MODULES_META, module_spans, sequential_children
 from .tracing.capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .tracing.costs import OpRecord, measure_ops
 from .tracing.timing import COST_MODELS, measure_node_times, time_records
 
-__all__ = ["Traced", "capture", "trace", "TraceError", "TraceMismatch", "AUTO_MAX_NODES"]
+__all__ = ["Traced", "capture", "capture_for_plan", "trace", "TraceError", "TraceMismatch", "AUTO_MAX_NODES"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ class Traced:
         records: the op-level measurements (one per compute fx node), to regroup
             without measuring again (:meth:`regroup`).
         granularity: the granularity ``graph`` was built at.
+        sequentials: ``{path: children}`` of the model's plain ``nn.Sequential`` s
+            (their runs of children are spans too, ``scheduler.tracing.spans``).
     """
 
     gm: torch.fx.GraphModule
@@ -99,6 +102,7 @@ class Traced:
     module: nn.Module
     records: tuple[OpRecord, ...]
     granularity: str | int
+    sequentials: Mapping[str, int] = dataclasses.field(default_factory=dict)
     _bytes: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     # ----------------------------------------------------------- calling
@@ -120,7 +124,7 @@ class Traced:
     def regroup(self, granularity: str | int) -> "Traced":
         """The same trace at another granularity (no re-measuring)."""
         graph, members, gran = _assemble(list(self.records), granularity, self._bytes, self.graph.name,
-                                         dict(self.graph.meta))
+                                         dict(self.graph.meta), self.sequentials)
         return dataclasses.replace(self, graph=graph, members=members, granularity=gran)
 
 
@@ -196,12 +200,13 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
                       torch.device("cpu"))
         records = measure_conv_workspaces(records, device)
         meta[WORKSPACES_META] = "cpu" if device.type == "meta" else str(device)
-    graph, members, gran = _assemble(records, granularity, totals, name, meta)
+    sequentials = sequential_children(model)
+    graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials)
     placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     log.info("traced %s with %s: %d fx nodes -> %d cost nodes (granularity %s)", name, used, len(records),
              len(graph), gran)
     return Traced(gm=gm, graph=graph, members=members, placeholders=placeholders, method=used, module=target,
-                  records=tuple(records), granularity=gran, _bytes=totals)
+                  records=tuple(records), granularity=gran, sequentials=sequentials, _bytes=totals)
 
 
 def trace(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[str, Any] | None = None, *,
@@ -210,9 +215,33 @@ def trace(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[str,
     return capture(model, args, kwargs, loss=loss, granularity=granularity, **options).graph
 
 
+def capture_for_plan(model: nn.Module, plan: Any, args: Any, kwargs: Mapping[str, Any] | None = None, *,
+                     loss: Callable[[Any], torch.Tensor] | None = None, granularity: str | int | None = None,
+                     name: str | None = None) -> Traced:
+    """Trace ``model`` as ``plan``'s graph was traced (its granularity), leaving no trace of the run.
+
+    The eager check runs the model: BatchNorm statistics are restored after
+    it and the RNG is forked, so a training run that traces first and then
+    steps sees the same buffers and random numbers as one that does not.
+    """
+    if granularity is None:
+        recorded = str(plan.graph_meta.get("granularity", "auto"))
+        granularity = int(recorded) if recorded.isdigit() else recorded
+    buffers = list(model.buffers())
+    saved = [b.detach().clone() for b in buffers]
+    devices = sorted({b.device.index or 0 for b in buffers if b.device.type == "cuda"})
+    try:
+        with torch.random.fork_rng(devices=devices):
+            return capture(model, args, kwargs, loss=loss, granularity=granularity, name=name)
+    finally:
+        with torch.no_grad():
+            for b, s in zip(buffers, saved):
+                b.copy_(s)
+
+
 # --------------------------------------------------------------------- helpers
 def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[str, Any], name: str,
-              meta: dict) -> tuple[Graph, tuple[tuple[str, ...], ...], str | int]:
+              meta: dict, sequentials: Mapping[str, int]) -> tuple[Graph, tuple[tuple[str, ...], ...], str | int]:
     if granularity == "auto":
         chosen: str | int = "op"
         for g in ("op", "fold", 4, 3, 2, 1):
@@ -226,9 +255,12 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     groups = group_records(records, chosen)
     nodes = build_nodes(records, groups, dict(totals.get("trainable", {})))
     nodes = attribute_params(nodes, records, groups, dict(totals.get("trainable", {})))
+    spans, modules = module_spans(records, groups, sequentials)
     meta = dict(meta, granularity=str(chosen), estimated_flops=sum(r.estimated_flops for r in records))
+    meta[MODULES_META] = modules
     graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]),
-                  input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]), name=name, meta=meta)
+                  input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]), name=name, meta=meta,
+                  spans=tuple(spans))
     return graph, tuple(nd.members for nd in nodes), chosen
 
 
@@ -254,4 +286,4 @@ def _describe(model: nn.Module, name: str, args: tuple, kwargs: Mapping[str, Any
             inputs.append({"shape": list(leaf.shape), "dtype": str(leaf.dtype).replace("torch.", "")})
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     return {"model": name, "inputs": inputs, "dtype": ",".join(dtypes), "tracer": method,
-            "training": bool(model.training)}
+            "training": bool(model.training), "parameters": sum(p.numel() for p in model.parameters())}

@@ -1,7 +1,10 @@
 """Prove an applied plan on real training steps: it fits, gradients are unchanged, cost as predicted.
 
-``verify(model, plan, args, loss=...)`` applies ``plan`` to ``model`` (or
-takes an already applied module), then, on the same inputs and random seed:
+``verify(model, plan, args, loss=...)`` traces ``model`` once for the
+plan's graph (the prediction, and the fingerprint check), applies ``plan``
+onto the model itself (``scheduler.apply``, module lowering; ``lower="graph"``
+or ``applied=`` for the traced-graph fallback), then, on the same inputs
+and random seed:
 
 * runs one step without and one with the plan and compares the loss, every
   parameter gradient and every buffer (BatchNorm statistics);
@@ -13,7 +16,8 @@ takes an already applied module), then, on the same inputs and random seed:
   (``1 + recompute FLOPs / step FLOPs``).
 
 Parameters are not updated (no optimizer step), so both runs see the same
-weights; buffers are restored between runs.
+weights; buffers are restored between runs. The model is left as it was
+given: the plan is removed again at the end (apply it yourself to train).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from torch import nn
 
 from solvers import Plan, format_bytes, simulate
 
-from .applier import CheckpointedModule, apply
+from .applier import CheckpointedModule, apply as apply_graph
+from .applying import apply as apply_modules, applied_plan, remove
 
 __all__ = ["Verification", "verify", "measure_step_peak"]
 
@@ -133,9 +138,26 @@ def measure_step_peak(module: nn.Module, model: nn.Module, args: tuple, kwargs: 
     return measure_step(model, tuple(args), dict(kwargs), loss=loss, run=module).peak_bytes
 
 
+class _Planned(nn.Module):
+    """The user's model with the plan switched on for the call (module lowering)."""
+
+    def __init__(self, model: nn.Module, plan: Plan) -> None:
+        super().__init__()
+        self.__dict__["model"] = model
+        self.__dict__["plan"] = plan
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        apply_modules(self.model, self.plan, check=False)
+        try:
+            return self.model(*args, **kwargs)
+        finally:
+            remove(self.model)
+
+
 def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, *, loss: LossFn | None = None,
            applied: CheckpointedModule | None = None, steps: int = 5, warmup: int = 1, seed: int = 0,
-           measure_memory: bool = True, name: str | None = None) -> Verification:
+           measure_memory: bool = True, name: str | None = None, lower: str = "module",
+           graph: Any = None) -> Verification:
     """Run steps with and without ``plan`` and compare them.
 
     Args:
@@ -146,8 +168,12 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
             loss; it is traced with the model (as in ``scheduler.trace(...,
             loss=)``), so the applied module returns the loss. Without it the
             model must return a scalar loss.
-        applied: an already applied module (skips :func:`apply`; must have
-            been applied with the same ``loss``).
+        applied: a module from the graph-level applier (skips applying;
+            must have been applied with the same ``loss``).
+        lower: ``"module"`` (the plan applied onto ``model`` itself, switched
+            on and off between the runs) or ``"graph"`` (the traced copy).
+        graph: the plan's cost graph, when already traced at these inputs
+            (else ``model`` is traced once, as the plan's graph was).
         name: the graph's name as traced (see :func:`scheduler.applier.apply`).
         steps: measured steps of each kind for the time ratio (median).
         warmup: un-timed steps of each kind first.
@@ -162,10 +188,35 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
     """
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
     kwargs = dict(kwargs or {})
-    if applied is None:
-        applied = apply(model, plan, args, kwargs, loss=loss, name=name)
-    losses: dict[str, LossFn | None] = {"all": loss, "plan": None}
-    graph = applied.graph
+    was_applied = applied_plan(model)
+    if was_applied is not None:
+        remove(model)
+    if applied is None and lower == "graph":
+        applied = apply_graph(model, plan, args, kwargs, loss=loss, name=name)
+    if applied is not None:
+        losses: dict[str, LossFn | None] = {"all": loss, "plan": None}
+        graph = applied.graph
+        count = len(applied.regions)
+    else:
+        if graph is None:
+            from .tracer import capture_for_plan
+
+            graph = capture_for_plan(model, plan, args, kwargs, loss=loss, name=name).graph
+        plan.check_graph(graph)
+        applied = _Planned(model, plan)
+        losses = {"all": loss, "plan": loss}
+        count = len(plan.regions)
+    try:
+        return _run(model, plan, graph, applied, count, args, kwargs, losses, steps=steps, warmup=warmup, seed=seed,
+                    measure_memory=measure_memory)
+    finally:
+        if was_applied is not None:
+            apply_modules(model, was_applied, check=False)
+
+
+def _run(model: nn.Module, plan: Plan, graph: Any, applied: nn.Module, count: int, args: tuple, kwargs: dict,
+         losses: dict[str, LossFn | None], *, steps: int, warmup: int, seed: int, measure_memory: bool
+         ) -> Verification:
     sim_plan = simulate(graph, plan, record=False)
     sim_all = simulate(graph, None, record=False)
     buffers = list(model.buffers())
@@ -216,7 +267,7 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
     reset()
     base = statistics.median(times["all"])
     result = Verification(
-        model=graph.name, solver=plan.solver, regions=len(applied.regions), budget_bytes=plan.budget_bytes,
+        model=graph.name, solver=plan.solver, regions=count, budget_bytes=plan.budget_bytes,
         predicted_peak_bytes=sim_plan.peak_bytes, measured_peak_bytes=measured.get("plan", 0),
         predicted_store_all_bytes=sim_all.peak_bytes, measured_store_all_bytes=measured.get("all", 0),
         predicted_recompute_ratio=sim_plan.recompute_ratio,

@@ -57,6 +57,8 @@ class Plan:
         modules: per region, the module path of the submodule call it is
             (NOTE [ Module-aligned regions ] in ``graphs.graph``), or "" where
             the region is no single call; what ``scheduler.apply`` hooks.
+        stochastic: per region, whether a node in it draws random numbers
+            (its recompute must replay the RNG state; empty: unknown, replay all).
     """
 
     regions: tuple[tuple[int, int], ...]
@@ -74,6 +76,7 @@ class Plan:
     graph_meta: Mapping[str, Any] = field(default_factory=dict)
     node_names: tuple[tuple[str, str], ...] = ()
     modules: tuple[str, ...] = ()
+    stochastic: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         regions = _normalise_regions(self.regions)
@@ -82,6 +85,9 @@ class Plan:
         object.__setattr__(self, "graph_meta", dict(self.graph_meta))
         object.__setattr__(self, "node_names", tuple(tuple(p) for p in self.node_names))
         object.__setattr__(self, "modules", tuple(self.modules))
+        object.__setattr__(self, "stochastic", tuple(bool(x) for x in self.stochastic))
+        if self.stochastic and len(self.stochastic) != len(self.regions):
+            raise PlanError(f"plan lists {len(self.stochastic)} stochastic flags for {len(self.regions)} regions")
         if self.modules and len(self.modules) != len(self.regions):
             raise PlanError(f"plan lists {len(self.modules)} module paths for {len(self.regions)} regions")
         if self.status not in Status.ALL:
@@ -113,7 +119,8 @@ class Plan:
         """A copy naming each region's end nodes and module call in ``graph``."""
         names = tuple((graph.nodes[a].name, graph.nodes[b].name) for a, b in self.regions)
         modules = tuple(graph.span_module(r) for r in self.regions) if graph.spans else ()
-        return dataclasses.replace(self, node_names=names, modules=modules)
+        stochastic = tuple(any(graph.nodes[i].stochastic for i in range(a, b + 1)) for a, b in self.regions)
+        return dataclasses.replace(self, node_names=names, modules=modules, stochastic=stochastic)
 
     def unaligned_regions(self, graph: Graph) -> list[tuple[int, int]]:
         """The regions that are no submodule call of ``graph`` (NOTE [ Module-aligned regions ])."""
@@ -177,6 +184,7 @@ class Plan:
         d["regions"] = [list(r) for r in self.regions]
         d["node_names"] = [list(p) for p in self.node_names]
         d["modules"] = list(self.modules)
+        d["stochastic"] = list(self.stochastic)
         return {"format": PLAN_FORMAT_VERSION, **d}
 
     @classmethod
@@ -207,8 +215,11 @@ class Plan:
         modules = d.pop("modules", ())
         if not isinstance(modules, (list, tuple)) or not all(isinstance(m, str) for m in modules):
             raise PlanError(f"plan field 'modules' must be a list of module paths, got {modules!r}")
+        stochastic = d.pop("stochastic", ())
+        if not isinstance(stochastic, (list, tuple)) or not all(isinstance(x, bool) for x in stochastic):
+            raise PlanError(f"plan field 'stochastic' must be a list of true/false, got {stochastic!r}")
         return cls(regions=tuple(tuple(r) for r in regions), node_names=tuple(tuple(p) for p in node_names),
-                   modules=tuple(modules), **d)
+                   modules=tuple(modules), stochastic=tuple(stochastic), **d)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the plan as JSON."""

@@ -6,89 +6,84 @@ import argparse
 import sys
 from typing import Any
 
+from graphs import BUILD_META, CkptError
 from solvers import load_plan
 
 from ..report import table
+from .trace import MODEL_FLAGS, model_options
 
 NAME = "apply"
 HELP = "apply a plan to a model as checkpoint regions; --verify runs real steps with and without it"
-DESCRIPTION = """Apply PLAN (from `ckpt solve`) to MODEL: the model is traced again on the
-same input shapes, the plan's fingerprint is checked (a plan solved for another
-model, shape or dtype is refused, saying which), and each region runs under
-torch.utils.checkpoint(use_reentrant=False).
+DESCRIPTION = """Apply PLAN (from `ckpt solve`) onto MODEL itself: each region is one submodule
+call (a block, its attention or MLP, a run of nn.Sequential children), whose
+forward runs under torch.utils.checkpoint(use_reentrant=False); the model's own
+forward, loss and training loop stay as they are. A plan for another model is
+refused, naming the first missing or mismatched module path.
 
-With --verify, warm-up plus --steps training steps run with and without the
-plan, side by side: measured peak vs predicted (simulate) vs budget, step-time
-ratio (median), predicted recompute ratio, max gradient and loss difference.
-Exit status 1 if the plan does not fit its budget or the gradients differ.
+MODEL and its options default to those the plan's graph was traced with
+(`ckpt trace` records them); give them to apply the plan to another build.
 
-MODEL is a built-in example (see `ckpt models`), hf:NAME, or
-package.module:factory, built with the same options as when it was traced.
+With --verify, the model is traced once for the prediction (and the plan's
+fingerprint checked), then warm-up plus --steps training steps run with and
+without the plan, side by side: measured peak vs predicted (simulate) vs
+budget, step-time ratio (median), predicted recompute ratio, max gradient and
+loss difference. Exit status 1 if the plan does not fit its budget or the
+gradients differ.
 
 example:
-  ckpt trace gpt --layers 4 --seq 256 --batch 2 -o graph.json
-  ckpt solve graph.json --budget 0.5 -o plan.json
-  ckpt apply gpt plan.json --layers 4 --seq 256 --batch 2 --verify"""
-
-
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """Model-building flags shared by apply and demo."""
-    p.add_argument("--batch", type=int, help="batch size")
-    p.add_argument("--seq", type=int, help="sequence length (transformers)")
-    p.add_argument("--image-size", type=int, dest="image_size", help="image side (CNNs)")
-    p.add_argument("--layers", type=int, help="number of layers (transformers)")
-    p.add_argument("--dtype", help="float32 (default), bfloat16, float16")
-    p.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other option of the model's factory (repeatable), e.g. -O width=256")
-
-
-def model_options(args: argparse.Namespace) -> dict[str, Any]:
-    opts: dict[str, Any] = {k: getattr(args, k) for k in ("batch", "seq", "image_size", "layers", "dtype")}
-    for item in args.option:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"ckpt: -O takes KEY=VALUE, got {item!r}")
-        opts[key] = int(value) if value.lstrip("-").isdigit() else float(value) if _is_float(value) else value
-    return opts
-
-
-def _is_float(v: str) -> bool:
-    try:
-        float(v)
-        return True
-    except ValueError:
-        return False
+  ckpt trace gpt --layers 4 --seq 256 --batch 2 -o gpt-graph.json
+  ckpt solve gpt-graph.json --budget 0.5 -o gpt-plan.json
+  ckpt apply gpt-plan.json --verify"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="built-in model name, hf:NAME, or package.module:factory")
-    p.add_argument("plan", help="plan JSON from `ckpt solve`")
-    add_model_arguments(p)
+    p.add_argument("target", nargs="+", metavar="[MODEL] PLAN",
+                   help="plan JSON from `ckpt solve`, optionally preceded by the model (built-in name, hf:NAME or "
+                        "package.module:factory; default: the one the plan's graph was traced with)")
+    for flag, kind in MODEL_FLAGS.items():
+        p.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None, help=f"model option {flag}")
+    p.add_argument("--option", "-O", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other model option (repeatable), e.g. --option vocab=1000")
     p.add_argument("--verify", action="store_true", help="run real steps with and without the plan and compare")
     p.add_argument("--steps", type=int, default=5, help="measured steps of each kind for the time ratio (default 5)")
     p.add_argument("--atol", type=float, default=0.0, help="largest gradient difference accepted (default 0: bitwise)")
 
 
+def _model_and_options(args: argparse.Namespace, plan: Any) -> tuple[str, dict[str, Any]]:
+    recorded = plan.graph_meta.get(BUILD_META) or {}
+    if len(args.target) > 2:
+        raise CkptError(f"ckpt apply takes [MODEL] PLAN, got {len(args.target)} arguments")
+    given = model_options(args)
+    if len(args.target) == 2:
+        model = args.target[0]
+        options = given if model != recorded.get("model") else {**recorded.get("options", {}), **given}
+        return model, options
+    if not recorded:
+        raise CkptError(f"{args.target[0]}: the plan does not record which model it was traced from (a graph not "
+                        "written by `ckpt trace`); name it: ckpt apply MODEL PLAN [model options]")
+    return str(recorded["model"]), {**recorded.get("options", {}), **given}
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..applier import apply
+    from ..applying import apply
     from ..models import build
     from ..verify import verify
 
-    plan = load_plan(args.plan)
+    plan = load_plan(args.target[-1])
+    model_name, options = _model_and_options(args, plan)
     torch.manual_seed(0)
-    ex = build(args.model, **model_options(args))
-    name = args.model if plan.graph_name == args.model else None
+    ex = build(model_name, **options)
+    name = model_name if plan.graph_name == model_name else None
     if not args.verify:
-        applied = apply(ex.model, plan, ex.args, dict(ex.kwargs), loss=ex.loss, name=name)
-        rows = [(f"[{r.region[0]}, {r.region[1]}]", r.submodule, r.fx_nodes, "yes" if r.stateful else "")
-                for r in applied.regions]
-        print(f"applied {len(rows)} checkpoint regions of the {plan.solver} plan to {args.model}")
-        print(table(rows, ["region", "submodule", "fx nodes", "buffers restored"]))
+        apply(ex.model, plan)
+        rows = [(f"[{a}, {b}]", path) for (a, b), path in zip(plan.regions, plan.modules)]
+        print(f"applied {len(rows)} checkpoint regions of the {plan.solver} plan to {model_name}")
+        print(table(rows, ["region", "submodule call"]))
         return 0
     v = verify(ex.model, plan, ex.args, dict(ex.kwargs), loss=ex.loss, steps=args.steps, name=name)
-    print(f"{args.model}: {v.regions} regions ({plan.solver}), {args.steps} measured steps each")
+    print(f"{model_name}: {v.regions} regions ({plan.solver}), {args.steps} measured steps each")
     print(table(v.rows(), ["", "with the plan", "without"]))
     ok = v.fits and v.grads_equal(args.atol)
     if not v.fits:

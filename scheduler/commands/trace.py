@@ -6,7 +6,7 @@ import argparse
 import ast
 from typing import Any
 
-from graphs import CkptError, save
+from graphs import BUILD_META, CkptError, save
 
 from ..budget import format_bytes
 
@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     traced = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity=gran, method=args.method, name=args.model,
                      costs=args.costs, workspaces=args.workspaces)
     g = traced.graph
+    g = g.with_nodes(g.nodes, meta={**g.meta, BUILD_META: {"model": args.model, "options": _json_safe(model_options(args))}})
     print(f"{args.model}: traced with {traced.method}, {len(traced.records)} fx nodes -> {len(g)} graph nodes "
           f"(granularity {traced.granularity})")
     print(f"parameters {format_bytes(g.param_bytes)}, inputs {format_bytes(g.input_bytes)}, "
@@ -84,3 +85,7 @@ def run(args: argparse.Namespace) -> int:
         save(g, args.output)
         print(f"graph written to {args.output}")
     return 0
+
+
+def _json_safe(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if isinstance(v, (int, float, str, bool)) or v is None else str(v) for k, v in options.items()}

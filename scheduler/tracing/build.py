@@ -62,10 +62,14 @@ def group_records(records: Sequence[OpRecord], granularity: str | int) -> list[l
             before them), or an int depth ``d`` (fold, then merge consecutive
             nodes whose module paths agree on their first ``d`` components).
 
+    A free op folds only into a node of the same submodule calls, so that
+    every call's nodes stay whole cost nodes (NOTE [ Module-aligned regions ]).
+
     Returns:
         Lists of positions, contiguous and in order, covering every record.
     """
     n = len(records)
+    calls = [frozenset(c for c, _ in r.calls) for r in records]
     if granularity == "op":
         return [[i] for i in range(n)]
     depth = None if granularity == "fold" else int(granularity)
@@ -75,7 +79,7 @@ def group_records(records: Sequence[OpRecord], granularity: str | int) -> list[l
         key = ""
         if depth is not None and depth > 0 and r.module:
             key = ".".join(r.module.split(".")[:depth])
-        if groups and _is_free(r):
+        if groups and _is_free(r) and calls[i] == calls[groups[-1][-1]]:
             groups[-1].append(i)
             continue
         if groups and key and key_of[-1] == key:
@@ -84,7 +88,7 @@ def group_records(records: Sequence[OpRecord], granularity: str | int) -> list[l
         groups.append([i])
         key_of.append(key)
     # A free first record folds into the next group.
-    if len(groups) > 1 and all(_is_free(records[i]) for i in groups[0]):
+    if len(groups) > 1 and all(_is_free(records[i]) for i in groups[0]) and calls[groups[0][-1]] == calls[groups[1][0]]:
         groups[1] = groups[0] + groups[1]
         groups.pop(0)
     return groups

@@ -125,8 +125,11 @@ def _export(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> torch.
         that cannot be imported by name (defined in a function) is inlined as
         before; so is everything when the wrapped export fails.
     """
+    from .eager_branches import eager_mask_decisions
+
     def run() -> torch.fx.GraphModule:
-        ep = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
+        with eager_mask_decisions(module, tuple(args), kwargs):  # NOTE [ Eager's attention masks under export ]
+            ep = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
         return ep.module(check_guards=False)
 
     try:

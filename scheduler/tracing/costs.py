@@ -150,6 +150,7 @@ class OpRecord:
     aliases: tuple[int, ...] = ()  # records owning the storages its outputs view (NOTE [ Views of written storages ])
     writes: tuple[int, ...] = ()  # records owning the storages its ops write in place
     direct: tuple[int, ...] = ()  # records whose values it takes as arguments (``inputs`` without the owners)
+    calls: tuple[tuple[str, str], ...] = ()  # (call id, class) of the submodule calls it runs in (tracing.spans)
 
     @property
     def estimated_flops(self) -> int:
@@ -261,6 +262,32 @@ def module_path(node: torch.fx.Node, strip: str = "") -> str:
     return path
 
 
+def module_calls(node: torch.fx.Node, strip: str = "") -> tuple[tuple[str, str], ...]:
+    """The submodule calls a node runs inside, outermost first: ``(call id, class name)``.
+
+    A call id is the module's dotted path, with ``@k`` appended for its
+    ``k``-th call after the first (the tracers' ``nn_module_stack`` keys say
+    which call it is). The root module (and the loss wrapper's ``strip``
+    prefix) is left out.
+    """
+    out = []
+    for key, value in (node.meta.get("nn_module_stack") or {}).items():
+        path, cls = value[0], value[1] if len(value) > 1 else ""
+        path = str(path)
+        if strip:
+            if path == strip.rstrip(".") or not path:
+                continue
+            if not path.startswith(strip):
+                continue
+            path = path[len(strip):]
+        if not path:
+            continue
+        k = str(key).rsplit("@", 1)[1] if "@" in str(key) else "0"
+        cname = cls.__qualname__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1].strip("'>")
+        out.append((path if k == "0" else f"{path}@{k}", cname))
+    return tuple(out)
+
+
 class _Recorder(torch.fx.Interpreter):
     def __init__(self, gm: torch.fx.GraphModule, fake: FakeTensorMode, counter: FlopCounterMode, watch: _Watch,
                  free_keys: set[int], strip: str):
@@ -366,6 +393,7 @@ class _Recorder(torch.fx.Interpreter):
         self.record_of[n.name] = pos
         self.records.append(OpRecord(
             name=n.name, members=members, op=_printable(n), module=module_path(n, self.strip),
+            calls=module_calls(n, self.strip),
             inputs=tuple(sorted(i for i in inputs if i != pos)), owners=tuple(sorted(i for i in owners if i != pos)),
             out_bytes=out_bytes, saves=tuple(sorted(saves)), own_saved_bytes=sum(own_keys.values()),
             fwd_flops=int(fwd + estimated), bwd_flops=0, param_keys=tuple(self.watch.touched),

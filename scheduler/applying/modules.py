@@ -1,0 +1,409 @@
+"""Apply a plan onto the user's own module: each region is one submodule call, checkpointed in place.
+
+``apply(model, plan)`` looks up the submodule each region names
+(``Plan.modules``: ``transformer.h.3``, ``layers.0.attn``, or ``layer1[0:2]``
+for a run of an ``nn.Sequential``'s children) and replaces that submodule's
+``forward`` *on the instance* by a :class:`RegionForward` that runs the
+original forward under ``torch.utils.checkpoint.checkpoint(...,
+use_reentrant=False)``. Nothing is re-traced; the user's own forward runs
+as written, so other batch sizes and sequence lengths, ``eval``/``no_grad``,
+``generate``, hooks, adapters, dtype changes, ``state_dict``,
+``save_pretrained``, ``pickle``/``deepcopy``, DDP, FSDP2 and
+``torch.compile`` keep working. ``remove(model)`` puts the original
+``forward`` s back.
+
+NOTE [ Checkpointing forward, not __call__ ]
+    Like transformers' ``GradientCheckpointingLayer``, we checkpoint the
+    module's ``forward`` and leave ``__call__`` alone: the module's hooks
+    (the user's, FSDP2's unshard/reshard) run once, outside the region,
+    and are not replayed by the recompute. An instance attribute
+    ``forward`` shadows the class's method; module names, structure and
+    ``state_dict`` keys do not change, and a module deep-copied or pickled
+    with its wrapper keeps it (the wrapper holds the module, not a bound
+    method, and looks the class's forward up at each call).
+
+NOTE [ Recompute at the region's end ] (the rule ``solvers.simulate`` costs)
+    Non-reentrant checkpoint recomputes a region when the backward first
+    unpacks a tensor the region saved. Ops at the end of a region that save
+    nothing (views, a residual read) run their backward *before* that, with
+    a gradient alive that ``simulate`` does not count during the recompute
+    (Swin's window merge: a plan solved to its budget measured 22 KiB over).
+    Each region therefore saves an empty probe first (0 bytes, the first
+    tensor it packs, so early stop still ends the recompute at the last
+    tensor really needed), and a gradient hook on the region's outputs
+    (``mode="any"``) unpacks it, which runs the recompute there. The probe is
+    held by the hook only, never by the function the checkpoint keeps (a
+    cycle through the checkpoint's frame would keep the region's inputs alive
+    until the garbage collector runs). Under FSDP2 the probe is left out: the
+    recompute must wait for FSDP's pre-backward unshard, which the backward
+    of the region's own ops follows.
+
+NOTE [ Stateful ops under recompute ]
+    A region runs twice: in the forward and when the backward reaches it.
+    BatchNorm updates its running statistics in the forward and would update
+    them twice. When a region's recompute starts, the running statistics of
+    the BatchNorm-style modules inside it are cloned; when it ends they are
+    copied back, in a ``finally`` (non-reentrant checkpoint stops a recompute
+    early by raising inside it). In train mode BatchNorm normalises with batch
+    statistics, so the recompute's output does not depend on them, and the
+    statistics after a step equal those without checkpointing. The copies
+    are the node's ``state_bytes`` in ``simulate``.
+
+NOTE [ RNG state per region ]
+    ``preserve_rng_state=True`` stores the CPU generator's state (5,056 bytes
+    on CPU; a CUDA generator's is 16 bytes) with each region until its
+    recompute, so that dropout draws the same mask twice. Regions whose
+    modules draw no random numbers (``Plan.stochastic`` says which, from the
+    traced graph) skip it: they need no replay and keep no state.
+
+NOTE [ Caches under recompute ]
+    A key/value cache passed into a checkpointed call would be written twice
+    (once more by the recompute), and the recompute would then see longer keys
+    than the forward did. As transformers does under gradient checkpointing,
+    a call that trains (grad enabled) gets ``use_cache=False`` and no cache
+    argument; without grad (evaluation, ``generate``) nothing is checkpointed
+    and the call runs as written.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import types
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from graphs import CkptError
+from solvers import Plan, PlanMismatch
+
+from ..tracing.spans import MODULES_META, parse_run_path
+
+__all__ = ["apply", "remove", "applied_plan", "region_wrappers", "ApplyError", "RegionForward", "SequentialRuns"]
+
+log = logging.getLogger(__name__)
+
+_PLAN_ATTR = "_ckpt_plan"
+_CACHE_ARGS = ("cache", "layer_past", "past_key_value", "past_key_values")
+
+
+class ApplyError(CkptError, RuntimeError):
+    """A plan could not be applied to the module (the message says why and what to do)."""
+
+
+# ---------------------------------------------------------------------------- the region
+class _Probe:
+    """An empty tensor a region saves first; unpacking it runs the region's recompute.
+
+    See NOTE [ Recompute at the region's end ].
+    """
+
+    __slots__ = ("node",)
+
+    def __init__(self) -> None:
+        # sin saves its input: a 0-byte leaf, packed by the checkpoint's hook.
+        self.node = torch.empty(0, requires_grad=True).sin().grad_fn
+
+    def unpack(self, _grad: Any = None) -> None:
+        node, self.node = self.node, None
+        if node is not None:
+            node._saved_self  # noqa: B018  (the checkpoint's unpack hook recomputes the region)
+
+
+def _running_stats(modules: Sequence[nn.Module]) -> list[torch.Tensor]:
+    """The buffers a region's forward updates: BatchNorm-style running statistics (training mode)."""
+    out = []
+    for top in modules:
+        for m in top.modules():
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.training:
+                out.extend(b for b in m.buffers(recurse=False) if b is not None)
+    return out
+
+
+def _is_fsdp(module: nn.Module) -> bool:
+    return any(c.__name__ == "FSDPModule" for c in type(module).__mro__)
+
+
+def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Sequence[nn.Module],
+               stochastic: bool, counter: "RegionForward | SequentialRuns") -> Any:
+    """``fn(*args, **kwargs)`` as one checkpoint region (the NOTEs of this module)."""
+    if torch.compiler.is_compiling():
+        # Dynamo turns this call into its checkpoint operator; the probe and
+        # the snapshot are eager-mode devices it cannot trace.
+        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=stochastic, **kwargs)
+    stats = _running_stats(modules)
+    probes: list[_Probe | None] = []
+    use_probe = not any(_is_fsdp(m) for m in modules)
+    calls = 0
+
+    def run(*a: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        probe = _Probe() if use_probe else None  # the region's first saved tensor, in both runs
+        if calls == 1:
+            probes.append(probe)
+            return fn(*a, **kwargs)
+        counter.recomputes += 1
+        if not stats:
+            return fn(*a, **kwargs)
+        saved = [b.detach().clone() for b in stats]
+        try:
+            return fn(*a, **kwargs)
+        finally:
+            with torch.no_grad():
+                for b, s in zip(stats, saved):
+                    b.copy_(s)
+
+    out = checkpoint(run, *args, use_reentrant=False, preserve_rng_state=stochastic)
+    probe = probes.pop() if probes else None  # the checkpoint holds run(): the probe must not stay there
+    if probe is not None:
+        outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if outs:
+            torch.autograd.graph.register_multi_grad_hook(outs, probe.unpack, mode="any")
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_params(cls: type) -> tuple[inspect.Signature | None, tuple[str, ...]]:
+    try:
+        sig = inspect.signature(cls.forward)
+    except (TypeError, ValueError):
+        return None, ()
+    names = tuple(n for n in sig.parameters if n in _CACHE_ARGS or n == "use_cache")
+    return (sig if names else None), names
+
+
+def _without_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """NOTE [ Caches under recompute ]: no cache argument and ``use_cache=False`` for a training call."""
+    sig, names = _cache_params(type(module))
+    if sig is None:
+        return args, kwargs
+    try:
+        bound = sig.bind(module, *args, **kwargs)
+    except TypeError:
+        return args, kwargs
+    changed = False
+    for name in names:
+        if name in bound.arguments:
+            value = bound.arguments[name]
+            if name == "use_cache" and value:
+                bound.arguments[name] = False
+                changed = True
+            elif name != "use_cache" and value is not None and not isinstance(value, torch.Tensor):
+                bound.arguments[name] = None
+                changed = True
+    if not changed:
+        return args, kwargs
+    log.debug("%s: cache arguments dropped under checkpointing", type(module).__name__)
+    return tuple(bound.args[1:]), dict(bound.kwargs)
+
+
+class RegionForward:
+    """Installed as ``module.forward``: the module's call is one checkpoint region.
+
+    Attributes:
+        module: the submodule.
+        path: its path in the model (the plan's name for the region).
+        stochastic: preserve and replay the RNG state (NOTE [ RNG state per region ]).
+        previous: an instance-level ``forward`` that was there before (else None:
+            the class's forward).
+        recomputes: how many recomputes ran (tests and ``verify`` read it).
+    """
+
+    def __init__(self, module: nn.Module, path: str, *, stochastic: bool, previous: Any = None) -> None:
+        self.module = module
+        self.path = path
+        self.stochastic = stochastic
+        self.previous = previous
+        self.recomputes = 0
+
+    def original(self) -> Callable[..., Any]:
+        if self.previous is not None:
+            return self.previous
+        return types.MethodType(type(self.module).forward, self.module)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fwd = self.original()
+        if not torch.is_grad_enabled():
+            return fwd(*args, **kwargs)
+        args, kwargs = _without_cache(self.module, args, kwargs)
+        return run_region(fwd, args, kwargs, modules=(self.module,), stochastic=self.stochastic, counter=self)
+
+    def __repr__(self) -> str:
+        return f"RegionForward({self.path!r})"
+
+
+class SequentialRuns:
+    """Installed as an ``nn.Sequential``'s ``forward``: runs of its children are checkpoint regions.
+
+    The children run in order, as ``nn.Sequential.forward`` does; each run
+    ``i..j`` (inclusive) is one region, as ``checkpoint_sequential`` makes them.
+    """
+
+    def __init__(self, module: nn.Sequential, runs: Sequence[tuple[int, int, str, bool]], *,
+                 previous: Any = None) -> None:
+        self.module = module
+        self.runs = tuple(sorted(runs))
+        self.previous = previous
+        self.recomputes = 0
+
+    @property
+    def path(self) -> str:
+        return ", ".join(r[2] for r in self.runs)
+
+    def original(self) -> Callable[..., Any]:
+        if self.previous is not None:
+            return self.previous
+        return types.MethodType(type(self.module).forward, self.module)
+
+    def __call__(self, input: Any) -> Any:  # noqa: A002  (nn.Sequential.forward's name)
+        if not torch.is_grad_enabled():
+            return self.original()(input)
+        children = list(self.module)
+        starts = {i: (j, stochastic) for i, j, _, stochastic in self.runs}
+        k = 0
+        while k < len(children):
+            if k in starts:
+                j, stochastic = starts[k]
+                run = functools.partial(_run_children, tuple(children[k:j + 1]))
+                input = run_region(run, (input,), {}, modules=children[k:j + 1], stochastic=stochastic, counter=self)
+                k = j + 1
+            else:
+                input = children[k](input)
+                k += 1
+        return input
+
+    def __repr__(self) -> str:
+        return f"SequentialRuns({self.path!r})"
+
+
+def _run_children(children: Sequence[nn.Module], x: Any) -> Any:
+    for child in children:
+        x = child(x)
+    return x
+
+
+# ------------------------------------------------------------------------- apply / remove
+def apply(model: nn.Module, plan: Plan, *, check: bool = True) -> nn.Module:
+    """Checkpoint, in place, the submodule calls ``plan``'s regions name; return ``model``.
+
+    Args:
+        model: the user's module (any mode, device or dtype; the plan is
+            solved for its structure, not for one shape).
+        plan: a plan whose regions are submodule calls (solved on a graph
+            from ``scheduler.trace``, which records them).
+        check: refuse a plan whose module paths, module classes or parameter
+            count do not match ``model``.
+
+    Returns:
+        ``model`` itself, with the regions installed (a plan applied before
+        is removed first). ``remove(model)`` undoes it.
+
+    Raises:
+        ApplyError: the plan has regions that are no submodule call.
+        PlanMismatch: the plan was solved for another model (names the first
+            missing or mismatched module path).
+
+    Example:
+        >>> graph = scheduler.trace(model, (tokens,), loss=lambda out: out.loss)
+        >>> plan = scheduler.solve(graph, "6GiB", solver="ilp")
+        >>> scheduler.apply(model, plan)   # then train as before
+    """
+    targets = _resolve(model, plan, check=check)
+    remove(model)
+    stochastic = _stochastic_flags(plan)
+    runs: dict[str, list[tuple[int, int, str, bool]]] = {}
+    for r, (path, module) in enumerate(targets):
+        parsed = parse_run_path(path)
+        if parsed is not None:
+            parent, i, j = parsed
+            runs.setdefault(parent, []).append((i, j, path, stochastic[r]))
+            continue
+        previous = module.__dict__.get("forward")
+        module.forward = RegionForward(module, path, stochastic=stochastic[r], previous=previous)
+    for parent, items in runs.items():
+        module = model.get_submodule(parent)
+        module.forward = SequentialRuns(module, items, previous=module.__dict__.get("forward"))
+    model.__dict__[_PLAN_ATTR] = plan
+    log.info("applied %d checkpoint regions (%s) to %s", len(targets), plan.solver, type(model).__name__)
+    return model
+
+
+def remove(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply`: every checkpointed submodule gets its own ``forward`` back."""
+    for m in model.modules():
+        wrapper = m.__dict__.get("forward")
+        if isinstance(wrapper, (RegionForward, SequentialRuns)):
+            if wrapper.previous is None:
+                del m.__dict__["forward"]
+            else:
+                m.__dict__["forward"] = wrapper.previous
+    model.__dict__.pop(_PLAN_ATTR, None)
+    return model
+
+
+def applied_plan(model: nn.Module) -> Plan | None:
+    """The plan :func:`apply` installed on ``model``, or None."""
+    return model.__dict__.get(_PLAN_ATTR)
+
+
+def region_wrappers(model: nn.Module) -> list[RegionForward | SequentialRuns]:
+    """The installed region wrappers, in module order."""
+    out = []
+    for m in model.modules():
+        wrapper = m.__dict__.get("forward")
+        if isinstance(wrapper, (RegionForward, SequentialRuns)):
+            out.append(wrapper)
+    return out
+
+
+def _stochastic_flags(plan: Plan) -> list[bool]:
+    flags = list(plan.stochastic) if plan.stochastic else [True] * len(plan.regions)
+    return flags
+
+
+def _resolve(model: nn.Module, plan: Plan, *, check: bool) -> list[tuple[str, nn.Module]]:
+    if not plan.regions:
+        return []
+    if not plan.modules or any(not m for m in plan.modules):
+        bad = [r for r, m in zip(plan.regions, plan.modules or [""] * len(plan.regions)) if not m]
+        raise ApplyError(
+            f"region(s) {bad[:3]} of this plan are no submodule call, so they cannot be hooked onto the module "
+            "(the plan was solved on a graph without module spans: a hand-written or synthetic graph, or "
+            "graph.unaligned()). Solve on a graph from scheduler.trace / ckpt trace, or apply the plan to a "
+            "traced copy with scheduler.apply(model, plan, lower='graph', args=...)")
+    classes = plan.graph_meta.get(MODULES_META) or {}
+    out = []
+    for path in plan.modules:
+        parsed = parse_run_path(path)
+        lookup = parsed[0] if parsed else path
+        try:
+            module = model.get_submodule(lookup)
+        except AttributeError:
+            raise PlanMismatch(
+                f"this plan was solved for another model: it checkpoints {path!r}, and {type(model).__name__} "
+                f"has no submodule {lookup!r} (the first missing module path). Trace and solve this model "
+                "(ckpt trace / scheduler.trace)") from None
+        if parsed is not None:
+            if not isinstance(module, nn.Sequential) or len(module) <= parsed[2]:
+                raise PlanMismatch(f"this plan was solved for another model: {lookup!r} is not an nn.Sequential with "
+                                   f"{parsed[2] + 1} children or more, so the run {path!r} does not exist")
+        if check and lookup in classes and classes[lookup]:
+            names = {c.__name__ for c in type(module).__mro__}
+            if classes[lookup] not in names:
+                raise PlanMismatch(
+                    f"this plan was solved for another model: {lookup!r} was a {classes[lookup]} and is a "
+                    f"{type(module).__name__} here (the first mismatched module path); trace and solve this model")
+        out.append((path, module))
+    want = plan.graph_meta.get("parameters")
+    if check and isinstance(want, int):
+        have = sum(p.numel() for p in model.parameters())
+        if have != want:
+            raise PlanMismatch(
+                f"this plan was solved for a model with {want:,} parameters and this one has {have:,} (another size "
+                "or configuration); trace and solve this model, or pass check=False to apply it anyway")
+    return out

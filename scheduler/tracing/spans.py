@@ -1,0 +1,126 @@
+"""Which runs of cost nodes are one submodule call: the regions a plan can hook.
+
+NOTE [ Module-aligned regions ] (``graphs.graph``) says why plans are
+restricted to submodule calls. Here the tracer's per-node module stacks
+(``OpRecord.calls``, from ``nn_module_stack``) become :class:`graphs.Span` s:
+
+* a call is a candidate when its module is called exactly once in the traced
+  step (a module called twice, such as a ReLU reused in a block, would be
+  checkpointed at every call by a hook) and its fx nodes are contiguous;
+* a run of consecutive children ``i..j`` (``j > i``) of an ``nn.Sequential``
+  whose ``forward`` is torch's own is a candidate too: the applier runs the
+  children in order under one checkpoint, as ``checkpoint_sequential`` does;
+* a candidate becomes a span of the cost graph when its first fx node starts
+  a cost node and its last one ends one (``tracing.build.group_records``
+  folds no free op across a call boundary).
+
+Spans carry the module path (``h.3``, ``layer1[0:2]`` for a Sequential run);
+the graph's meta records each span module's class name, so a plan applied to
+a model whose module at that path is another class is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Mapping, Sequence
+
+from torch import nn
+
+from graphs import Span
+
+from .costs import OpRecord
+
+__all__ = ["module_spans", "sequential_children", "MODULES_META", "run_path", "parse_run_path"]
+
+log = logging.getLogger(__name__)
+
+#: ``Graph.meta`` key: ``{module path: class name}`` for every span's module.
+MODULES_META = "modules"
+
+_RUN = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
+
+
+def run_path(parent: str, i: int, j: int) -> str:
+    """The name of the run of children ``i..j`` (inclusive) of the Sequential at ``parent``."""
+    return f"{parent}[{i}:{j + 1}]"
+
+
+def parse_run_path(path: str) -> tuple[str, int, int] | None:
+    """``"layer1[0:2]"`` -> ``("layer1", 0, 1)`` (inclusive); None for a plain module path."""
+    m = _RUN.match(path)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2)), int(m.group(3)) - 1
+
+
+def sequential_children(model: nn.Module) -> dict[str, int]:
+    """``{path: number of children}`` of every ``nn.Sequential`` in ``model`` that runs torch's own forward."""
+    return {path: len(m) for path, m in model.named_modules()
+            if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward and len(m) > 1}
+
+
+def module_spans(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
+                 sequentials: Mapping[str, int]) -> tuple[list[Span], dict[str, str]]:
+    """The spans of the cost graph whose nodes are ``groups`` of ``records``.
+
+    Args:
+        records: the measured fx nodes, in order.
+        groups: the cost nodes, as contiguous lists of record positions.
+        sequentials: module path -> number of children, for every
+            ``nn.Sequential`` of the model whose ``forward`` is torch's own.
+
+    Returns:
+        The spans (outermost first where several cover the same nodes) and
+        ``{module path: class name}`` of their modules.
+    """
+    where: dict[str, list[int]] = {}
+    cls: dict[str, str] = {}
+    repeated: set[str] = set()
+    for pos, r in enumerate(records):
+        for call, name in r.calls:
+            where.setdefault(call, []).append(pos)
+            path = call.split("@", 1)[0]
+            cls.setdefault(path, name)
+            if "@" in call:
+                repeated.add(path)
+    calls: dict[str, tuple[int, int]] = {}
+    for call, positions in where.items():
+        if "@" in call or call in repeated:
+            continue
+        a, b = positions[0], positions[-1]
+        if b - a + 1 == len(positions):
+            calls[call] = (a, b)
+    # Runs of consecutive children of a plain nn.Sequential.
+    candidates: list[tuple[str, int, int]] = [(p, a, b) for p, (a, b) in calls.items()]
+    for parent, count in sequentials.items():
+        if parent not in calls and parent != "":
+            continue
+        kids = [calls.get(f"{parent}.{i}" if parent else str(i)) for i in range(count)]
+        for i in range(count):
+            if kids[i] is None:
+                continue
+            for j in range(i + 1, count):
+                if kids[j] is None or kids[j][0] != kids[j - 1][1] + 1:
+                    break
+                candidates.append((run_path(parent, i, j), kids[i][0], kids[j][1]))
+    start = {g[0]: k for k, g in enumerate(groups)}
+    end = {g[-1]: k for k, g in enumerate(groups)}
+    spans = []
+    for path, a, b in candidates:
+        if a in start and b in end:
+            spans.append(Span(start[a], end[b], path))
+    # Outermost first among equal intervals: shorter paths are outer modules.
+    spans.sort(key=lambda sp: (sp.first, -sp.last, sp.module.count("."), len(sp.module)))
+    kept: dict[tuple[int, int], Span] = {}
+    for sp in spans:
+        kept.setdefault((sp.first, sp.last), sp)
+    modules = {}
+    for sp in kept.values():
+        run = parse_run_path(sp.module)
+        if run is None:
+            modules[sp.module] = cls.get(sp.module, "")
+        else:
+            modules[run[0]] = "Sequential"
+    log.info("%d submodule calls, %d of them spans of the cost graph", len(candidates), len(kept))
+    return list(kept.values()), modules
