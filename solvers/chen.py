@@ -12,7 +12,9 @@ every segment but the last into a region (its input is the checkpoint kept):
 * ``chen``: the cheapest of both that fits.
 
 The candidate set does not depend on the budget, so a bigger budget never
-costs more; none is proven optimal (status ``feasible``).
+costs more; none is proven optimal (status ``feasible``). On a graph with
+spans every candidate is snapped onto spans (NOTE [ Module-aligned regions ]
+in ``graphs.graph``).
 """
 
 from __future__ import annotations

@@ -101,7 +101,9 @@ class CheckpointModel:
         """Regions are spans (NOTE [ Module-aligned regions ] in ``graphs.graph``):
         one bool per usable span, and ``x``, ``y``, ``cont`` the sums of the
         chosen spans that hold ``k``, start at ``k``, and hold ``k`` past
-        their first node. Linear equalities, so CP-SAT's LP sees them too."""
+        their first node. Linear equalities, so CP-SAT's LP sees them too
+        (given ``x`` and the clauses that tie it to ``y`` and ``cont``, either
+        of the last two implies the other; both are kept for the LP)."""
         m, n = self.m, len(self.graph)
         holds: list[list] = [[] for _ in range(n)]
         starts: list[list] = [[] for _ in range(n)]

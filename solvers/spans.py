@@ -133,9 +133,3 @@ class SpanIndex:
         if self.ends is None:
             return ((0, self.n - 1),) if all(nd.recomputable for nd in self.graph.nodes) else ()
         return self.tile([(0, self.n - 1)])
-
-    def allows(self, regions: Iterable[Sequence[int]]) -> bool:
-        """Whether every region is usable here (always, without spans, for recomputable ones)."""
-        if self.ends is None:
-            return True
-        return all(len(self.ends[a]) and b in self.ends[a] for a, b in ((int(a), int(b)) for a, b in regions))
