@@ -143,11 +143,17 @@ def unet(n: int, *, seed: int = 0) -> Graph:
                  meta={"family": "unet", "n": n, "seed": seed})
 
 
-def transformer(n: int, *, seed: int = 0, act_bytes: int = 4 * MB) -> Graph:
+def transformer(n: int, *, seed: int = 0, act_bytes: int = 4 * MB, spans: bool = False) -> Graph:
     """A stack of transformer blocks with ~``n`` nodes (12 per block).
 
     An attention mask (no grad) is computed once and read by every block's
     attention: the tensor that crosses every cut.
+
+    With ``spans``, the graph lists the submodule calls of a GPT-2-like
+    module tree (NOTE [ Module-aligned regions ] in ``graphs.graph``): the
+    embedding ``wte``, each block ``h.<i>`` and inside it ``ln_1``, ``attn``
+    (QKV to the residual dropout), ``ln_2`` and ``mlp``, then ``ln_f`` and
+    ``lm_head``.
     """
     rng = random.Random(seed)
     nodes: list[Node] = []
@@ -187,8 +193,16 @@ def transformer(n: int, *, seed: int = 0, act_bytes: int = 4 * MB) -> Graph:
     x = add("layer_norm", (x,), a, 10**6, saved=a // 64)
     add("lm_head", (x,), 8 * a, rng.randint(8, 12) * mm)
     add("loss", (nodes[-1].name,), 4, 10**6, saves=(nodes[-1].name,))
+    calls: list[tuple[int, int, str]] = []
+    if spans:
+        calls.append((0, 0, "wte"))
+        for blk in range(blocks):
+            s = 2 + 12 * blk
+            calls += [(s, s + 11, f"h.{blk}"), (s, s, f"h.{blk}.ln_1"), (s + 1, s + 4, f"h.{blk}.attn"),
+                      (s + 6, s + 6, f"h.{blk}.ln_2"), (s + 7, s + 10, f"h.{blk}.mlp")]
+        calls += [(len(nodes) - 3, len(nodes) - 3, "ln_f"), (len(nodes) - 2, len(nodes) - 2, "lm_head")]
     return Graph(nodes=tuple(nodes), input_bytes=a // 16, name=f"transformer{n}",
-                 meta={"family": "transformer", "n": n, "seed": seed})
+                 meta={"family": "transformer", "n": n, "seed": seed}, spans=tuple(calls))
 
 
 def random_dag(n: int, *, seed: int = 0, width: int = 3, p_skip: float = 0.3) -> Graph:

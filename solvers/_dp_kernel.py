@@ -189,7 +189,7 @@ def _merge(rh, rc, ro, rch, rnx, n_r, bh, bc, bo, bch, bnx, n_b):
 
 
 @njit(cache=True)
-def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, i, jmax, floor, run_cost, extra):
+def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, js, floor, run_cost, extra):
     """The Pareto set of stage ``i`` entered in one boundary state.
 
     Args:
@@ -197,9 +197,11 @@ def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, i
         nf_h, nf_c: the next stage's set (stored option).
         buf_h, buf_c, seg_start, seg_end: the sets following every stage ``j``
             in flat arrays, ``[seg_start[j], seg_end[j])`` for ``j``.
-        i, jmax: regions ``i..j`` for ``j`` in ``i..jmax`` (none when ``jmax < i``).
-        floor, run_cost: per region (index ``j - i``) its local peak without
-            the input and its recompute FLOPs.
+        js: the last stages ``j`` (ascending) of the regions ``i..j`` to
+            consider: every ``j`` up to the last regionable one, or on an
+            aligned graph those where ``i..j`` is a span.
+        floor, run_cost: per region (index ``r`` for ``js[r]``) its local
+            peak without the input and its recompute FLOPs.
         extra: bytes of the region's input it holds (0 when ``lh == 1``).
 
     Returns:
@@ -208,9 +210,7 @@ def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, i
         following set (NOTE [ Filtering a stage's candidates by the front so far ]).
     """
     n_s = nf_h.shape[0]
-    nr = jmax - i + 1
-    if nr < 0:
-        nr = 0
+    nr = js.shape[0]
     # The stored option and the head of every run, in candidate order.
     n0 = n_s + nr
     lo = np.empty(nr, np.int64)
@@ -229,7 +229,7 @@ def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, i
     total = n_s
     longest = 0
     for r in range(nr):
-        j = i + r
+        j = js[r]
         a = seg_start[j]
         b = seg_end[j]
         f = floor[r]
@@ -264,7 +264,7 @@ def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, i
     bnx = np.empty(cap, np.int64)
     n_b = 0
     for r in range(nr):
-        j = i + r
+        j = js[r]
         a = seg_start[j]
         loc = floor[r] + extra
         cr = run_cost[r]

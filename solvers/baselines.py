@@ -8,6 +8,10 @@
   ``encoder.layer.2``), what Hugging Face's ``gradient_checkpointing_enable()``
   does.
 
+On a graph with spans (NOTE [ Module-aligned regions ] in ``graphs.graph``)
+every region is a span: ``uniform`` snaps its segments onto spans and
+``per-module`` takes the block spans themselves.
+
 None is proven optimal; the candidates do not depend on the budget, so a
 bigger budget never costs more.
 """
@@ -15,6 +19,7 @@ bigger budget never costs more.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Iterator
 
 from graphs import CkptError, Graph
 
@@ -22,8 +27,9 @@ from .errors import InfeasibleBudget
 from .plan import Plan, Status
 from .registry import register
 from .simulate import simulate
+from .spans import SpanIndex
 
-__all__ = ["store_all", "uniform", "uniform_regions", "per_module", "block_regions", "NoModulePaths"]
+__all__ = ["store_all", "uniform", "uniform_regions", "per_module", "block_regions", "block_spans", "NoModulePaths"]
 
 
 @register("store-all")
@@ -35,25 +41,44 @@ def store_all(graph: Graph, budget_bytes: int) -> Plan:
     return Plan(regions=(), status=Status.OPTIMAL if sim.recompute_flops == 0 else Status.FEASIBLE)
 
 
+def _segments(n: int, k: int) -> list[tuple[int, int]]:
+    """``k`` near-equal segments of ``n`` nodes, all but the last."""
+    k = max(1, min(k, n))
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    return [(bounds[s], bounds[s + 1] - 1) for s in range(k - 1) if bounds[s] <= bounds[s + 1] - 1]
+
+
 def uniform_regions(graph: Graph, k: int) -> list[tuple[int, int]]:
     """``k`` near-equal segments of the node order; all but the last become regions.
 
     Segments whose nodes are not all recomputable are left out.
     """
-    n = len(graph)
-    k = max(1, min(k, n))
-    bounds = [round(i * n / k) for i in range(k + 1)]
-    regions = []
-    for s in range(k - 1):
-        a, b = bounds[s], bounds[s + 1] - 1
-        if a <= b and all(graph.nodes[i].recomputable for i in range(a, b + 1)):
-            regions.append((a, b))
-    return regions
+    return [(a, b) for a, b in _segments(len(graph), k) if all(graph.nodes[i].recomputable for i in range(a, b + 1))]
+
+
+def _uniform_candidates(graph: Graph, candidates) -> Iterator[tuple[int, tuple[tuple[int, int], ...]]]:
+    """``(k, regions)`` for every ``k``; on a graph with spans each segment
+    plan snapped onto spans (its tiling and its cover, ``SpanIndex.snap``),
+    every distinct plan once."""
+    if not graph.spans:
+        for kk in candidates:
+            yield kk, tuple(uniform_regions(graph, kk))
+        return
+    index, seen = SpanIndex(graph), set()
+    for kk in candidates:
+        for regions in index.snap(_segments(len(graph), kk)):
+            if regions not in seen:
+                seen.add(regions)
+                yield kk, regions
 
 
 @register("uniform")
 def uniform(graph: Graph, budget_bytes: int, k: int | None = None) -> Plan:
     """``checkpoint_sequential``-style plan with ``k`` segments.
+
+    On a graph with spans (NOTE [ Module-aligned regions ] in
+    ``graphs.graph``) each segment becomes the longest spans inside it, or
+    the shortest span around it: both plans are candidates.
 
     Args:
         k: number of segments; ``None`` tries every ``k`` from 1 to n and
@@ -62,8 +87,8 @@ def uniform(graph: Graph, budget_bytes: int, k: int | None = None) -> Plan:
     candidates = [k] if k is not None else range(1, len(graph) + 1)
     best = None
     min_peak, least = None, ()
-    for kk in candidates:
-        plan = Plan(regions=tuple(uniform_regions(graph, kk)))
+    for kk, regions in _uniform_candidates(graph, candidates):
+        plan = Plan(regions=regions)
         sim = simulate(graph, plan, record=False)
         if min_peak is None or sim.peak_bytes < min_peak:
             min_peak, least = sim.peak_bytes, plan.regions
@@ -90,11 +115,14 @@ def _block_prefix(path: str) -> str | None:
 
 def block_regions(graph: Graph) -> list[tuple[int, int]]:
     """Consecutive runs of nodes inside one repeated block (the most frequent
-    ``<path>.<int>`` family), one region each.
+    ``<path>.<int>`` family), one region each; on a graph with spans, the
+    spans of that family's calls (:func:`block_spans`).
 
     Raises:
-        NoModulePaths: no node has a module path with a block index.
+        NoModulePaths: no node (no span) has a module path with a block index.
     """
+    if graph.spans:
+        return block_spans(graph)
     prefixes = [_block_prefix(nd.module) if nd.module else None for nd in graph.nodes]
     families = Counter(p.rsplit(".", 1)[0] for p in prefixes if p)
     if not families:
@@ -111,6 +139,32 @@ def block_regions(graph: Graph) -> list[tuple[int, int]]:
                 regions.append((start, i - 1))
             current, start = key, i
     return [(a, b) for a, b in regions if all(graph.nodes[i].recomputable for i in range(a, b + 1))]
+
+def block_spans(graph: Graph) -> list[tuple[int, int]]:
+    """The spans whose module is a block ``<path>.<int>`` of the most frequent
+    such family (``h.3``, not ``h.3.attn``; ``seq[2:5]`` is no block): what
+    ``gradient_checkpointing_enable()`` checkpoints. Spans with a node that
+    is not recomputable are left out, and, left to right, one that overlaps
+    a block kept before it.
+
+    Raises:
+        NoModulePaths: no span is such a block.
+    """
+    blocks = [(sp.first, sp.last, sp.module.rsplit(".", 1)[0]) for sp in graph.spans
+              if _block_prefix(sp.module) == sp.module]
+    families = Counter(fam for _, _, fam in blocks)
+    if not families:
+        raise NoModulePaths(
+            f"graph {graph.name!r} has no span whose module is a repeated block (like 'h.3' or 'layers.7'); "
+            "per-module checkpoints such blocks — use 'dp', 'ilp', 'chen' or 'uniform' instead")
+    family = families.most_common(1)[0][0]
+    usable = set(SpanIndex(graph).spans)
+    regions: list[tuple[int, int]] = []
+    for a, b, fam in sorted(blocks):
+        if fam == family and (a, b) in usable and (not regions or a > regions[-1][1]):
+            regions.append((a, b))
+    return regions
+
 
 @register("per-module")
 def per_module(graph: Graph, budget_bytes: int) -> Plan:

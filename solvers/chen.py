@@ -12,7 +12,9 @@ every segment but the last into a region (its input is the checkpoint kept):
 * ``chen``: the cheapest of both that fits.
 
 The candidate set does not depend on the budget, so a bigger budget never
-costs more; none is proven optimal (status ``feasible``).
+costs more; none is proven optimal (status ``feasible``). On a graph with
+spans every candidate is snapped onto spans (NOTE [ Module-aligned regions ]
+in ``graphs.graph``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .errors import InfeasibleBudget
 from .plan import Plan, Status
 from .registry import register
 from .simulate import simulate
+from .spans import SpanIndex
 from .stages import Stages, stages
 
 __all__ = ["sqrt_plan", "greedy_plans", "chen", "chen_sqrt", "chen_greedy"]
@@ -95,6 +98,11 @@ def _best(graph: Graph, budget_bytes: int, candidates, solver: str) -> Plan:
 def chen(graph: Graph, budget_bytes: int, *, mode: str = "best") -> Plan:
     """Chen's plans: ``mode`` is ``sqrt``, ``greedy`` or ``best`` (cheapest that fits).
 
+    On a graph with spans (NOTE [ Module-aligned regions ] in ``graphs.graph``)
+    each segment is snapped onto spans (``SpanIndex.snap``: the longest spans
+    inside it, or the shortest span around it), so its boundaries are span
+    boundaries and every region a span.
+
     Raises:
         InfeasibleBudget: none of the candidates fits; carries their least peak.
         ValueError: unknown mode.
@@ -106,6 +114,9 @@ def chen(graph: Graph, budget_bytes: int, *, mode: str = "best") -> Plan:
         cands.append(sqrt_plan(graph))
     if mode in ("greedy", "best"):
         cands.extend(greedy_plans(graph))
+    if graph.spans:
+        index = SpanIndex(graph)
+        cands = list(dict.fromkeys(snapped for regions in cands for snapped in index.snap(regions)))
     return _best(graph, budget_bytes, cands, f"chen-{mode}" if mode != "best" else "chen")
 
 

@@ -18,7 +18,10 @@ candidates by a compiled kernel (``solvers._dp_kernel``, numba).
 On a chain every node is a stage and the DP is optimal over all interval
 plans (checked against brute force). On a DAG it is optimal over the plans
 whose region boundaries are articulation cuts; common tensors are charged for
-the whole step, so its prediction is an upper bound there.
+the whole step, so its prediction is an upper bound there. On a graph with
+spans (NOTE [ Module-aligned regions ] in ``graphs.graph``) a region ``i..j``
+is a candidate only when it is a span: the same table, optimal over the
+span-only plans on a chain.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from .errors import InfeasibleBudget
 from .plan import Plan, Status
 from .registry import register
 from .simulate import simulate
+from .spans import SpanIndex
 from .stages import Stages, stages
 
 __all__ = ["DPTable", "dp_table", "dp"]
@@ -120,10 +124,19 @@ class DPTable:
             lmax[i] = (lmax[i + 1] if i + 1 < m and st.regionable[i + 1] else i) if st.regionable[i] else i - 1
         l0 = np.ascontiguousarray(l0, dtype=np.int64)
         cost = np.ascontiguousarray(cost, dtype=np.int64)
+        span_ends = SpanIndex(self.graph).ends  # None: any stages i..j may form a region
+        stage_of_end = {e: s for s, e in enumerate(ends)}
         for i in range(m - 1, -1, -1):
             if st.regionable[i]:
                 buf.push(i, fronts[i + 1, lh_reg[i]])
             jmax = int(lmax[i])
+            if span_ends is None:
+                js = np.arange(i, jmax + 1, dtype=np.int64)
+                floor, run_cost = l0[i, i:jmax + 1], cost[i, i:jmax + 1]
+            else:  # NOTE [ Module-aligned regions ]: only the regions i..j that are spans
+                js = np.array([j for b in span_ends[st.starts[i]].tolist()
+                               if (j := stage_of_end.get(b, -1)) >= i and j <= jmax], dtype=np.int64)
+                floor, run_cost = np.ascontiguousarray(l0[i, js]), np.ascontiguousarray(cost[i, js])
             for lh in sorted(need[i]):
                 local, retained, nlh = stored[i, lh]
                 nf = fronts[i + 1, nlh]
@@ -134,7 +147,7 @@ class DPTable:
                 # so far ] in ``solvers._dp_kernel``.
                 extra = int(inp[i]) if lh == 0 else 0
                 front = _Front(*merge_stage(local, retained, nf.h, nf.cost, buf.h, buf.c, buf.seg_start,
-                                            buf.seg_end, i, jmax, l0[i, i:], cost[i, i:], extra))
+                                            buf.seg_end, js, floor, run_cost, extra))
                 if self.max_front is not None and len(front.h) > self.max_front:
                     front = _thin(front, self.max_front)
                     self.thinned = True
@@ -264,7 +277,8 @@ def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_F
     Returns:
         A plan with status ``optimal`` on a chain, ``feasible`` on other
         graphs (optimal among plans cut at articulation points), ``bound``
-        set to its cost when optimal.
+        set to its cost when optimal. On a graph with spans its regions are
+        spans, and optimal means among plans whose regions are spans.
 
     Raises:
         InfeasibleBudget: with the least budget any such plan needs.

@@ -24,7 +24,10 @@ NOTE [ The frontier DP ]
     boundary and bit pattern we keep the Pareto front of ``(A, FLOPs)``, and
     extend it by a stored node or a region ``[p, b]`` (for every ``b`` while
     the region fits). The front at ``n`` holds the optimum, exact over all
-    interval plans: the same set ``ilp`` and the brute force search.
+    interval plans: the same set ``ilp`` and the brute force search. On a
+    graph with spans only the ``[p, b]`` that are spans extend a front
+    (NOTE [ Module-aligned regions ] in ``graphs.graph``): exact over the
+    span-only plans, and a start where no span begins costs nothing.
 
     The states per boundary are ``2 ** open``, so the program is for graphs
     where few tensors cross any position (a transformer: the residual stream,
@@ -45,6 +48,7 @@ import numpy as np
 from graphs import Graph
 
 from .dp_model import NEG, node_arrays
+from .spans import SpanIndex
 
 __all__ = ["FrontierDP", "FrontierResult", "FrontierTimeout", "width", "MAX_WIDTH", "TooWide"]
 
@@ -213,6 +217,8 @@ class FrontierDP:
         self.pstate = np.concatenate(([0], np.cumsum(na.state)))
         self.const = int(graph.param_bytes + graph.input_bytes)
         self.rg = rg
+        # NOTE [ Module-aligned regions ]: on a graph with spans, the regions [p, b] are spans only.
+        self.span_ends = SpanIndex(graph).ends
 
     # ------------------------------------------------------------ regions
     def _region_arrays(self, p: int, kmax: int):
@@ -340,6 +346,14 @@ class FrontierDP:
             kmax = p
             while kmax + 1 < n and self.recomputable[kmax + 1]:
                 kmax += 1
+            endok = None  # which ends b of [p, b] are allowed: all, or (spans) a mask over [p, kmax]
+            if self.span_ends is not None:
+                allowed = self.span_ends[p]  # usable spans: all nodes recomputable, so <= kmax
+                if not len(allowed):
+                    continue
+                kmax = int(allowed[-1])
+                endok = np.zeros(kmax - p + 1, dtype=bool)
+                endok[allowed - p] = True
             amin = min(int(v[0][0]) for v in fr.keys.values())
             fwdm, bwd, rc, cA = self._region_arrays(p, kmax)
             snap = self.pstate[p + 1:kmax + 2] - self.pstate[p]
@@ -377,6 +391,8 @@ class FrontierDP:
                     over = np.nonzero(mono[lo - p:hi - p] > room)[0]
                     end = lo + int(over[0]) if len(over) else hi  # mono grows with b: longer regions fail too
                     cuts = np.searchsorted(a, cap - local[lo - p:end - p], side="right")
+                    if endok is not None:
+                        cuts = cuts * endok[lo - p:end - p]
                     for off in np.nonzero(cuts)[0].tolist():
                         b = lo + off
                         i = b - p

@@ -36,6 +36,14 @@ NOTE [ An exact model of simulate ]
     Every answer is checked with ``simulate``; a plan the model got wrong
     would be cut off with a no-good and the model solved again (tests against
     brute force keep that loop from ever turning).
+
+    On a graph with spans (NOTE [ Module-aligned regions ] in
+    ``graphs.graph``) one more bool per usable span says it is a region, and
+    ``x[k]``, ``y[k]``, ``cont[k]`` equal the sums of the chosen spans that
+    hold ``k``, start at ``k``, and hold ``k`` past their first node: exact
+    over the span-only plans. Both methods, the warm starts and the bounded
+    heuristic search that set; the dp bound used as a cut is dp's optimum
+    over it too.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ from .ilp_model import CheckpointModel
 from .plan import Plan, Status
 from .registry import get_solver, register
 from .simulate import simulate
+from .spans import SpanIndex
 
 __all__ = ["IlpTimeout", "ilp", "IlpSolver", "Incumbent", "WARM_SOLVERS", "METHODS"]
 
@@ -185,9 +194,11 @@ class IlpSolver:
 
 
 def _simple_peaks(graph: Graph) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
-    """``(peak, regions)`` of two plans any graph has: store-all, and every recomputable node its own region."""
-    every = tuple((k, k) for k, nd in enumerate(graph.nodes) if nd.recomputable)
-    return [(simulate(graph, Plan(regions=r), record=False).peak_bytes, r) for r in ((), every)]
+    """``(peak, regions)`` of plans any graph has: store-all, and every recomputable node its own
+    region (on a graph with spans: the shortest span at each position, and the longest)."""
+    index = SpanIndex(graph)
+    plans = [(), index.finest()] + ([index.coarsest()] if index.aligned else [])
+    return [(simulate(graph, Plan(regions=r), record=False).peak_bytes, r) for r in dict.fromkeys(plans)]
 
 
 #: The fast solvers whose best fitting plan warm-starts ``ilp``.
@@ -203,6 +214,9 @@ def _warm_start(graph: Graph, budget_bytes: int) -> tuple[Incumbent | None, int 
         try:
             plan = get_solver(name)(graph, budget_bytes)
         except CkptError:
+            continue
+        if plan.unaligned_regions(graph):  # NOTE [ Module-aligned regions ]: never a hint ilp may not return
+            log.error("ilp warm start: %s returned regions that are no spans; ignored", name)
             continue
         sim = simulate(graph, plan, record=False)
         if sim.peak_bytes > budget_bytes:

@@ -12,6 +12,7 @@ from ortools.sat.python import cp_model
 from graphs import Graph
 
 from .dp_model import node_arrays
+from .spans import SpanIndex
 
 __all__ = ["CheckpointModel", "ModelResult"]
 
@@ -92,6 +93,33 @@ class CheckpointModel:
             m.AddImplication(c, self.x[k])
             m.AddImplication(c, self.y[k].Not())
             m.AddBoolOr([self.x[k].Not(), self.y[k], c])
+        self.z: dict[tuple[int, int], cp_model.IntVar] = {}  # span (a, b) is a region (aligned graphs)
+        if g.spans:
+            self._aligned()
+
+    def _aligned(self) -> None:
+        """Regions are spans (NOTE [ Module-aligned regions ] in ``graphs.graph``):
+        one bool per usable span, and ``x``, ``y``, ``cont`` the sums of the
+        chosen spans that hold ``k``, start at ``k``, and hold ``k`` past
+        their first node. Linear equalities, so CP-SAT's LP sees them too
+        (given ``x`` and the clauses that tie it to ``y`` and ``cont``, either
+        of the last two implies the other; both are kept for the LP)."""
+        m, n = self.m, len(self.graph)
+        holds: list[list] = [[] for _ in range(n)]
+        starts: list[list] = [[] for _ in range(n)]
+        inner: list[list] = [[] for _ in range(n)]
+        for a, b in SpanIndex(self.graph).spans:
+            z = self.z[a, b] = m.NewBoolVar(f"z{a}_{b}")
+            starts[a].append(z)
+            for k in range(a, b + 1):
+                holds[k].append(z)
+                if k > a:
+                    inner[k].append(z)
+        for k in range(n):
+            m.Add(self.x[k] == sum(holds[k]))
+            m.Add(self.y[k] == sum(starts[k]))
+            if k:
+                m.Add(self.cont[k] == sum(inner[k]))
 
     def same(self, j: int, t: int):
         """Literal: ``j <= t`` lie in one region."""
@@ -321,6 +349,9 @@ class CheckpointModel:
         for k in range(len(self.graph)):
             self.m.AddHint(self.x[k], k in inside)
             self.m.AddHint(self.y[k], k in starts)
+        chosen = {tuple(r) for r in regions}
+        for span, z in self.z.items():
+            self.m.AddHint(z, span in chosen)
         return False
 
     def add_lower_bound(self, flops: int) -> None:
