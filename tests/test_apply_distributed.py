@@ -79,7 +79,7 @@ def plan():
     ids = _batch()[:2]
     graph = capture(model, (), {"input_ids": ids, "labels": ids}, loss=lambda out: out.loss).graph
     per_block = solvers.solve(graph, 1 << 50, solver="per-module")
-    return per_block  # TODO(align): ilp
+    return scheduler.solve(graph, per_block.peak_bytes, solver="ilp", time_limit_s=60)
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])

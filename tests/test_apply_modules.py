@@ -60,7 +60,7 @@ def plan_for(model: nn.Module, args=(), kwargs=None, loss=None) -> tuple[object,
     graph = capture(model, args, kwargs or {}, loss=loss).graph
     assert graph.spans, "the tracer records submodule calls"
     per_block = solvers.solve(graph, 1 << 50, solver="per-module")
-    plan = per_block  # TODO(align): ilp at per_block.peak_bytes
+    plan = scheduler.solve(graph, per_block.peak_bytes, solver="ilp", time_limit_s=60)
     assert plan.regions and all(plan.modules)
     return graph, plan
 

@@ -230,7 +230,8 @@ class RegionForward:
         fwd = self.original()
         if not torch.is_grad_enabled():
             return fwd(*args, **kwargs)
-        args, kwargs = _without_cache(self.module, args, kwargs)
+        if not torch.compiler.is_compiling():
+            args, kwargs = _without_cache(self.module, args, kwargs)
         return run_region(fwd, args, kwargs, modules=(self.module,), stochastic=self.stochastic, counter=self)
 
     def __repr__(self) -> str:

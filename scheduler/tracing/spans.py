@@ -10,6 +10,12 @@ restricted to submodule calls. Here the tracer's per-node module stacks
 * a run of consecutive children ``i..j`` (``j > i``) of an ``nn.Sequential``
   whose ``forward`` is torch's own is a candidate too: the applier runs the
   children in order under one checkpoint, as ``checkpoint_sequential`` does;
+* a call that writes in place a tensor made before it (``ReLU(inplace=True)``
+  on its input, ``x += ...``, stochastic depth's ``mul_``), or whose input is
+  written in place after it, is no candidate: checkpoint keeps a region's
+  inputs for the recompute and refuses them once modified ("one of the
+  variables needed for gradient computation has been modified by an inplace
+  operation"; torchvision, timm, monai and smp models did this);
 * a candidate becomes a span of the cost graph when its first fx node starts
   a cost node and its last one ends one (``tracing.build.group_records``
   folds no free op across a call boundary).
@@ -104,6 +110,8 @@ def module_spans(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
                 if kids[j] is None or kids[j][0] != kids[j - 1][1] + 1:
                     break
                 candidates.append((run_path(parent, i, j), kids[i][0], kids[j][1]))
+    writes = _Writes(records)
+    candidates = [c for c in candidates if not writes.across(c[1], c[2])]
     start = {g[0]: k for k, g in enumerate(groups)}
     end = {g[-1]: k for k, g in enumerate(groups)}
     spans = []
@@ -124,3 +132,23 @@ def module_spans(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
             modules[run[0]] = "Sequential"
     log.info("%d submodule calls, %d of them spans of the cost graph", len(candidates), len(kept))
     return list(kept.values()), modules
+
+
+class _Writes:
+    """In-place writes per record, indexed so each candidate is checked in time linear in its length."""
+
+    def __init__(self, records: Sequence[OpRecord]) -> None:
+        self.records = records
+        self.last_write: dict[int, int] = {}  # storage owner -> last record writing it
+        for pos, r in enumerate(records):
+            for w in r.writes:
+                self.last_write[w] = pos
+
+    def across(self, a: int, b: int) -> bool:
+        """Records ``a..b`` write in place a storage made before ``a``, or one they read is written after ``b``."""
+        for r in self.records[a:b + 1]:
+            if any(w < a for w in r.writes):
+                return True
+            if any(o < a and self.last_write.get(o, -1) > b for o in r.inputs):
+                return True
+        return False
