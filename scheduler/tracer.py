@@ -131,7 +131,7 @@ class Traced:
 def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[str, Any] | None = None, *,
             loss: Callable[[Any], torch.Tensor] | None = None, granularity: str | int = "auto",
             method: str = "auto", check: bool = True, name: str | None = None, costs: str = "flops",
-            time_repeats: int = 5, workspaces: str = "none") -> Traced:
+            time_repeats: int = 5, workspaces: str = "auto") -> Traced:
     """Trace ``model`` on example inputs and measure its cost graph.
 
     Args:
@@ -155,10 +155,13 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             fast on *this* machine, e.g. a CPU, where memory-bound ops cost
             far more than their FLOPs say.
         time_repeats: forward runs measured with ``costs="time"`` (median).
-        workspaces: ``"none"`` (default) or ``"measure"``: run each distinct
-            convolution's backward once on the model's device (the CPU for a
-            ``meta`` model) and count the buffers it holds inside the op
-            (NOTE [ Convolution workspaces ] in ``scheduler.tracing.workspaces``).
+        workspaces: ``"measure"``: run each distinct convolution's backward
+            once on the model's device (the CPU for a ``meta`` model) and count
+            the buffers it holds inside the op (NOTE [ Convolution workspaces ]
+            in ``scheduler.tracing.workspaces``); ``"none"``: do not; ``"auto"``
+            (default): measure when the model has convolutions and is not on
+            the ``meta`` device (the allocator's peak of a conv net is above
+            what its tensors alone say, so plans would not fit without it).
 
     Returns:
         A :class:`Traced` (NOTE [ Traced contract ]).
@@ -172,8 +175,8 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         args = (args,)
     if costs not in COST_MODELS:
         raise TraceError(f"costs={costs!r} is not one of {', '.join(COST_MODELS)}")
-    if workspaces not in ("none", "measure"):
-        raise TraceError(f"workspaces={workspaces!r} is not one of 'none', 'measure'")
+    if workspaces not in ("none", "measure", "auto"):
+        raise TraceError(f"workspaces={workspaces!r} is not one of 'auto', 'none', 'measure'")
     args = tuple(args)
     kwargs = dict(kwargs or {})
     target: nn.Module = LossWrapper(model, loss) if loss is not None else model
@@ -193,6 +196,9 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         except ValueError as exc:
             raise TraceError(str(exc)) from None
         records, meta[COSTS_META] = time_records(records, times)
+    if workspaces == "auto":
+        on_meta = any(t.device.type == "meta" for t in list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)])
+        workspaces = "measure" if any(r.convs for r in records) and not on_meta else "none"
     if workspaces == "measure":
         from .tracing.workspaces import measure_conv_workspaces
 

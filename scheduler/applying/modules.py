@@ -135,6 +135,11 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
         # Dynamo turns this call into its checkpoint operator; the probe and
         # the snapshot are eager-mode devices it cannot trace.
         return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=stochastic, **kwargs)
+    # NOTE [ Containers passed to a region ]: checkpoint keeps the arguments for the recompute by
+    # reference; torchvision's DenseNet passes a list of features that it appends to after the call,
+    # so the recompute concatenated more channels ("running_mean should contain 1024 elements not 832").
+    # The recompute gets containers of its own (same tensors).
+    args, kwargs = pytree.tree_map(lambda v: v, (tuple(args), dict(kwargs)))
     stats = _running_stats(modules)
     probes: list[_Probe | None] = []
     use_probe = not any(_is_fsdp(m) for m in modules)

@@ -58,9 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--costs", choices=["flops", "time"], default="flops",
                    help="node costs: counted FLOPs (default) or measured forward time in FLOP-equivalents "
                         "(plans that are fast on this machine; not on the meta device)")
-    p.add_argument("--workspaces", choices=["none", "measure"], default="none",
+    p.add_argument("--workspaces", choices=["auto", "none", "measure"], default="auto",
                    help="measure each convolution's backward once on the model's device and count the buffers it "
-                        "holds inside the op (what the allocator sees on conv nets); default none")
+                        "holds inside the op (what the allocator sees on conv nets); default auto: when the model "
+                        "has convolutions and is not on the meta device")
     p.add_argument("-o", "--output", help="write the graph here (JSON)")
 
 
