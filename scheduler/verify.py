@@ -8,9 +8,11 @@ and random seed:
 
 * runs one step without and one with the plan and compares the loss, every
   parameter gradient and every buffer (BatchNorm statistics);
-* measures the peak memory of a step of each (CPU: live tensor storages;
-  CUDA: ``max_memory_allocated``) and sets it beside ``simulate``'s
-  prediction and the budget;
+* measures the peak memory of a step of each by the allocator (CPU: the
+  profiler's memory events, which see convolution workspaces and RNG
+  states; CUDA: ``max_memory_allocated``) and by live tensor storages, and
+  sets them beside ``simulate``'s prediction and the budget ("fits" is the
+  allocator's number);
 * times warm-up plus ``steps`` steps of each, alternating them in one run, and
   reports the ratio of the medians beside the predicted one
   (``1 + recompute FLOPs / step FLOPs``).
@@ -53,9 +55,12 @@ class Verification:
         regions: number of checkpoint regions applied.
         budget_bytes: the plan's budget (None when it has none).
         predicted_peak_bytes: ``simulate(graph, plan).peak_bytes``.
-        measured_peak_bytes: peak of a real step with the plan.
+        measured_peak_bytes: the allocator's peak of a real step with the plan.
         predicted_store_all_bytes: ``simulate(graph)`` without a plan.
-        measured_store_all_bytes: peak of a real step without the plan.
+        measured_store_all_bytes: the allocator's peak of a real step without the plan.
+        counted_peak_bytes, counted_store_all_bytes: the same steps by live
+            tensor storages (``scheduler.measure``; what ``simulate`` counts,
+            without kernel workspaces).
         predicted_recompute_ratio: recompute FLOPs / step FLOPs.
         step_time_ratio: median step time with the plan / without.
         step_time_s: median step time without the plan (seconds).
@@ -78,6 +83,8 @@ class Verification:
     max_grad_diff: float
     loss_diff: float
     buffers_equal: bool
+    counted_peak_bytes: int = 0
+    counted_store_all_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -100,7 +107,10 @@ class Verification:
         """``(quantity, with the plan, without)`` rows for a table."""
         budget = format_bytes(self.budget_bytes) if self.budget_bytes else "-"
         return [
-            ("peak measured", format_bytes(self.measured_peak_bytes), format_bytes(self.measured_store_all_bytes)),
+            ("peak measured (allocator)", format_bytes(self.measured_peak_bytes),
+             format_bytes(self.measured_store_all_bytes)),
+            ("peak measured (tensor storages)", format_bytes(self.counted_peak_bytes),
+             format_bytes(self.counted_store_all_bytes)),
             ("peak predicted", format_bytes(self.predicted_peak_bytes), format_bytes(self.predicted_store_all_bytes)),
             ("budget", budget, ""),
             ("fits the budget", "yes" if self.fits else "NO", ""),
@@ -128,7 +138,7 @@ def _clear_grads(model: nn.Module) -> None:
 
 
 def measure_step_peak(module: nn.Module, model: nn.Module, args: tuple, kwargs: dict, loss: LossFn | None) -> int:
-    """Peak bytes of one training step of ``module`` (sharing ``model``'s parameters).
+    """Peak bytes of one training step of ``module`` (sharing ``model``'s parameters), by live tensor storages.
 
     Parameter gradients start at None; parameters, buffers and inputs count as
     the base (``scheduler.measure.measure_step``, NOTE [ Counting like simulate ]).
@@ -136,6 +146,29 @@ def measure_step_peak(module: nn.Module, model: nn.Module, args: tuple, kwargs: 
     from .measure import measure_step
 
     return measure_step(model, tuple(args), dict(kwargs), loss=loss, run=module).peak_bytes
+
+
+def allocator_step_peak(module: nn.Module, model: nn.Module, args: tuple, kwargs: dict, loss: LossFn | None) -> int:
+    """Peak bytes of one training step by the allocator: what "fits" means.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` over the step. Elsewhere: the
+    profiler's memory events (NOTE [ Measuring with profiler events ] in
+    ``scheduler.profmem``) on top of the parameters, buffers and inputs.
+    """
+    from .profmem import live_bytes_of, profile_step
+
+    _clear_grads(model)
+    leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    live = list(model.parameters()) + list(model.buffers()) + leaves
+    device = next((t.device for t in live if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        _step(module, args, kwargs, loss)
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base + live_bytes_of(live)
+    return profile_step(lambda: _step(module, args, kwargs, loss), baseline_bytes=live_bytes_of(live)).peak_bytes
 
 
 class _Planned(nn.Module):
@@ -248,12 +281,15 @@ def _run(model: nn.Module, plan: Plan, graph: Any, applied: nn.Module, count: in
     buffers_equal = all(torch.equal(x, y) for x, y in zip(b0, b1))
     loss_diff = float((l0.double() - l1.double()).abs())
 
-    measured = {}
+    measured, counted = {}, {}
     if measure_memory:
         for key, module in (("all", model), ("plan", applied)):
             reset()
             torch.manual_seed(seed)
-            measured[key] = measure_step_peak(module, model, args, kwargs, losses[key])
+            counted[key] = measure_step_peak(module, model, args, kwargs, losses[key])
+            reset()
+            torch.manual_seed(seed)
+            measured[key] = allocator_step_peak(module, model, args, kwargs, losses[key])
 
     # Time: alternate the two, one run, median of each.
     times: dict[str, list[float]] = {"all": [], "plan": []}
@@ -273,6 +309,7 @@ def _run(model: nn.Module, plan: Plan, graph: Any, applied: nn.Module, count: in
         predicted_recompute_ratio=sim_plan.recompute_ratio,
         step_time_ratio=statistics.median(times["plan"]) / base if base else float("nan"), step_time_s=base,
         max_grad_diff=max_diff, loss_diff=loss_diff, buffers_equal=buffers_equal,
+        counted_peak_bytes=counted.get("plan", 0), counted_store_all_bytes=counted.get("all", 0),
     )
     log.info("verified %s/%s: peak %d (predicted %d), time x%.3f, grad diff %.3g", result.model, result.solver,
              result.measured_peak_bytes, result.predicted_peak_bytes, result.step_time_ratio, result.max_grad_diff)
