@@ -221,14 +221,20 @@ class Span:
         module: dotted path of the submodule in the user's model (``h.3``,
             ``encoder.layer.2.attention``); ``seq[2:5]`` names the run of
             children 2, 3, 4 of the ``nn.Sequential`` at path ``seq``.
+        extra_bytes: bytes the call's own Python code keeps referenced beyond
+            the graph's lifetimes while it runs (NOTE [ Eager lifetimes in a
+            recompute ] in ``scheduler.tracing.eager_lifetimes``): a region
+            equal to this span holds them during its recompute, and
+            ``solvers.simulate`` adds them to every step of that recompute.
     """
 
     first: int
     last: int
     module: str
+    extra_bytes: int = 0
 
     def to_list(self) -> list:
-        return [self.first, self.last, self.module]
+        return [self.first, self.last, self.module] + ([self.extra_bytes] if self.extra_bytes else [])
 
 
 @dataclass(frozen=True)
@@ -462,12 +468,12 @@ class Graph:
         if "spans" in d:
             raw_spans = d["spans"]
             if not isinstance(raw_spans, list) or not all(
-                    isinstance(x, list) and len(x) == 3 and isinstance(x[2], str)
-                    and all(isinstance(v, int) and not isinstance(v, bool) for v in x[:2]) for x in raw_spans):
-                raise GraphError("graph field 'spans' must be a list of [first, last, module] triples")
+                    isinstance(x, list) and len(x) in (3, 4) and isinstance(x[2], str)
+                    and all(isinstance(v, int) and not isinstance(v, bool) for v in x[:2] + x[3:]) for x in raw_spans):
+                raise GraphError("graph field 'spans' must be a list of [first, last, module(, extra_bytes)] lists")
             if [nd.name for nd in nodes] != [x["name"] for x in raw]:
                 raise GraphError("graph field 'spans' needs the nodes listed in topological order")
-            kw["spans"] = tuple(Span(a, b, m) for a, b, m in raw_spans)
+            kw["spans"] = tuple(Span(*x) for x in raw_spans)
         return cls(nodes=tuple(nodes), **kw)
 
     def with_nodes(self, nodes: Sequence[Node], **changes: Any) -> "Graph":
@@ -479,12 +485,13 @@ def _normalise_spans(spans: Iterable[Span | Sequence[Any]]) -> tuple[Span, ...]:
     out: dict[tuple[int, int], Span] = {}
     for sp in spans:
         if not isinstance(sp, Span):
-            if len(sp) != 3:
-                raise GraphError(f"a span is a (first, last, module) triple, got {sp!r}")
+            if len(sp) not in (3, 4):
+                raise GraphError(f"a span is a (first, last, module[, extra_bytes]) tuple, got {sp!r}")
             sp = Span(*sp)
         if (isinstance(sp.first, bool) or isinstance(sp.last, bool) or not isinstance(sp.first, int)
-                or not isinstance(sp.last, int) or not isinstance(sp.module, str)):
-            raise GraphError(f"span {sp!r}: first and last must be integers, module a string")
+                or not isinstance(sp.last, int) or not isinstance(sp.module, str)
+                or isinstance(sp.extra_bytes, bool) or not isinstance(sp.extra_bytes, int) or sp.extra_bytes < 0):
+            raise GraphError(f"span {sp!r}: first and last must be integers, module a string, extra_bytes >= 0")
         out.setdefault((sp.first, sp.last), sp)
     return tuple(sorted(out.values(), key=lambda sp: (sp.first, -sp.last)))
 
