@@ -92,6 +92,7 @@ class Traced:
         granularity: the granularity ``graph`` was built at.
         sequentials: ``{path: children}`` of the model's plain ``nn.Sequential`` s
             (their runs of children are spans too, ``scheduler.tracing.spans``).
+        extras: ``{span module: extra bytes}`` (NOTE [ Eager lifetimes in a recompute ]).
     """
 
     gm: torch.fx.GraphModule
@@ -103,6 +104,7 @@ class Traced:
     records: tuple[OpRecord, ...]
     granularity: str | int
     sequentials: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    extras: Mapping[str, int] = dataclasses.field(default_factory=dict)
     _bytes: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     # ----------------------------------------------------------- calling
@@ -124,7 +126,7 @@ class Traced:
     def regroup(self, granularity: str | int) -> "Traced":
         """The same trace at another granularity (no re-measuring)."""
         graph, members, gran = _assemble(list(self.records), granularity, self._bytes, self.graph.name,
-                                         dict(self.graph.meta), self.sequentials)
+                                         dict(self.graph.meta), self.sequentials, self.extras)
         return dataclasses.replace(self, graph=graph, members=members, granularity=gran)
 
 
@@ -207,12 +209,19 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         records = measure_conv_workspaces(records, device)
         meta[WORKSPACES_META] = "cpu" if device.type == "meta" else str(device)
     sequentials = sequential_children(model)
-    graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials)
+    graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, {})
+    extras: dict[str, int] = {}
+    if graph.spans:
+        from .tracing.eager_lifetimes import measure_call_extras
+
+        every = module_spans(records, [[i] for i in range(len(records))], sequentials)[0]  # all granularities' spans
+        extras = measure_call_extras(model, args, kwargs, loss, [sp.module for sp in every])
+        graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, extras)
     placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     log.info("traced %s with %s: %d fx nodes -> %d cost nodes (granularity %s)", name, used, len(records),
              len(graph), gran)
     return Traced(gm=gm, graph=graph, members=members, placeholders=placeholders, method=used, module=target,
-                  records=tuple(records), granularity=gran, sequentials=sequentials, _bytes=totals)
+                  records=tuple(records), granularity=gran, sequentials=sequentials, extras=extras, _bytes=totals)
 
 
 def trace(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[str, Any] | None = None, *,
@@ -247,7 +256,8 @@ def capture_for_plan(model: nn.Module, plan: Any, args: Any, kwargs: Mapping[str
 
 # --------------------------------------------------------------------- helpers
 def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[str, Any], name: str,
-              meta: dict, sequentials: Mapping[str, int]) -> tuple[Graph, tuple[tuple[str, ...], ...], str | int]:
+              meta: dict, sequentials: Mapping[str, int], extras: Mapping[str, int]
+              ) -> tuple[Graph, tuple[tuple[str, ...], ...], str | int]:
     if granularity == "auto":
         chosen: str | int = "op"
         for g in ("op", "fold", 4, 3, 2, 1):
@@ -262,6 +272,7 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     nodes = build_nodes(records, groups, dict(totals.get("trainable", {})))
     nodes = attribute_params(nodes, records, groups, dict(totals.get("trainable", {})))
     spans, modules = module_spans(records, groups, sequentials)
+    spans = [dataclasses.replace(sp, extra_bytes=int(extras.get(sp.module, 0))) for sp in spans]
     meta = dict(meta, granularity=str(chosen), estimated_flops=sum(r.estimated_flops for r in records))
     meta[MODULES_META] = modules
     graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]),

@@ -35,12 +35,19 @@ def traced_case(request):
 
 
 def test_store_all_peak_matches_a_measured_cpu_step_within_10_percent(traced_case):
+    """Against the allocator's peak: the default trace counts convolution workspaces, which the
+    storage count (``measure_step``) does not see."""
+    from scheduler.verify import allocator_step_peak
+
     name, ex, traced = traced_case
-    measured = measure_step(ex.model, ex.args, ex.kwargs, loss=ex.loss)
+    measured = allocator_step_peak(ex.model, ex.model, ex.args, ex.kwargs, ex.loss)
     for gran in ("op", "fold", 3):
         predicted = simulate(traced.regroup(gran).graph).peak_bytes
-        err = abs(predicted - measured.peak_bytes) / measured.peak_bytes
-        assert err < 0.10, f"{name} at {gran}: predicted {predicted}, measured {measured.peak_bytes}"
+        err = (predicted - measured) / measured
+        # op and fold are exact up to the allocator's own few bytes; a module-depth graph merges
+        # nodes and may only over-count (a merged node holds its members' buffers together)
+        limit = 0.02 if gran in ("op", "fold") else 0.15
+        assert -0.02 < err < limit, f"{name} at {gran}: predicted {predicted}, measured {measured}"
 
 
 def test_flops_agree_with_flop_counter_over_eager_forward_and_backward(traced_case):
@@ -211,9 +218,13 @@ def test_measure_peak_counts_storages_once_and_frees_them():
 
 # ------------------------------------------------------------ determinism
 def _trace_dict(name: str, device: str, **options) -> dict:
+    """The traced graph without what only a real device measures (convolution workspaces, the eager
+    lifetimes behind ``Span.extra_bytes``): those are left out of the fingerprint too."""
     torch.manual_seed(0)
     ex = build(name, device=device, **options)
-    return capture(ex.model, ex.args, ex.kwargs, loss=ex.loss).graph.to_dict()
+    d = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, workspaces="none").graph.to_dict()
+    d["spans"] = [sp[:3] for sp in d.get("spans", [])]
+    return d
 
 
 @pytest.mark.parametrize("name, options", [
