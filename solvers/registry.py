@@ -110,7 +110,7 @@ def solve(graph: Graph, budget_bytes: int, solver: str | SolverFn = "dp", **opti
     out = finalize(graph, plan, budget_bytes, name, options, t0)
     if out.peak_bytes > budget_bytes:
         log.warning("solver %s returned a plan over budget (%d > %d)", name, out.peak_bytes, budget_bytes)
-        raise InfeasibleBudget(budget_bytes, out.peak_bytes, solver=name, best_regions=out.regions)
+        raise InfeasibleBudget(budget_bytes, out.peak_bytes, solver=name, best_regions=out.regions, proven=False)
     log.info("%s: %d regions, peak %d / budget %d, recompute %d FLOPs in %.3fs",
              name, len(out.regions), out.peak_bytes, budget_bytes, out.recompute_flops, out.solve_time_s)
     return out
