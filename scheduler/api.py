@@ -1,4 +1,5 @@
-"""``scheduler.solve``: the solver registry with budgets people write."""
+"""``scheduler.solve`` and ``scheduler.simulate``: the solvers and the cost model, with budgets people write
+and plans checked against their graph."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ from typing import Any
 
 import solvers
 from graphs import Graph
-from solvers import InfeasibleBudget, Plan
+from solvers import InfeasibleBudget, Plan, Simulation
 
 from .budget import BudgetSpec, parse_budget
 from .explain import explain_floor
 
-__all__ = ["solve"]
+__all__ = ["solve", "simulate"]
 
 
 def solve(graph: Graph, budget: BudgetSpec, solver: str = "dp", *, optimizer: str | None = None, **options: Any) -> Plan:
@@ -39,5 +40,24 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "dp", *, optimizer: st
             raise
         best = None if exc.best_regions is None else Plan(regions=exc.best_regions)
         floor = explain_floor(graph, best).text
-        raise InfeasibleBudget(exc.budget_bytes, exc.min_feasible_bytes, solver=exc.solver, floor=floor,
-                               best_regions=exc.best_regions) from None
+        raise exc.with_floor(floor) from None
+
+
+def simulate(graph: Graph, plan: Plan | None = None, *, check: bool = True, record: bool = True) -> Simulation:
+    """Peak memory and recompute cost of ``plan`` on ``graph`` (``solvers.simulate``, the one cost model).
+
+    Args:
+        graph: the cost graph.
+        plan: the plan; None is store-all.
+        check: refuse a plan solved for another graph, or one with regions
+            and no fingerprint (NOTE [ Plans carry their graph ] in
+            ``solvers.plan``); False checks only that its regions fit.
+        record: keep the live bytes of every step (``sim.live_bytes``).
+
+    Raises:
+        PlanMismatch: the plan was solved for another graph, or says for none.
+        PlanError: a region does not fit ``graph``.
+    """
+    if plan is not None:
+        plan.check_graph(graph, check=check)
+    return solvers.simulate(graph, plan, record=record)
