@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Union
 
 from .graph import CkptError
 
-__all__ = ["OutputPathError", "check_output_path", "write_text_atomic", "read_json"]
+__all__ = ["OutputPathError", "check_output_path", "write_text_atomic", "write_atomic", "read_json", "parse_json"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 

@@ -15,7 +15,7 @@ from .explain import explain_floor
 __all__ = ["solve", "simulate"]
 
 
-def solve(graph: Graph, budget: BudgetSpec, solver: str = "dp", *, optimizer: str | None = None, **options: Any) -> Plan:
+def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: str | None = None, **options: Any) -> Plan:
     """Choose which activations to keep for ``graph`` under ``budget``.
 
     Args:
@@ -23,12 +23,19 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "dp", *, optimizer: st
         budget: ``"6GiB"``, ``"512MiB"``, bytes, or a fraction in (0, 1] of the
             store-all activation peak.
         solver: a registered solver name (``scheduler.available_solvers()``).
+            The default, ``ilp``, is the one that answers: exact where it can
+            be proven in its time limit (60 s by default), and never without a
+            plan where another registered solver finds one (it starts from the
+            cheapest plan of ``dp``, ``chen``, ``uniform`` and ``per-module``).
+            ``dp`` is faster on chains but plans only at the cuts of its chain,
+            and says "infeasible" on some DAGs where ``ilp`` fits.
         optimizer: subtract this optimizer's state from a byte budget
             (``adam``, ``adamw``, ``sgd``, ...).
         **options: solver options (e.g. ``time_limit_s`` for ``ilp``).
 
     Raises:
         BudgetError: the budget cannot be read.
+        UnknownOption: an option the solver does not take.
         InfeasibleBudget: nothing fits; ``.min_feasible_bytes`` says what would
             and ``.floor`` which step sets the least peak (``scheduler.explain``).
     """

@@ -33,7 +33,7 @@ from graphs.graph import MAX_COUNT
 from solvers.errors import format_bytes
 from solvers.simulate import activation_budget_bytes
 
-__all__ = ["BudgetError", "parse_budget", "parse_size", "format_bytes", "optimizer_state_bytes", "OPTIMIZER_STATES"]
+__all__ = ["BudgetError", "parse_budget", "read_budget", "parse_size", "format_bytes", "optimizer_state_bytes", "OPTIMIZER_STATES"]
 
 BudgetSpec = Union[str, int, float]
 
@@ -119,6 +119,29 @@ def parse_budget(spec: BudgetSpec, graph: Graph | None = None, *, optimizer: str
             count (with a hint), a fraction without a graph, or optimizer
             state that leaves nothing for the step.
     """
+    kind, value = read_budget(spec)
+    if kind == "fraction":
+        if graph is None:
+            raise BudgetError(f"a fractional budget ({spec!r}) needs the graph to know the store-all peak")
+        return activation_budget_bytes(graph, value)
+    total = int(value)
+    if optimizer and graph is not None:
+        state = optimizer_state_bytes(graph.param_bytes, optimizer)
+        if state >= total:
+            raise BudgetError(
+                f"{optimizer} state alone takes {format_bytes(state)}, which is all of the {format_bytes(total)} budget; "
+                "raise the budget or use an optimizer with less state"
+            )
+        total -= state
+    return total
+
+
+def read_budget(spec: BudgetSpec) -> tuple[str, float | int]:
+    """``("fraction", f)`` or ``("bytes", n)``: the budget read without a graph (checks it early).
+
+    Raises:
+        BudgetError: as :func:`parse_budget`, for everything but a missing graph.
+    """
     fraction = None
     if isinstance(spec, bool) or not isinstance(spec, (str, int, float)):
         raise BudgetError(f"budget must be a size or a fraction, got {spec!r}")
@@ -137,23 +160,11 @@ def parse_budget(spec: BudgetSpec, graph: Graph | None = None, *, optimizer: str
                 f"a fractional budget must be in (0, 1] (a share of the store-all activation peak), got {spec!r}; "
                 f"for bytes write e.g. '6GiB'{hint}"
             )
-        if graph is None:
-            raise BudgetError(f"a fractional budget ({spec!r}) needs the graph to know the store-all peak")
-        return activation_budget_bytes(graph, fraction)
+        return "fraction", fraction
     if isinstance(spec, int):
         if spec <= 0:
             raise BudgetError(f"a budget must be positive, got {spec}")
         if spec >= MAX_COUNT:
             raise BudgetError(f"a budget of {spec} bytes is not below 2**62; write e.g. '6GiB'")
-        total = spec
-    else:
-        total = parse_size(spec)
-    if optimizer and graph is not None:
-        state = optimizer_state_bytes(graph.param_bytes, optimizer)
-        if state >= total:
-            raise BudgetError(
-                f"{optimizer} state alone takes {format_bytes(state)}, which is all of the {format_bytes(total)} budget; "
-                "raise the budget or use an optimizer with less state"
-            )
-        total -= state
-    return total
+        return "bytes", spec
+    return "bytes", parse_size(spec)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from graphs import CkptError
 
-__all__ = ["CkptError", "PlanError", "PlanMismatch", "InfeasibleBudget", "UnknownSolver", "format_bytes"]
+__all__ = ["CkptError", "PlanError", "PlanMismatch", "InfeasibleBudget", "UnknownSolver", "UnknownOption",
+           "format_bytes"]
 
 
 class PlanError(CkptError, ValueError):
@@ -20,6 +21,10 @@ class UnknownSolver(CkptError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; we want a sentence.
         return str(self.args[0]) if self.args else ""
+
+
+class UnknownOption(CkptError, TypeError):
+    """A solver was given an option it does not take (the message names those it does)."""
 
 
 class InfeasibleBudget(CkptError, ValueError):
@@ -51,11 +56,14 @@ class InfeasibleBudget(CkptError, ValueError):
             (``budget_bytes + 1`` when only the budget is proven too small;
             None when not even that is known).
         time_limit_s: the time limit that cut the search short, if one did.
+        scope: the plans the minimum is over when not every interval plan
+            (``"the plans dp considers (ilp searches every interval plan)"``);
+            "" for every interval plan.
     """
 
     def __init__(self, budget_bytes: int, min_feasible_bytes: int, *, solver: str = "", floor: str = "",
                  best_regions: tuple[tuple[int, int], ...] | None = None, proven: bool = True,
-                 lower_bound_bytes: int | None = None, time_limit_s: float | None = None) -> None:
+                 lower_bound_bytes: int | None = None, time_limit_s: float | None = None, scope: str = "") -> None:
         self.budget_bytes = int(budget_bytes)
         self.min_feasible_bytes = int(min_feasible_bytes)
         self.solver = solver
@@ -64,12 +72,14 @@ class InfeasibleBudget(CkptError, ValueError):
         self.proven = bool(proven)
         self.lower_bound_bytes = None if lower_bound_bytes is None else int(lower_bound_bytes)
         self.time_limit_s = time_limit_s
+        self.scope = scope
         who = f" for solver {solver!r}" if solver else ""
         if self.proven:
             msg = (
                 f"no plan fits a budget of {format_bytes(self.budget_bytes)}{who}: the least feasible budget is "
-                f"{format_bytes(self.min_feasible_bytes)} ({self.min_feasible_bytes} bytes). Raise the budget to at "
-                "least that, or reduce the batch size / sequence length."
+                f"{format_bytes(self.min_feasible_bytes)} ({self.min_feasible_bytes} bytes)"
+                + (f" among {scope}" if scope else "")
+                + ". Raise the budget to at least that, or reduce the batch size / sequence length."
             )
         else:
             within = f" within {time_limit_s:g} s" if time_limit_s is not None else ""
@@ -98,7 +108,7 @@ class InfeasibleBudget(CkptError, ValueError):
     def replace(self, **changes: object) -> "InfeasibleBudget":
         """The same error with some attributes changed (the message follows)."""
         kw = dict(solver=self.solver, floor=self.floor, best_regions=self.best_regions, proven=self.proven,
-                  lower_bound_bytes=self.lower_bound_bytes, time_limit_s=self.time_limit_s)
+                  lower_bound_bytes=self.lower_bound_bytes, time_limit_s=self.time_limit_s, scope=self.scope)
         kw.update(changes)
         return InfeasibleBudget(self.budget_bytes, self.min_feasible_bytes, **kw)  # type: ignore[arg-type]
 
