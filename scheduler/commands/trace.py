@@ -34,7 +34,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="built-in name, hf:NAME, or package.module:factory (see `ckpt models`)")
     for flag, kind in MODEL_FLAGS.items():
         p.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None, help=f"model option {flag}")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="any other model option (repeatable), e.g. --option vocab=1000")
 
 
