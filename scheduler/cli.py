@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:  # argparse: --help (0) or a bad flag (2, its line already printed)
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     finally:
         try:
             sys.stdout.flush()

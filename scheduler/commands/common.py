@@ -97,7 +97,7 @@ def check_outputs(outputs: Iterable[tuple[str, str | None]], inputs: Iterable[st
     ins = [p for p in inputs if p]
     seen: dict[str, str] = {}
     for flag, path in outputs:
-        if not path:
+        if path is None:
             continue
         check_output_path(path, inputs=ins, what=f"{flag} file")
         if path in seen:
