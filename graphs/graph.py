@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -57,6 +58,8 @@ FORMAT_VERSION = 1
 #: ``Graph.meta`` key describing how ``fwd_flops`` were obtained when they are
 #: not counted FLOPs (e.g. measured times, ``scheduler.tracing.timing``).
 COSTS_META = "costs"
+#: Exclusive upper limit of every byte and FLOP count (NOTE [ Strict loading ] in ``graphs.schema``).
+MAX_COUNT = 1 << 62
 #: ``meta`` key naming the device convolution workspaces were measured on (when they were).
 WORKSPACES_META = "workspaces"
 #: ``meta`` key: how the CLI built the model (``{"model": NAME, "options": {...}}``), so that
@@ -151,53 +154,16 @@ class Node:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, where: str = "node") -> "Node":
-        """Build a node from JSON, filling documented defaults.
+        """Build a node from JSON, filling documented defaults (NOTE [ Strict loading ] in ``graphs.schema``).
 
         Raises:
-            GraphError: a required field is missing, a field has the wrong
-                type, or a byte/FLOP count is negative.
+            GraphError: a required field is missing, an unknown field (naming
+                the nearest known one), a field of the wrong type, or a
+                byte/FLOP count that is no finite integer in ``[0, 2**62)``.
         """
-        if not isinstance(d, Mapping):
-            raise GraphError(f"{where}: expected an object, got {type(d).__name__}")
-        for key in ("name", "out_bytes", "fwd_flops", "inputs"):
-            if key not in d:
-                raise GraphError(f"{where}: missing required field {key!r}")
-        name = d["name"]
-        if not isinstance(name, str) or not name:
-            raise GraphError(f"{where}: field 'name' must be a non-empty string, got {name!r}")
-        where = f"node {name!r}"
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise GraphError(f"{where}: unknown field(s) {unknown}; known fields are {sorted(known)}")
-        kw: dict[str, Any] = {"name": name}
-        for key in cls._INT_FIELDS:
-            if key in d:
-                v = d[key]
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
-                    raise GraphError(f"{where}: field {key!r} must be an integer, got {v!r}")
-                if v < 0:
-                    raise GraphError(f"{where}: field {key!r} is negative ({v}); sizes and FLOPs are >= 0")
-                kw[key] = int(v)
-        if "bwd_flops" not in d:
-            kw["bwd_flops"] = 2 * kw["fwd_flops"]
-        for key in cls._BOOL_FIELDS:
-            if key in d:
-                if not isinstance(d[key], bool):
-                    raise GraphError(f"{where}: field {key!r} must be true or false, got {d[key]!r}")
-                kw[key] = d[key]
-        for key in ("op", "module"):
-            if key in d:
-                if not isinstance(d[key], str):
-                    raise GraphError(f"{where}: field {key!r} must be a string, got {d[key]!r}")
-                kw[key] = d[key]
-        for key in ("inputs", "saves_inputs", "members"):
-            if key in d:
-                v = d[key]
-                if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
-                    raise GraphError(f"{where}: field {key!r} must be a list of node names, got {v!r}")
-                kw[key] = tuple(v)
-        return cls(**kw)
+        from .schema import node_from_dict
+
+        return node_from_dict(cls, d, where)
 
 
 @dataclass(frozen=True)
@@ -282,8 +248,8 @@ class Graph:
             raise GraphError("graph has no nodes; a graph needs at least one node")
         for key in ("param_bytes", "input_bytes"):
             v = getattr(self, key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise GraphError(f"graph field {key!r} must be a non-negative integer, got {v!r}")
+            if not _is_count(v):
+                raise GraphError(f"graph field {key!r} must be an integer in [0, 2**62), got {v!r}")
         index: dict[str, int] = {}
         names = {n.name for n in self.nodes}
         for i, node in enumerate(self.nodes):
@@ -301,9 +267,16 @@ class Graph:
                     )
             for key in Node._INT_FIELDS:
                 v = getattr(node, key)
-                if v < 0:
-                    raise GraphError(f"node {node.name!r}: field {key!r} is negative ({v})")
+                if not _is_count(v):
+                    raise GraphError(f"node {node.name!r}: field {key!r} must be an integer in [0, 2**62), got {v!r}")
             index[node.name] = i
+        nbytes = 2 * self.param_bytes + self.input_bytes + sum(
+            nd.out_bytes + nd.saved_bytes + nd.workspace_bytes + nd.param_bytes + nd.state_bytes for nd in self.nodes)
+        nflops = sum(nd.fwd_flops + nd.bwd_flops for nd in self.nodes)
+        for what, total in (("byte", nbytes), ("FLOP", nflops)):
+            if total >= MAX_COUNT:
+                raise GraphError(f"the graph's {what} counts add up to {total:.4g}, not below 2**62; "
+                                 "no real step is that large (a unit mix-up?)")
         n = len(self.nodes)
         for sp in self.spans:
             if not (0 <= sp.first <= sp.last < n):
@@ -431,50 +404,17 @@ class Graph:
 
         Only ``nodes`` is required. ``format`` defaults to the current version;
         ``param_bytes``, ``input_bytes`` default to 0, ``name`` to "" and
-        ``meta`` to {}.
+        ``meta`` to {}. Nodes may be listed in any topological-or-not order
+        (sorted in linear time); NOTE [ Strict loading ] in ``graphs.schema``.
 
         Raises:
-            GraphError: wrong format version, missing or malformed field, edge
-                to an unknown node, cycle, negative size.
+            GraphError: wrong format version, unknown key (naming the nearest
+                known one), missing or malformed field, edge to an unknown
+                node, cycle, a count that is no finite integer in ``[0, 2**62)``.
         """
-        if not isinstance(d, Mapping):
-            raise GraphError(f"a graph must be a JSON object with a 'nodes' list, got {type(d).__name__}")
-        fmt = d.get("format", FORMAT_VERSION)
-        if fmt != FORMAT_VERSION:
-            raise GraphError(
-                f"graph format version {fmt!r} is not supported (this version reads format {FORMAT_VERSION}); "
-                "re-export the graph with this version of the tool"
-            )
-        if "nodes" not in d:
-            raise GraphError("graph is missing the required top-level field 'nodes'")
-        raw = d["nodes"]
-        if not isinstance(raw, list):
-            raise GraphError(f"graph field 'nodes' must be a list, got {type(raw).__name__}")
-        nodes = [Node.from_dict(x, where=f"nodes[{i}]") for i, x in enumerate(raw)]
-        nodes = _toposort(nodes)
-        kw: dict[str, Any] = {}
-        for key in ("param_bytes", "input_bytes"):
-            if key in d:
-                v = d[key]
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise GraphError(f"graph field {key!r} must be a non-negative integer, got {v!r}")
-                kw[key] = v
-        if "name" in d:
-            kw["name"] = str(d["name"])
-        if "meta" in d:
-            if not isinstance(d["meta"], Mapping):
-                raise GraphError("graph field 'meta' must be an object")
-            kw["meta"] = dict(d["meta"])
-        if "spans" in d:
-            raw_spans = d["spans"]
-            if not isinstance(raw_spans, list) or not all(
-                    isinstance(x, list) and len(x) in (3, 4) and isinstance(x[2], str)
-                    and all(isinstance(v, int) and not isinstance(v, bool) for v in x[:2] + x[3:]) for x in raw_spans):
-                raise GraphError("graph field 'spans' must be a list of [first, last, module(, extra_bytes)] lists")
-            if [nd.name for nd in nodes] != [x["name"] for x in raw]:
-                raise GraphError("graph field 'spans' needs the nodes listed in topological order")
-            kw["spans"] = tuple(Span(*x) for x in raw_spans)
-        return cls(nodes=tuple(nodes), **kw)
+        from .schema import graph_from_dict
+
+        return graph_from_dict(cls, d)
 
     def with_nodes(self, nodes: Sequence[Node], **changes: Any) -> "Graph":
         """A copy with other nodes (and optionally other graph fields)."""
@@ -496,50 +436,8 @@ def _normalise_spans(spans: Iterable[Span | Sequence[Any]]) -> tuple[Span, ...]:
     return tuple(sorted(out.values(), key=lambda sp: (sp.first, -sp.last)))
 
 
-def _toposort(nodes: Iterable[Node]) -> list[Node]:
-    """Keep the given order when it is topological; otherwise sort stably.
-
-    Hand-written files may list nodes in any order; a cycle is an error that
-    names a node on it.
-    """
-    nodes = list(nodes)
-    names = [n.name for n in nodes]
-    seen_names: set[str] = set()
-    for n in nodes:
-        if n.name in seen_names:
-            raise GraphError(f"node {n.name!r} appears twice")
-        seen_names.add(n.name)
-    by_name = {n.name: n for n in nodes}
-    for n in nodes:
-        for src in n.inputs:
-            if src not in by_name:
-                raise GraphError(f"node {n.name!r}: input {src!r} is not a node of the graph")
-    placed: set[str] = set()
-    if all(_ready(n, placed) for n in nodes):
-        return nodes
-    # Kahn's algorithm, stable in the given order.
-    order: list[Node] = []
-    placed = set()
-    pending = list(names)
-    while pending:
-        progressed = False
-        rest = []
-        for name in pending:
-            node = by_name[name]
-            if all(s in placed for s in node.inputs):
-                order.append(node)
-                placed.add(name)
-                progressed = True
-            else:
-                rest.append(name)
-        if not progressed:
-            stuck = rest[0]
-            raise GraphError(f"the graph has a cycle through node {stuck!r}; a compute graph must be acyclic")
-        pending = rest
-    return order
-
-
-def _ready(node: Node, placed: set[str]) -> bool:
-    ok = all(s in placed for s in node.inputs)
-    placed.add(node.name)
-    return ok
+def _is_count(v: Any) -> bool:
+    """A byte or FLOP count: an integral number in ``[0, MAX_COUNT)`` (numpy integers too)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return False
+    return 0 <= v < MAX_COUNT and v == int(v)

@@ -1,4 +1,4 @@
-"""Reading and writing graphs as JSON files."""
+"""Reading and writing graphs as JSON files (NOTE [ Output files ] in ``graphs.files``)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import os
 from typing import Union
 
+from .files import parse_json, read_json, write_text_atomic
 from .graph import Graph, GraphError
 
 __all__ = ["load", "save", "loads", "dumps"]
@@ -24,33 +25,34 @@ def loads(text: str, *, source: str = "<string>") -> Graph:
     Raises:
         GraphError: the text is not JSON or does not describe a valid graph.
     """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise GraphError(f"{source} is not valid JSON: {exc}") from None
-    try:
-        return Graph.from_dict(data)
-    except GraphError as exc:
-        raise GraphError(f"{source}: {exc}") from None
+    return _from_data(parse_json(text, what=source, error=GraphError), source)
 
 
 def save(graph: Graph, path: PathLike) -> None:
-    """Write ``graph`` to ``path`` as JSON."""
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(dumps(graph))
-        fh.write("\n")
+    """Write ``graph`` to ``path`` as JSON, atomically (a failed write leaves the old file).
+
+    Raises:
+        OutputPathError: the file cannot be written.
+    """
+    write_text_atomic(path, dumps(graph) + "\n")
 
 
 def load(path: PathLike) -> Graph:
     """Read a graph written by :func:`save` or by hand.
 
     Raises:
-        GraphError: the file is missing, not JSON, or not a valid graph; the
-            message names the file and the offending node or field.
+        GraphError: the file is missing, unreadable, a directory, not UTF-8,
+            not JSON, or not a valid graph; the message names the file and
+            the offending node or field.
     """
+    source = os.fspath(path)
+    return _from_data(read_json(source, what="graph", error=GraphError), source)
+
+
+def _from_data(data: object, source: str) -> Graph:
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        raise GraphError(f"graph file {os.fspath(path)!r} does not exist") from None
-    return loads(text, source=os.fspath(path))
+        return Graph.from_dict(data)  # type: ignore[arg-type]
+    except GraphError as exc:
+        raise GraphError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise GraphError(f"{source}: nested too deep to be a graph") from None

@@ -27,11 +27,10 @@ from solvers import (
     UnknownSolver,
     available_solvers,
     load_plan,
-    simulate,
 )
 
 from .budget import BudgetError, format_bytes, parse_budget, parse_size
-from .api import solve
+from .api import simulate, solve
 from .fit import fit  # torch-free; eager because a lazy name equal to its submodule's is shadowed by `import scheduler.fit`
 
 __all__ = [

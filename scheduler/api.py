@@ -1,4 +1,5 @@
-"""``scheduler.solve``: the solver registry with budgets people write."""
+"""``scheduler.solve`` and ``scheduler.simulate``: the solvers and the cost model, with budgets people write
+and plans checked against their graph."""
 
 from __future__ import annotations
 
@@ -6,15 +7,15 @@ from typing import Any
 
 import solvers
 from graphs import Graph
-from solvers import InfeasibleBudget, Plan
+from solvers import InfeasibleBudget, Plan, Simulation
 
 from .budget import BudgetSpec, parse_budget
 from .explain import explain_floor
 
-__all__ = ["solve"]
+__all__ = ["solve", "simulate"]
 
 
-def solve(graph: Graph, budget: BudgetSpec, solver: str = "dp", *, optimizer: str | None = None, **options: Any) -> Plan:
+def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: str | None = None, **options: Any) -> Plan:
     """Choose which activations to keep for ``graph`` under ``budget``.
 
     Args:
@@ -22,12 +23,19 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "dp", *, optimizer: st
         budget: ``"6GiB"``, ``"512MiB"``, bytes, or a fraction in (0, 1] of the
             store-all activation peak.
         solver: a registered solver name (``scheduler.available_solvers()``).
+            The default, ``ilp``, is the one that answers: exact where it can
+            be proven in its time limit (60 s by default), and never without a
+            plan where another registered solver finds one (it starts from the
+            cheapest plan of ``dp``, ``chen``, ``uniform`` and ``per-module``).
+            ``dp`` is faster on chains but plans only at the cuts of its chain,
+            and says "infeasible" on some DAGs where ``ilp`` fits.
         optimizer: subtract this optimizer's state from a byte budget
             (``adam``, ``adamw``, ``sgd``, ...).
         **options: solver options (e.g. ``time_limit_s`` for ``ilp``).
 
     Raises:
         BudgetError: the budget cannot be read.
+        UnknownOption: an option the solver does not take.
         InfeasibleBudget: nothing fits; ``.min_feasible_bytes`` says what would
             and ``.floor`` which step sets the least peak (``scheduler.explain``).
     """
@@ -39,5 +47,24 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "dp", *, optimizer: st
             raise
         best = None if exc.best_regions is None else Plan(regions=exc.best_regions)
         floor = explain_floor(graph, best).text
-        raise InfeasibleBudget(exc.budget_bytes, exc.min_feasible_bytes, solver=exc.solver, floor=floor,
-                               best_regions=exc.best_regions) from None
+        raise exc.with_floor(floor) from None
+
+
+def simulate(graph: Graph, plan: Plan | None = None, *, check: bool = True, record: bool = True) -> Simulation:
+    """Peak memory and recompute cost of ``plan`` on ``graph`` (``solvers.simulate``, the one cost model).
+
+    Args:
+        graph: the cost graph.
+        plan: the plan; None is store-all.
+        check: refuse a plan solved for another graph, or one with regions
+            and no fingerprint (NOTE [ Plans carry their graph ] in
+            ``solvers.plan``); False checks only that its regions fit.
+        record: keep the live bytes of every step (``sim.live_bytes``).
+
+    Raises:
+        PlanMismatch: the plan was solved for another graph, or says for none.
+        PlanError: a region does not fit ``graph``.
+    """
+    if plan is not None:
+        plan.check_graph(graph, check=check)
+    return solvers.simulate(graph, plan, record=record)

@@ -1,23 +1,39 @@
-"""Memory budgets: "6GiB", "512MiB", "1.5GB", plain bytes, or a fraction.
+"""Memory budgets: "6GiB", "512MiB", "1.5GB", bytes, or a fraction.
 
 A budget in bytes is for the whole step: everything the step holds
 (parameters, their gradients, inputs, activations) and, when the user names
 an optimizer, its state, which is subtracted first because it is alive during
-the whole step. A fraction ``0 < f <= 1`` means ``f`` times the store-all
-activation peak, as ``torch.compile``'s ``activation_memory_budget`` does;
-parameters, inputs and parameter gradients are added on top.
+the whole step.
+
+NOTE [ Fractional budgets ]
+    A fraction ``0 < f <= 1`` scales the activations of the store-all step,
+    as ``torch.compile``'s ``activation_memory_budget`` does: the budget is
+    store-all's peak ``P`` less ``(1 - f)`` of its activation peak ``A``,
+    ``P - ceil((1 - f) * A)`` (``solvers.activation_budget_bytes``). So
+    ``f = 1`` is exactly store-all's peak and every ``f < 1`` lies below it.
+    (It used to be ``f * A`` plus the parameters, the inputs and *all*
+    parameter gradients, which adds gradients to an activation peak that
+    happens at another moment: "0.3" of a ViT-Base at 128 px was 751.8 MiB
+    where store-all peaks at 674.3 MiB.)
+
+A number without a unit is a fraction when it lies in (0, 1] (``0.3``,
+``3e-1``); a bare integer of at least 1 MiB (``6442450944``) is bytes; any
+other bare number (``1.5``, ``512``) is refused with a hint, since it was
+surely meant as GiB or a fraction.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Union
 
 from graphs import CkptError, Graph
+from graphs.graph import MAX_COUNT
 from solvers.errors import format_bytes
 from solvers.simulate import activation_budget_bytes
 
-__all__ = ["BudgetError", "parse_budget", "parse_size", "format_bytes", "optimizer_state_bytes", "OPTIMIZER_STATES"]
+__all__ = ["BudgetError", "parse_budget", "read_budget", "parse_size", "format_bytes", "optimizer_state_bytes", "OPTIMIZER_STATES"]
 
 BudgetSpec = Union[str, int, float]
 
@@ -27,6 +43,7 @@ _UNITS = {
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_BARE = re.compile(r"^\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*$")
 
 #: Optimizer state per parameter, in units of the parameter's own bytes.
 OPTIMIZER_STATES = {"none": 0, "sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
@@ -37,10 +54,14 @@ class BudgetError(CkptError, ValueError):
 
 
 def parse_size(text: str) -> int:
-    """Bytes from ``"6GiB"``, ``"512MiB"``, ``"1.5GB"``, ``"123456"``.
+    """Bytes from ``"6GiB"``, ``"512MiB"``, ``"1.5GB"``, ``"1536B"``, ``"6442450944"``.
+
+    A number without a unit must be an integer of at least 1 MiB
+    (:data:`BARE_BYTES_MIN`); ``"1.5"`` or ``"80"`` is refused with a hint.
 
     Raises:
-        BudgetError: unknown unit or malformed number, with accepted forms.
+        BudgetError: unknown unit, malformed or non-finite number, a size not
+            below 2**62, or an ambiguous bare number; with accepted forms.
     """
     m = _SIZE.match(str(text))
     if not m:
@@ -51,10 +72,23 @@ def parse_size(text: str) -> int:
     if unit not in _UNITS:
         hint = " (write GiB for 2**30 or GB for 10**9)" if unit in ("g", "m", "k", "t") else ""
         raise BudgetError(f"unknown size unit {m.group(2)!r} in {text!r}{hint}; use one of B, KB, MB, GB, KiB, MiB, GiB, TiB")
+    if not math.isfinite(number) or number * _UNITS[unit] >= MAX_COUNT:
+        raise BudgetError(f"size {text!r} is not below 2**62 bytes; write e.g. '6GiB'")
+    if not unit and (number != int(number) or number < BARE_BYTES_MIN):
+        raise BudgetError(_bare_hint(text.strip() if isinstance(text, str) else text))
     value = number * _UNITS[unit]
-    if value <= 0:
-        raise BudgetError(f"a size must be positive, got {text!r}")
+    if value < 1:
+        raise BudgetError(f"a size must be at least one byte, got {text!r}")
     return int(value)
+
+
+#: A number without a unit is bytes only from here up (NOTE [ Fractional budgets ]).
+BARE_BYTES_MIN = 1 << 20
+
+
+def _bare_hint(value: object) -> str:
+    return (f"{value!s} has no unit: did you mean {value!s}GiB or a fraction in (0, 1] such as 0.3? "
+            f"(bytes: write {value!s}B, or a whole number of at least {BARE_BYTES_MIN})")
 
 
 def optimizer_state_bytes(param_bytes: int, optimizer: str | None) -> int:
@@ -74,35 +108,23 @@ def parse_budget(spec: BudgetSpec, graph: Graph | None = None, *, optimizer: str
 
     Args:
         spec: ``"6GiB"``, ``"512MiB"``, ``"1.5GB"``, an integer number of
-            bytes, or a fraction in (0, 1] (float or string such as ``"0.3"``)
-            of the store-all activation peak (needs ``graph``).
+            bytes, or a fraction in (0, 1] (float or string such as ``"0.3"``
+            or ``"3e-1"``) of the store-all activations (needs ``graph``;
+            NOTE [ Fractional budgets ]).
         graph: the graph the budget applies to (for fractions).
         optimizer: when given, its state is subtracted from a byte budget.
 
     Raises:
-        BudgetError: malformed spec, a fraction without a graph, or optimizer
+        BudgetError: malformed spec, a bare number above 1 that is no byte
+            count (with a hint), a fraction without a graph, or optimizer
             state that leaves nothing for the step.
     """
-    fraction = None
-    if isinstance(spec, bool):
-        raise BudgetError(f"budget must be a size or a fraction, got {spec!r}")
-    if isinstance(spec, float) or (isinstance(spec, str) and re.fullmatch(r"\s*0*\.[0-9]+\s*|\s*1(\.0*)?\s*|\s*0\s*", spec)):
-        fraction = float(spec)
-        if not 0 < fraction <= 1:
-            raise BudgetError(
-                f"a fractional budget must be in (0, 1] (a share of the store-all activation peak), got {spec!r}; "
-                "for bytes write e.g. '6GiB'"
-            )
-    if fraction is not None:
+    kind, value = read_budget(spec)
+    if kind == "fraction":
         if graph is None:
             raise BudgetError(f"a fractional budget ({spec!r}) needs the graph to know the store-all peak")
-        return activation_budget_bytes(graph, fraction)
-    if isinstance(spec, int):
-        if spec <= 0:
-            raise BudgetError(f"a budget must be positive, got {spec}")
-        total = spec
-    else:
-        total = parse_size(spec)
+        return activation_budget_bytes(graph, value)
+    total = int(value)
     if optimizer and graph is not None:
         state = optimizer_state_bytes(graph.param_bytes, optimizer)
         if state >= total:
@@ -112,3 +134,37 @@ def parse_budget(spec: BudgetSpec, graph: Graph | None = None, *, optimizer: str
             )
         total -= state
     return total
+
+
+def read_budget(spec: BudgetSpec) -> tuple[str, float | int]:
+    """``("fraction", f)`` or ``("bytes", n)``: the budget read without a graph (checks it early).
+
+    Raises:
+        BudgetError: as :func:`parse_budget`, for everything but a missing graph.
+    """
+    fraction = None
+    if isinstance(spec, bool) or not isinstance(spec, (str, int, float)):
+        raise BudgetError(f"budget must be a size or a fraction, got {spec!r}")
+    if isinstance(spec, float):
+        fraction = spec
+    elif isinstance(spec, str) and _BARE.match(spec):
+        value = float(spec)
+        if 0 < value <= 1 or value == 0:
+            fraction = value
+        elif not math.isfinite(value):
+            raise BudgetError(f"budget {spec.strip()!r} is not a finite number; write e.g. '6GiB' or 0.3")
+    if fraction is not None:
+        if not 0 < fraction <= 1:
+            hint = f" ({_bare_hint(fraction)})" if math.isfinite(fraction) and fraction > 1 else ""
+            raise BudgetError(
+                f"a fractional budget must be in (0, 1] (a share of the store-all activation peak), got {spec!r}; "
+                f"for bytes write e.g. '6GiB'{hint}"
+            )
+        return "fraction", fraction
+    if isinstance(spec, int):
+        if spec <= 0:
+            raise BudgetError(f"a budget must be positive, got {spec}")
+        if spec >= MAX_COUNT:
+            raise BudgetError(f"a budget of {spec} bytes is not below 2**62; write e.g. '6GiB'")
+        return "bytes", spec
+    return "bytes", parse_size(spec)

@@ -52,7 +52,8 @@ VGG_MAXBATCH = {
 }
 
 
-def workload(name: str, *, quick: bool = False, bench: bool = False, batch: int | None = None) -> Workload:
+def workload(name: str, *, quick: bool = False, bench: bool = False, batch: int | None = None,
+             options: dict[str, Any] | None = None) -> Workload:
     """The workload ``name`` (a ``scheduler.models`` name) at the quick or benchmark size.
 
     Args:
@@ -62,6 +63,7 @@ def workload(name: str, *, quick: bool = False, bench: bool = False, batch: int 
         bench: the benchmark size (otherwise the benchmark size too, unless
             ``quick``; kept for symmetry with the suite).
         batch: override the batch size.
+        options: model options (``ckpt trace``'s flags) over the size's own.
 
     Raises:
         UnknownModel: the name is not known (the message lists those that are).
@@ -69,6 +71,7 @@ def workload(name: str, *, quick: bool = False, bench: bool = False, batch: int 
     from .models import build
 
     opts = dict(SIZES[name][0 if quick else 1]) if name in SIZES else {}
+    opts.update({k: v for k, v in (options or {}).items() if v is not None})
     if batch is not None:
         opts["batch"] = batch
     torch.manual_seed(0)

@@ -17,6 +17,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from graphs import CkptError
+from graphs.files import write_atomic
 
 __all__ = ["plot_comparison", "plot_scaling"]
 
@@ -78,7 +79,7 @@ def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) -> st
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
+    write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=_DPI))  # NOTE [ Output files ]
     plt.close(fig)
     return path
 
@@ -102,6 +103,6 @@ def plot_scaling(points: Mapping[str, Sequence[tuple[int, float]]], path: str, *
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
+    write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=_DPI))  # NOTE [ Output files ]
     plt.close(fig)
     return path

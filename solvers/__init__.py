@@ -4,7 +4,7 @@ No torch import here. ``solve(graph, budget_bytes, solver=NAME)`` runs any
 registered solver; ``simulate(graph, plan)`` is the one cost model.
 """
 
-from .errors import CkptError, InfeasibleBudget, PlanError, PlanMismatch, UnknownSolver, format_bytes
+from .errors import CkptError, InfeasibleBudget, PlanError, PlanMismatch, UnknownOption, UnknownSolver, format_bytes
 from .plan import PLAN_FORMAT_VERSION, Plan, Status, load_plan
 from .simulate import Simulation, activation_budget_bytes, simulate, store_all_peak
 from .brute_force import brute_force, enumerate_plans, pareto_frontier
@@ -15,7 +15,7 @@ from .dp import DPTable, dp_table
 from .stages import Stages, stages
 
 __all__ = [
-    "CkptError", "InfeasibleBudget", "PlanError", "PlanMismatch", "UnknownSolver", "format_bytes",
+    "CkptError", "InfeasibleBudget", "PlanError", "PlanMismatch", "UnknownOption", "UnknownSolver", "format_bytes",
     "PLAN_FORMAT_VERSION", "Plan", "Status", "load_plan",
     "Simulation", "simulate", "store_all_peak", "activation_budget_bytes",
     "brute_force", "enumerate_plans", "pareto_frontier",

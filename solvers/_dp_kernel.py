@@ -2,7 +2,7 @@
 
 Imported only when a :class:`~solvers.dp.DPTable` is filled, so that importing
 ``solvers`` does not load numba. The first call compiles the kernel and caches
-the machine code on disk (``cache=True``, beside this file or in the user's
+the machine code on disk (``cache=_CACHE``, beside this file or in the user's
 cache); later processes only load it.
 
 NOTE [ Filtering a stage's candidates by the front so far ]
@@ -31,6 +31,10 @@ NOTE [ Filtering a stage's candidates by the front so far ]
 
 from __future__ import annotations
 
+import logging
+import os
+import tempfile
+
 import numpy as np
 
 try:
@@ -40,12 +44,59 @@ except ImportError as exc:  # pragma: no cover - numba is a core dependency
 
 __all__ = ["merge_stage"]
 
+log = logging.getLogger(__name__)
+
+
+def _cache_probe(x):  # pragma: no cover - never called: a function numba locates a cache for
+    return x
+
+
+def _choose_cache() -> bool:
+    """Whether numba can cache the kernel, pointing it at a temporary folder when it must.
+
+    NOTE [ numba's cache ]
+        ``cache=_CACHE`` makes numba look for a writable folder when the kernel
+        is *decorated* (at import): ``$NUMBA_CACHE_DIR``, the ``__pycache__``
+        beside this file, then the user's cache (``~/.cache/numba``). Where
+        none is writable (a read-only install and a read-only ``$HOME``, as
+        in some containers and CI runners) numba raises RuntimeError and
+        ``dp`` failed outright. So the search is tried first on a probe
+        function; if it fails, numba is pointed at a folder under the
+        system's temporary directory, and if even that fails the kernel is
+        compiled without a cache (slower first call in every process, same
+        answers). ``tests/test_bad_inputs.py`` runs ``dp`` with every usual
+        cache location unwritable.
+    """
+    try:
+        from numba.core import config
+        from numba.core.caching import FunctionCache
+    except ImportError:  # pragma: no cover - a numba without these internals: trust its defaults
+        return True
+    try:
+        FunctionCache(_cache_probe)
+        return True
+    except Exception:  # noqa: BLE001  (numba raises RuntimeError; anything else means the same here)
+        pass
+    folder = os.path.join(tempfile.gettempdir(), f"ckpt-numba-cache-{os.getuid() if hasattr(os, 'getuid') else 0}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        config.CACHE_DIR = folder
+        FunctionCache(_cache_probe)
+        log.info("numba: no writable cache folder in the install or $HOME; caching in %s", folder)
+        return True
+    except Exception:  # noqa: BLE001
+        log.info("numba: no writable cache folder anywhere; the dp kernel is compiled without a cache")
+        return False
+
+
+_CACHE = _choose_cache()
+
 #: Survivors held back before they are merged into ``R`` (plus ``|R| / 8``: a
 #: merge costs ``O(|R|)``).
 MERGE_AT = 64
 
 
-@njit(cache=True, inline="always")
+@njit(cache=_CACHE, inline="always")
 def _last_at_most(xs, n, p, x):
     """The last index ``q >= p`` with ``xs[q] <= x`` (``xs`` ascending, ``p``
     may be -1 and is such an index or -1); galloping from ``p``."""
@@ -69,7 +120,7 @@ def _last_at_most(xs, n, p, x):
     return lo
 
 
-@njit(cache=True, inline="always")
+@njit(cache=_CACHE, inline="always")
 def _beaten(rh, rc, ro, p, h, c, o):
     """Whether entry ``p`` of the staircase (the last with ``rh <= h``) beats
     candidate ``(h, c)`` of order ``o``: lower ``h`` at no higher cost, lower
@@ -83,7 +134,7 @@ def _beaten(rh, rc, ro, p, h, c, o):
     return rh[p] < h or ro[p] < o
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _grown(arr, n, cap):
     """The first ``n`` entries of ``arr`` in a new array of ``cap`` entries."""
     new = np.empty(cap, np.int64)
@@ -92,7 +143,7 @@ def _grown(arr, n, cap):
     return new
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _stable_order(keys, n):
     """Indices ``0..n-1`` sorted by ``keys``, equal keys in index order.
 
@@ -141,7 +192,7 @@ def _stable_order(keys, n):
     return a
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _merge(rh, rc, ro, rch, rnx, n_r, bh, bc, bo, bch, bnx, n_b):
     """The unbeaten entries of set ``r`` (``n_r`` entries, ``h`` strictly
     ascending) and batch ``b`` (``n_b`` entries in candidate order ``o``):
@@ -188,7 +239,7 @@ def _merge(rh, rc, ro, rch, rnx, n_r, bh, bc, bo, bch, bnx, n_b):
     return oh, oc, oo, och, onx, m
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, js, floor, run_cost, extra):
     """The Pareto set of stage ``i`` entered in one boundary state.
 

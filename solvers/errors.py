@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from graphs import CkptError
 
-__all__ = ["CkptError", "PlanError", "PlanMismatch", "InfeasibleBudget", "UnknownSolver", "format_bytes"]
+__all__ = ["CkptError", "PlanError", "PlanMismatch", "InfeasibleBudget", "UnknownSolver", "UnknownOption",
+           "format_bytes"]
 
 
 class PlanError(CkptError, ValueError):
@@ -22,36 +23,94 @@ class UnknownSolver(CkptError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class UnknownOption(CkptError, TypeError):
+    """A solver was given an option it does not take (the message names those it does)."""
+
+
 class InfeasibleBudget(CkptError, ValueError):
-    """No plan fits the budget.
+    """No plan fits the budget, or none was found in the time allowed.
+
+    NOTE [ No unproven floor ]
+        "The least feasible budget is X" is said only when X is proven: the
+        least peak over every plan the solver considers. A search cut short
+        by a time limit (CP-SAT's ``unknown`` status, the frontier program's
+        timeout) knows less: a plan it found peaks at some X, and the least
+        feasible budget lies between a proven lower bound and X. Such an
+        error has ``proven=False`` and says "no plan found within N s", with
+        the plan it found and the best proven lower bound, each labelled
+        (a 60-node random DAG once got four different "least feasible
+        budgets" from four short runs, none of them the true one).
 
     Attributes:
         budget_bytes: the budget that was asked for.
-        min_feasible_bytes: the least budget for which a plan exists (the
-            smallest simulated peak over all plans the solver considers).
+        min_feasible_bytes: the least peak of the plans the solver found: the
+            least feasible budget when ``proven``, else a budget a plan is
+            known to meet (an upper bound on the least).
         floor: optional explanation of what sets that minimum (which step and
             node), as a sentence.
         best_regions: the regions of the plan that peaks at
             ``min_feasible_bytes``, when the solver has it (``()`` is
             store-all); None when unknown.
+        proven: whether ``min_feasible_bytes`` is proven least.
+        lower_bound_bytes: a proven lower bound on the least feasible budget
+            (``budget_bytes + 1`` when only the budget is proven too small;
+            None when not even that is known).
+        time_limit_s: the time limit that cut the search short, if one did.
+        scope: the plans the minimum is over when not every interval plan
+            (``"the plans dp considers (ilp searches every interval plan)"``);
+            "" for every interval plan.
     """
 
     def __init__(self, budget_bytes: int, min_feasible_bytes: int, *, solver: str = "", floor: str = "",
-                 best_regions: tuple[tuple[int, int], ...] | None = None) -> None:
+                 best_regions: tuple[tuple[int, int], ...] | None = None, proven: bool = True,
+                 lower_bound_bytes: int | None = None, time_limit_s: float | None = None, scope: str = "") -> None:
         self.budget_bytes = int(budget_bytes)
         self.min_feasible_bytes = int(min_feasible_bytes)
         self.solver = solver
         self.floor = floor
         self.best_regions = None if best_regions is None else tuple((int(a), int(b)) for a, b in best_regions)
+        self.proven = bool(proven)
+        self.lower_bound_bytes = None if lower_bound_bytes is None else int(lower_bound_bytes)
+        self.time_limit_s = time_limit_s
+        self.scope = scope
         who = f" for solver {solver!r}" if solver else ""
-        msg = (
-            f"no plan fits a budget of {format_bytes(self.budget_bytes)}{who}: the least feasible budget is "
-            f"{format_bytes(self.min_feasible_bytes)} ({self.min_feasible_bytes} bytes). Raise the budget to at least that, "
-            "or reduce the batch size / sequence length."
-        )
+        if self.proven:
+            msg = (
+                f"no plan fits a budget of {format_bytes(self.budget_bytes)}{who}: the least feasible budget is "
+                f"{format_bytes(self.min_feasible_bytes)} ({self.min_feasible_bytes} bytes)"
+                + (f" among {scope}" if scope else "")
+                + ". Raise the budget to at least that, or reduce the batch size / sequence length."
+            )
+        else:
+            within = f" within {time_limit_s:g} s" if time_limit_s is not None else ""
+            lower = self.lower_bound_bytes
+            best = format_bytes(self.min_feasible_bytes)
+            if lower is not None and lower > self.budget_bytes:
+                floor_text = (f"more than {format_bytes(self.budget_bytes)}" if lower == self.budget_bytes + 1
+                              else f"at least {format_bytes(lower)}")
+                msg = (f"no plan fits a budget of {format_bytes(self.budget_bytes)}{who} (proven), but the least "
+                       f"feasible budget was not proven{within}: best proven lower bound: {floor_text}; "
+                       f"the best plan found peaks at {best} (not proven least).")
+            else:
+                msg = (f"no plan found{within} for a budget of {format_bytes(self.budget_bytes)}{who} (not proven "
+                       f"infeasible): the best plan found peaks at {best} (not proven least)")
+                msg += (f"; best proven lower bound on the least feasible budget: {format_bytes(lower)}."
+                        if lower is not None else ".")
+            msg += f" Raise the time limit (--time-limit) to search longer, or the budget to {best}."
         if floor:
             msg += f" {floor}"
         super().__init__(msg)
+
+    def with_floor(self, floor: str) -> "InfeasibleBudget":
+        """The same error with ``floor`` (what sets the least peak) added to its message."""
+        return self.replace(floor=floor)
+
+    def replace(self, **changes: object) -> "InfeasibleBudget":
+        """The same error with some attributes changed (the message follows)."""
+        kw = dict(solver=self.solver, floor=self.floor, best_regions=self.best_regions, proven=self.proven,
+                  lower_bound_bytes=self.lower_bound_bytes, time_limit_s=self.time_limit_s, scope=self.scope)
+        kw.update(changes)
+        return InfeasibleBudget(self.budget_bytes, self.min_feasible_bytes, **kw)  # type: ignore[arg-type]
 
 
 def format_bytes(n: float) -> str:

@@ -49,6 +49,7 @@ NOTE [ An exact model of simulate ]
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -155,8 +156,12 @@ class IlpSolver:
                     # The incumbent itself satisfies the model (it is exact), so this is a model bug.
                     log.error("ilp model rejects the %s plan that simulate says fits", inc.source)
                     return self._from_incumbent(None, "model rejects it")
-                least, regions = self.least_peak(max(1.0, self.time_limit_s - (time.perf_counter() - t0)))
-                raise InfeasibleBudget(self.budget_bytes, least, solver="ilp", best_regions=regions)
+                left = max(1.0, self.time_limit_s - (time.perf_counter() - t0))
+                least, regions, lower = self.least_peak(left)
+                lower = max(lower, self.budget_bytes + 1)  # the budget itself is proven too small
+                raise InfeasibleBudget(self.budget_bytes, least, solver="ilp", best_regions=regions,
+                                       proven=least <= lower, lower_bound_bytes=lower,
+                                       time_limit_s=None if least <= lower else self.time_limit_s)
             if result.regions is None:
                 if inc is not None:
                     return self._from_incumbent(result.bound, "time limit")
@@ -182,15 +187,17 @@ class IlpSolver:
             return self._from_incumbent(None, "model and simulate disagree")
         raise IlpTimeout("ilp model and simulate disagree repeatedly; please report this graph")
 
-    def least_peak(self, time_limit_s: float) -> tuple[int, tuple[tuple[int, int], ...]]:
-        """The least simulated peak over all interval plans and a plan that
-        reaches it (exact when proven; else the lowest peak found, which a
-        plan reaches: never a bound no plan was seen to meet)."""
+    def least_peak(self, time_limit_s: float) -> tuple[int, tuple[tuple[int, int], ...], int]:
+        """The lowest simulated peak found over all interval plans, a plan
+        that reaches it, and CP-SAT's proven lower bound on the least peak
+        (the two meet when it is proven; NOTE [ No unproven floor ])."""
         model = CheckpointModel(self.graph, budget_bytes=None)
         result = model.solve(time_limit_s=time_limit_s, workers=self.workers)
         peaks = _simple_peaks(self.graph) + ([(simulate(self.graph, Plan(regions=result.regions), record=False)
                                                .peak_bytes, result.regions)] if result.regions is not None else [])
-        return min(peaks, key=lambda p: p[0])
+        least, regions = min(peaks, key=lambda p: p[0])
+        bound = result.bound if result.bound == result.bound else 0.0  # NaN when CP-SAT has none
+        return least, regions, min(least, int(math.ceil(bound - 1e-6)))
 
 
 def _simple_peaks(graph: Graph) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
@@ -357,5 +364,10 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, workers:
             if inc is not None:
                 log.info("ilp warm start: %s, %d FLOPs", inc.source, inc.flops)
     left = max(1.0, time_limit_s - (time.perf_counter() - t0))
-    return IlpSolver(graph, budget_bytes, time_limit_s=left, workers=workers, gap_limit=gap_limit, lower_bound=bound,
-                     incumbent=inc).solve()
+    try:
+        return IlpSolver(graph, budget_bytes, time_limit_s=left, workers=workers, gap_limit=gap_limit,
+                         lower_bound=bound, incumbent=inc).solve()
+    except InfeasibleBudget as exc:
+        if exc.proven:
+            raise
+        raise exc.replace(time_limit_s=time_limit_s) from None  # the limit the caller gave

@@ -11,6 +11,7 @@ from ortools.sat.python import cp_model
 
 from graphs import Graph
 
+from ._cpsat import run_cp_sat
 from .dp_model import node_arrays
 from .spans import SpanIndex
 
@@ -341,7 +342,7 @@ class CheckpointModel:
             solver = cp_model.CpSolver()
             solver.parameters.max_time_in_seconds = float(complete_s)
             solver.parameters.num_workers = 1
-            if solver.Solve(copy) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if run_cp_sat(solver, copy) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 for i in range(len(self.m.Proto().variables)):
                     self.m.AddHint(self.m.GetIntVarFromProtoIndex(i), solver.Value(copy.GetIntVarFromProtoIndex(i)))
                 return True
@@ -452,7 +453,8 @@ class CheckpointModel:
             solver.parameters.linearization_level = 2
         elif workers < 8:
             solver.parameters.subsolvers.extend(["max_lp"] + ["quick_restart", "default_lp", "core"][:max(0, workers - 2)])
-        status = solver.Solve(self.m, _Progress(self.unit))
+        log.info("ilp: CP-SAT searching (%d nodes, %.0f s at most)", len(self.graph), time_limit_s)
+        status = run_cp_sat(solver, self.m, _Progress(self.unit))
         name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
                 cp_model.INFEASIBLE: "infeasible"}.get(status, "unknown")
         log.info("ilp %s: status %s, objective %s, bound %s, %.2fs", self.graph.name, name,

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from graphs import Graph
+from graphs.files import read_json, write_text_atomic
+from graphs.schema import count, reject_unknown
 
 from .errors import PlanError, PlanMismatch
 
@@ -145,16 +148,34 @@ class Plan:
                         f"region ({a}, {b}) contains node {graph.nodes[i].name!r}, which is marked not recomputable"
                     )
 
-    def check_graph(self, graph: Graph) -> None:
-        """Refuse a plan that was solved for another graph.
+    def check_graph(self, graph: Graph, *, check: bool = True) -> None:
+        """Refuse a plan that was solved for another graph, or that cannot say which graph it was solved for.
+
+        NOTE [ Plans carry their graph ]
+            Every entry point that takes a plan (``scheduler.simulate``,
+            ``scheduler.apply``, ``ckpt simulate``, ``ckpt apply``) calls this.
+            A plan whose ``fingerprint`` was deleted would otherwise apply to
+            any model, so a plan with regions and no fingerprint is refused
+            unless the caller passes ``check=False``; the empty plan
+            (store-all) changes nothing and is accepted everywhere.
+
+        Args:
+            check: False skips the fingerprint (the regions are still
+                checked against ``graph``).
 
         Raises:
             PlanMismatch: with what differs (model, input shape, dtype, or the
-                graph's structure).
+                graph's structure), or that the plan has no fingerprint.
+            PlanError: a region does not fit ``graph``.
         """
-        if not self.fingerprint or self.fingerprint == graph.fingerprint():
+        if not check or self.fingerprint == graph.fingerprint() or (not self.fingerprint and not self.regions):
             self.validate(graph)
             return
+        if not self.fingerprint:
+            raise PlanMismatch(
+                "this plan carries no fingerprint of the graph it was solved for, so nothing shows it belongs to "
+                f"this one ({graph.name or 'unnamed'}); solve again, build it with Plan.from_regions(graph, regions), "
+                "or pass check=False (ckpt: --no-check) to use it anyway")
         diffs = []
         if self.graph_name != graph.name:
             diffs.append(f"model {self.graph_name!r} vs {graph.name!r}")
@@ -189,64 +210,87 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Plan":
-        """Parse a plan from its JSON form.
+        """Parse a plan from its JSON form, strictly (NOTE [ Strict loading ] in ``graphs.schema``).
 
         Raises:
-            PlanError: wrong format version, unknown or malformed field.
+            PlanError: wrong format version, an unknown field (naming the
+                nearest known one), or a field of the wrong type or range.
         """
         if not isinstance(d, Mapping):
             raise PlanError("a plan must be a JSON object with a 'regions' list")
         d = dict(d)
         fmt = d.pop("format", PLAN_FORMAT_VERSION)
-        if fmt != PLAN_FORMAT_VERSION:
+        if fmt != PLAN_FORMAT_VERSION or isinstance(fmt, bool):
             raise PlanError(
                 f"plan format version {fmt!r} is not supported (this version reads format {PLAN_FORMAT_VERSION})"
             )
         if "regions" not in d:
             raise PlanError("plan is missing the required field 'regions'")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise PlanError(f"plan has unknown field(s) {unknown}; known fields are {sorted(known)}")
+        reject_unknown(d, [f.name for f in dataclasses.fields(cls)], "plan", PlanError)
         regions = d.pop("regions")
         if not isinstance(regions, list) or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in regions):
-            raise PlanError(f"plan field 'regions' must be a list of [first, last] pairs, got {regions!r}")
-        node_names = d.pop("node_names", ())
-        modules = d.pop("modules", ())
+            raise PlanError(f"plan field 'regions' must be a list of [first, last] pairs, got {_short(regions)}")
+        kw: dict[str, Any] = {"regions": tuple(tuple(count(v, "regions", "plan", PlanError) for v in r)
+                                                for r in regions)}
+        for key in ("fingerprint", "solver", "status", "graph_name"):
+            if key in d:
+                if not isinstance(d[key], str):
+                    raise PlanError(f"plan field {key!r} must be a string, got {_short(d[key])}")
+                kw[key] = d[key]
+        for key in ("budget_bytes", "peak_bytes", "recompute_flops"):
+            if d.get(key) is not None:
+                kw[key] = count(d[key], key, "plan", PlanError)
+        for key in ("bound", "gap", "solve_time_s"):
+            if d.get(key) is not None:
+                v = d[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                    raise PlanError(f"plan field {key!r} must be a finite number >= 0, got {_short(v)}")
+                kw[key] = float(v)
+        for key in ("options", "graph_meta"):
+            if key in d:
+                if not isinstance(d[key], Mapping):
+                    raise PlanError(f"plan field {key!r} must be an object, got {_short(d[key])}")
+                kw[key] = d[key]
+        node_names = d.get("node_names", ())
+        if not isinstance(node_names, (list, tuple)) or not all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in node_names):
+            raise PlanError(f"plan field 'node_names' must be a list of [first, last] node names, got {_short(node_names)}")
+        modules = d.get("modules", ())
         if not isinstance(modules, (list, tuple)) or not all(isinstance(m, str) for m in modules):
-            raise PlanError(f"plan field 'modules' must be a list of module paths, got {modules!r}")
-        stochastic = d.pop("stochastic", ())
+            raise PlanError(f"plan field 'modules' must be a list of module paths, got {_short(modules)}")
+        stochastic = d.get("stochastic", ())
         if not isinstance(stochastic, (list, tuple)) or not all(isinstance(x, bool) for x in stochastic):
-            raise PlanError(f"plan field 'stochastic' must be a list of true/false, got {stochastic!r}")
-        return cls(regions=tuple(tuple(r) for r in regions), node_names=tuple(tuple(p) for p in node_names),
-                   modules=tuple(modules), stochastic=tuple(stochastic), **d)
+            raise PlanError(f"plan field 'stochastic' must be a list of true/false, got {_short(stochastic)}")
+        return cls(node_names=tuple(tuple(p) for p in node_names), modules=tuple(modules),
+                   stochastic=tuple(stochastic), **kw)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the plan as JSON."""
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(self.to_dict(), fh, indent=1)
-            fh.write("\n")
+        """Write the plan as JSON, atomically (NOTE [ Output files ] in ``graphs.files``).
+
+        Raises:
+            OutputPathError: the file cannot be written (the previous one is untouched).
+        """
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
     """Read a plan written by :meth:`Plan.save`.
 
     Raises:
-        PlanError: missing file, invalid JSON, or malformed plan.
+        PlanError: missing, unreadable or non-UTF-8 file, a directory,
+            invalid JSON, or a malformed plan.
     """
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise PlanError(f"plan file {os.fspath(path)!r} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"plan file {os.fspath(path)!r} is not valid JSON: {exc}") from None
+    where = os.fspath(path)
+    data = read_json(where, what="plan", error=PlanError)
     try:
         return Plan.from_dict(data)
-    except TypeError as exc:  # a field of the wrong type reached the dataclass
-        raise PlanError(f"plan file {os.fspath(path)!r}: {exc}") from None
     except PlanError as exc:
-        raise PlanError(f"plan file {os.fspath(path)!r}: {exc}") from None
+        raise PlanError(f"plan file {where!r}: {exc}") from None
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _normalise_regions(regions: Iterable[Sequence[int]]) -> tuple[tuple[int, int], ...]:

@@ -14,21 +14,25 @@ NOTE [ Solver contract ]
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
 from typing import Any, Callable
 
 from graphs import Graph
 
-from .errors import InfeasibleBudget, PlanError, UnknownSolver
+from .errors import InfeasibleBudget, PlanError, UnknownOption, UnknownSolver
 from .plan import Plan
 from .simulate import simulate
 
-__all__ = ["SolverFn", "register", "get_solver", "available_solvers", "solve", "finalize"]
+__all__ = ["SolverFn", "register", "get_solver", "available_solvers", "solve", "finalize", "solver_options",
+           "check_options"]
 
 log = logging.getLogger(__name__)
 
 SolverFn = Callable[..., Plan]
+#: Solvers whose least feasible budget is over every interval plan (the others' is over their own plans).
+EXACT_SOLVERS = ("ilp",)
 _REGISTRY: dict[str, SolverFn] = {}
 
 
@@ -57,6 +61,37 @@ def get_solver(name: str) -> SolverFn:
         return _REGISTRY[name]
     except KeyError:
         raise UnknownSolver(f"unknown solver {name!r}; available: {', '.join(available_solvers())}") from None
+
+
+def solver_options(fn: SolverFn) -> list[str] | None:
+    """The keyword options ``fn`` takes, or None when it takes any (``**options``).
+
+    A catch-all named ``_`` (``**_``) means "ignored", not "taken": only the
+    named options count.
+    """
+    names = []
+    for i, p in enumerate(inspect.signature(fn).parameters.values()):
+        if p.kind == p.VAR_KEYWORD:
+            if p.name != "_":
+                return None
+        elif i >= 2 and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+    return names
+
+
+def check_options(fn: SolverFn, name: str, options: dict[str, Any]) -> None:
+    """Refuse options the solver does not take (they were silently ignored before).
+
+    Raises:
+        UnknownOption: naming the options the solver takes.
+    """
+    takes = solver_options(fn)
+    if takes is None:
+        return
+    stray = sorted(set(options) - set(takes))
+    if stray:
+        raise UnknownOption(f"solver {name} takes no option {', '.join(map(repr, stray))}; "
+                            f"it takes {', '.join(takes) if takes else 'no options'}")
 
 
 def finalize(graph: Graph, plan: Plan, budget_bytes: int, solver: str, options: dict[str, Any], t0: float) -> Plan:
@@ -97,11 +132,19 @@ def solve(graph: Graph, budget_bytes: int, solver: str | SolverFn = "dp", **opti
     Raises:
         InfeasibleBudget: no plan the solver considers fits.
         UnknownSolver: no such solver.
+        UnknownOption: an option the solver does not take.
     """
     fn = get_solver(solver) if isinstance(solver, str) else solver
     name = solver if isinstance(solver, str) else getattr(solver, "__name__", "custom")
+    check_options(fn, name, options)
     t0 = time.perf_counter()
-    plan = fn(graph, int(budget_bytes), **options)
+    try:
+        plan = fn(graph, int(budget_bytes), **options)
+    except InfeasibleBudget as exc:
+        if name in EXACT_SOLVERS or exc.scope or not exc.proven:
+            raise
+        # NOTE [ No unproven floor ]: a heuristic's least is over its own plans only.
+        raise exc.replace(scope=f"the plans {name} considers (ilp searches every interval plan)") from None
     plan.validate(graph)
     stray = plan.unaligned_regions(graph)
     if stray:
@@ -110,7 +153,7 @@ def solve(graph: Graph, budget_bytes: int, solver: str | SolverFn = "dp", **opti
     out = finalize(graph, plan, budget_bytes, name, options, t0)
     if out.peak_bytes > budget_bytes:
         log.warning("solver %s returned a plan over budget (%d > %d)", name, out.peak_bytes, budget_bytes)
-        raise InfeasibleBudget(budget_bytes, out.peak_bytes, solver=name, best_regions=out.regions)
+        raise InfeasibleBudget(budget_bytes, out.peak_bytes, solver=name, best_regions=out.regions, proven=False)
     log.info("%s: %d regions, peak %d / budget %d, recompute %d FLOPs in %.3fs",
              name, len(out.regions), out.peak_bytes, budget_bytes, out.recompute_flops, out.solve_time_s)
     return out

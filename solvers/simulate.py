@@ -54,6 +54,7 @@ NOTE [ Execution model ]
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -398,11 +399,13 @@ def store_all_peak(graph: Graph) -> Simulation:
 
 
 def activation_budget_bytes(graph: Graph, fraction: float) -> int:
-    """Whole-step budget meaning "``fraction`` of the store-all activation peak".
+    """Whole-step budget meaning "``fraction`` of the store-all activations".
 
-    As ``torch.compile``'s ``activation_memory_budget``: the fraction applies to
-    activations only; parameters, inputs and all parameter gradients are
-    added on top, so ``fraction=1.0`` always admits store-all.
+    Store-all's peak less ``(1 - fraction)`` of its activation peak (NOTE
+    [ Fractional budgets ] in ``scheduler.budget``): ``fraction=1.0`` is
+    exactly store-all's peak, every smaller fraction lies below it.
     """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must lie in (0, 1], got {fraction!r}")
     sim = store_all_peak(graph)
-    return int(graph.param_bytes * 2 + graph.input_bytes + fraction * sim.activation_peak_bytes)
+    return int(sim.peak_bytes - math.ceil((1.0 - fraction) * sim.activation_peak_bytes))

@@ -9,7 +9,8 @@ from solvers import activation_budget_bytes, simulate
 
 @pytest.mark.parametrize("text,expected", [
     ("6GiB", 6 * 2**30), ("512MiB", 512 * 2**20), ("1.5GB", 1_500_000_000), ("100MB", 10**8),
-    ("123456", 123456), ("2 KiB", 2048), ("1e9", 10**9), ("3gib", 3 * 2**30), ("7B", 7),
+    ("123456B", 123456), ("2 KiB", 2048), ("1e9", 10**9), ("3gib", 3 * 2**30), ("7B", 7),
+    ("2097152", 2097152),
 ])
 def test_sizes(text, expected):
     assert parse_size(text) == expected
@@ -25,12 +26,24 @@ def test_fraction_is_share_of_store_all_activation_peak():
     act = simulate(g).activation_peak_bytes
     assert parse_budget("0.3", g) == activation_budget_bytes(g, 0.3)
     assert parse_budget(0.5, g) - parse_budget(0.3, g) == pytest.approx(0.2 * act, abs=2)
-    assert parse_budget("1", g) >= simulate(g).peak_bytes
+    assert parse_budget("1", g) == simulate(g).peak_bytes
+    assert parse_budget("3e-1", g) == parse_budget("0.3", g) < simulate(g).peak_bytes
+
+
+def test_fraction_never_above_store_all():
+    """NOTE [ Fractional budgets ]: a graph whose parameter gradients are large and created late."""
+    for g in (synthetic.transformer(40).with_nodes(synthetic.transformer(40).nodes, param_bytes=10**9),
+              synthetic.chain(12), synthetic.residual(30)):
+        peak = simulate(g).peak_bytes
+        assert parse_budget(1.0, g) == peak
+        assert all(parse_budget(f, g) < peak for f in (0.05, 0.3, 0.7, 0.99))
 
 
 @pytest.mark.parametrize("spec,msg", [
     ("6G", "write GiB"), ("lots", "cannot read"), ("6 parsecs", "unknown size unit"), ("-1GiB", "cannot read"),
     ("0", "fraction"), (1.5, "fraction"), (0.0, "fraction"), (-3, "positive"), (True, "size or a fraction"),
+    ("1.5", "did you mean 1.5GiB or a fraction"), ("512", "did you mean 512GiB"), ("1e400", "not a finite"),
+    ("1e400GiB", "2\\*\\*62"), (2**62, "2\\*\\*62"), (float("nan"), "fraction"), (None, "size or a fraction"),
 ])
 def test_bad_budgets(spec, msg):
     with pytest.raises(BudgetError, match=msg):

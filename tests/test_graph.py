@@ -134,3 +134,26 @@ def test_unet_sizes_mirror_the_encoder_at_any_depth():
     g = synthetic.unet(1200, seed=0)
     assert max(n.out_bytes for n in g.nodes) == g.nodes[0].out_bytes  # no growth past the input resolution
     assert len(g) <= 1210
+
+
+def test_unsorted_graph_sorts_in_linear_time():
+    """NOTE [ Strict loading ] / toposort: 20,000 nodes listed in reverse took over 300 s (quadratic)."""
+    import time
+
+    g = synthetic.chain(20_000)
+    d = g.to_dict()
+    d["nodes"] = d["nodes"][::-1]
+    t0 = time.perf_counter()
+    assert Graph.from_dict(d) == g
+    assert time.perf_counter() - t0 < 60  # ~0.5 s; generous for a loaded machine
+
+
+def test_toposort_is_stable():
+    """Nodes ready together keep the order they were listed in."""
+    d = {"nodes": [
+        {"name": "c", "inputs": ["a"], "out_bytes": 1, "fwd_flops": 1},
+        {"name": "a", "inputs": [], "out_bytes": 1, "fwd_flops": 1},
+        {"name": "b", "inputs": [], "out_bytes": 1, "fwd_flops": 1},
+        {"name": "d", "inputs": ["a"], "out_bytes": 1, "fwd_flops": 1},
+    ]}
+    assert [n.name for n in Graph.from_dict(d).nodes] == ["a", "b", "c", "d"]

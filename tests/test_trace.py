@@ -280,3 +280,24 @@ def test_retrace_after_a_training_step_gives_the_same_graph():
     assert all(p.grad is not None for p in ex.model.parameters())
     again = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss).graph
     assert again.to_dict() == first.to_dict()
+
+
+def test_transformer_encoder_is_traced_through(caplog):
+    """NOTE [ Opaque torch modules ]: torch.fx keeps nn.TransformerEncoder as one node; auto uses export."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = nn.Linear(16, 32)
+            layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+            self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+        def forward(self, x):
+            return self.enc(self.inp(x)).square().mean()
+
+    x = torch.randn(2, 8, 16)
+    traced = capture(Net(), (x,), {})
+    assert traced.method == "export" and len(traced.graph) > 30
+    with caplog.at_level("WARNING"):
+        flat = capture(Net(), (x,), {}, method="fx")
+    assert len(flat.graph) < 8 and "--method export" in caplog.text

@@ -375,6 +375,9 @@ def _stochastic_flags(plan: Plan) -> list[bool]:
 def _resolve(model: nn.Module, plan: Plan, *, check: bool) -> list[tuple[str, nn.Module]]:
     if not plan.regions:
         return []
+    if check and not plan.fingerprint:
+        raise PlanMismatch("this plan carries no fingerprint (built by hand or edited), so nothing says which model "
+                           "it was solved for; solve it with scheduler.solve, or pass check=False to apply it anyway")
     if not plan.modules or any(not m for m in plan.modules):
         bad = [r for r, m in zip(plan.regions, plan.modules or [""] * len(plan.regions)) if not m]
         raise ApplyError(

@@ -9,7 +9,9 @@ from typing import Any
 from graphs import BUILD_META, CkptError
 from solvers import load_plan
 
+from ..progress import phase
 from ..report import table
+from .common import nonneg_float, positive_int
 from .trace import MODEL_FLAGS, model_options
 
 NAME = "apply"
@@ -45,8 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--option", "-O", action="append", default=[], metavar="KEY=VALUE",
                    help="any other model option (repeatable), e.g. --option vocab=1000")
     p.add_argument("--verify", action="store_true", help="run real steps with and without the plan and compare")
-    p.add_argument("--steps", type=int, default=5, help="measured steps of each kind for the time ratio (default 5)")
-    p.add_argument("--atol", type=float, default=0.0, help="largest gradient difference accepted (default 0: bitwise)")
+    p.add_argument("--steps", type=positive_int, default=5,
+                   help="measured steps of each kind for the time ratio (default 5)")
+    p.add_argument("--atol", type=nonneg_float, default=0.0,
+                   help="largest gradient difference accepted (default 0: bitwise)")
+    p.add_argument("--no-check", action="store_true",
+                   help="apply a plan that carries no fingerprint (its regions must still fit the model's graph)")
 
 
 def _model_and_options(args: argparse.Namespace, plan: Any) -> tuple[str, dict[str, Any]]:
@@ -77,12 +83,16 @@ def run(args: argparse.Namespace) -> int:
     ex = build(model_name, **options)
     name = model_name if plan.graph_name == model_name else None
     if not args.verify:
-        apply(ex.model, plan)
+        with phase(f"applying the plan to {model_name}"):
+            apply(ex.model, plan, check=not args.no_check)
         rows = [(f"[{a}, {b}]", path) for (a, b), path in zip(plan.regions, plan.modules)]
         print(f"applied {len(rows)} checkpoint regions of the {plan.solver} plan to {model_name}")
         print(table(rows, ["region", "submodule call"]))
         return 0
-    v = verify(ex.model, plan, ex.args, dict(ex.kwargs), loss=ex.loss, steps=args.steps, name=name)
+    if args.no_check:
+        raise CkptError("--verify checks the plan's fingerprint; drop --no-check, or solve the plan again")
+    with phase(f"verifying on {model_name}: warm-up and {args.steps} steps with and without the plan"):
+        v = verify(ex.model, plan, ex.args, dict(ex.kwargs), loss=ex.loss, steps=args.steps, name=name)
     print(f"{model_name}: {v.regions} regions ({plan.solver}), {args.steps} measured steps each")
     print(table(v.rows(), ["", "with the plan", "without"]))
     ok = v.fits and v.grads_equal(args.atol)

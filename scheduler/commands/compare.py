@@ -6,7 +6,11 @@ import argparse
 import json
 import os
 
-from graphs import CkptError
+from graphs import CkptError, write_text_atomic
+
+from ..progress import phase
+from .common import check_outputs, positive_float, positive_int
+from .trace import add_model_arguments, model_options
 
 NAME = "compare"
 HELP = "our solvers and the usual tools (per-block, checkpoint_sequential, torch.compile), measured side by side"
@@ -22,7 +26,10 @@ un-checkpointed step (medians, alternated in one run), recompute ratio,
 solve time and the largest gradient difference from the un-checkpointed step.
 A method that cannot run is listed with the reason.
 
-MODEL is a built-in model (`ckpt models`).
+MODEL is anything `ckpt trace` takes: a built-in model (`ckpt models`),
+hf:NAME, or package.module:factory, with the same option flags. The
+built-ins and hf:gpt2 run at a CPU-sized shape of their own unless flags say
+otherwise; --quick picks a smaller one.
 
 examples:
   ckpt compare gpt --budgets 0.2,0.3,0.5,0.7 --json out.json --plots plots/
@@ -30,18 +37,18 @@ examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="built-in model name (see `ckpt models`)")
+    add_model_arguments(p)
     p.add_argument("--budgets", default=None,
                    help="fractions of the store-all activation peak, comma separated (default 0.2,0.3,0.5,0.7; "
                    "--quick: 0.3,0.5)")
-    p.add_argument("--solvers", default=None, help="our solvers, comma separated (default: chen, chen-greedy, dp, ilp as registered; "
-                   "--quick: dp)")
+    p.add_argument("--solvers", default=None, help="our solvers, comma separated (default: chen, chen-greedy, dp, ilp "
+                   "as registered; --quick: ilp, which starts from dp and chen and is exact where it can be)")
     p.add_argument("--no-peers", action="store_true", help="measure only our solvers (and no checkpointing)")
     p.add_argument("--quick", action="store_true", help="a small model size, two budgets, fewer timed steps")
-    p.add_argument("--repeats", type=int, default=None, help="timed steps per method (default 5, --quick 3)")
-    p.add_argument("--batch", type=int, default=None, help="batch size (default: the model's; --quick: small)")
-    p.add_argument("--ilp-time-limit", type=float, default=30.0, help="seconds for the ILP solver (default 30)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--repeats", type=positive_int, default=None, help="timed steps per method (default 5, --quick 3)")
+    p.add_argument("--ilp-time-limit", type=positive_float, default=30.0,
+                   help="seconds for the ILP solver (default 30)")
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="torch intra-op threads while measuring (default: torch's; 1 is steadier on a shared machine)")
     p.add_argument("--costs", choices=["flops", "time"], default="flops",
                    help="what our solvers minimise: counted FLOPs (default) or measured forward time per node")
@@ -60,27 +67,36 @@ def _fractions(text: str) -> list[float]:
 
 
 def _quick_solvers() -> list[str]:
-    """The first registered of dp, chen, uniform (one solver keeps --quick quick)."""
+    """ilp when registered (it starts from dp and chen and is exact where it can be), else the first of dp, chen."""
     from solvers import available_solvers
 
     names = available_solvers()
-    return [next((s for s in ("dp", "chen", "uniform") if s in names), names[-1])]
+    return [next((s for s in ("ilp", "dp", "chen", "uniform") if s in names), names[-1])]
 
 
 def run(args: argparse.Namespace) -> int:
     from ..compare import compare, format_table
     from ..compare_models import workload
 
+    from solvers import available_solvers
+
     quick = args.quick
     fractions = _fractions(args.budgets or ("0.3,0.5" if quick else "0.2,0.3,0.5,0.7"))
     names = [s.strip() for s in args.solvers.split(",")] if args.solvers else (_quick_solvers() if quick else None)
+    unknown = [s for s in names or () if s not in available_solvers()]
+    if unknown:
+        raise CkptError(f"unknown solver(s) {unknown} in --solvers; available: {', '.join(available_solvers())}")
+    check_outputs([("--json", args.json_path)])
+    if args.plots and os.path.exists(args.plots) and not os.path.isdir(args.plots):
+        raise CkptError(f"--plots {args.plots!r} is a file; give a folder (created if missing)")
     import torch
 
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        wl = workload(args.model, quick=quick, batch=args.batch)
+        with phase(f"building {args.model}"):
+            wl = workload(args.model, quick=quick, options=model_options(args))
         print(f"comparing on {wl.name} ({', '.join(f'{k}={v}' for k, v in wl.meta.items())}), budgets {fractions}, "
               f"{torch.get_num_threads()} threads")
         cmp = compare(wl, fractions, solver_names=names, with_peers=not args.no_peers,
@@ -92,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(format_table(cmp))
     if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as fh:
-            json.dump(cmp.to_dict(), fh, indent=1)
+        write_text_atomic(args.json_path, json.dumps(cmp.to_dict(), indent=1))
         print(f"results written to {args.json_path}")
     if args.plots:
         from ..compare_plots import plot_comparison

@@ -10,6 +10,7 @@ from solvers import format_bytes
 from ..budget import OPTIMIZER_STATES
 from ..memory import DEFAULT_RESERVE, NothingFits, render_report
 from ..report import table
+from .common import positive_float, positive_int
 
 NAME = "fit"
 HELP = "the largest batch or sequence that fits a card, per solver, and the step's memory by category"
@@ -49,15 +50,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "chen, per-module, dp; 'all' for every registered solver)")
     p.add_argument("--search", default="batch", choices=["batch", "seq", "none"],
                    help="the dimension to search; 'none' only checks --batch and --seq (default batch)")
-    p.add_argument("--batch", type=int, default=None, help="batch size (fixed unless searched; default 1)")
-    p.add_argument("--seq", type=int, default=None, help="sequence length (fixed unless searched; default: the model's)")
-    p.add_argument("--max-size", type=int, default=None, help="largest size to try (default: the model's limit, else 4096)")
-    p.add_argument("--multiple-of", type=int, default=None,
+    p.add_argument("--batch", type=positive_int, default=None, help="batch size (fixed unless searched; default 1)")
+    p.add_argument("--seq", type=positive_int, default=None, help="sequence length (fixed unless searched; default: the model's)")
+    p.add_argument("--max-size", type=positive_int, default=None, help="largest size to try (default: the model's limit, else 4096)")
+    p.add_argument("--multiple-of", type=positive_int, default=None,
                    help="try only multiples of this (default 1 for batch, 64 for seq)")
     p.add_argument("--reserve", default=None,
                    help=f"held back for the CUDA context and fragmentation: a share (5%%, 0.1) or a size (2GiB); "
                         f"default {100 * DEFAULT_RESERVE:.0f}%%")
-    p.add_argument("--time-limit", type=float, default=10.0, help="time limit per ilp solve, seconds (default 10)")
+    p.add_argument("--time-limit", type=positive_float, default=10.0, help="time limit per ilp solve, seconds (default 10)")
 
 
 def _solvers(args: argparse.Namespace) -> list[str] | None:

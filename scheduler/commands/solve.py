@@ -6,12 +6,14 @@ import argparse
 
 import graphs
 from graphs import CkptError
-from solvers import Plan, available_solvers, format_bytes
+from solvers import InfeasibleBudget, Plan, available_solvers, format_bytes
 
 from ..api import solve
 from ..explain import explain_floor
-from ..budget import parse_budget
+from ..budget import optimizer_state_bytes, parse_budget, read_budget
+from ..progress import phase
 from ..report import plan_summary, ratio, table
+from .common import check_outputs, gap_fraction, positive_float, reject_options
 
 NAME = "solve"
 HELP = "choose the checkpoint regions of a graph under a memory budget"
@@ -19,23 +21,33 @@ DESCRIPTION = """Solve which activations to keep for GRAPH under a memory budget
 
 GRAPH is a cost-graph JSON file (see `ckpt trace`). The budget is for the
 whole step (parameters, gradients, activations), e.g. 6GiB, 512MiB, 1.5GB or
-bytes, or a fraction in (0, 1] of the store-all activation peak (0.3).
+bytes, or a fraction in (0, 1] of the store-all activations (0.3: store-all's
+peak less 70 % of its activation peak; 1 is store-all's peak).
 --solver all runs every solver and prints them side by side.
 
 examples:
   ckpt solve graph.json --budget 2GiB --solver ilp --time-limit 30 -o plan.json
-  ckpt solve graph.json --budget 0.3 --solver all"""
+  ckpt solve graph.json --budget 0.3 --solver all
+
+--time-limit, --gap and --method are ilp's; another solver refuses them."""
+
+
+#: The solver flags and the solvers that take them (others refuse them: NOTE [ How the CLI fails ]).
+SOLVER_FLAGS = {"ilp": ("--time-limit", "--gap", "--method")}
+DEFAULT_TIME_LIMIT_S = 60.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("graph", help="cost graph JSON")
     p.add_argument("--budget", "-b", required=True, help="6GiB, 512MiB, bytes, or a fraction such as 0.3")
-    p.add_argument("--solver", "-s", default="dp",
-                   help=f"one of: {', '.join(available_solvers())}, or 'all' (default: dp)")
-    p.add_argument("--time-limit", type=float, default=60.0, help="seconds for the ilp solver (default: 60)")
-    p.add_argument("--gap", type=float, default=0.0,
+    p.add_argument("--solver", "-s", default="ilp",
+                   help=f"one of: {', '.join(available_solvers())}, or 'all' (default: ilp, exact where it can be "
+                        "and never without a plan where another solver finds one)")
+    p.add_argument("--time-limit", type=positive_float, default=None,
+                   help=f"seconds for the ilp solver (default: {DEFAULT_TIME_LIMIT_S:g})")
+    p.add_argument("--gap", type=gap_fraction, default=None,
                    help="ilp: stop once the proven gap is at most this fraction, e.g. 0.01 (default: prove optimality)")
-    p.add_argument("--method", choices=("auto", "frontier", "cp-sat"), default="auto",
+    p.add_argument("--method", choices=("auto", "frontier", "cp-sat"), default=None,
                    help="ilp: 'frontier' (exact program for graphs where few tensors cross any position), "
                         "'cp-sat' (any DAG, with a bound and gap) or 'auto' (the first when it applies; default)")
     p.add_argument("--optimizer", default=None, help="subtract this optimizer's state from the budget (adam, sgd, ...)")
@@ -43,16 +55,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _options(name: str, args: argparse.Namespace) -> dict:
-    return {"time_limit_s": args.time_limit, "gap_limit": args.gap, "method": args.method} if name == "ilp" else {}
+    if name != "ilp":
+        return {}
+    return {"time_limit_s": args.time_limit if args.time_limit is not None else DEFAULT_TIME_LIMIT_S,
+            "gap_limit": args.gap or 0.0, "method": args.method or "auto"}
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.solver != "all" and args.solver not in available_solvers():
+        raise CkptError(f"unknown solver {args.solver!r}; available: {', '.join(available_solvers())}, or all")
+    reject_options(args.solver, {"--time-limit": args.time_limit, "--gap": args.gap, "--method": args.method},
+                   SOLVER_FLAGS)
+    read_budget(args.budget)  # a bad budget or optimizer is an error before any work
+    optimizer_state_bytes(0, args.optimizer)
+    check_outputs([("-o", args.output)], inputs=[args.graph])
     graph = graphs.load(args.graph)
     if args.solver != "all":
-        plan = solve(graph, args.budget, solver=args.solver, optimizer=args.optimizer, **_options(args.solver, args))
+        with phase(f"solving with {args.solver}"):
+            plan = solve(graph, args.budget, solver=args.solver, optimizer=args.optimizer,
+                         **_options(args.solver, args))
+        if args.output:
+            plan.save(args.output)  # before printing: a closed stdout must not lose the plan
         print(plan_summary(graph, plan))
         if args.output:
-            plan.save(args.output)
             print(f"plan written to {args.output}")
         return 0
     budget = parse_budget(args.budget, graph, optimizer=args.optimizer)
@@ -60,20 +85,27 @@ def run(args: argparse.Namespace) -> int:
     rows, best, lowest = [], None, None
     for name in available_solvers():
         try:
-            plan = solve(graph, budget, solver=name, **_options(name, args))
-        except CkptError as exc:
-            least = getattr(exc, "min_feasible_bytes", None)
-            regions = getattr(exc, "best_regions", None)
-            if regions is not None and (lowest is None or least < lowest[0]):
-                lowest = (least, regions)
-            status = f"infeasible (needs {format_bytes(least)})" if least is not None else f"n/a: {str(exc).split(';')[0]}"
+            with phase(f"solving with {name}"):
+                plan = solve(graph, budget, solver=name, **_options(name, args))
+        except InfeasibleBudget as exc:
+            if exc.best_regions is not None and (lowest is None or exc.min_feasible_bytes < lowest[0]):
+                lowest = (exc.min_feasible_bytes, exc.best_regions)
+            need = format_bytes(exc.min_feasible_bytes)
+            within = f" in {exc.time_limit_s:g}s" if exc.time_limit_s is not None else ""
+            status = (f"none found{within} (one at {need})" if not exc.proven else
+                      f"infeasible (its plans need {need})" if exc.scope else f"infeasible (needs {need})")
             rows.append((name, status, "", "", format_bytes(budget), "", "", ""))
+            continue
+        except CkptError as exc:
+            rows.append((name, f"n/a: {str(exc).split(';')[0]}", "", "", format_bytes(budget), "", "", ""))
             continue
         rows.append((name, plan.status, len(plan.regions), format_bytes(plan.peak_bytes), format_bytes(budget),
                      ratio(plan.recompute_flops / step if step else 0.0), f"{plan.solve_time_s:.2f}s",
                      "" if plan.gap is None else ratio(plan.gap)))
         if best is None or plan.recompute_flops < best.recompute_flops:
             best = plan
+    if best is not None and args.output:
+        best.save(args.output)
     print(table(rows, ["solver", "status", "regions", "predicted peak", "budget", "recompute", "solve time", "gap"]))
     if best is None:
         print("no solver found a plan that fits")
@@ -81,6 +113,5 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"cheapest: {best.solver}")
     if args.output:
-        best.save(args.output)
         print(f"plan written to {args.output}")
     return 0

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import ast
 from typing import Any
 
-from graphs import BUILD_META, CkptError, save
+from graphs import BUILD_META, save
 
 from ..budget import format_bytes
+from .common import check_outputs, granularity, parse_options, positive_int
 
 NAME = "trace"
 HELP = "trace a model into a cost graph (FLOPs, bytes autograd saves) and write it as JSON"
@@ -23,9 +23,10 @@ example:
   ckpt trace gpt --layers 2 --width 256 --heads 4 --seq 128 -o graph.json
   ckpt trace hf:llama-7b --device meta --seq 4096 --dtype bfloat16 -o llama.json"""
 
-#: CLI flag -> model option.
-MODEL_FLAGS = {"batch": int, "seq": int, "image_size": int, "dtype": str, "layers": int, "width": int,
-               "heads": int, "depth": int, "device": str}
+#: CLI flag -> model option (validated: counts positive, dtype and device checked by ``scheduler.models``).
+MODEL_FLAGS = {"batch": positive_int, "seq": positive_int, "image_size": positive_int, "dtype": str,
+               "layers": positive_int, "width": positive_int, "heads": positive_int, "depth": positive_int,
+               "device": str}
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,26 +34,19 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="built-in name, hf:NAME, or package.module:factory (see `ckpt models`)")
     for flag, kind in MODEL_FLAGS.items():
         p.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None, help=f"model option {flag}")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="any other model option (repeatable), e.g. --option vocab=1000")
 
 
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k, None) is not None}
-    for item in args.option:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise CkptError(f"--option {item!r}: write KEY=VALUE")
-        try:
-            opts[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            opts[key] = value
+    opts.update(parse_options(args.option))
     return opts
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--granularity", default="auto",
+    p.add_argument("--granularity", default="auto", type=granularity,
                    help="op, fold, auto, or a module depth (int); default auto")
     p.add_argument("--method", default="auto", choices=["auto", "fx", "export"], help="tracer (default: fx, then export)")
     p.add_argument("--costs", choices=["flops", "time"], default="flops",
@@ -67,12 +61,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..models import build
+    from ..progress import phase
     from ..tracer import capture
 
+    check_outputs([("-o", args.output)])
     ex = build(args.model, **model_options(args))
-    gran: Any = int(args.granularity) if str(args.granularity).isdigit() else args.granularity
-    traced = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity=gran, method=args.method, name=args.model,
-                     costs=args.costs, workspaces=args.workspaces)
+    with phase(f"tracing {args.model}"):
+        traced = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity=args.granularity,
+                         method=args.method, name=args.model, costs=args.costs, workspaces=args.workspaces)
     g = traced.graph
     g = g.with_nodes(g.nodes, meta={**g.meta, BUILD_META: {"model": args.model, "options": _json_safe(model_options(args))}})
     print(f"{args.model}: traced with {traced.method}, {len(traced.records)} fx nodes -> {len(g)} graph nodes "

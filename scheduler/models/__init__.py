@@ -110,9 +110,33 @@ def parse_dtype(value: Any) -> torch.dtype:
     aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
     name = aliases.get(str(value), str(value)).replace("torch.", "")
     dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise CkptError(f"unknown dtype {value!r}; use float32, float16 or bfloat16")
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point or dt.itemsize < 2:
+        what = "unknown dtype" if not isinstance(dt, torch.dtype) else "a model is trained in a floating dtype, not"
+        raise CkptError(f"{what} {value!r}; use float32, float16 or bfloat16 (fp32, fp16, bf16)")
     return dt
+
+
+def check_device(value: Any) -> str:
+    """``value`` as a device string a model can be built on here (``cpu``, ``meta``, ``cuda[:n]`` when present).
+
+    Raises:
+        CkptError: an unknown device, or one this machine does not have.
+    """
+    try:
+        dev = torch.device(str(value))
+    except (RuntimeError, ValueError, TypeError):
+        raise CkptError(f"unknown device {value!r}; use cpu, meta (nothing allocated), or cuda") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CkptError(f"device {value!r}: this machine has no CUDA device (or torch is a CPU build); use cpu, "
+                            "or meta to plan without allocating")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise CkptError(f"device {value!r}: there are {torch.cuda.device_count()} CUDA devices")
+    elif dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise CkptError(f"device {value!r}: MPS is not available here; use cpu or meta")
+    elif dev.type not in ("cpu", "meta", "cuda", "mps"):
+        raise CkptError(f"device {value!r} is not supported; use cpu, meta or cuda")
+    return str(value)
 
 
 def build(name: str, **options: Any) -> Example:
@@ -125,6 +149,8 @@ def build(name: str, **options: Any) -> Example:
     options = {k: v for k, v in options.items() if v is not None}
     if "dtype" in options:
         options["dtype"] = parse_dtype(options["dtype"])
+    if "device" in options:
+        options["device"] = check_device(options["device"])
     if name.startswith("hf:"):
         from . import hf
 
@@ -148,6 +174,9 @@ def build(name: str, **options: Any) -> Example:
         factory = reg[name].factory
     elif ":" in name:
         mod_name, _, attr = name.partition(":")
+        if not mod_name or not attr or not all(p.isidentifier() for p in (*mod_name.split("."), attr)):
+            raise UnknownModel(f"model {name!r}: write package.module:factory (e.g. mymodel:build), with a module "
+                               "and a function name")
         # Like `python -m` (and uvicorn's "module:app"), a module in the current
         # directory is found: `ckpt trace mymodel:build` next to mymodel.py.
         if os.getcwd() not in sys.path and "" not in sys.path:
@@ -161,7 +190,13 @@ def build(name: str, **options: Any) -> Example:
         raise UnknownModel(f"unknown model {name!r}; built-in: {', '.join(reg)}; or hf:NAME "
                            "(see `ckpt models`), or package.module:factory")
     _check_options(name, factory, options)
-    out = factory(**options)
+    try:
+        out = factory(**options)
+    except (TypeError, ValueError, AssertionError, RuntimeError) as exc:
+        # Options the factory accepts by name but not by value: the user's input, not a bug of ours.
+        shown = ", ".join(f"{k}={getattr(v, '__name__', v)}" for k, v in options.items()) or "its defaults"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CkptError(f"model {name} cannot be built with {shown}: {type(exc).__name__}: {first}") from exc
     if isinstance(out, Example):
         return out
     if not isinstance(out, tuple) or len(out) not in (3, 4):
@@ -179,6 +214,16 @@ def _check_options(name: str, factory: Callable[..., Any], options: Mapping[str,
     bad = sorted(set(options) - set(known))
     if bad:
         raise CkptError(f"model {name} does not take option(s) {bad}; it takes: {', '.join(sorted(known))}")
+    for key, value in options.items():
+        default = known.get(key)
+        if isinstance(default, bool) or default is None or isinstance(value, torch.dtype):
+            continue
+        if isinstance(default, int) and (isinstance(value, bool) or not isinstance(value, int)):
+            raise CkptError(f"model {name}: option {key} takes an integer (default {default}), got {value!r}")
+        if isinstance(default, int) and value <= 0 and key != "seed":
+            raise CkptError(f"model {name}: option {key} must be a positive integer, got {value}")
+        if isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise CkptError(f"model {name}: option {key} takes a number (default {default}), got {value!r}")
 
 
 def describe() -> list[tuple[str, str, dict[str, Any]]]:

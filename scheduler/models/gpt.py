@@ -93,7 +93,15 @@ class GPT(nn.Module):
 
 def build(*, layers: int = 12, width: int = 768, heads: int = 12, vocab: int = 50257, batch: int = 1,
           seq: int = 1024, dropout: float = 0.1, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """``(model, args, kwargs)`` for a GPT of this shape on token batches ``(batch, seq)``."""
+    """``(model, args, kwargs)`` for a GPT of this shape on token batches ``(batch, seq)``.
+
+    Raises:
+        ValueError: ``width`` not a multiple of ``heads``, or ``dropout`` outside [0, 1).
+    """
+    if width % heads:
+        raise ValueError(f"width {width} is not a multiple of heads {heads} (each head gets width / heads)")
+    if not 0 <= dropout < 1:
+        raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
     with torch.device(device):
         model = GPT(layers, width, heads, vocab, max(seq, 1), dropout).to(dtype)
         idx = torch.randint(0, vocab, (batch, seq))

@@ -73,6 +73,19 @@ def capture_graph_module(module: nn.Module, args: tuple, kwargs: Mapping[str, An
     if method in ("auto", "fx"):
         try:
             gm = _fx_trace(module, args, kwargs)
+            opaque = opaque_torch_modules(gm)
+            if opaque and method == "auto":
+                log.info("torch.fx keeps %s whole (torch's own modules are fx leaves); tracing with torch.export "
+                         "to see inside", ", ".join(opaque))
+                try:
+                    return _normalise(_export(module, args, kwargs), module), "export"
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("torch.export failed (%s: %s); the fx graph keeps %s as single nodes, so no plan "
+                                "can checkpoint inside them", type(exc).__name__, str(exc)[:200], ", ".join(opaque))
+            elif opaque:
+                log.warning("torch.fx keeps %s as single nodes (torch's own modules are fx leaves): no plan can "
+                            "checkpoint inside them; --method export (method='export') traces through them",
+                            ", ".join(opaque))
             return _normalise(gm, module), "fx"
         except Exception as exc:  # noqa: BLE001  (fx raises many kinds; we fall back)
             if method == "fx":
@@ -92,6 +105,35 @@ def capture_graph_module(module: nn.Module, args: tuple, kwargs: Mapping[str, An
         "(no data-dependent Python control flow, no .item()/.tolist() on tensors, no printing of tensors), "
         "or pass inputs for which it takes one branch; torch.export is usually the more tolerant tracer"
     ) from errors[-1][1]
+
+
+#: torch's own modules that torch.fx's default tracer keeps as one leaf node but that hold a whole
+#: network (NOTE [ Opaque torch modules ]).
+OPAQUE_TORCH_MODULES = (nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder, nn.TransformerEncoderLayer,
+                        nn.TransformerDecoderLayer, nn.MultiheadAttention)
+
+
+def opaque_torch_modules(gm: torch.fx.GraphModule) -> list[str]:
+    """Paths of the :data:`OPAQUE_TORCH_MODULES` that ``gm`` calls as single nodes.
+
+    NOTE [ Opaque torch modules ]
+        ``torch.fx``'s tracer does not trace into modules of ``torch.nn``: a
+        model built on ``nn.TransformerEncoder`` became 3 nodes (embedding,
+        encoder, head), every solver said "infeasible" and nothing said why.
+        Tracing through them with fx is no way out (their forward branches
+        on tensor properties, which fx cannot follow), but ``torch.export``
+        traces them to their ops. So with ``method="auto"`` a graph that
+        calls one of them is traced again with ``torch.export``; with
+        ``method="fx"`` a warning names them and the way out.
+        ``tests/test_trace.py::test_transformer_encoder_is_traced_through``.
+    """
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            sub = gm.get_submodule(node.target)
+            if isinstance(sub, OPAQUE_TORCH_MODULES):
+                out.append(f"{node.target} ({type(sub).__name__})")
+    return out
 
 
 def _fx_trace(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> torch.fx.GraphModule:
