@@ -233,8 +233,11 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__
 
 
-def trace_graph(wl: Workload, costs: str = "flops") -> Graph:
-    """The workload's cost graph (``scheduler.trace``), leaving buffers and RNG as they were."""
+def trace_graph(wl: Workload, costs: str = "flops", workspaces: str = "auto") -> Graph:
+    """The workload's cost graph (``scheduler.trace``), leaving buffers and RNG as they were.
+
+    ``workspaces="none"`` for comparisons with the storage count (``scheduler.measure``),
+    which does not see convolution workspaces."""
     model = wl.model
     buffers = list(model.buffers())
     saved = [b.detach().clone() for b in buffers]
@@ -242,7 +245,8 @@ def trace_graph(wl: Workload, costs: str = "flops") -> Graph:
         with torch.random.fork_rng():
             from .tracer import capture
 
-            return capture(model, wl.args, dict(wl.kwargs), loss=wl.trace_loss, costs=costs).graph
+            return capture(model, wl.args, dict(wl.kwargs), loss=wl.trace_loss, costs=costs,
+                           workspaces=workspaces).graph
     finally:
         with torch.no_grad():
             for b, s in zip(buffers, saved):

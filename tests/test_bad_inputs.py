@@ -185,7 +185,7 @@ def folder(tmp_path_factory) -> Path:
         "nofp.json": {**good, "fingerprint": ""},
         "ptypo.json": {**{k: v for k, v in good.items() if k != "regions"}, "regions": [], "region": [[0, 1]]},
         "pneg.json": {**good, "regions": [[-1, 2]]},
-        "ppast.json": {**good, "regions": [[0, 500]]},
+        "ppast.json": {**good, "regions": [[0, 500]], "modules": [], "stochastic": [], "node_names": []},
         "poverlap.json": {**good, "regions": [[0, 3], [2, 5]]},
         "pstatus.json": {**good, "status": "great"},
         "pbudget.json": {**good, "budget_bytes": "6GiB"},
