@@ -348,6 +348,15 @@ class Graph:
             object.__setattr__(self, "_span_names", cached)
         return cached.get((int(region[0]), int(region[1])), "")
 
+    def span_extra_bytes(self) -> Mapping[tuple[int, int], int]:
+        """``(first, last) -> extra_bytes`` of the spans whose ``extra_bytes`` are
+        positive: a region equal to one holds them during its recompute (:class:`Span`)."""
+        cached = self.__dict__.get("_span_extra")
+        if cached is None:
+            cached = {(sp.first, sp.last): sp.extra_bytes for sp in self.spans if sp.extra_bytes}
+            object.__setattr__(self, "_span_extra", cached)
+        return cached
+
     def unaligned(self) -> "Graph":
         """The same graph with no span restriction: plans may use any interval."""
         return dataclasses.replace(self, spans=()) if self.spans else self

@@ -97,7 +97,7 @@ class DPTable:
     def _fill(self) -> None:
         st, na = self.stages, self._na
         m = len(st)
-        l0, cost, inp = region_profiles(na, st)
+        l0, cost, inp = region_profiles(na, st, self.graph.span_extra_bytes())
         ends = st.ends
         # Which boundary states each stage can be entered with.
         bnd = list(st.boundary[1:]) + [ends[-1]]  # the tensor crossing out of each stage

@@ -40,6 +40,7 @@ NOTE [ Decomposing the simulated peak over a chain ]
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -202,8 +203,13 @@ def stored_profile(na: NodeArrays, a: int, b: int, lh: int, p: int | None = None
     return local, retained, lh_next
 
 
-def region_profiles(na: NodeArrays, st: Stages) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def region_profiles(na: NodeArrays, st: Stages, span_extra: Mapping[tuple[int, int], int] | None = None,
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Local peaks of every region spanning stages ``i..j``.
+
+    ``span_extra`` (``Graph.span_extra_bytes()``) adds a span's ``extra_bytes``
+    to every recompute step of the region equal to it (eager lifetimes in a
+    recompute, NOTE [ Execution model ] in ``solvers.simulate``).
 
     Returns:
         ``(L0, cost, inp)``: ``L0[i, j]`` the local peak of the region
@@ -238,6 +244,11 @@ def region_profiles(na: NodeArrays, st: Stages) -> tuple[np.ndarray, np.ndarray,
     gr_end = na.gr[ends][None, :]
     pst = _prefix(na.state)
     snapshot = pst[ends + 1][None, :] - pst[starts][:, None]  # state buffers copied for the recompute
+    if span_extra:  # eager lifetimes: constant over the region's recompute steps
+        first, last = {a: i for i, a in enumerate(st.starts)}, {b: j for j, b in enumerate(st.ends)}
+        for (a, b), extra in span_extra.items():
+            if a in first and b in last:
+                snapshot[first[a], last[b]] += extra
     rm = np.where(rm > NEG, rm + sinks + gr_end + snapshot, NEG)
     bm = np.where(bm > NEG, bm + sinks, NEG)
     l0 = np.maximum(fm, np.maximum(rm, bm))

@@ -9,7 +9,8 @@ NOTE [ The frontier DP ]
       holder keeps, plus the buffers of stored nodes at or before ``k``; or
     * a term local to the segment holding ``k`` (a stored node, or a region
       ``[p, b]``): the region's recomputed copies, its own buffers, gradients
-      at its end, the snapshots of its stateful nodes; or
+      at its end, the snapshots of its stateful nodes, the extra bytes of
+      the span it equals (eager lifetimes in a recompute); or
     * the forward copies of tensors still *open* at ``k`` (``j <= k <
       last consumer``), alive exactly when a holder keeps them.
 
@@ -219,6 +220,10 @@ class FrontierDP:
         self.rg = rg
         # NOTE [ Module-aligned regions ]: on a graph with spans, the regions [p, b] are spans only.
         self.span_ends = SpanIndex(graph).ends
+        # span_extra_from[p]: (b, extra_bytes) of the spans (p, b) with extra bytes (eager lifetimes).
+        self.span_extra_from: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        for (a, b), extra in graph.span_extra_bytes().items():
+            self.span_extra_from[a].append((b, extra))
 
     # ------------------------------------------------------------ regions
     def _region_arrays(self, p: int, kmax: int):
@@ -357,6 +362,12 @@ class FrontierDP:
             amin = min(int(v[0][0]) for v in fr.keys.values())
             fwdm, bwd, rc, cA = self._region_arrays(p, kmax)
             snap = self.pstate[p + 1:kmax + 2] - self.pstate[p]
+            # Held through the whole recompute of [p, b]: the snapshots, and the extra bytes of span
+            # (p, b) (eager lifetimes, NOTE [ Execution model ]); the latter left out of the bound lb.
+            rc_held = snap.copy()
+            for b, extra in self.span_extra_from[p]:
+                if b <= kmax:
+                    rc_held[b - p] += extra
             gr = na.gr[p:kmax + 1]
             # With no open tensor alive the local peak only grows with b (but for gr): it bounds the reach.
             lb = np.maximum(fwdm, np.maximum(np.maximum.accumulate(bwd), np.maximum.accumulate(rc) + snap))
@@ -378,7 +389,7 @@ class FrontierDP:
                     for j in eff:
                         fa += out[j] * (ks < lc[j])
                     mono = np.maximum(fwdm[:m], np.maximum.accumulate(bwd[:m] + fa))
-                    got = (mono, np.maximum(mono, np.maximum.accumulate(rc[:m] + fa) + gr[:m] + snap[:m]))
+                    got = (mono, np.maximum(mono, np.maximum.accumulate(rc[:m] + fa) + gr[:m] + rc_held[:m]))
                     cache[eff] = got
                 return got
 

@@ -43,7 +43,9 @@ NOTE [ An exact model of simulate ]
     hold ``k``, start at ``k``, and hold ``k`` past their first node: exact
     over the span-only plans. Both methods, the warm starts and the bounded
     heuristic search that set; the dp bound used as a cut is dp's optimum
-    over it too.
+    over it too. A span's ``extra_bytes`` (eager lifetimes in a recompute,
+    NOTE [ Execution model ] in ``solvers.simulate``) add ``extra_bytes *
+    z`` to the recompute-step constraint of each of its nodes.
 """
 
 from __future__ import annotations

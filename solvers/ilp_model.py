@@ -95,6 +95,7 @@ class CheckpointModel:
             m.AddImplication(c, self.y[k].Not())
             m.AddBoolOr([self.x[k].Not(), self.y[k], c])
         self.z: dict[tuple[int, int], cp_model.IntVar] = {}  # span (a, b) is a region (aligned graphs)
+        self.held_extra: list[list] = [[] for _ in range(n)]  # extra_bytes * z of the spans holding k
         if g.spans:
             self._aligned()
 
@@ -109,9 +110,13 @@ class CheckpointModel:
         holds: list[list] = [[] for _ in range(n)]
         starts: list[list] = [[] for _ in range(n)]
         inner: list[list] = [[] for _ in range(n)]
+        span_extra = self.graph.span_extra_bytes()
         for a, b in SpanIndex(self.graph).spans:
             z = self.z[a, b] = m.NewBoolVar(f"z{a}_{b}")
             starts[a].append(z)
+            if (a, b) in span_extra:  # eager lifetimes: held at every recompute step of the region
+                for k in range(a, b + 1):
+                    self.held_extra[k].append(span_extra[a, b] * z)
             for k in range(a, b + 1):
                 holds[k].append(z)
                 if k > a:
@@ -157,6 +162,7 @@ class CheckpointModel:
                     savers[j].append(k)
         selfsave = [bool(nd.requires_grad and nd.saves_output) for nd in nodes]
         total = sum(out) * 4 + sum(cur) + sum(own) + int(na.state.sum()) + int(max(na.gb.max(), na.gr.max())) + 1
+        total += sum(g.span_extra_bytes().values())
         const = g.param_bytes + g.input_bytes
         if budget_bytes is None:
             self.cap = m.NewIntVar(0, total, "peak")
@@ -299,6 +305,8 @@ class CheckpointModel:
             fa = sum(out[j] * forward_alive(j, k) for j in spans[k])
             # Recompute step k (exists when x[k]).
             rc = s_[k] + q[k]
+            if self.held_extra[k]:  # eager lifetimes: the extra bytes of the one chosen span holding k
+                rc = rc + sum(self.held_extra[k])
             m.Add(hb[k] + fa + sinks_after[k + 1] + e_[k] + rc + sx[k] + ow[k] + cur[k] + snap[k]
                   <= self.cap).OnlyEnforceIf(x[k])
             # Backward step k.

@@ -48,6 +48,15 @@ NOTE [ Execution model ]
         holds its base: NOTE [ Replacing a view gradient ]). See
         :class:`GradientWalk`.
 
+    Eager lifetimes in a recompute: a region is one submodule call, and its
+    recompute re-runs that call's eager Python forward, whose locals keep
+    some tensors referenced past their last use in the graph. When a
+    region's ``(first, last)`` is a span with ``extra_bytes`` (the most the
+    call holds beyond the graph's lifetimes, NOTE [ Eager lifetimes in a
+    recompute ] in ``scheduler.tracing.eager_lifetimes``), those bytes are
+    added to every step of that region's recompute, as activations (like the
+    snapshots above); not to the forward, nor for a region that is no span.
+
     The recompute cost of a plan is the forward FLOPs of every node in a
     region (each region is recomputed exactly once).
 """
@@ -308,6 +317,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
     grads.start()
     agrad = grads.bytes
     region_last = {b: r for r, (a, b) in enumerate(regions)}
+    span_extra = graph.span_extra_bytes()
     region_first = {a: r for r, (a, b) in enumerate(regions)}
     rec_hold = [0] * n  # holders of recomputed copies
     rec_node_holds: list[list[int]] = [[] for _ in range(n)]
@@ -338,6 +348,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
             # referenced by the running region until its recompute ends.
             outs = [caller[k] or succs[k][-1] > b for k in range(a, b + 1)]
             snapshot = sum(nodes[k].state_bytes for k in range(a, b + 1))  # buffers copied around the recompute
+            snapshot += span_extra.get((a, b), 0)  # what the call's eager locals hold (eager lifetimes)
             act += snapshot
             for k in range(a, b + 1):
                 nd = nodes[k]

@@ -2,8 +2,9 @@
 
 On 260 random small graphs with random span families (laminar module trees,
 and trees plus overlapping runs of consecutive children and stray intervals;
-spans of one node and of the whole graph included) brute force enumerates the
-span-only plans. Every exact method (``dp`` on chains, ``ilp``'s frontier
+spans of one node and of the whole graph included; on most, random
+``extra_bytes`` held through a span-region's recompute) brute force enumerates
+the span-only plans. Every exact method (``dp`` on chains, ``ilp``'s frontier
 program and its CP-SAT model) must equal it at every budget of its Pareto
 front and agree on the least feasible budget; every other registered solver
 must return spans only, or say that nothing it has fits.
@@ -62,9 +63,22 @@ def random_spans(n: int, rng: random.Random, *, laminar: bool) -> list[Span]:
     return spans or [Span(0, n - 1, "m")]
 
 
+def random_extra_bytes(g: Graph, spans: list[Span], rng: random.Random) -> list[Span]:
+    """The spans with random ``extra_bytes`` (eager lifetimes in a recompute, NOTE
+    [ Execution model ]): none on a fifth of the graphs; else 0 on some spans
+    and, on the others, from a tenth of the mean output to twice the largest."""
+    if rng.random() < 0.2:
+        return spans
+    mean = sum(nd.out_bytes for nd in g.nodes) // len(g)
+    top = max(nd.out_bytes for nd in g.nodes)
+    return [dataclasses.replace(sp, extra_bytes=rng.choice([0, rng.randint(max(1, mean // 10), 2 * top)]))
+            for sp in spans]
+
+
 def _with_spans(g: Graph, seed: int) -> tuple[str, Graph]:
     laminar = seed % 3 != 0
     spans = random_spans(len(g), random.Random(7000 + seed), laminar=laminar)
+    spans = random_extra_bytes(g, spans, random.Random(9000 + seed))  # drawn apart: the spans keep their seeds
     return "tree" if laminar else "overlap", dataclasses.replace(g, spans=tuple(spans))
 
 
@@ -121,6 +135,17 @@ def test_cases_cover_the_families():
     # The restriction bites: on most graphs the span-only optimum differs from the unrestricted one somewhere.
     differs = sum(pareto_frontier(g.unaligned())[0][0] != _frontier(g)[0][0] for *_, g in CASES[:40])
     assert differs > 10
+    # Eager lifetimes: most graphs carry extra bytes on some spans and none on others, and on
+    # many of them the extras move the optimum (so a solver that ignores them fails).
+    extra = [g for *_, g in CASES if any(sp.extra_bytes for sp in g.spans)]
+    assert len(extra) >= 200 and sum(any(not sp.extra_bytes for sp in g.spans) for g in extra) >= 180
+    assert sum(_is_chain(g) for g in extra) >= 100
+    moved = sum([p[:2] for p in _frontier(g)] != [p[:2] for p in pareto_frontier(_without_extra(g))] for g in extra)
+    assert moved >= 40
+
+
+def _without_extra(graph: Graph) -> Graph:
+    return dataclasses.replace(graph, spans=tuple(dataclasses.replace(sp, extra_bytes=0) for sp in graph.spans))
 
 
 #: (method, case): ``dp`` is exact on chains; both ``ilp`` methods on every graph.

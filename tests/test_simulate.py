@@ -1,8 +1,10 @@
 """The execution model, checked against peaks computed by hand."""
 
+import dataclasses
+
 import pytest
 
-from graphs import Graph, Node, synthetic
+from graphs import Graph, Node, Span, synthetic
 from solvers import Plan, activation_budget_bytes, brute_force, pareto_frontier, simulate
 
 
@@ -179,3 +181,26 @@ def test_cat_like_backward_with_view_gradients(views, expected):
         Node("loss", inputs=("cat",), out_bytes=1, fwd_flops=1),
     ))
     assert list(simulate(g).live_bytes) == expected
+
+
+def test_eager_extra_bytes_held_through_a_span_regions_recompute():
+    """NOTE [ Execution model ], eager lifetimes in a recompute: a region equal to a span
+    with ``extra_bytes`` holds them at every step of its recompute, nowhere else."""
+    spans = (Span(0, 1, "blk", 7), Span(2, 2, "head"), Span(1, 1, "blk.b", 5))
+    g = dataclasses.replace(chain3(), spans=spans)
+    # Without extras (chain3): fwd a 10, b 20 (a dies inside the region), c 20 (b held by region [c],
+    # c by the caller); bwd c's seed gradient 30; recompute c 40; bwd c (+ grad b) 40, then b is
+    # released; recompute a (kept for b) 40, b 50; bwd b 50 (grad a); bwd a 30.
+    # With them: "blk" adds 7 to its two recompute steps; "head" has none; "blk.b" is no region here.
+    sim = simulate(g, Plan(regions=((0, 1), (2, 2))))
+    assert [ph for ph, _ in sim.steps] == ["forward"] * 3 + ["recompute", "backward", "recompute", "recompute",
+                                                             "backward", "backward"]
+    assert list(sim.live_bytes) == [10, 20, 20, 40, 40, 47, 57, 50, 30]
+    assert sim.peak_bytes == 57 and sim.peak_node == "b" and sim.peak_phase == "recompute"
+    assert sim.breakdown["activations"] == 37  # c, a, b and the call's 7 bytes; grad c + grad b = 20
+    # The one-node span "blk.b" as a region: its recompute step carries its 5 bytes (chain3: 50).
+    assert list(simulate(g, Plan(regions=((1, 1),))).live_bytes) == [10, 20, 30, 50, 55, 50, 30]
+    # Store-all and a graph without spans: no extra anywhere.
+    assert simulate(g).live_bytes == simulate(chain3()).live_bytes
+    assert list(simulate(g.unaligned(), Plan(regions=((0, 1), (2, 2)))).live_bytes) == [10, 20, 20, 40, 40, 40, 50,
+                                                                                         50, 30]
