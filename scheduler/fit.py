@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import solvers
-from graphs import Graph
+from graphs import CkptError, Graph
 from solvers import InfeasibleBudget, Plan, simulate
 
 from .budget import BudgetError, parse_size
@@ -412,10 +412,17 @@ def _builtin(name: str, dtype: str) -> Callable[..., Any]:
 
     from . import models
 
+    factory = models.factory_of(name)
+    takes = models.options_of(factory)
+    if "dtype" not in takes and dtype not in ("fp32", "float32"):
+        raise CkptError(f"model {name} takes no dtype option, so it cannot be sized in {dtype}; give its factory a "
+                        "`dtype` keyword, or fit in fp32")
+    extra = {**({"dtype": dtype} if "dtype" in takes else {}), **({"device": "meta"} if "device" in takes else {})}
+
     def build(**sizes: Any) -> Any:
-        factory = models.MODELS.get(name).factory if name in models.MODELS else None
-        takes_device = factory is not None and "device" in models.options_of(factory)
+        # A factory without a device option builds under torch.device("meta"): shapes only, if it
+        # creates its tensors without naming a device.
         with torch.device("meta"):
-            return models.build(name, dtype=dtype, **({"device": "meta"} if takes_device else {}), **sizes)
+            return models.build(name, **extra, **sizes)
 
     return build

@@ -171,8 +171,8 @@ class IlpSolver:
                     return Plan(regions=self.hint, status=Status.FEASIBLE, bound=result.bound,
                                 options={"time_limit_s": self.time_limit_s})
                 raise IlpTimeout(
-                    f"ilp found no plan within {self.time_limit_s:g}s for this graph ({len(self.graph)} nodes); "
-                    "raise time_limit_s, or use solver 'dp' or 'chen'")
+                    f"no plan found within {self.time_limit_s:.3g} s for this graph ({len(self.graph)} nodes; not "
+                    "proven infeasible); raise time_limit_s (--time-limit), or use solver 'dp' or 'chen'")
             sim = simulate(self.graph, Plan(regions=result.regions), record=False)
             if sim.peak_bytes <= self.budget_bytes:
                 optimal = result.status == "optimal"
@@ -267,7 +267,8 @@ def _by_frontier(graph: Graph, budget_bytes: int, inc: Incumbent | None, time_li
             return None
     except FrontierTimeout as exc:
         if required:
-            raise IlpTimeout(f"{exc}; raise time_limit_s, or use method 'auto'") from None
+            raise IlpTimeout(f"no plan found within {time_limit_s:g} s ({exc}); raise time_limit_s (--time-limit), "
+                             "or use method 'auto'") from None
         log.info("ilp: %s; solving with CP-SAT", exc)
         return None
     if res is None:

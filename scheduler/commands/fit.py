@@ -23,9 +23,12 @@ left, at every size the search tries (galloping, then bisection; the model is
 re-traced at each size).
 
 MODEL: a built-in example (`ckpt models`), hf:NAME (a named published shape
-such as hf:llama-2-7b, or a transformers model type), or a path to a local
-config.json. hf models are built on the meta device: nothing is allocated,
-so a 13B fine-tune is sized from a laptop.
+such as hf:llama-2-7b, or a transformers model type), a path to a local
+config.json, or package.module:factory. hf models are built on the meta
+device: nothing is allocated, so a 13B fine-tune is sized from a laptop. A
+factory gets `batch` (and `seq` when searched), `dtype` and `device="meta"`
+only when it takes them; one without a device option runs under
+torch.device("meta"), and one without `dtype` is sized in fp32 only.
 
 Exit status 0 when some solver fits, 1 when nothing fits (the numbers and
 the levers that would help are printed), 2 on errors.
@@ -37,7 +40,7 @@ examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="built-in name, hf:NAME, or a config.json path")
+    p.add_argument("model", help="built-in name, hf:NAME, a config.json path, or package.module:factory")
     p.add_argument("--device-memory", "-m", required=True, help="the card's memory: 24GiB, 80GiB, 2GiB...")
     p.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZER_STATES),
                    help="optimizer whose state is kept (default adam: two states per parameter)")

@@ -139,6 +139,33 @@ def check_device(value: Any) -> str:
     return str(value)
 
 
+def factory_of(name: str) -> Callable[..., Any]:
+    """The factory ``build(name)`` calls: a built-in's, or ``package.module:factory`` imported.
+
+    Raises:
+        UnknownModel: not a built-in name nor an importable ``package.module:factory``.
+    """
+    reg = _registry()
+    if name in reg:
+        return reg[name].factory
+    if ":" not in name or name.startswith("hf:"):
+        raise UnknownModel(f"unknown model {name!r}; built-in: {', '.join(reg)}; or hf:NAME "
+                           "(see `ckpt models`), or package.module:factory")
+    mod_name, _, attr = name.partition(":")
+    if not mod_name or not attr or not all(p.isidentifier() for p in (*mod_name.split("."), attr)):
+        raise UnknownModel(f"model {name!r}: write package.module:factory (e.g. mymodel:build), with a module "
+                           "and a function name")
+    # Like `python -m` (and uvicorn's "module:app"), a module in the current
+    # directory is found: `ckpt trace mymodel:build` next to mymodel.py.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownModel(f"cannot import the factory {name!r}: {exc} (modules are searched in the current "
+                           "directory and on PYTHONPATH)") from exc
+
+
 def build(name: str, **options: Any) -> Example:
     """Build the example model ``name`` with ``options`` (None values are ignored).
 
@@ -169,26 +196,7 @@ def build(name: str, **options: Any) -> Example:
         except ImportError as exc:
             raise CkptError(f"{name} needs transformers: pip install 'ckpt-scheduler[hf]' ({exc})") from exc
         return Example(name, model, tuple(args), dict(kwargs), loss, options)
-    reg = _registry()
-    if name in reg:
-        factory = reg[name].factory
-    elif ":" in name:
-        mod_name, _, attr = name.partition(":")
-        if not mod_name or not attr or not all(p.isidentifier() for p in (*mod_name.split("."), attr)):
-            raise UnknownModel(f"model {name!r}: write package.module:factory (e.g. mymodel:build), with a module "
-                               "and a function name")
-        # Like `python -m` (and uvicorn's "module:app"), a module in the current
-        # directory is found: `ckpt trace mymodel:build` next to mymodel.py.
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        try:
-            factory = getattr(importlib.import_module(mod_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise UnknownModel(f"cannot import the factory {name!r}: {exc} (modules are searched in the current "
-                               "directory and on PYTHONPATH)") from exc
-    else:
-        raise UnknownModel(f"unknown model {name!r}; built-in: {', '.join(reg)}; or hf:NAME "
-                           "(see `ckpt models`), or package.module:factory")
+    factory = factory_of(name)
     _check_options(name, factory, options)
     try:
         out = factory(**options)
