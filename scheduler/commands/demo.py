@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     best = min(plans, key=lambda p: (p.recompute_flops, p.peak_bytes))
     print(f"\napplying the {best.solver} plan ({len(best.regions)} regions) and running {args.steps} steps with and without it")
     with phase(f"verifying: warm-up and {args.steps} steps with and without the plan"):
-        v = verify(ex.model, best, ex.args, dict(ex.kwargs), loss=ex.loss, steps=args.steps)
+        v = verify(ex.model, best, ex.args, dict(ex.kwargs), loss=ex.loss, steps=args.steps, graph=graph)
     print(table(v.rows(), ["", "with the plan", "without"]))
     ok = v.fits and v.grads_equal()
     print(f"\n{'OK' if ok else 'FAIL'}: {'fits' if v.fits else 'does NOT fit'} the budget, gradients "
