@@ -1,0 +1,225 @@
+"""The region wrappers ``scheduler.apply`` installs: one submodule call (or a run of
+``nn.Sequential`` children) run under non-reentrant checkpoint.
+
+The rules they follow are the NOTEs of ``scheduler.applying.modules``:
+[ Checkpointing forward, not __call__ ], [ Recompute at the region's end ],
+[ Stateful ops under recompute ], [ RNG state per region ], [ Caches under
+recompute ], and [ Containers passed to a region ] below.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import types
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["RegionForward", "SequentialRuns", "run_region"]
+
+log = logging.getLogger(__name__)
+
+_CACHE_ARGS = ("cache", "layer_past", "past_key_value", "past_key_values")
+
+
+# ---------------------------------------------------------------------------- the region
+class _Probe:
+    """An empty tensor a region saves first; unpacking it runs the region's recompute.
+
+    See NOTE [ Recompute at the region's end ].
+    """
+
+    __slots__ = ("node",)
+
+    def __init__(self) -> None:
+        # sin saves its input: a 0-byte leaf, packed by the checkpoint's hook.
+        self.node = torch.empty(0, requires_grad=True).sin().grad_fn
+
+    def unpack(self, _grad: Any = None) -> None:
+        node, self.node = self.node, None
+        if node is not None:
+            node._saved_self  # noqa: B018  (the checkpoint's unpack hook recomputes the region)
+
+
+def _running_stats(modules: Sequence[nn.Module]) -> list[torch.Tensor]:
+    """The buffers a region's forward updates: BatchNorm-style running statistics (training mode)."""
+    out = []
+    for top in modules:
+        for m in top.modules():
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.training:
+                out.extend(b for b in m.buffers(recurse=False) if b is not None)
+    return out
+
+
+def _is_fsdp(module: nn.Module) -> bool:
+    return any(c.__name__ == "FSDPModule" for c in type(module).__mro__)
+
+
+def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Sequence[nn.Module],
+               stochastic: bool, counter: "RegionForward | SequentialRuns") -> Any:
+    """``fn(*args, **kwargs)`` as one checkpoint region (the NOTEs of this module)."""
+    if torch.compiler.is_compiling():
+        # Dynamo turns this call into its checkpoint operator; the probe and
+        # the snapshot are eager-mode devices it cannot trace.
+        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=stochastic, **kwargs)
+    # NOTE [ Containers passed to a region ]: checkpoint keeps the arguments for the recompute by
+    # reference; torchvision's DenseNet passes a list of features that it appends to after the call,
+    # so the recompute concatenated more channels ("running_mean should contain 1024 elements not 832").
+    # The recompute gets containers of its own (same tensors).
+    args, kwargs = pytree.tree_map(lambda v: v, (tuple(args), dict(kwargs)))
+    stats = _running_stats(modules)
+    probes: list[_Probe | None] = []
+    use_probe = not any(_is_fsdp(m) for m in modules)
+    calls = 0
+
+    def run(*a: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        probe = _Probe() if use_probe else None  # the region's first saved tensor, in both runs
+        if calls == 1:
+            probes.append(probe)
+            return fn(*a, **kwargs)
+        counter.recomputes += 1
+        if not stats:
+            return fn(*a, **kwargs)
+        saved = [b.detach().clone() for b in stats]
+        try:
+            return fn(*a, **kwargs)
+        finally:
+            with torch.no_grad():
+                for b, s in zip(stats, saved):
+                    b.copy_(s)
+
+    out = checkpoint(run, *args, use_reentrant=False, preserve_rng_state=stochastic)
+    probe = probes.pop() if probes else None  # the checkpoint holds run(): the probe must not stay there
+    if probe is not None:
+        outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if outs:
+            torch.autograd.graph.register_multi_grad_hook(outs, probe.unpack, mode="any")
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_params(cls: type) -> tuple[inspect.Signature | None, tuple[str, ...]]:
+    try:
+        sig = inspect.signature(cls.forward)
+    except (TypeError, ValueError):
+        return None, ()
+    names = tuple(n for n in sig.parameters if n in _CACHE_ARGS or n == "use_cache")
+    return (sig if names else None), names
+
+
+def _without_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """NOTE [ Caches under recompute ]: no cache argument and ``use_cache=False`` for a training call."""
+    sig, names = _cache_params(type(module))
+    if sig is None:
+        return args, kwargs
+    try:
+        bound = sig.bind(module, *args, **kwargs)
+    except TypeError:
+        return args, kwargs
+    changed = False
+    for name in names:
+        if name in bound.arguments:
+            value = bound.arguments[name]
+            if name == "use_cache" and value:
+                bound.arguments[name] = False
+                changed = True
+            elif name != "use_cache" and value is not None and not isinstance(value, torch.Tensor):
+                bound.arguments[name] = None
+                changed = True
+    if not changed:
+        return args, kwargs
+    log.debug("%s: cache arguments dropped under checkpointing", type(module).__name__)
+    return tuple(bound.args[1:]), dict(bound.kwargs)
+
+
+class RegionForward:
+    """Installed as ``module.forward``: the module's call is one checkpoint region.
+
+    Attributes:
+        module: the submodule.
+        path: its path in the model (the plan's name for the region).
+        stochastic: preserve and replay the RNG state (NOTE [ RNG state per region ]).
+        previous: an instance-level ``forward`` that was there before (else None:
+            the class's forward).
+        recomputes: how many recomputes ran (tests and ``verify`` read it).
+    """
+
+    def __init__(self, module: nn.Module, path: str, *, stochastic: bool, previous: Any = None) -> None:
+        self.module = module
+        self.path = path
+        self.stochastic = stochastic
+        self.previous = previous
+        self.recomputes = 0
+
+    def original(self) -> Callable[..., Any]:
+        if self.previous is not None:
+            return self.previous
+        return types.MethodType(type(self.module).forward, self.module)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fwd = self.original()
+        if not torch.is_grad_enabled():
+            return fwd(*args, **kwargs)
+        if not torch.compiler.is_compiling():
+            args, kwargs = _without_cache(self.module, args, kwargs)
+        return run_region(fwd, args, kwargs, modules=(self.module,), stochastic=self.stochastic, counter=self)
+
+    def __repr__(self) -> str:
+        return f"RegionForward({self.path!r})"
+
+
+class SequentialRuns:
+    """Installed as an ``nn.Sequential``'s ``forward``: runs of its children are checkpoint regions.
+
+    The children run in order, as ``nn.Sequential.forward`` does; each run
+    ``i..j`` (inclusive) is one region, as ``checkpoint_sequential`` makes them.
+    """
+
+    def __init__(self, module: nn.Sequential, runs: Sequence[tuple[int, int, str, bool]], *,
+                 previous: Any = None) -> None:
+        self.module = module
+        self.runs = tuple(sorted(runs))
+        self.previous = previous
+        self.recomputes = 0
+
+    @property
+    def path(self) -> str:
+        return ", ".join(r[2] for r in self.runs)
+
+    def original(self) -> Callable[..., Any]:
+        if self.previous is not None:
+            return self.previous
+        return types.MethodType(type(self.module).forward, self.module)
+
+    def __call__(self, input: Any) -> Any:  # noqa: A002  (nn.Sequential.forward's name)
+        if not torch.is_grad_enabled():
+            return self.original()(input)
+        children = list(self.module)
+        starts = {i: (j, stochastic) for i, j, _, stochastic in self.runs}
+        k = 0
+        while k < len(children):
+            if k in starts:
+                j, stochastic = starts[k]
+                run = functools.partial(_run_children, tuple(children[k:j + 1]))
+                input = run_region(run, (input,), {}, modules=children[k:j + 1], stochastic=stochastic, counter=self)
+                k = j + 1
+            else:
+                input = children[k](input)
+                k += 1
+        return input
+
+    def __repr__(self) -> str:
+        return f"SequentialRuns({self.path!r})"
+
+
+def _run_children(children: Sequence[nn.Module], x: Any) -> Any:
+    for child in children:
+        x = child(x)
+    return x
