@@ -61,3 +61,11 @@ def test_cp_sat_on_a_long_skip_agrees_with_the_frontier_program():
     plan = solvers.solve(g, budget, solver="ilp", method="cp-sat", time_limit_s=20)
     assert best.status == "optimal" and plan.peak_bytes <= budget
     assert plan.bound <= best.recompute_flops <= plan.recompute_flops
+
+
+def test_llama_2_70b_shape():
+    from scheduler.models.hf_configs import HF_CONFIGS, hf_param_count
+
+    shape = HF_CONFIGS["llama-2-70b"]
+    assert shape.config["num_hidden_layers"] == 80 and shape.config["num_key_value_heads"] == 8
+    assert hf_param_count("llama-2-70b") == shape.params == 68_976_648_192
