@@ -69,3 +69,28 @@ def test_llama_2_70b_shape():
     shape = HF_CONFIGS["llama-2-70b"]
     assert shape.config["num_hidden_layers"] == 80 and shape.config["num_key_value_heads"] == 8
     assert hf_param_count("llama-2-70b") == shape.params == 68_976_648_192
+
+
+def test_dp_puts_regions_around_block_local_tensors_without_grad():
+    # Each block makes a view without grad (a rotary table's unsqueeze) read twice inside it. As a
+    # common tensor it kept every block out of dp's regions (Llama-2-7B op graph: no plan below store-all).
+    from solvers.stages import stages
+
+    nodes = [Node("emb", out_bytes=1000, fwd_flops=1, saves_inputs=()),
+             Node("rot", out_bytes=100, fwd_flops=0, requires_grad=False)]  # read by every block: common
+    x = "emb"
+    for i in range(6):
+        nodes += [Node(f"a{i}", inputs=(x,), out_bytes=4000, fwd_flops=50),
+                  Node(f"v{i}", inputs=("rot",), out_bytes=0, fwd_flops=0, requires_grad=False),
+                  Node(f"b{i}", inputs=(f"a{i}", f"v{i}"), out_bytes=4000, fwd_flops=50),
+                  Node(f"c{i}", inputs=(f"b{i}", f"v{i}"), out_bytes=4000, fwd_flops=50),
+                  Node(f"d{i}", inputs=(f"c{i}", x), out_bytes=1000, fwd_flops=10, saves_inputs=())]
+        x = f"d{i}"
+    nodes.append(Node("loss", inputs=(x,), out_bytes=4, fwd_flops=1))
+    g = Graph(nodes=tuple(nodes))
+    st = stages(g)
+    assert st.common == {1} and sum(st.regionable) >= 6
+    budget = activation_budget_bytes(g, 0.5)
+    plan = solvers.solve(g, budget, solver="dp")
+    assert plan.regions and plan.peak_bytes <= budget
+    assert plan.recompute_flops >= solvers.solve(g, budget, solver="ilp").recompute_flops
