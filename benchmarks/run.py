@@ -14,7 +14,7 @@ import logging
 import time
 
 #: Benchmark modules under benchmarks/, in run order.
-SUITES = ["solvers", "aligned", "trace_memory", "apply_memory", "apply_shapes", "compare", "fit", "zoo"]
+SUITES = ["solvers", "aligned", "scale", "trace_memory", "apply_memory", "apply_shapes", "compare", "fit", "zoo"]
 
 log = logging.getLogger("benchmarks")
 

@@ -15,6 +15,10 @@ Families (``FAMILIES`` maps a name to ``f(n, seed) -> Graph`` with about
 * ``transformer``: attention + MLP blocks with residual adds, and an attention
   mask read by every block (a "common node").
 * ``random-dag``: random layered DAG.
+
+:func:`repeated_blocks` builds what a traced LLM is at small scale: a chain
+of identical random blocks, tensors without grad every block reads, and
+(optionally) the module calls as spans.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ __all__ = [
     "unet",
     "transformer",
     "random_dag",
+    "repeated_blocks",
     "FAMILIES",
     "make",
 ]
@@ -245,6 +250,85 @@ def random_dag(n: int, *, seed: int = 0, width: int = 3, p_skip: float = 0.3) ->
                       out_bytes=4, fwd_flops=10**6, bwd_flops=2 * 10**6))
     return Graph(nodes=tuple(nodes), input_bytes=4 * MB, name=f"random-dag{n}",
                  meta={"family": "random-dag", "n": n, "seed": seed})
+
+
+def repeated_blocks(blocks: int, size: int, *, seed: int = 0, spans: bool = True, common: int = 1,
+                    cut: bool = False) -> Graph:
+    """A chain of ``blocks`` identical blocks of ``size`` nodes, as a traced LLM is.
+
+    The prefix is an embedding and ``common`` tensors without grad that every
+    block reads (a mask, rotary tables); each block is the same random
+    template (edges inside the block, save patterns, buffers, workspaces,
+    parameters, ``grad_views``, now and then an output nobody reads) ending
+    in a residual add when ``size >= 2``; the suffix is a head and a loss.
+
+    With ``spans``: the model call (everything but the loss), the embedding,
+    each block ``blocks.<i>``, the same random sub-calls inside every block,
+    the head, and sometimes a run of whole blocks (``blocks[0:2]``, as an
+    ``nn.Sequential`` slice). With ``cut`` also a span from inside one block
+    to inside the next (the blocks it cuts cannot be composed).
+    """
+    rng = random.Random(seed)
+    res = rng.randint(2, 12) * 100  # the residual stream's bytes
+    template = []
+    for r in range(size):
+        ins: list[str] = ["x"] if r == 0 else [f"{r - 1}"]
+        if r >= 2 and rng.random() < 0.3:
+            ins.append(rng.choice(["x"] + [f"{q}" for q in range(r - 1)]))
+        if r == size - 1 and size >= 2 and "x" not in ins:
+            ins.append("x")  # the residual add
+        template.append({
+            "ins": ins, "out": res if r == size - 1 else rng.randint(1, 20) * 100,
+            "save": [x for x in ins if rng.random() < 0.6], "self": rng.random() < 0.3,
+            "buf": rng.choice([0, 0, rng.randint(1, 10) * 10]), "ws": rng.choice([0, 0, rng.randint(1, 10) * 10]),
+            "param": rng.choice([0, rng.randint(1, 5) * 10]), "flops": rng.randint(1, 50),
+            "views": r > 0 and rng.random() < 0.15, "state": rng.choice([0] * 6 + [40]),
+            "rg": rng.random() < 0.92, "sink": rng.random() < 0.1,
+        })
+    for c in range(common):  # every block reads every common tensor
+        t = template[rng.randrange(size)]
+        t["ins"].append(f"c{c}")
+        if rng.random() < 0.5:
+            t["save"].append(f"c{c}")
+    nodes = [Node("emb", out_bytes=res, fwd_flops=5, saves_inputs=())]
+    nodes += [Node(f"c{c}", out_bytes=rng.randint(1, 4) * 100, fwd_flops=0, requires_grad=False) for c in range(common)]
+    x = "emb"
+    first = []
+    for i in range(blocks):
+        first.append(len(nodes))
+        name = {"x": x, **{f"c{c}": f"c{c}" for c in range(common)}}
+        for r, t in enumerate(template):
+            name[f"{r}"] = f"b{i}.{r}"
+            ins = tuple(dict.fromkeys(name[a] for a in t["ins"]))
+            nodes.append(Node(f"b{i}.{r}", inputs=ins, saves_inputs=tuple(dict.fromkeys(name[a] for a in t["save"])),
+                              saves_output=t["self"], out_bytes=t["out"], saved_bytes=t["buf"],
+                              workspace_bytes=t["ws"], param_bytes=t["param"], fwd_flops=t["flops"],
+                              bwd_flops=2 * t["flops"], grad_views=t["views"], state_bytes=t["state"],
+                              stateful=t["state"] > 0, requires_grad=t["rg"] or r == size - 1))
+            if t["sink"]:
+                nodes.append(Node(f"b{i}.{r}.aux", inputs=(f"b{i}.{r}",), saves_inputs=(), out_bytes=100,
+                                  fwd_flops=1))
+        x = nodes[-1].name if not template[-1]["sink"] else nodes[-2].name
+    nodes.append(Node("head", inputs=(x,), out_bytes=rng.randint(1, 20) * 100, fwd_flops=40, param_bytes=50))
+    nodes.append(Node("loss", inputs=("head",), out_bytes=4, fwd_flops=1))
+    n = len(nodes)
+    calls: list[tuple[int, int, str]] = []
+    if spans:
+        per = (first[1] - first[0]) if blocks > 1 else n - 3 - common
+        inner = {(a, b) for a, b in (sorted(rng.sample(range(per), 2)) if per > 1 else (0, 0)
+                                     for _ in range(rng.randint(1, 4)))}
+        inner |= {(r, r) for r in range(per) if rng.random() < 0.3}
+        calls += [(0, n - 2, "model"), (0, 0, "emb"), (n - 2, n - 2, "head")]
+        for i, f in enumerate(first):
+            calls.append((f, f + per - 1, f"blocks.{i}"))
+            calls += [(f + a, f + b, f"blocks.{i}.m{a}_{b}") for a, b in sorted(inner)]
+        if blocks >= 2 and rng.random() < 0.5:
+            calls.append((first[0], first[1] + per - 1, "blocks[0:2]"))
+        if cut and blocks >= 3:
+            calls.append((first[1] + per // 2, first[2] + per // 2, "across"))
+    return Graph(nodes=tuple(nodes), param_bytes=200 + 10 * blocks, input_bytes=50, name=f"blocks{blocks}x{size}",
+                 meta={"family": "repeated-blocks", "blocks": blocks, "size": size, "seed": seed},
+                 spans=tuple(calls))
 
 
 def _fix_bwd(node: Node) -> Node:

@@ -33,9 +33,19 @@ NOTE [ The frontier DP ]
     The states per boundary are ``2 ** open``, so the program is for graphs
     where few tensors cross any position (a transformer: the residual stream,
     the attention mask, one or two inside a block); ``width`` measures it and
-    ``ilp`` hands wider graphs to CP-SAT. With ``objective="peak"`` the second
+    ``ilp`` hands wider graphs to CP-SAT. Tensors of zero bytes (views,
+    ``expand``, ``unsqueeze``: a third of a traced Llama's op graph) change no
+    live-bytes term whether held or not, so they carry no bit and do not
+    count towards the width (a Llama op graph: 15 open tensors, 9 with
+    bytes). The width is counted with a difference array, in time linear in
+    the graph, before anything else is built. With ``objective="peak"`` the second
     coordinate is the peak so far instead of the FLOPs (both only grow), which
     gives the least peak of any interval plan.
+
+    A chain of identical blocks (``solvers.blocks``, NOTE [ Composing
+    repeated blocks ]) is crossed one block at a time: at a block's first
+    node the program applies the block's own Pareto front, computed once for
+    every bit pattern it is entered with, instead of walking its nodes.
 """
 
 from __future__ import annotations
@@ -43,44 +53,70 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from graphs import Graph
+from graphs import CkptError, Graph
 
 from .dp_model import NEG, node_arrays
+from .block_front import BlockFrontTooLarge
+from .frontier_front import Front
 from .spans import SpanIndex
 
-__all__ = ["FrontierDP", "FrontierResult", "FrontierTimeout", "width", "MAX_WIDTH", "TooWide"]
+__all__ = ["FrontierDP", "FrontierResult", "FrontierTimeout", "width", "open_counts", "MAX_WIDTH", "TooWide"]
 
 log = logging.getLogger(__name__)
 _INF = 1 << 40
 
-#: Widest graph (most tensors open at one position) the program is run on by default.
+#: Widest graph (most tensors of non-zero bytes open at one position) the program is run on by default.
 MAX_WIDTH = 12
 
 
-class TooWide(ValueError):
-    """The graph has more open tensors at some position than the program allows."""
+class TooWide(CkptError, ValueError):
+    """The graph has more open tensors at some position than the program allows.
+
+    Attributes:
+        width: the most tensors (of non-zero bytes) open at one boundary.
+        max_width: the limit.
+        position: a boundary where ``width`` tensors are open.
+    """
+
+    def __init__(self, width: int, max_width: int, position: int) -> None:
+        super().__init__(f"{width} tensors are open at one position (before node {position}; max_width {max_width})")
+        self.width, self.max_width, self.position = width, max_width, position
 
 
-class FrontierTimeout(TimeoutError):
+class FrontierTimeout(CkptError, TimeoutError):
     """The program did not finish within its time limit."""
 
 
-def _open_sets(lc: np.ndarray) -> list[list[int]]:
-    """``opens[p]``: tensors ``j < p <= lc[j]`` (open at the boundary before ``p``)."""
+def open_counts(out: np.ndarray, lc: np.ndarray) -> np.ndarray:
+    """``counts[p]``: tensors of non-zero bytes with ``j < p <= lc[j]``, for ``p`` in ``0..n`` (linear time)."""
+    n = len(lc)
+    j = np.arange(n)
+    live = (lc > j) & (out > 0)
+    d = np.zeros(n + 2, dtype=np.int64)
+    np.add.at(d, j[live] + 1, 1)
+    np.add.at(d, lc[live] + 1, -1)
+    return np.cumsum(d)[:n + 1]
+
+
+def _open_sets(out: np.ndarray, lc: np.ndarray) -> list[list[int]]:
+    """``opens[p]``: tensors of non-zero bytes with ``j < p <= lc[j]`` (open at the boundary before ``p``)."""
     n = len(lc)
     opens: list[list[int]] = [[] for _ in range(n + 1)]
-    for j in range(n):
+    for j in np.nonzero((lc > np.arange(n)) & (out > 0))[0].tolist():
         for p in range(j + 1, int(lc[j]) + 1):
             opens[p].append(j)
     return opens
 
 
 def width(graph: Graph) -> int:
-    """The most tensors open at any boundary of the topological order."""
-    return max(len(o) for o in _open_sets(node_arrays(graph, frozenset()).lc))
+    """The most tensors of non-zero bytes open at any boundary of the topological order (linear time)."""
+    out = np.array([nd.out_bytes for nd in graph.nodes], dtype=np.int64)
+    lc = np.array([max(s) if s else -1 for s in graph.succs], dtype=np.int64)
+    return int(open_counts(out, lc).max())
 
 
 @dataclass(frozen=True)
@@ -91,92 +127,7 @@ class FrontierResult:
     objective: int
     states: int
     wall_s: float
-
-
-def _pareto(a, o, si, mi):
-    """Entries no other entry dominates (less or equal A and objective), sorted by A."""
-    # A stable sort merges the already sorted runs the chunks are.
-    order = np.argsort(a, kind="stable")
-    a, o, si, mi = a[order], o[order], si[order], mi[order]
-    keep = np.ones(len(a), dtype=bool)
-    keep[1:] = o[1:] < np.minimum.accumulate(o)[:-1]
-    a, o, si, mi = a[keep], o[keep], si[keep], mi[keep]
-    # Equal A: the kept entries' objectives fall, so the last of a run is the one to keep.
-    last = np.ones(len(a), dtype=bool)
-    last[:-1] = a[:-1] != a[1:]
-    return a[last], o[last], si[last], mi[last]
-
-
-class _Front:
-    """Pareto fronts ``(A, objective)`` with back pointers, per bit pattern, at one boundary.
-
-    An entry points back to its source entry (``si``, an index into the
-    source front) and to ``metas[mi]``: (source boundary, source key, region
-    end or -1 for a stored node). Arriving entries stay *lazy* (a slice of
-    the source front and the segment's shifts) until the boundary is reached
-    or too many are pending; then they are built and merged at once.
-    """
-
-    __slots__ = ("pending", "keys", "metas", "peak")
-
-    #: Merge a key's pending chunks once this many arrive (bounds the memory of far boundaries).
-    COMPACT = 64
-
-    def __init__(self, peak: bool) -> None:
-        self.pending: dict[tuple[int, ...], list[tuple]] = {}
-        self.keys: dict[tuple[int, ...], tuple] = {}
-        self.metas: list[tuple] = []
-        self.peak = peak
-
-    def add(self, key, a, o, cut: int, shift_a: int, shift_o: int, local: int, meta: tuple) -> None:
-        """Entries ``[:cut]`` of a source front ``(a, o)``, carried over one segment."""
-        self.metas.append(meta)
-        chunks = self.pending.setdefault(key, [])
-        chunks.append((a, o, cut, shift_a, shift_o, local, len(self.metas) - 1))
-        if len(chunks) >= self.COMPACT:
-            self.pending[key] = [_pareto(*self._build(chunks))]
-
-    def _build(self, chunks):
-        built = [c for c in chunks if len(c) == 4]
-        lazy = [c for c in chunks if len(c) != 4]
-        arrays = [list(x) for x in zip(*built)] if built else [[], [], [], []]
-        if lazy:
-            cuts = np.array([c[2] for c in lazy], dtype=np.int64)
-            src_a = np.concatenate([c[0][:c[2]] for c in lazy])
-            src_o = np.concatenate([c[1][:c[2]] for c in lazy])
-
-            def rep(i):
-                return np.repeat(np.array([c[i] for c in lazy], dtype=np.int64), cuts)
-
-            if self.peak:
-                obj = np.maximum(src_o, src_a + rep(5))
-            else:
-                obj = src_o + rep(4)
-            starts = np.concatenate(([0], np.cumsum(cuts)[:-1]))
-            arrays[0].append(src_a + rep(3))
-            arrays[1].append(obj)
-            arrays[2].append(np.arange(len(src_a), dtype=np.int64) - np.repeat(starts, cuts))
-            arrays[3].append(rep(6))
-        return tuple(np.concatenate(x) for x in arrays)
-
-    def settle(self, prune_above: int | None, a_max: int) -> None:
-        """Merge the chunks of each key into its Pareto front (A ascending,
-        objective strictly descending), dropping entries with ``A > a_max``
-        (no continuation fits) or an objective above ``prune_above``."""
-        for key, chunks in self.pending.items():
-            a, o, si, mi = self._build(chunks)
-            keep = a <= a_max
-            if prune_above is not None:
-                keep &= o <= prune_above
-            if not keep.all():
-                a, o, si, mi = a[keep], o[keep], si[keep], mi[keep]
-            if len(a):
-                self.keys[key] = _pareto(a, o, si, mi)
-        self.pending = {}
-
-    def release(self) -> None:
-        """Keep only the back pointers once the boundary is processed."""
-        self.keys = {k: (None, None, v[2], v[3]) for k, v in self.keys.items()}
+    blocks: int = 0  #: blocks crossed by their own front (NOTE [ Composing repeated blocks ])
 
 
 class FrontierDP:
@@ -184,11 +135,14 @@ class FrontierDP:
 
     Args:
         graph: the cost graph.
-        max_width: refuse (:class:`TooWide`) graphs with more open tensors at
-            a boundary (None: any width, for ``max_free`` runs).
+        max_width: refuse (:class:`TooWide`) graphs with more open tensors
+            (of non-zero bytes) at a boundary (None: any width, for
+            ``max_free`` runs). Decided in linear time, before anything else.
+        blocks: cross a chain of identical blocks by the blocks' own fronts
+            (``solvers.blocks``) where the graph has one; exact either way.
     """
 
-    def __init__(self, graph: Graph, *, max_width: int | None = MAX_WIDTH) -> None:
+    def __init__(self, graph: Graph, *, max_width: int | None = MAX_WIDTH, blocks: bool = True) -> None:
         self.graph = graph
         na = node_arrays(graph, frozenset())
         self.na = na
@@ -196,11 +150,12 @@ class FrontierDP:
         nodes = graph.nodes
         self.out = na.out
         self.lc = na.lc
-        self.opens = _open_sets(na.lc)
-        w = max((len(o) for o in self.opens), default=0)
+        counts = open_counts(na.out, na.lc)
+        w = int(counts.max())
         if max_width is not None and w > max_width:
-            raise TooWide(f"{w} tensors are open at one position (max_width {max_width})")
+            raise TooWide(w, max_width, int(np.argmax(counts)))
         self.width = w
+        self.opens = _open_sets(na.out, na.lc)
         rg = na.rg
         self.selfsave = np.array([bool(nd.requires_grad and nd.saves_output) for nd in nodes])
         self.savers: list[set[int]] = [set() for _ in range(n)]
@@ -213,7 +168,7 @@ class FrontierDP:
         lc, fs = na.lc, na.fs
         self.sinks_after = na.p_sink[-1] - na.p_sink  # sinks_after[k]: outputs nobody reads, produced at k or later
         self.open_fwd = na.open_all  # forward copies awaiting a consumer at k (j < k <= lc[j])
-        self.last = np.array([min(int(lc[j]) if lc[j] >= 0 else n - 1, int(fs[j]) - 1) for j in range(n)], dtype=np.int64)
+        self.last = np.minimum(np.where(lc >= 0, lc, n - 1), fs - 1)
         self.pflops = np.concatenate(([0], np.cumsum(na.flops)))
         self.pstate = np.concatenate(([0], np.cumsum(na.state)))
         self.const = int(graph.param_bytes + graph.input_bytes)
@@ -224,6 +179,30 @@ class FrontierDP:
         self.span_extra_from: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         for (a, b), extra in graph.span_extra_bytes().items():
             self.span_extra_from[a].append((b, extra))
+        self.chain: Any = None
+        if blocks:
+            from .blocks import find_chain  # the blocks build on this program's steps
+
+            self.chain = find_chain(self)
+
+    # ------------------------------------------------------------- steps
+    def stored_step(self, p: int, key: tuple[int, ...]) -> tuple[int, int, int, tuple[int, ...]]:
+        """Node ``p`` stored, entered with the open tensors ``key`` held.
+
+        Returns:
+            ``(dA, lf, lb, nkey)``: what joins the retained bytes, the
+            step's live bytes less the retained bytes before it in the
+            forward (``lf``) and backward (``lb``, ``NEG`` for none), and the
+            held open tensors after it.
+        """
+        na, out, lc = self.na, self.out, self.lc
+        held = set(key) | {j for j in self.opens[p] if p in self.savers[j]}
+        dA = int(na.own[p]) + sum(int(out[j]) for j in held if lc[j] == p) + (int(out[p]) if lc[p] < 0 else 0)
+        fa = sum(int(out[j]) for j in held if lc[j] > p) + (int(out[p]) if lc[p] > p and self.selfsave[p] else 0)
+        lf = int(self.open_fwd[p] + na.cur[p])
+        lb = int(dA + fa + self.sinks_after[p + 1] + na.gb[p]) if self.rg[p] else NEG
+        nkey = tuple(j for j in self.opens[p + 1] if j in held or (j == p and self.selfsave[p]))
+        return dA, lf, lb, nkey
 
     # ------------------------------------------------------------ regions
     def _region_arrays(self, p: int, kmax: int):
@@ -261,6 +240,45 @@ class FrontierDP:
         rc = cA + self.sinks_after[p + 1:kmax + 2] + s + q + ow + cur
         return np.maximum.accumulate(fwd), bwd, rc, cA
 
+    def region_terms(self, p: int, kmax: int) -> tuple:
+        """The bit-independent arrays of regions ``[p, b]``, ``b <= kmax``:
+        ``(fwdm, bwd, rc, cA, snap, gr, cost, held)``, indexed by ``b - p``; ``held``
+        is what the whole recompute of ``[p, b]`` holds: the snapshots, and the
+        extra bytes of span ``(p, b)`` (eager lifetimes, NOTE [ Execution model ]),
+        which the reach bound leaves out (it stays monotone in ``b``)."""
+        fwdm, bwd, rc, cA = self._region_arrays(p, kmax)
+        snap = self.pstate[p + 1:kmax + 2] - self.pstate[p]
+        held = snap.copy()
+        for b, extra in self.span_extra_from[p]:
+            if b <= kmax:
+                held[b - p] += extra
+        return (fwdm, bwd, rc, cA, snap, self.na.gr[p:kmax + 1], self.pflops[p + 1:kmax + 2] - self.pflops[p], held)
+
+    def region_maxima(self, terms: tuple, eff: frozenset, p: int, m: int):
+        """``(lf, lb, mono)`` of regions ``[p, p + i]``, ``i < m``, whose held open tensors are ``eff``:
+        the largest live bytes less the retained bytes before the region in
+        its forward steps (``lf``) and in its recompute and backward steps
+        (``lb``), and ``max(lf, backward steps)``, which only grows with the region."""
+        fwdm, bwd, rc, _, _, gr, _, held = terms
+        ks = np.arange(p, p + m)
+        fa = np.zeros(m, dtype=np.int64)
+        for j in eff:
+            fa += self.out[j] * (ks < self.lc[j])
+        lbw = np.maximum.accumulate(bwd[:m] + fa)
+        lb = np.maximum(lbw, np.maximum.accumulate(rc[:m] + fa) + gr[:m] + held[:m])
+        return fwdm[:m], lb, np.maximum(fwdm[:m], lbw)
+
+    def reader_bounds(self, p: int, m: int) -> tuple[dict[int, int], list[int]]:
+        """The first reader at or after ``p`` of each open tensor, and the ends
+        ``p + i`` (``i < m``) where the set of open tensors a region reads grows."""
+        first_reader = {j: next((c for c in self.readers[j] if c >= p), _INF) for j in self.opens[p]}
+        bounds = sorted({p, p + m} | {f for f in first_reader.values() if p < f < p + m})
+        return first_reader, bounds
+
+    def region_nkey(self, eff: frozenset, p: int, b: int) -> tuple[int, ...]:
+        """The held open tensors after a region ``[p, b]`` that read (or held) ``eff``."""
+        return tuple(j for j in self.opens[b + 1] if j < p and j in eff)
+
     def _round_up(self, key: tuple[int, ...], opens: list[int], max_free: int) -> tuple[int, ...]:
         """``key`` with all but the ``max_free`` largest unheld open tensors counted as held."""
         free = [j for j in opens if j not in key]
@@ -287,6 +305,16 @@ class FrontierDP:
                 among what that count allows; the patterns per boundary are
                 bounded whatever the width. None: exact.
         """
+        if self.chain is not None and max_free is None:
+            try:
+                return self._solve(budget_bytes, objective, upper, time_limit_s, None, self.chain)
+            except BlockFrontTooLarge as exc:
+                log.info("frontier %s: blocks not composed (%s); walking every node", self.graph.name, exc)
+                self.chain = None
+        return self._solve(budget_bytes, objective, upper, time_limit_s, max_free, None)
+
+    def _solve(self, budget_bytes: int | None, objective: str, upper: int | None, time_limit_s: float | None,
+               max_free: int | None, chain: Any) -> FrontierResult | None:
         if objective not in ("flops", "peak"):
             raise ValueError(f"objective must be 'flops' or 'peak', not {objective!r}")
         t0 = time.perf_counter()
@@ -305,12 +333,12 @@ class FrontierDP:
                           np.where(self.rg, na.gb + total_sinks, NEG))
         suffix = np.maximum.accumulate(need[::-1])[::-1]
         a_max = [int(cap + sinkcum[p] - suffix[p]) for p in range(n)] + [1 << 62]
-        fronts = [_Front(peak) for _ in range(n + 1)]
+        fronts = [Front(peak) for _ in range(n + 1)]
         zero = np.zeros(1, dtype=np.int64)
         fronts[0].pending[()] = [(zero, zero, np.full(1, -1, dtype=np.int64), zero)]
         fronts[0].metas.append((-1, None, -1))
         states = 0
-        sav = self.savers
+        crossed = 0
         report = max(1, n // 10)
         for p in range(n):
             if p and p % report == 0:
@@ -325,26 +353,29 @@ class FrontierDP:
             if p:
                 fronts[p - 1].release()  # its entries were all extended
             fr = fronts[p]
+            if chain is not None and chain.inside[p]:
+                if fr.pending:  # NOTE [ Composing repeated blocks ]: find_chain rules this out
+                    raise RuntimeError(f"frontier: a step ends inside block {chain.block_at(p)} (node {p})")
+                continue
             fr.settle(upper, a_max[p])
             if not fr.keys:
                 continue
             states += sum(len(v[0]) for v in fr.keys.values())
-            opens = self.opens[p]
-            nxt_open = self.opens[p + 1]
-            # ---- node p stored.
-            for key, (a, o, *_rest) in fr.keys.items():
-                held = set(key) | {j for j in opens if p in sav[j]}
-                dA = int(na.own[p]) + sum(int(out[j]) for j in held if lc[j] == p) + (int(out[p]) if lc[p] < 0 else 0)
-                fa = sum(int(out[j]) for j in held if lc[j] > p) + (int(out[p]) if lc[p] > p and self.selfsave[p] else 0)
-                local = int(self.open_fwd[p] + na.cur[p])  # forward step: A before p
-                if self.rg[p]:
-                    local = max(local, int(dA + fa + self.sinks_after[p + 1] + na.gb[p]))
-                cut = int(np.searchsorted(a, cap - local, side="right"))
-                if cut:
-                    nkey = tuple(j for j in nxt_open if j in held or (j == p and self.selfsave[p]))
-                    if max_free is not None:
-                        nkey = self._round_up(nkey, nxt_open, max_free)
-                    fronts[p + 1].add(nkey, a, o, cut, dA, 0, local, (p, key, -1))
+            block_end = -1
+            if chain is not None and p in chain.seams:
+                # ---- a whole block by its own front; then only regions [p, b] past its end.
+                block_end = chain.cross(self, p, fr, fronts[chain.seams[p] + 1], cap)
+                crossed += 1
+            else:
+                # ---- node p stored.
+                for key, (a, o, *_rest) in fr.keys.items():
+                    dA, lf, lb, nkey = self.stored_step(p, key)
+                    local = max(lf, lb)
+                    cut = int(np.searchsorted(a, cap - local, side="right"))
+                    if cut:
+                        if max_free is not None:
+                            nkey = self._round_up(nkey, self.opens[p + 1], max_free)
+                        fronts[p + 1].add(nkey, a, o, cut, dA, 0, local, (p, key, -1))
             # ---- a region [p, b].
             if not self.recomputable[p]:
                 continue
@@ -354,51 +385,34 @@ class FrontierDP:
             endok = None  # which ends b of [p, b] are allowed: all, or (spans) a mask over [p, kmax]
             if self.span_ends is not None:
                 allowed = self.span_ends[p]  # usable spans: all nodes recomputable, so <= kmax
+                allowed = allowed[allowed > block_end]
                 if not len(allowed):
                     continue
                 kmax = int(allowed[-1])
                 endok = np.zeros(kmax - p + 1, dtype=bool)
                 endok[allowed - p] = True
             amin = min(int(v[0][0]) for v in fr.keys.values())
-            fwdm, bwd, rc, cA = self._region_arrays(p, kmax)
-            snap = self.pstate[p + 1:kmax + 2] - self.pstate[p]
-            # Held through the whole recompute of [p, b]: the snapshots, and the extra bytes of span
-            # (p, b) (eager lifetimes, NOTE [ Execution model ]); the latter left out of the bound lb.
-            rc_held = snap.copy()
-            for b, extra in self.span_extra_from[p]:
-                if b <= kmax:
-                    rc_held[b - p] += extra
-            gr = na.gr[p:kmax + 1]
+            terms = self.region_terms(p, kmax)
+            fwdm, bwd, rc, cA, snap, gr, cost, _ = terms
             # With no open tensor alive the local peak only grows with b (but for gr): it bounds the reach.
-            lb = np.maximum(fwdm, np.maximum(np.maximum.accumulate(bwd), np.maximum.accumulate(rc) + snap))
-            over = np.nonzero(lb > cap - amin)[0]
+            reach = np.maximum(fwdm, np.maximum(np.maximum.accumulate(bwd), np.maximum.accumulate(rc) + snap))
+            over = np.nonzero(reach > cap - amin)[0]
             m = int(over[0]) if len(over) else kmax - p + 1
             if m == 0:
                 continue
-            ks = np.arange(p, p + m)
-            first_reader = {j: next((c for c in self.readers[j] if c >= p), _INF) for j in opens}
-            bounds = sorted({p, p + m} | {f for j in opens if p < (f := first_reader[j]) < p + m})
-            cost = self.pflops[p + 1:p + m + 1] - self.pflops[p]
+            first_reader, bounds = self.reader_bounds(p, m)
             cache: dict[frozenset, tuple[np.ndarray, np.ndarray]] = {}
             nkeys: dict[tuple[frozenset, int], tuple[int, ...]] = {}
-
-            def maxima(eff: frozenset):
-                got = cache.get(eff)
-                if got is None:
-                    fa = np.zeros(m, dtype=np.int64)
-                    for j in eff:
-                        fa += out[j] * (ks < lc[j])
-                    mono = np.maximum(fwdm[:m], np.maximum.accumulate(bwd[:m] + fa))
-                    got = (mono, np.maximum(mono, np.maximum.accumulate(rc[:m] + fa) + gr[:m] + rc_held[:m]))
-                    cache[eff] = got
-                return got
-
+            opens = self.opens[p]
             for key, (a, o, *_rest) in fr.keys.items():
                 held = frozenset(key)
                 room = cap - int(a[0])
                 for lo, hi in zip(bounds[:-1], bounds[1:]):
                     eff = held | frozenset(j for j in opens if first_reader[j] <= lo)
-                    mono, local = maxima(eff)
+                    if eff not in cache:
+                        lf, lb, mono = self.region_maxima(terms, eff, p, m)
+                        cache[eff] = (mono, np.maximum(lf, lb))
+                    mono, local = cache[eff]
                     over = np.nonzero(mono[lo - p:hi - p] > room)[0]
                     end = lo + int(over[0]) if len(over) else hi  # mono grows with b: longer regions fail too
                     cuts = np.searchsorted(a, cap - local[lo - p:end - p], side="right")
@@ -409,7 +423,7 @@ class FrontierDP:
                         i = b - p
                         nkey = nkeys.get((eff, b))
                         if nkey is None:
-                            nkey = tuple(j for j in self.opens[b + 1] if j < p and j in eff)
+                            nkey = self.region_nkey(eff, p, b)
                             if max_free is not None:
                                 nkey = self._round_up(nkey, self.opens[b + 1], max_free)
                             nkeys[(eff, b)] = nkey
@@ -423,16 +437,18 @@ class FrontierDP:
         key = min(last.keys, key=lambda k: int(last.keys[k][1].min()))
         idx = int(np.argmin(last.keys[key][1]))
         best = int(last.keys[key][1][idx])
-        regions = []
+        regions: list[tuple[int, int]] = []
         pos = n
         while pos > 0:
             _, _, si, mi = fronts[pos].keys[key]
-            src_pos, src_key, region_end = fronts[pos].metas[int(mi[idx])]
-            if region_end >= 0:
-                regions.append((src_pos, region_end))
+            src_pos, src_key, step = fronts[pos].metas[int(mi[idx])]
+            if isinstance(step, tuple):  # a block's plan
+                regions.extend(reversed(step))
+            elif step >= 0:
+                regions.append((src_pos, step))
             pos, key, idx = src_pos, src_key, int(si[idx])
         regions.reverse()
         value = best + self.const if peak else best
-        log.info("frontier %s: %s %d over %d states in %.2fs", self.graph.name, objective, value, states,
-                 time.perf_counter() - t0)
-        return FrontierResult(tuple(regions), value, states, time.perf_counter() - t0)
+        log.info("frontier %s: %s %d over %d states in %.2fs%s", self.graph.name, objective, value, states,
+                 time.perf_counter() - t0, f" ({crossed} blocks by their fronts)" if crossed else "")
+        return FrontierResult(tuple(regions), value, states, time.perf_counter() - t0, crossed)

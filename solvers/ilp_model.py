@@ -6,13 +6,14 @@ import logging
 import math
 from dataclasses import dataclass
 
-import numpy as np
 from ortools.sat.python import cp_model
 
 from graphs import Graph
 
 from ._cpsat import run_cp_sat
 from .dp_model import node_arrays
+from .ilp_cuts import memory_cuts
+from .ilp_same import SameLiterals
 from .spans import SpanIndex
 
 __all__ = ["CheckpointModel", "ModelResult"]
@@ -67,11 +68,11 @@ class CheckpointModel:
         self.graph = graph
         self.m = cp_model.CpModel()
         self._na = node_arrays(graph, frozenset())  # exact: no common-tensor shortcut here
-        self._same: dict[tuple[int, int], cp_model.IntVar] = {}
         # The objective in units of the FLOPs' common divisor (exact; CP-SAT's
         # bound rounds up to whole units, which closes gaps on its own).
         self.unit = (math.gcd(*(nd.fwd_flops for nd in graph.nodes)) or 1) if budget_bytes is not None else 1
         self._variables()
+        self._same = SameLiterals(graph, self.m, self.x, self.cont, self.z)
         self._constraints(budget_bytes)
         self._objective(budget_bytes)
 
@@ -128,21 +129,8 @@ class CheckpointModel:
                 m.Add(self.cont[k] == sum(inner[k]))
 
     def same(self, j: int, t: int):
-        """Literal: ``j <= t`` lie in one region."""
-        if j == t:
-            return self.x[j]
-        if t == j + 1:
-            return self.cont[t]
-        key = (j, t)
-        lit = self._same.get(key)
-        if lit is None:
-            a, b = self.cont[j + 1], self.same(j + 1, t)
-            lit = self.m.NewBoolVar(f"same{j}_{t}")
-            self.m.AddImplication(lit, a)
-            self.m.AddImplication(lit, b)
-            self.m.AddBoolOr([a.Not(), b.Not(), lit])
-            self._same[key] = lit
-        return lit
+        """Literal: ``j <= t`` lie in one region (NOTE [ Building same(j, t) ])."""
+        return self._same(j, t)
 
     # ----------------------------------------------------------- constraints
     def _constraints(self, budget_bytes: int | None) -> None:
@@ -368,58 +356,11 @@ class CheckpointModel:
         self.m.Add(self._flops() >= -(-int(flops) // self.unit))
 
     def add_memory_cuts(self, budget_bytes: int) -> int:
-        """Valid inequalities from the store-all timeline, and the bound they give.
-
-        At a forward step ``t``, or the backward step of node ``t``, a plan's
-        live bytes are at least store-all's there minus, for each node ``c < t``
-        in a region, ``free[c]``: its own buffers plus every tensor it saves
-        (a region frees at most those; holding its inputs only adds). So
-        ``sum_{c<t} free[c] x[c] >= storeall(t) - budget`` must hold. These
-        knapsack rows give CP-SAT's LP a bound far from zero; their
-        fractional-knapsack optimum (returned, rounded up) is a proven lower
-        bound on the recompute FLOPs.
-
-        Returns:
-            The largest knapsack bound over the rows (0 when none binds).
-        """
-        from .simulate import simulate  # local: keeps the model module light
-
-        g = self.graph
-        n = len(g)
-        free = []
-        for nd in g.nodes:
-            if not nd.requires_grad:
-                free.append(0)
-                continue
-            saved = set(nd.saves_inputs) | ({nd.name} if nd.saves_output else set())
-            free.append(int(nd.saved_bytes) + sum(g.nodes[g.index[x]].out_bytes for x in saved))
-        sim = simulate(g, None, record=True)
-        need = [0] * (n + 1)  # need[L]: bytes the nodes c < L must free
-        for (phase, i), live in zip(sim.steps, sim.live_bytes):
-            need[i] = max(need[i], int(live) - int(budget_bytes))
-        rows, best_before = [], 0
-        for L in range(1, n + 1):  # a row is implied by a shorter prefix needing as much
-            if need[L] > best_before:
-                rows.append(L)
-                best_before = need[L]
-        if len(rows) > 64:
-            rows = [rows[int(r)] for r in np.unique(np.linspace(0, len(rows) - 1, 64).round())]
-        flops = [nd.fwd_flops if nd.recomputable else 0 for nd in g.nodes]
-        ok = [nd.recomputable and free[c] > 0 for c, nd in enumerate(g.nodes)]
-        bound = 0
-        for L in rows:
-            idx = [c for c in range(L) if ok[c]]
-            self.m.Add(sum(free[c] * self.x[c] for c in idx) >= need[L])
-            # Fractional knapsack: cheapest FLOPs per freed byte first.
-            left, lb = need[L], 0.0
-            for c in sorted(idx, key=lambda c: flops[c] / free[c]):
-                take = min(1.0, left / free[c])
-                lb += take * flops[c]
-                left -= take * free[c]
-                if left <= 0:
-                    break
-            if left <= 0:
-                bound = max(bound, int(math.ceil(lb - 1e-9)))
+        """The knapsack rows of :func:`~solvers.ilp_cuts.memory_cuts` (NOTE [ Knapsack
+        cuts from store-all ]) added to the model; returns the bound they prove."""
+        rows, bound = memory_cuts(self.graph, budget_bytes)
+        for idx, free, need in rows:
+            self.m.Add(sum(f * self.x[c] for c, f in zip(idx, free)) >= need)
         return bound
 
     def add_upper_bound(self, flops: int) -> None:

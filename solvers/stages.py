@@ -19,6 +19,15 @@ NOTE [ Common tensors ]
     tensors as alive for the whole step (an upper bound on their real
     lifetime) and never put their producer in a region. Common tensors have
     no gradient, so gradients never cross a cut either.
+
+    A tensor without grad whose producer and readers all fall in one stage
+    crosses no cut, so it need not be common; as common it would keep its
+    stage out of every region. At op granularity such tensors sit inside
+    every block (a Llama layer's views of the rotary tables, read by the
+    query's and the key's rotation), and ``dp`` found no region at all on a
+    Llama-2-7B op graph (least feasible budget: store-all's 106 GiB, where
+    the coarse graph had plans at 31 GiB). :func:`stages` makes them
+    ordinary tensors of their stage again; the cuts stay the same.
 """
 
 from __future__ import annotations
@@ -116,6 +125,15 @@ def stages(graph: Graph) -> Stages:
     cuts, bounds = _cuts_and_boundaries(graph, common)
     starts = [0] + cuts
     ends = [s - 1 for s in starts[1:]] + [len(graph) - 1]
+    # NOTE [ Common tensors ]: those that stay inside their stage are ordinary tensors of it.
+    stage_of = [0] * len(graph)
+    for k, (a, b) in enumerate(zip(starts, ends)):
+        stage_of[a:b + 1] = [k] * (b - a + 1)
+    local = {i for i in common if all(stage_of[c] == stage_of[i] for c in graph.succs[i])}
+    if local:
+        common = common - local
+        if _cuts_and_boundaries(graph, common) != (cuts, bounds):  # cannot happen: they cross no cut
+            common = common | local
     ok = []
     for a, b in zip(starts, ends):
         ok.append(all(graph.nodes[i].recomputable and i not in common for i in range(a, b + 1)))

@@ -143,3 +143,49 @@ def test_ilp_warm_starts_wide_graphs_from_the_heuristic():
 
     heur = _frontier_heuristic(g, budget, 30)
     assert heur is not None and simulate(g, solvers.Plan(regions=heur.regions)).peak_bytes <= budget
+
+
+# ------------------------------------------------ width, decided in linear time
+def _zero_byte_variant(seed: int):
+    """A random small graph (tests/test_optimality.py) where some tensors are views of zero bytes."""
+    import dataclasses
+    import random
+
+    from test_optimality import random_graph
+
+    g = random_graph(seed, chain=seed % 2 == 0)
+    rng = random.Random(seed)
+    nodes = [dataclasses.replace(nd, out_bytes=0) if i and rng.random() < 0.35 else nd for i, nd in enumerate(g.nodes)]
+    return dataclasses.replace(g, nodes=tuple(nodes))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_zero_byte_tensors_carry_no_bit_and_stay_exact(seed):
+    g = _zero_byte_variant(seed)
+    frontier = solvers.pareto_frontier(g)
+    program = FrontierDP(g)
+    for peak, opt, _ in frontier:
+        res = program.solve(peak)
+        assert res.objective == opt and simulate(g, solvers.Plan(regions=res.regions)).peak_bytes <= peak
+    assert program.solve(None, objective="peak").objective == frontier[0][0]
+    assert all(g.nodes[j].out_bytes > 0 for opens in program.opens for j in opens)
+
+
+def test_width_is_decided_before_anything_is_built(monkeypatch):
+    import time
+
+    import solvers.frontier as fr
+
+    # 30,000 nodes, 40 tensors read by the last one (and views of zero bytes, which do not count).
+    n = 30_000
+    nodes = [graphs.Node(f"n{i}", inputs=(f"n{i - 1}",) if i else (), out_bytes=0 if i % 3 == 0 else 8, fwd_flops=1)
+             for i in range(n - 1)]
+    nodes.append(graphs.Node("loss", inputs=(f"n{n - 2}",) + tuple(f"n{i}" for i in range(0, 120, 3))
+                             + tuple(f"n{i}" for i in range(1, 121, 3)), out_bytes=4, fwd_flops=1))
+    g = graphs.Graph(nodes=tuple(nodes))
+    assert width(g) == 41  # 40 long-lived tensors with bytes and the chain's own
+    monkeypatch.setattr(fr, "_open_sets", lambda *a: pytest.fail("open sets built before the width was decided"))
+    t0 = time.perf_counter()
+    with pytest.raises(TooWide) as info:
+        FrontierDP(g)
+    assert time.perf_counter() - t0 < 5 and info.value.width == 41 and info.value.max_width == 12

@@ -73,6 +73,8 @@ _SHAPES = [
             _llama(4096, 11008, 32, 32, 32, 32000, 4096, 10000.0)),
     HFShape("llama-2-13b", "meta-llama/Llama-2-13b-hf", 13_015_864_320,
             _llama(5120, 13824, 40, 40, 40, 32000, 4096, 10000.0)),
+    HFShape("llama-2-70b", "meta-llama/Llama-2-70b-hf", 68_976_648_192,
+            _llama(8192, 28672, 80, 64, 8, 32000, 4096, 10000.0)),
     HFShape("llama-3-8b", "meta-llama/Meta-Llama-3-8B", 8_030_261_248,
             _llama(4096, 14336, 32, 32, 8, 128256, 8192, 500000.0)),
     HFShape("mistral-7b", "mistralai/Mistral-7B-v0.1", 7_241_732_096,

@@ -1,0 +1,72 @@
+"""Valid inequalities for ``ilp``'s CP-SAT model, from the store-all timeline.
+
+NOTE [ Knapsack cuts from store-all ]
+    At a forward step ``t``, or the backward step of node ``t``, a plan's
+    live bytes are at least store-all's there minus, for each node ``c < t``
+    in a region, ``free[c]``: its own buffers plus every tensor it saves (a
+    region frees at most those; holding its inputs only adds). So
+    ``sum_{c<t} free[c] x[c] >= storeall(t) - budget`` must hold. These
+    knapsack rows give CP-SAT's LP a bound far from zero; their
+    fractional-knapsack optimum (rounded up) is a proven lower bound on the
+    recompute FLOPs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from graphs import Graph
+
+from .simulate import simulate
+
+__all__ = ["memory_cuts"]
+
+#: Most rows added to a model (spread evenly over the order).
+MAX_ROWS = 64
+
+
+def memory_cuts(graph: Graph, budget_bytes: int) -> tuple[list[tuple[list[int], list[int], int]], int]:
+    """The rows ``sum(free[c] x[c] for c in idx) >= need`` and the largest knapsack bound over them.
+
+    Returns:
+        ``(rows, bound)``: each row as ``(idx, free, need)``; ``bound`` is 0 when no row binds.
+    """
+    g = graph
+    n = len(g)
+    free = []
+    for nd in g.nodes:
+        if not nd.requires_grad:
+            free.append(0)
+            continue
+        saved = set(nd.saves_inputs) | ({nd.name} if nd.saves_output else set())
+        free.append(int(nd.saved_bytes) + sum(g.nodes[g.index[x]].out_bytes for x in saved))
+    sim = simulate(g, None, record=True)
+    need = [0] * (n + 1)  # need[L]: bytes the nodes c < L must free
+    for (phase, i), live in zip(sim.steps, sim.live_bytes):
+        need[i] = max(need[i], int(live) - int(budget_bytes))
+    rows, best_before = [], 0
+    for L in range(1, n + 1):  # a row is implied by a shorter prefix needing as much
+        if need[L] > best_before:
+            rows.append(L)
+            best_before = need[L]
+    if len(rows) > MAX_ROWS:
+        rows = [rows[int(r)] for r in np.unique(np.linspace(0, len(rows) - 1, MAX_ROWS).round())]
+    flops = [nd.fwd_flops if nd.recomputable else 0 for nd in g.nodes]
+    ok = [nd.recomputable and free[c] > 0 for c, nd in enumerate(g.nodes)]
+    out, bound = [], 0
+    for L in rows:
+        idx = [c for c in range(L) if ok[c]]
+        out.append((idx, [free[c] for c in idx], need[L]))
+        # Fractional knapsack: cheapest FLOPs per freed byte first.
+        left, lb = need[L], 0.0
+        for c in sorted(idx, key=lambda c: flops[c] / free[c]):
+            take = min(1.0, left / free[c])
+            lb += take * flops[c]
+            left -= take * free[c]
+            if left <= 0:
+                break
+        if left <= 0:
+            bound = max(bound, int(math.ceil(lb - 1e-9)))
+    return out, bound
