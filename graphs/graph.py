@@ -105,7 +105,7 @@ class Node:
         stateful: updates state in the forward (BatchNorm running stats).
         state_bytes: bytes of the buffers the node updates in its forward; a
             region holding it snapshots them while it recomputes (NOTE
-            [ Stateful ops under recompute ] in ``scheduler.applier``).
+            [ Stateful ops under recompute ] in ``scheduler.applying.modules``).
         recomputable: False forbids any plan from putting the node in a region.
         requires_grad: whether the output requires grad (has a backward).
         grad_views: the backward hands its inputs *views* of its output's

@@ -9,41 +9,12 @@ regions) and wraps every region partition in
 preserve_rng_state=True)``, which is the execution model ``solvers.simulate``
 costs (NOTE [ Execution model ]).
 
-NOTE [ Stateful ops under recompute ]
-    A region is run twice: once in the forward, once when the backward
-    reaches it. Ops that update state in their forward (BatchNorm's running
-    mean/var and ``num_batches_tracked``, any in-place buffer update) would
-    update it twice. We chose to *snapshot and restore* rather than to keep
-    such nodes out of regions: solvers stay free to put a BatchNorm inside a
-    region (in a ResNet every block holds several, so excluding them would
-    forbid almost every useful region), and the cost is a copy of the small
-    buffers of that region. When a region's recompute starts, the buffers
-    of the region's submodule are cloned; when it ends they are copied back,
-    in a ``finally`` block, because non-reentrant checkpoint stops a
-    recompute early (by raising inside it) once every tensor it needs has
-    been recomputed. The recompute sees the buffers as the forward left them
-    (BatchNorm in train mode normalises with batch statistics, so its output
-    does not depend on them) and leaves them as the forward left them, so the
-    running statistics after a step equal those without checkpointing.
-    Regions with no stateful node and no normalisation module skip the copy.
-
-NOTE [ Recompute at the region's end ]
-    Non-reentrant checkpoint recomputes a region when the backward first
-    unpacks a tensor the region saved. Nodes at the end of a region that save
-    nothing (views, ``contiguous``, a ``dropout`` with p=0, a residual read)
-    run their backward *before* that: in Swin the attention block's output
-    goes through ``view``/``transpose``/``view`` and the reshape's backward
-    copies the gradient (64 KiB) before the recompute starts, so the recompute
-    ran with one more gradient alive than ``solvers.simulate`` counts (it
-    recomputes a region before the backward of its last node), and a plan
-    solved to its budget measured 22 KiB over. Each region therefore saves an
-    empty probe first (0 bytes, the first tensor it packs, so the checkpoint's
-    early stop still ends the recompute at the last tensor really needed),
-    and a gradient hook on the region's outputs (``mode="any"``: the first of
-    them whose backward runs) unpacks it, which runs the recompute there, as
-    the model has it. The probe's node is held by the hook only, never by
-    the function the checkpoint keeps (a cycle through the checkpoint's frame
-    would keep the region's inputs alive until the garbage collector runs).
+This is the fallback applier (``scheduler.apply(..., lower="graph")``); the
+default lowering onto the user's module is ``scheduler.applying``. Both follow
+NOTE [ Stateful ops under recompute ] and NOTE [ Recompute at the region's
+end ] in ``scheduler.applying.modules`` (here the buffers of a region's fx
+submodule are snapshotted, and regions holding no stateful node and no
+normalisation module skip the copy).
 
 The returned :class:`CheckpointedModule` shares the model's parameter,
 buffer and submodule dictionaries (same objects: an optimizer built before
@@ -72,6 +43,8 @@ from torch.utils.checkpoint import checkpoint
 
 from graphs import CkptError, Graph
 from solvers import Plan
+
+from .applying.regions import _Probe  # one probe for both appliers (NOTE [ Recompute at the region's end ])
 
 __all__ = ["apply", "ApplyError", "CheckpointRegion", "CheckpointedModule", "RegionInfo", "cut"]
 
@@ -142,24 +115,6 @@ class CheckpointRegion(nn.Module):
         if outs:
             torch.autograd.graph.register_multi_grad_hook(outs, probe.unpack, mode="any")
         return out
-
-
-class _Probe:
-    """An empty tensor a region saves; unpacking it runs the region's recompute.
-
-    See NOTE [ Recompute at the region's end ].
-    """
-
-    __slots__ = ("node",)
-
-    def __init__(self) -> None:
-        # sin saves its input: a 0-byte leaf, packed by the checkpoint's hook.
-        self.node = torch.empty(0, requires_grad=True).sin().grad_fn
-
-    def unpack(self, _grad: Any = None) -> None:
-        node, self.node = self.node, None
-        if node is not None:
-            node._saved_self  # noqa: B018  (the checkpoint's unpack hook recomputes the region)
 
 
 class CheckpointedModule(nn.Module):

@@ -1,7 +1,7 @@
 """A region's BatchNorm buffers, copied while it recomputes, are in the prediction.
 
 The applier snapshots a stateful region's buffers around its recompute (NOTE
-[ Stateful ops under recompute ] in ``scheduler.applier``). The tracer records
+[ Stateful ops under recompute ] in ``scheduler.applying.modules``). The tracer records
 them as ``Node.state_bytes`` (all of a BatchNorm's buffers: ``native_batch_norm``
 updates the running statistics without declaring the write), and ``simulate``
 and the DP/ILP models count them for the recompute's duration: a ResNet region
