@@ -334,7 +334,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
         for f in sorted(set(fractions) | {1.0}):
             run_peer(Row("torch.compile", "peer", budget=f), lambda f=f: peers.compiled(wl.model, f))
 
-    from .applier import apply
+    from .applying import planned
 
     measured: dict[tuple, tuple[str, Row, Any]] = {}
     best_trace: list[Any] = []
@@ -362,8 +362,8 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
             return replace(done, method=name, budget=row.budget, matched_to=row.matched_to,
                            solve_time_s=plan.solve_time_s, note=f"{row.note}; same plan as {first}")
         try:
-            applied = apply(wl.model, plan, wl.args, dict(wl.kwargs), loss=wl.trace_loss)
-            row, tr = bench.measure(peers.Prepared(forward=applied, note=row.note, returns_loss=True), row)
+            # onto the model itself, switched on for the measured calls only (the reference runs beside it)
+            row, tr = bench.measure(peers.Prepared(forward=planned(wl.model, plan), note=row.note), row)
         except Exception as exc:  # an apply failure is a finding, reported in the row
             log.warning("measuring %s (%s) failed", name, label, exc_info=True)
             return replace(row, reason=_why(exc))

@@ -36,7 +36,7 @@ from torch import nn
 from solvers import Plan, format_bytes, simulate
 
 from .applier import CheckpointedModule, apply as apply_graph
-from .applying import apply as apply_modules, applied_plan, remove
+from .applying import apply as apply_modules, applied_plan, planned, remove
 
 __all__ = ["Verification", "verify", "measure_step_peak"]
 
@@ -171,22 +171,6 @@ def allocator_step_peak(module: nn.Module, model: nn.Module, args: tuple, kwargs
     return profile_step(lambda: _step(module, args, kwargs, loss), baseline_bytes=live_bytes_of(live)).peak_bytes
 
 
-class _Planned(nn.Module):
-    """The user's model with the plan switched on for the call (module lowering)."""
-
-    def __init__(self, model: nn.Module, plan: Plan) -> None:
-        super().__init__()
-        self.__dict__["model"] = model
-        self.__dict__["plan"] = plan
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        apply_modules(self.model, self.plan, check=False)
-        try:
-            return self.model(*args, **kwargs)
-        finally:
-            remove(self.model)
-
-
 def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, *, loss: LossFn | None = None,
            applied: CheckpointedModule | None = None, steps: int = 5, warmup: int = 1, seed: int = 0,
            measure_memory: bool = True, name: str | None = None, lower: str = "module",
@@ -236,7 +220,7 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
 
             graph = capture_for_plan(model, plan, args, kwargs, loss=loss, name=name).graph
         plan.check_graph(graph)
-        applied = _Planned(model, plan)
+        applied = planned(model, plan)
         losses = {"all": loss, "plan": loss}
         count = len(plan.regions)
     try:

@@ -18,10 +18,10 @@ from torch import nn
 
 from solvers import Plan
 
-from .modules import ApplyError, RegionForward, SequentialRuns, applied_plan, region_wrappers, remove
+from .modules import ApplyError, RegionForward, SequentialRuns, applied_plan, planned, region_wrappers, remove
 from .modules import apply as apply_modules
 
-__all__ = ["apply", "remove", "applied_plan", "region_wrappers", "ApplyError", "RegionForward", "SequentialRuns",
+__all__ = ["apply", "remove", "applied_plan", "planned", "region_wrappers", "ApplyError", "RegionForward", "SequentialRuns",
            "LOWERINGS"]
 
 #: How a plan can be applied.

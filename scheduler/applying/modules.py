@@ -68,6 +68,7 @@ NOTE [ Caches under recompute ]
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from torch import nn
 
@@ -77,7 +78,8 @@ from solvers import Plan, PlanMismatch
 from ..tracing.spans import MODULES_META, parse_run_path
 from .regions import RegionForward, SequentialRuns
 
-__all__ = ["apply", "remove", "applied_plan", "region_wrappers", "ApplyError", "RegionForward", "SequentialRuns"]
+__all__ = ["apply", "remove", "applied_plan", "planned", "region_wrappers", "ApplyError", "RegionForward",
+           "SequentialRuns"]
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +147,33 @@ def remove(model: nn.Module) -> nn.Module:
                 m.__dict__["forward"] = wrapper.previous
     model.__dict__.pop(_PLAN_ATTR, None)
     return model
+
+
+class _Planned(nn.Module):
+    """``model`` with ``plan`` switched on for each call only (see :func:`planned`)."""
+
+    def __init__(self, model: nn.Module, plan: Plan) -> None:
+        super().__init__()
+        self.__dict__["model"] = model
+        self.__dict__["plan"] = plan
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        apply(self.model, self.plan, check=False)
+        try:
+            return self.model(*args, **kwargs)
+        finally:
+            remove(self.model)
+
+
+def planned(model: nn.Module, plan: Plan) -> nn.Module:
+    """A callable that runs ``model`` with ``plan`` applied for that call only.
+
+    For measuring a plan beside the same model without it, alternately
+    (``verify``, ``ckpt compare``): the regions a call checkpointed keep
+    their recompute after the call returns, so the backward that follows is
+    the planned one, while the next plain call of ``model`` is not.
+    """
+    return _Planned(model, plan)
 
 
 def applied_plan(model: nn.Module) -> Plan | None:
