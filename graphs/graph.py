@@ -114,6 +114,12 @@ class Node:
             backward is done.
         members: names of the finer-grained nodes merged into this one (when a
             tracer coarsens the graph); empty means just ``name``.
+        dispatch: the ATen overloads the node runs below autograd, in order
+            (what a selective-checkpoint policy sees); empty when unknown.
+        sac_op: position in ``dispatch`` of the one op that creates every
+            storage the node owns (its output and own saved buffers), so a
+            selective-checkpoint policy can keep them (NOTE [ Selective
+            recompute ] in ``solvers.simulate``); -1: the node cannot be kept so.
     """
 
     name: str
@@ -135,6 +141,8 @@ class Node:
     requires_grad: bool = True
     grad_views: bool = False
     members: tuple[str, ...] = ()
+    dispatch: tuple[str, ...] = ()
+    sac_op: int = -1
 
     _INT_FIELDS = ("out_bytes", "fwd_flops", "bwd_flops", "saved_bytes", "workspace_bytes", "param_bytes",
                    "state_bytes")
@@ -145,10 +153,11 @@ class Node:
         saves = self.inputs if self.saves_inputs is None else tuple(self.saves_inputs)
         object.__setattr__(self, "saves_inputs", saves)
         object.__setattr__(self, "members", tuple(self.members))
+        object.__setattr__(self, "dispatch", tuple(self.dispatch))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for key in ("inputs", "saves_inputs", "members"):
+        for key in ("inputs", "saves_inputs", "members", "dispatch"):
             d[key] = list(d[key])
         return d
 
@@ -361,6 +370,18 @@ class Graph:
         """The same graph with no span restriction: plans may use any interval."""
         return dataclasses.replace(self, spans=()) if self.spans else self
 
+    def recompute_costs(self) -> list[int]:
+        """What recomputing each node costs, the quantity every solver minimises.
+
+        The one place the objective is read from (FLOPs today).
+        """
+        return [nd.fwd_flops for nd in self.nodes]
+
+    @property
+    def saveable(self) -> list[bool]:
+        """Per node: whether a selective-checkpoint policy can keep its output (``sac_op >= 0``)."""
+        return [nd.sac_op >= 0 for nd in self.nodes]
+
     def total_fwd_flops(self) -> int:
         return sum(n.fwd_flops for n in self.nodes)
 
@@ -385,6 +406,7 @@ class Graph:
         d["meta"].pop(BUILD_META, None)
         for nd in d["nodes"]:
             del nd["fwd_flops"], nd["bwd_flops"], nd["workspace_bytes"]
+            del nd["dispatch"], nd["sac_op"]  # how a kept output is lowered, not what the plan does
         payload = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

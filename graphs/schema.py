@@ -89,6 +89,18 @@ def node_from_dict(cls: type["Node"], d: Any, where: str) -> "Node":
             if not isinstance(d[key], str):
                 raise GraphError(f"{where}: field {key!r} must be a string, got {d[key]!r}")
             kw[key] = d[key]
+    if "dispatch" in d:
+        v = d["dispatch"]
+        if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+            raise GraphError(f"{where}: field 'dispatch' must be a list of ATen op names, got {_short(v)}")
+        kw["dispatch"] = tuple(v)
+    if "sac_op" in d:
+        v = d["sac_op"]
+        n_ops = len(kw.get("dispatch", ()))
+        if isinstance(v, bool) or not isinstance(v, int) or not (v == -1 or 0 <= v < n_ops):
+            raise GraphError(f"{where}: field 'sac_op' must be -1 or a position in 'dispatch' (0..{n_ops - 1}), "
+                             f"got {_short(v)}")
+        kw["sac_op"] = v
     for key in ("inputs", "saves_inputs", "members"):
         if key in d:
             v = d[key]

@@ -163,7 +163,7 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
     np.add.at(d_v, fs[mv], -out[mv])
     return NodeArrays(
         out=out, own=own, cur=cur, lc=lc, sink=sink, fs=fs, cs=cs, rg=rg, gb=gb, gr=gr,
-        flops=np.array([nd.fwd_flops for nd in nodes], dtype=np.int64),
+        flops=np.array(graph.recompute_costs(), dtype=np.int64),
         state=np.array([nd.state_bytes for nd in nodes], dtype=np.int64),
         const=graph.param_bytes + graph.input_bytes + sum(real_out[i] for i in common),
         p_sink=_prefix(out * sink), p_as=_prefix(out * (sa & ~sink) + own), p_a=_prefix(out * sa + own),

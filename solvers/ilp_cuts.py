@@ -53,7 +53,7 @@ def memory_cuts(graph: Graph, budget_bytes: int) -> tuple[list[tuple[list[int], 
             best_before = need[L]
     if len(rows) > MAX_ROWS:
         rows = [rows[int(r)] for r in np.unique(np.linspace(0, len(rows) - 1, MAX_ROWS).round())]
-    flops = [nd.fwd_flops if nd.recomputable else 0 for nd in g.nodes]
+    flops = [c if nd.recomputable else 0 for c, nd in zip(g.recompute_costs(), g.nodes)]
     ok = [nd.recomputable and free[c] > 0 for c, nd in enumerate(g.nodes)]
     out, bound = [], 0
     for L in rows:

@@ -70,7 +70,7 @@ class CheckpointModel:
         self._na = node_arrays(graph, frozenset())  # exact: no common-tensor shortcut here
         # The objective in units of the FLOPs' common divisor (exact; CP-SAT's
         # bound rounds up to whole units, which closes gaps on its own).
-        self.unit = (math.gcd(*(nd.fwd_flops for nd in graph.nodes)) or 1) if budget_bytes is not None else 1
+        self.unit = (math.gcd(*graph.recompute_costs()) or 1) if budget_bytes is not None else 1
         self._variables()
         self._same = SameLiterals(graph, self.m, self.x, self.cont, self.z)
         self._constraints(budget_bytes)
@@ -312,7 +312,7 @@ class CheckpointModel:
 
     def _flops(self):
         """Recompute FLOPs of the plan, in :attr:`unit`."""
-        return sum((nd.fwd_flops // self.unit) * self.x[k] for k, nd in enumerate(self.graph.nodes))
+        return sum((c // self.unit) * self.x[k] for k, c in enumerate(self.graph.recompute_costs()))
 
     # ----------------------------------------------------------------- hints
     def add_hint(self, regions, *, complete_s: float = 0.0) -> bool:

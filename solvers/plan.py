@@ -62,6 +62,15 @@ class Plan:
             the region is no single call; what ``scheduler.apply`` hooks.
         stochastic: per region, whether a node in it draws random numbers
             (its recompute must replay the RNG state; empty: unknown, replay all).
+        saved: sorted positions of nodes inside regions whose outputs are kept
+            from the forward instead of recomputed (selective recompute, NOTE
+            [ Selective recompute ] in ``solvers.simulate``); empty: every
+            region recomputes everything inside it.
+        save_ops: per region, the ``(ATen overload, occurrence)`` pairs the
+            region's selective-checkpoint policy saves, counting occurrences of
+            each overload from 0 in the order the region's forward runs them
+            (what ``scheduler.apply`` lowers ``saved`` to; filled by
+            :meth:`labelled` from the graph's ``dispatch``/``sac_op``).
     """
 
     regions: tuple[tuple[int, int], ...]
@@ -80,6 +89,8 @@ class Plan:
     node_names: tuple[tuple[str, str], ...] = ()
     modules: tuple[str, ...] = ()
     stochastic: tuple[bool, ...] = ()
+    saved: tuple[int, ...] = ()
+    save_ops: tuple[tuple[tuple[str, int], ...], ...] = ()
 
     def __post_init__(self) -> None:
         regions = _normalise_regions(self.regions)
@@ -89,6 +100,10 @@ class Plan:
         object.__setattr__(self, "node_names", tuple(tuple(p) for p in self.node_names))
         object.__setattr__(self, "modules", tuple(self.modules))
         object.__setattr__(self, "stochastic", tuple(bool(x) for x in self.stochastic))
+        object.__setattr__(self, "saved", _normalise_saved(self.saved, regions))
+        object.__setattr__(self, "save_ops", tuple(tuple((str(op), int(k)) for op, k in r) for r in self.save_ops))
+        if self.save_ops and len(self.save_ops) != len(self.regions):
+            raise PlanError(f"plan lists {len(self.save_ops)} save_ops entries for {len(self.regions)} regions")
         if self.stochastic and len(self.stochastic) != len(self.regions):
             raise PlanError(f"plan lists {len(self.stochastic)} stochastic flags for {len(self.regions)} regions")
         if self.modules and len(self.modules) != len(self.regions):
@@ -123,7 +138,9 @@ class Plan:
         names = tuple((graph.nodes[a].name, graph.nodes[b].name) for a, b in self.regions)
         modules = tuple(graph.span_module(r) for r in self.regions) if graph.spans else ()
         stochastic = tuple(any(graph.nodes[i].stochastic for i in range(a, b + 1)) for a, b in self.regions)
-        return dataclasses.replace(self, node_names=names, modules=modules, stochastic=stochastic)
+        save_ops = _save_ops(graph, self.regions, self.saved) if self.saved else ()
+        return dataclasses.replace(self, node_names=names, modules=modules, stochastic=stochastic,
+                                   save_ops=save_ops)
 
     def unaligned_regions(self, graph: Graph) -> list[tuple[int, int]]:
         """The regions that are no submodule call of ``graph`` (NOTE [ Module-aligned regions ])."""
@@ -147,6 +164,11 @@ class Plan:
                     raise PlanError(
                         f"region ({a}, {b}) contains node {graph.nodes[i].name!r}, which is marked not recomputable"
                     )
+        for i in self.saved:
+            if i >= n or graph.nodes[i].sac_op < 0:
+                what = f"node {graph.nodes[i].name!r}" if i < n else f"position {i}"
+                raise PlanError(f"the plan keeps the output of {what}, which a selective-checkpoint policy cannot "
+                                "keep (no single op creates what it owns: graph node field sac_op is -1)")
 
     def check_graph(self, graph: Graph, *, check: bool = True) -> None:
         """Refuse a plan that was solved for another graph, or that cannot say which graph it was solved for.
@@ -206,6 +228,8 @@ class Plan:
         d["node_names"] = [list(p) for p in self.node_names]
         d["modules"] = list(self.modules)
         d["stochastic"] = list(self.stochastic)
+        d["saved"] = list(self.saved)
+        d["save_ops"] = [[[op, k] for op, k in r] for r in self.save_ops]
         return {"format": PLAN_FORMAT_VERSION, **d}
 
     @classmethod
@@ -261,8 +285,21 @@ class Plan:
         stochastic = d.get("stochastic", ())
         if not isinstance(stochastic, (list, tuple)) or not all(isinstance(x, bool) for x in stochastic):
             raise PlanError(f"plan field 'stochastic' must be a list of true/false, got {_short(stochastic)}")
+        saved = d.get("saved", ())
+        if not isinstance(saved, (list, tuple)):
+            raise PlanError(f"plan field 'saved' must be a list of node positions, got {_short(saved)}")
+        saved = tuple(count(v, "saved", "plan", PlanError) for v in saved)
+        save_ops = d.get("save_ops", ())
+        if not isinstance(save_ops, (list, tuple)) or not all(
+                isinstance(r, (list, tuple)) and all(
+                    isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str)
+                    and isinstance(p[1], int) and not isinstance(p[1], bool) and p[1] >= 0 for p in r)
+                for r in save_ops):
+            raise PlanError("plan field 'save_ops' must list, per region, [ATen op, occurrence] pairs, "
+                            f"got {_short(save_ops)}")
         return cls(node_names=tuple(tuple(p) for p in node_names), modules=tuple(modules),
-                   stochastic=tuple(stochastic), **kw)
+                   stochastic=tuple(stochastic), saved=saved,
+                   save_ops=tuple(tuple((p[0], p[1]) for p in r) for r in save_ops), **kw)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the plan as JSON, atomically (NOTE [ Output files ] in ``graphs.files``).
@@ -291,6 +328,35 @@ def load_plan(path: str | os.PathLike) -> Plan:
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _normalise_saved(saved: Iterable[int], regions: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    out = sorted(set(saved))
+    for i in out:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise PlanError(f"saved node positions must be integers, got {i!r}")
+        if not any(a <= i <= b for a, b in regions):
+            raise PlanError(f"the plan keeps the output of node {i}, which lies in no region "
+                            "(only a region's recompute can skip a node)")
+    return tuple(out)
+
+
+def _save_ops(graph: Graph, regions: Sequence[tuple[int, int]],
+              saved: Sequence[int]) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """Per region, the ``(overload, occurrence)`` of each kept node's creating op (see ``Plan.save_ops``)."""
+    keep = set(saved)
+    out = []
+    for a, b in regions:
+        seen: dict[str, int] = {}
+        ops = []
+        for i in range(a, b + 1):
+            nd = graph.nodes[i]
+            for pos, op in enumerate(nd.dispatch):
+                if i in keep and pos == nd.sac_op:
+                    ops.append((op, seen.get(op, 0)))
+                seen[op] = seen.get(op, 0) + 1
+        out.append(tuple(ops))
+    return tuple(out)
 
 
 def _normalise_regions(regions: Iterable[Sequence[int]]) -> tuple[tuple[int, int], ...]:
