@@ -38,7 +38,7 @@ def store_all(graph: Graph, budget_bytes: int) -> Plan:
     sim = simulate(graph, None, record=False)
     if sim.peak_bytes > budget_bytes:
         raise InfeasibleBudget(budget_bytes, sim.peak_bytes, solver="store-all", best_regions=())
-    return Plan(regions=(), status=Status.OPTIMAL if sim.recompute_flops == 0 else Status.FEASIBLE)
+    return Plan(regions=(), status=Status.OPTIMAL if sim.recompute_cost == 0 else Status.FEASIBLE)
 
 
 def _segments(n: int, k: int) -> list[tuple[int, int]]:
@@ -93,7 +93,7 @@ def uniform(graph: Graph, budget_bytes: int, k: int | None = None) -> Plan:
         if min_peak is None or sim.peak_bytes < min_peak:
             min_peak, least = sim.peak_bytes, plan.regions
         if sim.peak_bytes <= budget_bytes:
-            key = (sim.recompute_flops, sim.peak_bytes)
+            key = (sim.recompute_cost, sim.peak_bytes)
             if best is None or key < best[0]:
                 best = (key, plan, kk)
     if best is None:

@@ -44,7 +44,7 @@ def enumerate_plans(graph: Graph) -> Iterator[tuple[tuple[int, int], ...]]:
 
 
 def pareto_frontier(graph: Graph) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
-    """Every plan's ``(peak_bytes, recompute_flops)``, reduced to the frontier.
+    """Every plan's ``(peak_bytes, recompute_cost)``, reduced to the frontier.
 
     Returns ``(peak, cost, regions)`` sorted by ascending peak and strictly
     descending cost: for any budget, the optimum is the last entry whose peak
@@ -62,7 +62,7 @@ def pareto_frontier(graph: Graph) -> list[tuple[int, int, tuple[tuple[int, int],
     rows = []
     for regions in enumerate_plans(graph):
         sim = simulate(graph, Plan(regions=regions), record=False)
-        rows.append((sim.peak_bytes, sim.recompute_flops, len(regions), regions))
+        rows.append((sim.peak_bytes, sim.recompute_cost, len(regions), regions))
     rows.sort()
     frontier: list[tuple[int, int, tuple[tuple[int, int], ...]]] = []
     for peak, cost, _, regions in rows:
@@ -99,8 +99,9 @@ def brute_force(graph: Graph, budget_bytes: int, *, frontier=None) -> Plan:
     if best is None:
         raise InfeasibleBudget(budget_bytes, frontier[0][0], solver="brute-force", best_regions=frontier[0][2])
     peak, cost, regions = best
+    flops = simulate(graph, Plan(regions=tuple(regions)), record=False).recompute_flops
     return Plan.from_regions(
         graph, regions, solver="brute-force", status=Status.OPTIMAL, budget_bytes=int(budget_bytes),
-        peak_bytes=peak, recompute_flops=cost, bound=float(cost),
+        peak_bytes=peak, recompute_cost=cost, recompute_flops=flops, bound=float(cost),
         gap=0.0, solve_time_s=time.perf_counter() - t0,
     )

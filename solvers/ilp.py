@@ -177,8 +177,8 @@ class IlpSolver:
             sim = simulate(self.graph, Plan(regions=result.regions), record=False)
             if sim.peak_bytes <= self.budget_bytes:
                 optimal = result.status == "optimal"
-                bound = float(sim.recompute_flops) if optimal else float(result.bound)
-                if inc is not None and inc.flops <= sim.recompute_flops:
+                bound = float(sim.recompute_cost) if optimal else float(result.bound)
+                if inc is not None and inc.flops <= sim.recompute_cost:
                     # Ties go to the incumbent: CP-SAT's equal-cost plan may add free regions.
                     return self._from_incumbent(bound, "no cheaper plan found")
                 return Plan(regions=result.regions, status=Status.OPTIMAL if optimal else Status.FEASIBLE,
@@ -231,10 +231,10 @@ def _warm_start(graph: Graph, budget_bytes: int) -> tuple[Incumbent | None, int 
         sim = simulate(graph, plan, record=False)
         if sim.peak_bytes > budget_bytes:
             continue
-        if best is None or sim.recompute_flops < best.flops:
-            best = Incumbent(tuple(plan.regions), int(sim.recompute_flops), name)
+        if best is None or sim.recompute_cost < best.flops:
+            best = Incumbent(tuple(plan.regions), int(sim.recompute_cost), name)
         if name == "dp" and plan.status == Status.OPTIMAL:
-            bound = sim.recompute_flops
+            bound = sim.recompute_cost
     return best, bound
 
 
@@ -290,9 +290,9 @@ def _by_frontier(graph: Graph, budget_bytes: int, inc: Incumbent | None, time_li
         log.error("ilp frontier program rejects the %s plan that simulate says fits", inc.source)
         return None
     sim = simulate(graph, Plan(regions=res.regions), record=False)
-    if sim.peak_bytes > budget_bytes or sim.recompute_flops != res.objective:
+    if sim.peak_bytes > budget_bytes or sim.recompute_cost != res.objective:
         log.error("ilp frontier program predicted %d FLOPs under %d for %s; simulate says %d FLOPs at %d",
-                  res.objective, budget_bytes, res.regions, sim.recompute_flops, sim.peak_bytes)
+                  res.objective, budget_bytes, res.regions, sim.recompute_cost, sim.peak_bytes)
         return None
     regions = res.regions if inc is None or res.objective < inc.flops else inc.regions
     options = {"time_limit_s": time_limit_s, "method": "frontier", "frontier_states": res.states}
@@ -322,8 +322,8 @@ def _frontier_heuristic(graph: Graph, budget_bytes: int, time_limit_s: float) ->
             log.info("ilp heuristic (max_free %d): no plan%s", k, " cheaper" if best is not None else "")
             continue
         sim = simulate(graph, Plan(regions=res.regions), record=False)
-        if sim.peak_bytes <= budget_bytes and (best is None or sim.recompute_flops < best.flops):
-            best = Incumbent(res.regions, int(sim.recompute_flops), f"frontier (max_free {k})")
+        if sim.peak_bytes <= budget_bytes and (best is None or sim.recompute_cost < best.flops):
+            best = Incumbent(res.regions, int(sim.recompute_cost), f"frontier (max_free {k})")
     return best
 
 

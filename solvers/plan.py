@@ -50,8 +50,11 @@ class Plan:
         budget_bytes: the budget asked for (whole step), or None.
         peak_bytes: the simulated peak of the plan (whole step).
         recompute_flops: FLOPs recomputed by the plan.
-        bound: a proven lower bound on ``recompute_flops`` (None if unknown).
-        gap: ``(recompute_flops - bound) / max(recompute_flops, 1)`` when known.
+        recompute_cost: the solvers' objective recomputed by the plan
+            (``Graph.recompute_costs``; equals ``recompute_flops`` on a graph
+            costed in FLOPs).
+        bound: a proven lower bound on ``recompute_cost`` (None if unknown).
+        gap: ``(recompute_cost - bound) / max(recompute_cost, 1)`` when known.
         solve_time_s: wall time of the solver.
         graph_name: name of the graph solved for (for error messages).
         graph_meta: meta of the graph solved for (model, shapes, dtype).
@@ -81,6 +84,7 @@ class Plan:
     budget_bytes: int | None = None
     peak_bytes: int | None = None
     recompute_flops: int | None = None
+    recompute_cost: int | None = None
     bound: float | None = None
     gap: float | None = None
     solve_time_s: float = 0.0
@@ -261,7 +265,7 @@ class Plan:
                 if not isinstance(d[key], str):
                     raise PlanError(f"plan field {key!r} must be a string, got {_short(d[key])}")
                 kw[key] = d[key]
-        for key in ("budget_bytes", "peak_bytes", "recompute_flops"):
+        for key in ("budget_bytes", "peak_bytes", "recompute_flops", "recompute_cost"):
             if d.get(key) is not None:
                 kw[key] = count(d[key], key, "plan", PlanError)
         for key in ("bound", "gap", "solve_time_s"):

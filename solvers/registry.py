@@ -100,7 +100,7 @@ def finalize(graph: Graph, plan: Plan, budget_bytes: int, solver: str, options: 
     elapsed = time.perf_counter() - t0
     gap = plan.gap
     if plan.bound is not None and gap is None:
-        gap = max(0.0, (sim.recompute_flops - plan.bound) / max(sim.recompute_flops, 1))
+        gap = max(0.0, (sim.recompute_cost - plan.bound) / max(sim.recompute_cost, 1))
     return dataclasses.replace(
         plan.labelled(graph),
         fingerprint=graph.fingerprint(),
@@ -109,6 +109,7 @@ def finalize(graph: Graph, plan: Plan, budget_bytes: int, solver: str, options: 
         budget_bytes=int(budget_bytes),
         peak_bytes=sim.peak_bytes,
         recompute_flops=sim.recompute_flops,
+        recompute_cost=sim.recompute_cost,
         gap=gap,
         solve_time_s=elapsed,
         graph_name=graph.name,

@@ -174,6 +174,9 @@ class Simulation:
         steps: ``(phase, node_index)`` for every step, in execution order.
         live_bytes: total live bytes at every step (same length as ``steps``).
         recompute_flops: FLOPs of recomputation the plan adds.
+        recompute_cost: what the solvers minimise (``Graph.recompute_costs``)
+            summed over the recomputed nodes; equals ``recompute_flops`` on a
+            graph costed in FLOPs.
         step_flops: FLOPs of the step without checkpointing (forward + backward).
         activation_peak_bytes: highest live bytes excluding parameters, inputs
             and parameter gradients (the quantity a fraction budget refers to).
@@ -188,6 +191,7 @@ class Simulation:
     live_bytes: tuple[int, ...]
     recompute_flops: int
     step_flops: int
+    recompute_cost: int
     activation_peak_bytes: int
     persistent_bytes: int = field(default=0)
 
@@ -322,6 +326,8 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
     rec_hold = [0] * n  # holders of recomputed copies
     rec_node_holds: list[list[int]] = [[] for _ in range(n)]
     recompute_flops = 0
+    recompute_cost = 0
+    costs = graph.recompute_costs()
 
     def release(j: int) -> None:
         nonlocal act
@@ -353,6 +359,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
             for k in range(a, b + 1):
                 nd = nodes[k]
                 recompute_flops += nd.fwd_flops
+                recompute_cost += costs[k]
                 act += out_b[k] + nd.saved_bytes
                 record_step(RECOMPUTE, k, nd.workspace_bytes)
                 if not rg[k]:
@@ -399,6 +406,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
         live_bytes=tuple(live),
         recompute_flops=recompute_flops,
         step_flops=graph.total_fwd_flops() + graph.total_bwd_flops(),
+        recompute_cost=recompute_cost,
         activation_peak_bytes=act_peak,
         persistent_bytes=base + params,
     )
