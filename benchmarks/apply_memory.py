@@ -56,11 +56,11 @@ def _best_plan(graph, budget):
 
 
 def _measure(name, opts, fractions, steps, warmup=1):
-    from scheduler.applier import CheckpointedModule, cut
-    from scheduler.explain import explain_floor
+    from scheduler.applying.graph import CheckpointedModule, cut
+    from scheduler.sizing.floor import explain_floor
     from scheduler.models import build
     from scheduler.tracer import capture
-    from scheduler.verify import verify
+    from scheduler.measuring.verification import verify
 
     torch.manual_seed(0)
     ex = build(name, **opts)

@@ -24,8 +24,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from scheduler.compare import compare, format_table, machine
-from scheduler.compare_models import BENCH_MODELS, QUICK_MODELS, workload
+from scheduler.comparing.run import compare, format_table, machine
+from scheduler.comparing.workloads import BENCH_MODELS, QUICK_MODELS, workload
 
 log = logging.getLogger("benchmarks.compare")
 
@@ -51,7 +51,7 @@ def _registered(names: tuple[str, ...]) -> list[str]:
 
 def run_models(quick: bool) -> list[dict[str, Any]]:
     """Compare on each benchmark model; write its JSON and plots."""
-    from scheduler.compare_plots import plot_comparison
+    from scheduler.comparing.plots import plot_comparison
 
     out = []
     for spec in (QUICK_MODELS if quick else BENCH_MODELS):
@@ -79,8 +79,8 @@ def run_models(quick: bool) -> list[dict[str, Any]]:
 
 def run_maxbatch(quick: bool) -> dict[str, Any]:
     """The Checkmate protocol on VGG-19: largest batch per method under one budget."""
-    from scheduler.compare_models import vgg_maxbatch_setup
-    from scheduler.maxbatch import CHECKMATE_VGG19, max_batches
+    from scheduler.comparing.workloads import vgg_maxbatch_setup
+    from benchmarks.maxbatch import CHECKMATE_VGG19, max_batches
 
     graph_at, confirm, budget, hi, meta = vgg_maxbatch_setup(quick=quick)
     rows = max_batches(graph_at, budget, _registered(MAXBATCH_METHODS), hi=hi,
@@ -101,7 +101,7 @@ def run_maxbatch(quick: bool) -> dict[str, Any]:
 
 def run_scaling(quick: bool) -> dict[str, Any]:
     """Solve time vs graph size: plot benchmarks/solvers.py's table when present, else measure."""
-    from scheduler.compare_plots import plot_scaling
+    from scheduler.comparing.plots import plot_scaling
 
     path = os.path.join(RESULTS, "solvers.csv")
     points = points_from_solvers_csv(path) if os.path.exists(path) else {}

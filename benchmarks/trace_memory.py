@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 import solvers
-from scheduler.budget import format_bytes
-from scheduler.measure import measure_step
+from scheduler.sizing.budget import format_bytes
+from scheduler.measuring.storages import measure_step
 from scheduler.models import build
 from scheduler.report import table
 from scheduler.tracer import capture

@@ -29,9 +29,9 @@ from solvers import (
     load_plan,
 )
 
-from .budget import BudgetError, format_bytes, parse_budget, parse_size
+from .sizing.budget import BudgetError, format_bytes, parse_budget, parse_size
 from .api import simulate, solve
-from .fit import fit  # torch-free; eager because a lazy name equal to its submodule's is shadowed by `import scheduler.fit`
+from .sizing.search import fit  # torch-free; eager because a lazy name equal to its submodule's is shadowed by `import scheduler.fit`
 
 __all__ = [
     "CkptError", "Graph", "GraphError", "Node", "load_graph", "save_graph",

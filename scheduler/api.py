@@ -9,8 +9,8 @@ import solvers
 from graphs import Graph
 from solvers import InfeasibleBudget, Plan, Simulation
 
-from .budget import BudgetSpec, parse_budget
-from .explain import explain_floor
+from .sizing.budget import BudgetSpec, parse_budget
+from .sizing.floor import explain_floor
 
 __all__ = ["solve", "simulate"]
 

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..applying import apply
     from ..models import build
-    from ..verify import verify
+    from ..measuring.verification import verify
 
     plan = load_plan(args.target[-1])
     model_name, options = _model_and_options(args, plan)

@@ -7,8 +7,8 @@ import sys
 
 from solvers import format_bytes
 
-from ..budget import OPTIMIZER_STATES
-from ..memory import DEFAULT_RESERVE, NothingFits, render_report
+from ..sizing.budget import OPTIMIZER_STATES
+from ..sizing.memory import DEFAULT_RESERVE, NothingFits, render_report
 from ..report import table
 from .common import positive_float, positive_int
 
@@ -88,7 +88,7 @@ def _progress(probe) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..fit import fit
+    from ..sizing.search import fit
 
     dtype = args.dtype or ("bf16" if args.mixed_precision else "fp32")
     search = args.search

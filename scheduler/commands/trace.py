@@ -7,7 +7,7 @@ from typing import Any
 
 from graphs import BUILD_META, save
 
-from ..budget import format_bytes
+from ..sizing.budget import format_bytes
 from .common import check_outputs, granularity, parse_options, positive_int
 
 NAME = "trace"

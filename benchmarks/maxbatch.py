@@ -20,7 +20,7 @@ import solvers
 from graphs import Graph
 from solvers import InfeasibleBudget, Plan
 
-from .fit import search_largest
+from scheduler.sizing.search import search_largest
 
 __all__ = ["MaxBatch", "max_batches", "CHECKMATE_VGG19"]
 

@@ -35,8 +35,8 @@ from torch import nn
 
 from solvers import Plan, format_bytes, simulate
 
-from .applier import CheckpointedModule, apply as apply_graph
-from .applying import apply as apply_modules, applied_plan, planned, remove
+from ..applying.graph import CheckpointedModule, apply as apply_graph
+from ..applying import apply as apply_modules, applied_plan, planned, remove
 
 __all__ = ["Verification", "verify", "measure_step_peak"]
 
@@ -143,7 +143,7 @@ def measure_step_peak(module: nn.Module, model: nn.Module, args: tuple, kwargs: 
     Parameter gradients start at None; parameters, buffers and inputs count as
     the base (``scheduler.measure.measure_step``, NOTE [ Counting like simulate ]).
     """
-    from .measure import measure_step
+    from .storages import measure_step
 
     return measure_step(model, tuple(args), dict(kwargs), loss=loss, run=module).peak_bytes
 
@@ -155,7 +155,7 @@ def allocator_step_peak(module: nn.Module, model: nn.Module, args: tuple, kwargs
     profiler's memory events (NOTE [ Measuring with profiler events ] in
     ``scheduler.profmem``) on top of the parameters, buffers and inputs.
     """
-    from .profmem import live_bytes_of, profile_step
+    from .profiler import live_bytes_of, profile_step
 
     _clear_grads(model)
     leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
@@ -216,7 +216,7 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
         count = len(applied.regions)
     else:
         if graph is None:
-            from .tracer import capture_for_plan
+            from ..tracer import capture_for_plan
 
             graph = capture_for_plan(model, plan, args, kwargs, loss=loss, name=name).graph
         plan.check_graph(graph)

@@ -29,9 +29,9 @@ from graphs import CkptError, Graph
 from solvers import InfeasibleBudget, Plan, simulate
 
 from . import peers
-from .budget import parse_budget
-from .compare_report import format_table, machine, progress_line, timeline
-from .profmem import grad_difference, grad_snapshot, live_bytes_of, profile_step, time_steps
+from ..sizing.budget import parse_budget
+from .tables import format_table, machine, progress_line, timeline
+from ..measuring.profiler import grad_difference, grad_snapshot, live_bytes_of, profile_step, time_steps
 
 __all__ = ["Workload", "Row", "Comparison", "compare", "format_table", "DEFAULT_FRACTIONS", "OUR_SOLVERS"]
 
@@ -179,7 +179,7 @@ class _Bench:
     def meter(self, forward: Callable[..., Any], *, returns_loss: bool = False) -> int | None:
         """Peak of one step by ``scheduler.measure`` (blind to compiled code: eager only)."""
         try:
-            from .measure import measure_step
+            from ..measuring.storages import measure_step
         except ImportError:
             return None
         self.clear()
@@ -243,7 +243,7 @@ def trace_graph(wl: Workload, costs: str = "flops", workspaces: str = "auto") ->
     saved = [b.detach().clone() for b in buffers]
     try:
         with torch.random.fork_rng():
-            from .tracer import capture
+            from ..tracer import capture
 
             return capture(model, wl.args, dict(wl.kwargs), loss=wl.trace_loss, costs=costs,
                            workspaces=workspaces).graph
@@ -334,7 +334,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
         for f in sorted(set(fractions) | {1.0}):
             run_peer(Row("torch.compile", "peer", budget=f), lambda f=f: peers.compiled(wl.model, f))
 
-    from .applying import planned
+    from ..applying import planned
 
     measured: dict[tuple, tuple[str, Row, Any]] = {}
     best_trace: list[Any] = []
@@ -400,6 +400,6 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
             "store_all_predicted_bytes": sim_all.peak_bytes}
     out = Comparison(model=wl.name, meta=meta, fractions=fractions, rows=tuple(rows), graph_nodes=len(graph),
                      step_flops=bench.step_flops, timelines=timelines)
-    from .compare_claims import claims
+    from .claims import claims
 
     return replace(out, claims=tuple(claims(out)))

@@ -16,7 +16,7 @@ import torch
 from graphs import Graph
 from solvers import Plan
 
-from .compare import Workload
+from .run import Workload
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def workload(name: str, *, quick: bool = False, bench: bool = False, batch: int 
     Raises:
         UnknownModel: the name is not known (the message lists those that are).
     """
-    from .models import build
+    from ..models import build
 
     opts = dict(SIZES[name][0 if quick else 1]) if name in SIZES else {}
     opts.update({k: v for k, v in (options or {}).items() if v is not None})
@@ -85,7 +85,7 @@ def workload(name: str, *, quick: bool = False, bench: bool = False, batch: int 
 
 def _hf_workload(name: str, opts: dict[str, Any]) -> Workload:
     """A transformers causal LM from its config with reduced fields, random weights, token ids as labels."""
-    from .models import hf_configs as hf
+    from ..models import hf_configs as hf
 
     fields = {k: v for k, v in opts.items() if k not in ("batch", "seq")}
     config = hf.hf_config(name[3:], **fields)
@@ -104,11 +104,11 @@ def vgg_maxbatch_setup(*, quick: bool, workspaces: str = "none") -> tuple[Callab
     applies the plan and returns the peak of one step by the profiler and by
     ``scheduler.measure`` (tensor storages).
     """
-    from .tracer import capture
-    from .applier import apply
-    from .models import build
-    from .measure import measure_step
-    from .profmem import live_bytes_of, profile_step
+    from ..tracer import capture
+    from ..applying.graph import apply
+    from ..models import build
+    from ..measuring.storages import measure_step
+    from ..measuring.profiler import live_bytes_of, profile_step
 
     opts, budget, hi = VGG_MAXBATCH[quick]
 

@@ -370,7 +370,7 @@ def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | 
     """
     import os
 
-    from .models import hf_configs as hf
+    from ..models import hf_configs as hf
 
     if search not in ("batch", "seq"):
         raise BudgetError(f"search must be 'batch' or 'seq', got {search!r}")
@@ -410,7 +410,7 @@ def _builtin(name: str, dtype: str) -> Callable[..., Any]:
     """``(**sizes) -> Example`` (``scheduler.models``) built on the meta device: shapes only, nothing allocated."""
     import torch
 
-    from . import models
+    from .. import models
 
     factory = models.factory_of(name)
     takes = models.options_of(factory)

@@ -54,7 +54,7 @@ from graphs import CkptError
 from solvers import Simulation, format_bytes
 
 from .budget import OPTIMIZER_STATES, BudgetError, parse_size
-from .report import table
+from ..report import table
 
 __all__ = [
     "DTYPE_BYTES", "DEFAULT_RESERVE", "NothingFits", "PersistentState", "PlanMemory", "MemoryReport",
