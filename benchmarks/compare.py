@@ -79,8 +79,7 @@ def run_models(quick: bool) -> list[dict[str, Any]]:
 
 def run_maxbatch(quick: bool) -> dict[str, Any]:
     """The Checkmate protocol on VGG-19: largest batch per method under one budget."""
-    from scheduler.comparing.workloads import vgg_maxbatch_setup
-    from benchmarks.maxbatch import CHECKMATE_VGG19, max_batches
+    from benchmarks.maxbatch import CHECKMATE_VGG19, max_batches, vgg_maxbatch_setup
 
     graph_at, confirm, budget, hi, meta = vgg_maxbatch_setup(quick=quick)
     rows = max_batches(graph_at, budget, _registered(MAXBATCH_METHODS), hi=hi,
