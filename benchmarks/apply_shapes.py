@@ -29,7 +29,7 @@ import torch
 import scheduler
 import solvers
 from scheduler.sizing.budget import format_bytes
-from scheduler.measuring.verification import allocator_step_peak
+from scheduler.measuring.steps import allocator_step_peak
 from solvers import InfeasibleBudget, activation_budget_bytes, simulate
 
 log = logging.getLogger(__name__)

@@ -47,7 +47,7 @@ def gpt_on_2gib(quick: bool) -> dict:
     import scheduler
     from scheduler.applying.graph import apply  # not scheduler.apply(...): that name is shadowed by its submodule once imported
     from scheduler.models import build
-    from scheduler.measuring.verification import measure_step_peak
+    from scheduler.measuring.steps import measure_step_peak
 
     seq = 128 if quick else 256
     out: dict = {"model": "gpt", "seq": seq, "card_bytes": 2 * GiB}

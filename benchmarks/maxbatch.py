@@ -138,20 +138,19 @@ def max_batches(graph_at: Callable[[int], Graph], budget_bytes: int, methods: Se
     return out
 
 
-def vgg_maxbatch_setup(*, quick: bool, workspaces: str = "none") -> tuple[Callable[[int], Graph], Callable[[int, Plan], tuple[int, int]], int, int,
-                                                dict]:
+def vgg_maxbatch_setup(*, quick: bool, workspaces: str = "none"
+                       ) -> tuple[Callable[[int], Graph], Callable[[int, Plan], tuple[int, int]], int, int, dict]:
     """``(graph_at, confirm, budget_bytes, hi, meta)`` for the max-batch protocol on VGG-19.
 
     ``graph_at(b)`` traces VGG-19 on the meta device at batch ``b`` (nothing
     allocated); ``confirm(b, plan)`` builds it for real at batch ``b``,
     applies the plan and returns the peak of one step by the profiler and by
-    ``scheduler.measure`` (tensor storages).
+    ``scheduler.measuring.storages`` (tensor storages).
     """
-    from scheduler.tracer import capture
     from scheduler.applying.graph import apply
+    from scheduler.measuring.steps import allocator_step_peak, measure_step_peak
     from scheduler.models import build
-    from scheduler.measuring.storages import measure_step
-    from scheduler.measuring.profiler import live_bytes_of, profile_step
+    from scheduler.tracer import capture
 
     opts, budget, hi = VGG_MAXBATCH[quick]
 
@@ -161,21 +160,13 @@ def vgg_maxbatch_setup(*, quick: bool, workspaces: str = "none") -> tuple[Callab
         # workspaces="measure": each convolution's backward run once on the CPU at this batch
         return capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, workspaces=workspaces).graph
 
-    def confirm(b: int, plan: Plan) -> int:
+    def confirm(b: int, plan: Plan) -> tuple[int, int]:
         torch.manual_seed(0)
         ex = build("vgg19", batch=b, **opts)
         # the meta-device graph and the real one are the same graph: apply checks the fingerprint
         module = apply(ex.model, plan, ex.args, ex.kwargs, loss=ex.loss) if plan.regions else ex.model
-        leaves = torch.utils._pytree.tree_leaves((ex.args, ex.kwargs))
-        base = live_bytes_of(list(ex.model.parameters()) + list(ex.model.buffers()) + leaves)
-
-        def step() -> None:
-            out = module(*ex.args, **ex.kwargs)
-            (ex.loss(out) if ex.loss is not None and not plan.regions else out).backward()
-
-        profiled = profile_step(step, baseline_bytes=base).peak_bytes
         loss = ex.loss if not plan.regions else None  # an applied plan returns the loss itself
-        metered = measure_step(ex.model, ex.args, ex.kwargs, loss=loss, run=module).peak_bytes
-        return profiled, metered
+        return (allocator_step_peak(module, ex.model, ex.args, ex.kwargs, loss),
+                measure_step_peak(module, ex.model, ex.args, ex.kwargs, loss))
 
     return graph_at, confirm, budget, hi, {**opts, "search": f"batch 1..{hi}"}

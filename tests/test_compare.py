@@ -11,7 +11,9 @@ from torch import nn
 from scheduler.comparing import peers
 from scheduler.comparing.run import Comparison, Row
 from scheduler.comparing.claims import claims
-from scheduler.measuring.profiler import grad_difference, grad_snapshot, live_bytes_of, profile_step
+from scheduler.measuring.profiler import profile_step
+from scheduler.measuring.steps import grad_difference, grad_snapshot
+from scheduler.measuring.storages import live_bytes_of
 
 
 class Block(nn.Module):

@@ -8,7 +8,8 @@ import torch
 
 from scheduler.applying.graph import apply
 from scheduler.comparing.workloads import workload
-from scheduler.measuring.profiler import live_bytes_of, profile_step
+from scheduler.measuring.profiler import profile_step
+from scheduler.measuring.storages import live_bytes_of
 from scheduler.tracer import capture
 from solvers import Plan, simulate
 

@@ -29,9 +29,11 @@ from graphs import CkptError, Graph
 from solvers import InfeasibleBudget, Plan, simulate
 
 from . import peers
+from ..measuring.profiler import profile_step
+from ..measuring.steps import clear_grads, grad_difference, grad_snapshot, seeded_step, step_tensors, time_steps
+from ..measuring.storages import live_bytes_of
 from ..sizing.budget import parse_budget
 from .tables import format_table, machine, progress_line, timeline
-from ..measuring.profiler import grad_difference, grad_snapshot, live_bytes_of, profile_step, time_steps
 
 __all__ = ["Workload", "Row", "Comparison", "compare", "format_table", "DEFAULT_FRACTIONS", "OUR_SOLVERS"]
 
@@ -145,8 +147,7 @@ class _Bench:
         self.wl, self.repeats, self.warmup, self.seed = wl, repeats, warmup, seed
         self.loss = wl.loss or default_loss
         self.params = [p for p in wl.model.parameters() if p.requires_grad]
-        leaves = torch.utils._pytree.tree_leaves((wl.args, dict(wl.kwargs)))
-        self.baseline = live_bytes_of(list(wl.model.parameters()) + list(wl.model.buffers()) + leaves)
+        self.baseline = live_bytes_of(step_tensors(wl.model, wl.args, wl.kwargs))
         self.reference = self.step_of(wl.model)
         self.ref_times: list[float] = []
         for _ in range(max(1, warmup)):
@@ -163,25 +164,15 @@ class _Bench:
         self.ref_trace = profile_step(self.reference, baseline_bytes=self.baseline)
 
     def clear(self) -> None:
-        for p in self.params:
-            p.grad = None
+        clear_grads(self.params)
 
-    def step_of(self, forward: Callable[..., Any], *, returns_loss: bool = False) -> Callable[[], None]:
-        wl, seed = self.wl, self.seed
-        loss = (lambda out: out) if returns_loss else self.loss
-
-        def step() -> None:
-            torch.manual_seed(seed)
-            loss(forward(*wl.args, **dict(wl.kwargs))).backward()
-
-        return step
+    def step_of(self, forward: Callable[..., Any], *, returns_loss: bool = False) -> Callable[[], Any]:
+        return seeded_step(forward, self.wl.args, self.wl.kwargs, None if returns_loss else self.loss, seed=self.seed)
 
     def meter(self, forward: Callable[..., Any], *, returns_loss: bool = False) -> int | None:
-        """Peak of one step by ``scheduler.measure`` (blind to compiled code: eager only)."""
-        try:
-            from ..measuring.storages import measure_step
-        except ImportError:
-            return None
+        """Peak of one step by ``scheduler.measuring.storages`` (blind to compiled code: eager only)."""
+        from ..measuring.storages import measure_step
+
         self.clear()
         torch.manual_seed(self.seed)
         m = measure_step(self.wl.model, self.wl.args, dict(self.wl.kwargs), loss=None if returns_loss else self.loss,
