@@ -9,8 +9,7 @@ import os
 from graphs import CkptError, write_text_atomic
 
 from ..progress import phase
-from .common import check_outputs, positive_float, positive_int
-from .trace import add_model_arguments, model_options
+from .common import add_model_arguments, check_outputs, model_options, positive_float, positive_int
 
 NAME = "compare"
 HELP = "our solvers and the usual tools (per-block, checkpoint_sequential, torch.compile), measured side by side"

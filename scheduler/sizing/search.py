@@ -31,7 +31,7 @@ from solvers import InfeasibleBudget, Plan, simulate
 
 from .budget import BudgetError, parse_size
 from .memory import (
-    MemoryReport, NothingFits, PersistentState, PlanMemory, ReserveSpec, dtype_bytes, levers, memory_report,
+    MemoryReport, NothingFits, PersistentState, PlanMemory, ReserveSpec, dtype_bytes, dtype_name, levers, memory_report,
     persistent_state, plan_memory,
 )
 
@@ -350,8 +350,9 @@ def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: i
     Raises:
         NothingFits: see :func:`fit_graphs`.
     """
+    kwargs["dtype"] = dtype_name(kwargs.get("dtype", "fp32"))
     if not isinstance(model, SizedModel):
-        model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs.get("dtype", "fp32"))
+        model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs["dtype"])
     return fit_graphs(model, device_memory, solver_names=solvers, **kwargs)
 
 
