@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 DEFAULT_FRACTIONS = (0.2, 0.3, 0.5, 0.7)
 #: Our solvers compared by default, when registered (store-all is the "none" peer).
 OUR_SOLVERS = ("chen-sqrt", "chen-greedy", "dp", "ilp")
-PEERS = ("none", "per-block", "checkpoint_sequential", "torch.compile")
 
 
 @dataclass(frozen=True)

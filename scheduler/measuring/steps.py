@@ -172,5 +172,8 @@ def allocator_step_peak(module: nn.Module, model: nn.Module, args: Sequence[Any]
         training_step(module, args, kwargs, loss)
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base + live_bytes_of(live)
-    step = lambda: training_step(module, args, kwargs, loss)  # noqa: E731
+
+    def step() -> None:
+        training_step(module, args, kwargs, loss)
+
     return profile_step(step, baseline_bytes=live_bytes_of(live)).peak_bytes

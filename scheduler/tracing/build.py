@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from graphs import Graph, Node
+from graphs import Node
 
 from .costs import OpRecord
 
@@ -301,7 +301,3 @@ def _common_module(rs: Sequence[OpRecord]) -> str:
             k += 1
         common = common[:k]
     return ".".join(common)
-
-
-def make_graph(nodes: Sequence[Node], *, param_bytes: int, input_bytes: int, name: str, meta: dict) -> Graph:
-    return Graph(nodes=tuple(nodes), param_bytes=param_bytes, input_bytes=input_bytes, name=name, meta=meta)
