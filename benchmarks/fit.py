@@ -45,7 +45,7 @@ def gpt_on_2gib(quick: bool) -> dict:
     import torch
 
     import scheduler
-    from scheduler.applying.graph import apply  # not scheduler.apply(...): that name is shadowed by its submodule once imported
+    from scheduler.applying.graph import apply  # the traced-graph lowering (a copy that returns the loss)
     from scheduler.models import build
     from scheduler.measuring.steps import measure_step_peak
 
