@@ -2,7 +2,7 @@
 
 For the built-in GPT-2-shaped model, ResNet-50-shaped model, U-Net, VGG-19
 and transformers GPT-2 (random weights, sizes for a 2-core CPU): every solver
-and every peer measured side by side (``scheduler.compare``), then the
+and every peer measured side by side (``scheduler.comparing.run``), then the
 Checkmate max-batch protocol on VGG-19 and solve time against graph size.
 
 Writes under ``benchmarks/results/``:
@@ -229,7 +229,7 @@ def summary_markdown(models: list[dict[str, Any]], maxbatch: dict[str, Any], sca
              f"suite wall time {wall_s:.0f}s.", "",
              "Peaks are whole-step bytes (parameters, inputs, gradients, activations). `meas` is the "
              "profiler's allocator events, the same for every method (compiled included), kernel workspaces "
-             "included; `storages` is `scheduler.measure` (tensor storages, what `simulate` models; blind to "
+             "included; `storages` is `scheduler.measuring.storages` (tensor storages, what `simulate` models; blind to "
              "compiled code); `pred` is `simulate`. time x is the median step time over the un-checkpointed "
              "step's, alternated in one run; grad diff is the largest absolute gradient difference from the "
              "un-checkpointed step with the same seed.", ""]

@@ -2,11 +2,11 @@
 
 ``compare(workload, [0.2, 0.3, 0.5, 0.7])`` traces the model once, then for
 each of our solvers at each budget fraction solves, applies and measures the
-plan, and measures the peers (``scheduler.peers``: no checkpointing,
+plan, and measures the peers (``scheduler.comparing.peers``: no checkpointing,
 per-block checkpointing, ``checkpoint_sequential``, ``torch.compile`` with
 ``activation_memory_budget`` at the same fractions) in the same process, on
 the same input and seed. Every method is measured the same way (NOTE
-[ Measuring with profiler events ] in ``scheduler.profmem``): peak bytes and
+[ Measuring with profiler events ] in ``scheduler.measuring.profiler``): peak bytes and
 the memory timeline from the profiler's allocator events, the step time as a
 ratio of medians against the un-checkpointed step run alternately with it,
 recomputed kernel FLOPs, and the largest gradient difference from the
@@ -81,7 +81,7 @@ class Row:
         predicted_peak_bytes: ``simulate``'s peak (ours; peers whose regions
             map onto the graph).
         measured_peak_bytes: profiler peak of a real step.
-        meter_peak_bytes: the same step measured by ``scheduler.measure``
+        meter_peak_bytes: the same step measured by ``scheduler.measuring.storages``
             (a dispatch mode: eager methods only, the cross-check).
         step_time_ratio: median step time / median un-checkpointed step time.
         step_time_s: median step time.
@@ -226,7 +226,7 @@ def _why(exc: BaseException) -> str:
 def trace_graph(wl: Workload, costs: str = "flops", workspaces: str = "auto") -> Graph:
     """The workload's cost graph (``scheduler.trace``), leaving buffers and RNG as they were.
 
-    ``workspaces="none"`` for comparisons with the storage count (``scheduler.measure``),
+    ``workspaces="none"`` for comparisons with the storage count (``scheduler.measuring.storages``),
     which does not see convolution workspaces."""
     model = wl.model
     buffers = list(model.buffers())

@@ -2,7 +2,7 @@
 
 NOTE [ Measuring with profiler events ]
     ``ckpt compare`` measures every method the same way, compiled or eager:
-    a ``TorchDispatchMode`` (``MemTracker``, ``scheduler.measure``) does not
+    a ``TorchDispatchMode`` (``MemTracker``, ``scheduler.measuring.storages``) does not
     see code that ``torch.compile`` produced (dynamo falls back to eager under
     a dispatch mode), but the allocator reports every allocation and free to
     ``torch.profiler`` when ``profile_memory=True``. The peak of a step is the

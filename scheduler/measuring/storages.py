@@ -19,7 +19,7 @@ NOTE [ Counting like simulate ]
     input feeds two branches: ``aten::add_`` in the profiler's trace of a
     plain backward, ``aten.add.Tensor`` under this mode. So at such a step
     this count can exceed both the real run and the prediction by up to one
-    gradient (1,216 bytes over on that block); ``scheduler.profmem`` (the
+    gradient (1,216 bytes over on that block); ``scheduler.measuring.profiler`` (the
     allocator's events, no mode) sees the real run.
 
 :func:`measure_step` runs one training step (forward, the loss, backward) of

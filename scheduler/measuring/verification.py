@@ -57,7 +57,7 @@ class Verification:
         predicted_store_all_bytes: ``simulate(graph)`` without a plan.
         measured_store_all_bytes: the allocator's peak of a real step without the plan.
         counted_peak_bytes, counted_store_all_bytes: the same steps by live
-            tensor storages (``scheduler.measure``; what ``simulate`` counts,
+            tensor storages (``scheduler.measuring.storages``; what ``simulate`` counts,
             without kernel workspaces).
         predicted_recompute_ratio: recompute FLOPs / step FLOPs.
         step_time_ratio: median step time with the plan / without.
@@ -142,7 +142,7 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
             on and off between the runs) or ``"graph"`` (the traced copy).
         graph: the plan's cost graph, when already traced at these inputs
             (else ``model`` is traced once, as the plan's graph was).
-        name: the graph's name as traced (see :func:`scheduler.applier.apply`).
+        name: the graph's name as traced (see :func:`scheduler.applying.graph.apply`).
         steps: measured steps of each kind for the time ratio (median).
         warmup: un-timed steps of each kind first.
         seed: RNG seed both runs start from (dropout masks equal).

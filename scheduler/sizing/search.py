@@ -2,7 +2,7 @@
 
 ``fit(model, "24GiB", search="batch")`` answers "what can I train on this
 card, and what does it cost?": it subtracts the persistent state (weights,
-gradients, optimizer state, master copy, reserve; ``scheduler.memory``) from
+gradients, optimizer state, master copy, reserve; ``scheduler.sizing.memory``) from
 the card, then searches the largest size whose step each solver can plan
 under what is left, re-tracing the model at every size it probes (shapes
 change) and checking every answer with ``simulate``.
@@ -241,7 +241,7 @@ def fit_graphs(model: SizedModel, device_memory: int | str, *, optimizer: str | 
     Args:
         model: the model as ``size -> graph`` (:class:`SizedModel`).
         device_memory: the card (``"24GiB"`` or bytes).
-        optimizer, dtype, mixed_precision: the persistent state (``scheduler.memory``).
+        optimizer, dtype, mixed_precision: the persistent state (``scheduler.sizing.memory``).
         solver_names: solver names (default :data:`DEFAULT_SOLVERS` that are registered).
         reserve: held back from the card (``memory.parse_reserve``).
         min_size, max_size, multiple_of: the sizes searched (``max_size``
