@@ -30,7 +30,8 @@ from solvers import InfeasibleBudget, Plan, simulate
 
 from . import peers
 from ..measuring.profiler import profile_step
-from ..measuring.steps import clear_grads, grad_difference, grad_snapshot, seeded_step, step_tensors, time_steps
+from ..measuring.steps import (clear_grads, grad_difference, grad_snapshot, measure_step_peak, seeded_step, step_tensors,
+                               time_steps)
 from ..measuring.storages import live_bytes_of
 from ..sizing.budget import parse_budget
 from .tables import format_table, machine, progress_line, timeline
@@ -170,14 +171,11 @@ class _Bench:
 
     def meter(self, forward: Callable[..., Any], *, returns_loss: bool = False) -> int | None:
         """Peak of one step by ``scheduler.measuring.storages`` (blind to compiled code: eager only)."""
-        from ..measuring.storages import measure_step
-
         self.clear()
         torch.manual_seed(self.seed)
-        m = measure_step(self.wl.model, self.wl.args, dict(self.wl.kwargs), loss=None if returns_loss else self.loss,
-                         run=forward)
+        peak = measure_step_peak(forward, self.wl.model, self.wl.args, self.wl.kwargs, None if returns_loss else self.loss)
         self.clear()
-        return m.peak_bytes
+        return peak
 
     def measure(self, prepared: peers.Prepared, row: Row, *, eager: bool = True) -> tuple[Row, Any]:
         """Warm up, then gradients, profiled peak and interleaved time of ``prepared``."""
