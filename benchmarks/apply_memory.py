@@ -3,7 +3,7 @@
 For each built-in example (and transformers GPT-2, 2 layers) at budgets 0.3,
 0.5 and 0.7 of the store-all activation peak, the plan with the least
 recompute over every registered solver is applied and verified
-(``scheduler.verify``: peaks measured with ``scheduler.measure``, step-time
+(``scheduler.measuring.verification``: peaks measured with ``scheduler.measuring.storages``, step-time
 ratio as the median of 5 steps of each, alternated in one run). Then the
 trade-off on the GPT-2-shaped model (12 layers, width 768, vocabulary 50257,
 sequence 1024, batch 1): time overhead against the budget.
@@ -56,11 +56,11 @@ def _best_plan(graph, budget):
 
 
 def _measure(name, opts, fractions, steps, warmup=1):
-    from scheduler.applier import CheckpointedModule, cut
-    from scheduler.explain import explain_floor
+    from scheduler.applying.graph import CheckpointedModule, cut
+    from scheduler.sizing.floor import explain_floor
     from scheduler.models import build
     from scheduler.tracer import capture
-    from scheduler.verify import verify
+    from scheduler.measuring.verification import verify
 
     torch.manual_seed(0)
     ex = build(name, **opts)

@@ -28,8 +28,8 @@ import torch
 
 import scheduler
 import solvers
-from scheduler.budget import format_bytes
-from scheduler.verify import allocator_step_peak
+from scheduler.sizing.budget import format_bytes
+from scheduler.measuring.steps import allocator_step_peak
 from solvers import InfeasibleBudget, activation_budget_bytes, simulate
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 For the built-in GPT-2-shaped model, ResNet-50-shaped model, U-Net, VGG-19
 and transformers GPT-2 (random weights, sizes for a 2-core CPU): every solver
-and every peer measured side by side (``scheduler.compare``), then the
+and every peer measured side by side (``scheduler.comparing.run``), then the
 Checkmate max-batch protocol on VGG-19 and solve time against graph size.
 
 Writes under ``benchmarks/results/``:
@@ -24,8 +24,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from scheduler.compare import compare, format_table, machine
-from scheduler.compare_models import BENCH_MODELS, QUICK_MODELS, workload
+from scheduler.comparing.run import compare, format_table, machine
+from scheduler.comparing.workloads import BENCH_MODELS, QUICK_MODELS, workload
 
 log = logging.getLogger("benchmarks.compare")
 
@@ -51,7 +51,7 @@ def _registered(names: tuple[str, ...]) -> list[str]:
 
 def run_models(quick: bool) -> list[dict[str, Any]]:
     """Compare on each benchmark model; write its JSON and plots."""
-    from scheduler.compare_plots import plot_comparison
+    from scheduler.comparing.plots import plot_comparison
 
     out = []
     for spec in (QUICK_MODELS if quick else BENCH_MODELS):
@@ -79,8 +79,7 @@ def run_models(quick: bool) -> list[dict[str, Any]]:
 
 def run_maxbatch(quick: bool) -> dict[str, Any]:
     """The Checkmate protocol on VGG-19: largest batch per method under one budget."""
-    from scheduler.compare_models import vgg_maxbatch_setup
-    from scheduler.maxbatch import CHECKMATE_VGG19, max_batches
+    from benchmarks.maxbatch import CHECKMATE_VGG19, max_batches, vgg_maxbatch_setup
 
     graph_at, confirm, budget, hi, meta = vgg_maxbatch_setup(quick=quick)
     rows = max_batches(graph_at, budget, _registered(MAXBATCH_METHODS), hi=hi,
@@ -101,7 +100,7 @@ def run_maxbatch(quick: bool) -> dict[str, Any]:
 
 def run_scaling(quick: bool) -> dict[str, Any]:
     """Solve time vs graph size: plot benchmarks/solvers.py's table when present, else measure."""
-    from scheduler.compare_plots import plot_scaling
+    from scheduler.comparing.plots import plot_scaling
 
     path = os.path.join(RESULTS, "solvers.csv")
     points = points_from_solvers_csv(path) if os.path.exists(path) else {}
@@ -230,7 +229,7 @@ def summary_markdown(models: list[dict[str, Any]], maxbatch: dict[str, Any], sca
              f"suite wall time {wall_s:.0f}s.", "",
              "Peaks are whole-step bytes (parameters, inputs, gradients, activations). `meas` is the "
              "profiler's allocator events, the same for every method (compiled included), kernel workspaces "
-             "included; `storages` is `scheduler.measure` (tensor storages, what `simulate` models; blind to "
+             "included; `storages` is `scheduler.measuring.storages` (tensor storages, what `simulate` models; blind to "
              "compiled code); `pred` is `simulate`. time x is the median step time over the un-checkpointed "
              "step's, alternated in one run; grad diff is the largest absolute gradient difference from the "
              "un-checkpointed step with the same seed.", ""]

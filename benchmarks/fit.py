@@ -21,7 +21,7 @@ import os
 import time
 
 import solvers
-from scheduler.memory import NothingFits, render_report
+from scheduler.sizing.memory import NothingFits, render_report
 
 log = logging.getLogger("benchmarks.fit")
 
@@ -45,9 +45,9 @@ def gpt_on_2gib(quick: bool) -> dict:
     import torch
 
     import scheduler
-    from scheduler.applier import apply  # not scheduler.apply(...): that name is shadowed by its submodule once imported
+    from scheduler.applying.graph import apply  # the traced-graph lowering (a copy that returns the loss)
     from scheduler.models import build
-    from scheduler.verify import measure_step_peak
+    from scheduler.measuring.steps import measure_step_peak
 
     seq = 128 if quick else 256
     out: dict = {"model": "gpt", "seq": seq, "card_bytes": 2 * GiB}

@@ -19,8 +19,8 @@ whether gradients and buffers are bitwise those of the unplanned step.
 
 import os, sys, time, torch, torch.nn.functional as F, scheduler, solvers
 from scheduler.tracer import capture
-from scheduler.measure import measure_step
-from scheduler.profmem import profile_step
+from scheduler.measuring.storages import measure_step
+from scheduler.measuring.profiler import profile_step
 from solvers import simulate
 torch.set_num_threads(2)
 def tv(name, **kw):

@@ -2,7 +2,7 @@
 
 For each built-in model, transformers GPT-2 (2 layers) and a tiny Llama:
 trace, simulate store-all, measure one training step with
-``scheduler.measure.measure_step``; then compare granularities (nodes, solve
+``scheduler.measuring.storages.measure_step``; then compare granularities (nodes, solve
 time, recompute overhead of the ``dp`` plan at params + grads + 50 % of the rest of the store-all peak).
 Writes ``benchmarks/results/trace_memory.md``.
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 import solvers
-from scheduler.budget import format_bytes
-from scheduler.measure import measure_step
+from scheduler.sizing.budget import format_bytes
+from scheduler.measuring.storages import measure_step
 from scheduler.models import build
 from scheduler.report import table
 from scheduler.tracer import capture
@@ -91,7 +91,7 @@ def main(quick: bool = False) -> None:
                                                     "recompute", "peak", "budget (params+grads + 50% of the rest)"])
     text = ("# Traced graphs: predicted vs measured memory\n\n"
             "Predicted: `solvers.simulate` store-all peak of the traced graph. Measured: peak of live tensor "
-            "storages in one real CPU training step (`scheduler.measure.measure_step`).\n\n"
+            "storages in one real CPU training step (`scheduler.measuring.storages.measure_step`).\n\n"
             f"```\n{mem}\n```\n\n"
             f"## Granularity ({gname} {_opts(gopts)})\n\n"
             f"```\n{gran}\n```\n\n"

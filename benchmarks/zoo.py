@@ -30,8 +30,8 @@ from typing import Any, Callable
 import torch
 
 import scheduler
-from scheduler.budget import format_bytes
-from scheduler.verify import verify
+from scheduler.sizing.budget import format_bytes
+from scheduler.measuring.verification import verify
 from solvers import InfeasibleBudget, activation_budget_bytes
 
 log = logging.getLogger(__name__)

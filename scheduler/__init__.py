@@ -1,4 +1,4 @@
-"""The user's side: trace a model, solve under a budget, apply, measure.
+"""The user's side: trace a model, solve under a budget, apply, measure (the verbs live in ``scheduler.api``).
 
 Example:
     >>> import scheduler
@@ -13,7 +13,6 @@ loaded on first use.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from graphs import CkptError, Graph, GraphError, Node, load as load_graph, save as save_graph
@@ -29,31 +28,24 @@ from solvers import (
     load_plan,
 )
 
-from .budget import BudgetError, format_bytes, parse_budget, parse_size
-from .api import simulate, solve
-from .fit import fit  # torch-free; eager because a lazy name equal to its submodule's is shadowed by `import scheduler.fit`
+from . import api
+from .api import fit, simulate, solve
+from .sizing.budget import BudgetError, format_bytes, parse_budget, parse_size
 
 __all__ = [
     "CkptError", "Graph", "GraphError", "Node", "load_graph", "save_graph",
     "InfeasibleBudget", "Plan", "PlanError", "PlanMismatch", "Simulation", "Status", "UnknownSolver",
-    "available_solvers", "load_plan", "simulate",
-    "BudgetError", "format_bytes", "parse_budget", "parse_size", "solve",
-    "trace", "apply", "remove", "fit",
+    "available_solvers", "load_plan",
+    "BudgetError", "format_bytes", "parse_budget", "parse_size",
+    "trace", "solve", "simulate", "apply", "remove", "verify", "fit", "compare",
 ]
-
-# Names served lazily (they import torch): name -> "module:attribute".
-_LAZY = {
-    "trace": "scheduler.tracer:trace",
-    "apply": "scheduler.applying:apply",
-    "remove": "scheduler.applying:remove",
-}
 
 
 def __getattr__(name: str) -> Any:
-    target = _LAZY.get(name)
-    if target is None:
+    # The verbs that import torch (``api.LAZY``), loaded on first use. No submodule of this
+    # package is named like a verb, so ``import scheduler.<module>`` never hides one.
+    if name not in api.LAZY:
         raise AttributeError(f"module 'scheduler' has no attribute {name!r}")
-    mod, attr = target.split(":")
-    value = getattr(importlib.import_module(mod), attr)
+    value = getattr(api, name)
     globals()[name] = value
     return value

@@ -1,18 +1,50 @@
-"""``scheduler.solve`` and ``scheduler.simulate``: the solvers and the cost model, with budgets people write
-and plans checked against their graph."""
+"""The public verbs: ``trace``, ``solve``, ``simulate``, ``apply``, ``remove``, ``verify``, ``fit``, ``compare``.
+
+``scheduler`` re-exports them. ``solve`` and ``simulate`` are written here (the
+solvers and the cost model, with budgets people write and plans checked
+against their graph); ``fit`` is :func:`scheduler.sizing.search.fit`. The verbs
+that need torch are loaded on first use, so ``import scheduler`` imports
+neither torch, OR-Tools, matplotlib nor transformers:
+
+* ``trace``: :func:`scheduler.tracer.trace`, a model and example inputs -> a cost graph;
+* ``apply`` / ``remove``: :func:`scheduler.applying.apply`, a plan onto the user's module, and its undo;
+* ``verify``: :func:`scheduler.measuring.verification.verify`, real steps with and without a plan;
+* ``compare``: :func:`scheduler.comparing.run.compare`, our plans beside the tools people use today.
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import solvers
 from graphs import Graph
 from solvers import InfeasibleBudget, Plan, Simulation
 
-from .budget import BudgetSpec, parse_budget
-from .explain import explain_floor
+from .sizing.budget import BudgetSpec, parse_budget
+from .sizing.floor import explain_floor
+from .sizing.search import fit
 
-__all__ = ["solve", "simulate"]
+__all__ = ["trace", "solve", "simulate", "apply", "remove", "verify", "fit", "compare"]
+
+#: The verbs that import torch, served on first use: name -> "module:attribute".
+LAZY = {
+    "trace": "scheduler.tracer:trace",
+    "apply": "scheduler.applying:apply",
+    "remove": "scheduler.applying:remove",
+    "verify": "scheduler.measuring.verification:verify",
+    "compare": "scheduler.comparing.run:compare",
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'scheduler.api' has no attribute {name!r}")
+    mod, attr = target.split(":")
+    value = getattr(importlib.import_module(mod), attr)
+    globals()[name] = value
+    return value
 
 
 def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: str | None = None, **options: Any) -> Plan:
@@ -37,7 +69,7 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
         BudgetError: the budget cannot be read.
         UnknownOption: an option the solver does not take.
         InfeasibleBudget: nothing fits; ``.min_feasible_bytes`` says what would
-            and ``.floor`` which step sets the least peak (``scheduler.explain``).
+            and ``.floor`` which step sets the least peak (``scheduler.sizing.floor``).
     """
     budget_bytes = parse_budget(budget, graph, optimizer=optimizer)
     try:

@@ -11,8 +11,8 @@ from torch import nn
 import solvers
 from graphs import synthetic
 from solvers import InfeasibleBudget, Plan, PlanMismatch, activation_budget_bytes, enumerate_plans, simulate
-from scheduler.applier import CheckpointedModule, apply, cut
-from scheduler.explain import explain_floor, node_floors
+from scheduler.applying.graph import CheckpointedModule, apply, cut
+from scheduler.sizing.floor import explain_floor, node_floors
 from scheduler.models import build
 
 SMALL = {
@@ -202,7 +202,7 @@ def test_skip_tensors_are_freed_between_regions_as_simulated():
     # Two regions whose outputs meet in a U-Net's cat: the stretch between them reads the skip
     # and must free it after its last use (a submodule call would hold it to its end), and
     # cat's view gradients must be modelled; the measured peak then equals simulate's.
-    from scheduler.measure import measure_step
+    from scheduler.measuring.storages import measure_step
     from scheduler.models import build as build_model
     from scheduler.tracer import capture as capture_model
 

@@ -18,7 +18,7 @@ from torch import nn
 import scheduler
 import solvers
 from scheduler.applying import ApplyError, applied_plan, region_wrappers
-from scheduler.measure import measure_step
+from scheduler.measuring.storages import measure_step
 from scheduler.models import build
 from scheduler.tracer import capture
 from solvers import Plan, PlanMismatch, simulate

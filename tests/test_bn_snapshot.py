@@ -11,10 +11,10 @@ over the stem and the first bottleneck measured 744 bytes above its prediction.
 import torch
 
 from graphs import Graph, Node
-from scheduler.applier import apply
-from scheduler.compare import trace_graph
-from scheduler.compare_models import workload
-from scheduler.measure import measure_step
+from scheduler.applying.graph import apply
+from scheduler.comparing.run import trace_graph
+from scheduler.comparing.workloads import workload
+from scheduler.measuring.storages import measure_step
 from solvers import Plan, simulate
 
 

@@ -8,10 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from scheduler import peers
-from scheduler.compare import Comparison, Row
-from scheduler.compare_claims import claims
-from scheduler.profmem import grad_difference, grad_snapshot, live_bytes_of, profile_step
+from scheduler.comparing import peers
+from scheduler.comparing.run import Comparison, Row
+from scheduler.comparing.claims import claims
+from scheduler.measuring.profiler import profile_step
+from scheduler.measuring.steps import grad_difference, grad_snapshot
+from scheduler.measuring.storages import live_bytes_of
 
 
 class Block(nn.Module):
@@ -106,7 +108,7 @@ def test_sequential_says_why_a_model_with_skips_is_not_a_sequence():
 
 
 def test_profiler_peak_agrees_with_the_dispatch_meter_on_eager(stack):
-    from scheduler.measure import measure_step
+    from scheduler.measuring.storages import measure_step
 
     model, x = stack
     for p in model.parameters():
@@ -168,7 +170,7 @@ def test_ckpt_compare_quick_reports_every_method(tmp_path):
 def test_max_batches_finds_the_edge_and_ranks_methods():
     import solvers
     from graphs import synthetic
-    from scheduler.maxbatch import max_batches
+    from benchmarks.maxbatch import max_batches
 
     def graph_at(b: int):
         return synthetic.chain(12, out_bytes=b * 1024, flops=10**6)
@@ -188,7 +190,7 @@ def test_timeline_places_predicted_steps_by_cost_done():
     from types import SimpleNamespace
 
     from graphs import synthetic
-    from scheduler.compare_report import timeline
+    from scheduler.comparing.tables import timeline
     from solvers import simulate
 
     g = synthetic.make("chain", 6, seed=0)

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from graphs import synthetic
-from scheduler.fit import SizedModel, fit_graphs, search_largest
-from scheduler.memory import NothingFits
+from scheduler.sizing.search import SizedModel, fit_graphs, search_largest
+from scheduler.sizing.memory import NothingFits
 from solvers import available_solvers, simulate
 
 MB = 1 << 20

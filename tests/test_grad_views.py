@@ -3,8 +3,8 @@
 import torch
 from torch import nn
 
-from scheduler.applier import apply
-from scheduler.measure import measure_step
+from scheduler.applying.graph import apply
+from scheduler.measuring.storages import measure_step
 from scheduler.models import build
 from scheduler.tracer import capture
 from solvers import Plan, simulate

@@ -3,9 +3,9 @@
 import torch
 from torch import nn
 
-from scheduler.applier import apply
+from scheduler.applying.graph import apply
 from scheduler.tracer import capture
-from scheduler.verify import verify
+from scheduler.measuring.verification import verify
 from solvers import Plan
 
 

@@ -3,7 +3,7 @@
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from scheduler.measure import measure_peak
+from scheduler.measuring.storages import measure_peak
 
 
 def test_a_dispatch_mode_makes_gradient_accumulation_out_of_place():

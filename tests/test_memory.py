@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from graphs import synthetic
-from scheduler.budget import BudgetError
-from scheduler.memory import (
+from scheduler.sizing.budget import BudgetError
+from scheduler.sizing.memory import (
     DEFAULT_RESERVE, levers, memory_report, parse_reserve, persistent_state, plan_memory, render_report,
 )
 from solvers import simulate

@@ -1,6 +1,6 @@
 """``time_steps`` runs the two steps in ABBA order."""
 
-from scheduler.profmem import time_steps
+from scheduler.measuring.steps import time_steps
 
 
 def test_time_steps_alternates_abba():

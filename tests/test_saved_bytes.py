@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import scheduler
-from scheduler.measure import measure_step
+from scheduler.measuring.storages import measure_step
 from scheduler.tracer import capture
 from solvers import simulate
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scheduler.applier import apply
-from scheduler.measure import measure_step
+from scheduler.applying.graph import apply
+from scheduler.measuring.storages import measure_step
 from scheduler.tracer import capture
 from solvers import Plan, simulate
 

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import scheduler
-from scheduler.applier import apply
-from scheduler.measure import measure_step
+from scheduler.applying.graph import apply
+from scheduler.measuring.storages import measure_step
 from scheduler.tracer import capture
 from solvers import InfeasibleBudget, Plan, simulate
 

@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import graphs
 import scheduler
-from scheduler.measure import measure_peak, measure_step
+from scheduler.measuring.storages import measure_peak, measure_step
 from scheduler.models import build
 from scheduler.tracer import TraceError, TraceMismatch, capture
 from solvers import simulate
@@ -37,7 +37,7 @@ def traced_case(request):
 def test_store_all_peak_matches_a_measured_cpu_step_within_10_percent(traced_case):
     """Against the allocator's peak: the default trace counts convolution workspaces, which the
     storage count (``measure_step``) does not see."""
-    from scheduler.verify import allocator_step_peak
+    from scheduler.measuring.steps import allocator_step_peak
 
     name, ex, traced = traced_case
     measured = allocator_step_peak(ex.model, ex.model, ex.args, ex.kwargs, ex.loss)

@@ -14,10 +14,10 @@ prediction):
 
 import torch
 
-from scheduler.applier import apply
-from scheduler.compare import trace_graph
-from scheduler.compare_models import workload
-from scheduler.measure import measure_step
+from scheduler.applying.graph import apply
+from scheduler.comparing.run import trace_graph
+from scheduler.comparing.workloads import workload
+from scheduler.measuring.storages import measure_step
 from solvers import Plan, simulate
 
 REGIONS = ((0, 6), (7, 15), (18, 20), (23, 28), (33, 34))

@@ -6,9 +6,10 @@ the prediction of a conv net's step is below what the allocator reaches.
 
 import torch
 
-from scheduler.applier import apply
-from scheduler.compare_models import workload
-from scheduler.profmem import live_bytes_of, profile_step
+from scheduler.applying.graph import apply
+from scheduler.comparing.workloads import workload
+from scheduler.measuring.profiler import profile_step
+from scheduler.measuring.storages import live_bytes_of
 from scheduler.tracer import capture
 from solvers import Plan, simulate
 

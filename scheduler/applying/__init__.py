@@ -57,7 +57,7 @@ def apply(model: nn.Module, plan: Plan, *, lower: str = "module", check: bool = 
         if args is None and kwargs is None:
             raise ApplyError("apply(..., lower='graph') needs example inputs at the plan's shape: args=(...) and/or "
                              "kwargs={...}")
-        from ..applier import apply as apply_graph
+        from .graph import apply as apply_graph
 
         return apply_graph(model, plan, args if args is not None else (), kwargs, check=check, **graph_options)
     raise ApplyError(f"lower={lower!r} is not one of {', '.join(LOWERINGS)}")

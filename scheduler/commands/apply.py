@@ -11,8 +11,7 @@ from solvers import load_plan
 
 from ..progress import phase
 from ..report import table
-from .common import nonneg_float, positive_int
-from .trace import MODEL_FLAGS, model_options
+from .common import add_model_arguments, model_options, nonneg_float, positive_int
 
 NAME = "apply"
 HELP = "apply a plan to a model as checkpoint regions; --verify runs real steps with and without it"
@@ -42,10 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", nargs="+", metavar="[MODEL] PLAN",
                    help="plan JSON from `ckpt solve`, optionally preceded by the model (built-in name, hf:NAME or "
                         "package.module:factory; default: the one the plan's graph was traced with)")
-    for flag, kind in MODEL_FLAGS.items():
-        p.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None, help=f"model option {flag}")
-    p.add_argument("--option", "-O", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other model option (repeatable), e.g. --option vocab=1000")
+    add_model_arguments(p, positional=False)
     p.add_argument("--verify", action="store_true", help="run real steps with and without the plan and compare")
     p.add_argument("--steps", type=positive_int, default=5,
                    help="measured steps of each kind for the time ratio (default 5)")
@@ -75,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..applying import apply
     from ..models import build
-    from ..verify import verify
+    from ..measuring.verification import verify
 
     plan = load_plan(args.target[-1])
     model_name, options = _model_and_options(args, plan)

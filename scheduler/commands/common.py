@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 from graphs import CkptError, check_output_path
 
 __all__ = ["positive_int", "positive_float", "nonneg_float", "gap_fraction", "granularity", "parse_options",
-           "check_outputs", "reject_options"]
+           "check_outputs", "reject_options", "MODEL_FLAGS", "add_model_flags", "add_model_arguments", "model_options"]
 
 
 def _number(kind: Callable[[str], Any], text: str, what: str) -> Any:
@@ -86,6 +86,37 @@ def parse_options(items: Iterable[str], flag: str = "--option") -> dict[str, Any
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             out[key.strip()] = value
     return out
+
+
+#: CLI flag -> model option, the same for every command that builds a model (validated: counts positive here,
+#: dtype and device by ``scheduler.models``, or for ``ckpt fit`` by ``scheduler.sizing.memory``).
+MODEL_FLAGS: dict[str, Callable[[str], Any]] = {
+    "batch": positive_int, "seq": positive_int, "image_size": positive_int, "dtype": str, "layers": positive_int,
+    "width": positive_int, "heads": positive_int, "depth": positive_int, "device": str}
+
+
+def add_model_flags(p: argparse.ArgumentParser, names: Iterable[str] | None = None,
+                    helps: dict[str, str] | None = None) -> None:
+    """The model option flags ``names`` (default all of :data:`MODEL_FLAGS`), unset (None) by default."""
+    for flag in MODEL_FLAGS if names is None else names:
+        p.add_argument(f"--{flag.replace('_', '-')}", type=MODEL_FLAGS[flag], default=None,
+                       help=(helps or {}).get(flag, f"model option {flag}"))
+
+
+def add_model_arguments(p: argparse.ArgumentParser, *, positional: bool = True) -> None:
+    """The MODEL argument (unless the command names it otherwise), every model flag and ``-O KEY=VALUE``."""
+    if positional:
+        p.add_argument("model", help="built-in name, hf:NAME, or package.module:factory (see `ckpt models`)")
+    add_model_flags(p)
+    p.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other model option (repeatable), e.g. --option vocab=1000")
+
+
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The model options the user set: the flags of :data:`MODEL_FLAGS`, then ``-O KEY=VALUE`` over them."""
+    opts: dict[str, Any] = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k, None) is not None}
+    opts.update(parse_options(args.option))
+    return opts
 
 
 def check_outputs(outputs: Iterable[tuple[str, str | None]], inputs: Iterable[str | None] = ()) -> None:

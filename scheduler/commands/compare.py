@@ -9,8 +9,7 @@ import os
 from graphs import CkptError, write_text_atomic
 
 from ..progress import phase
-from .common import check_outputs, positive_float, positive_int
-from .trace import add_model_arguments, model_options
+from .common import add_model_arguments, check_outputs, model_options, positive_float, positive_int
 
 NAME = "compare"
 HELP = "our solvers and the usual tools (per-block, checkpoint_sequential, torch.compile), measured side by side"
@@ -75,8 +74,8 @@ def _quick_solvers() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..compare import compare, format_table
-    from ..compare_models import workload
+    from ..comparing.run import compare, format_table
+    from ..comparing.workloads import workload
 
     from solvers import available_solvers
 
@@ -111,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         write_text_atomic(args.json_path, json.dumps(cmp.to_dict(), indent=1))
         print(f"results written to {args.json_path}")
     if args.plots:
-        from ..compare_plots import plot_comparison
+        from ..comparing.plots import plot_comparison
 
         os.makedirs(args.plots, exist_ok=True)
         for path in plot_comparison(cmp, args.plots):

@@ -8,7 +8,7 @@ import time
 import solvers
 from solvers import InfeasibleBudget, format_bytes, simulate
 
-from ..budget import read_budget
+from ..sizing.budget import read_budget
 from ..progress import phase
 from ..report import ratio, table
 from .common import positive_float, positive_int
@@ -50,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..api import solve
-    from ..explain import explain_floor
+    from ..sizing.floor import explain_floor
     from ..models import build
     from ..tracer import capture
-    from ..verify import verify
+    from ..measuring.verification import verify
 
     read_budget(args.budget)  # before the model is built
     t0 = time.perf_counter()

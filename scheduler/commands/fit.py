@@ -7,10 +7,10 @@ import sys
 
 from solvers import format_bytes
 
-from ..budget import OPTIMIZER_STATES
-from ..memory import DEFAULT_RESERVE, NothingFits, render_report
+from ..sizing.budget import OPTIMIZER_STATES
+from ..sizing.memory import DEFAULT_RESERVE, NothingFits, render_report
 from ..report import table
-from .common import positive_float, positive_int
+from .common import add_model_flags, positive_float, positive_int
 
 NAME = "fit"
 HELP = "the largest batch or sequence that fits a card, per solver, and the step's memory by category"
@@ -44,8 +44,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-memory", "-m", required=True, help="the card's memory: 24GiB, 80GiB, 2GiB...")
     p.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZER_STATES),
                    help="optimizer whose state is kept (default adam: two states per parameter)")
-    p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
-                   help="dtype of weights and activations (default fp32, or bf16 with --mixed-precision)")
     p.add_argument("--mixed-precision", action="store_true",
                    help="low-precision weights with an fp32 master copy and fp32 optimizer state (ZeRO's 16 bytes/param)")
     p.add_argument("--solver", "-s", action="append",
@@ -53,8 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "chen, per-module, dp; 'all' for every registered solver)")
     p.add_argument("--search", default="batch", choices=["batch", "seq", "none"],
                    help="the dimension to search; 'none' only checks --batch and --seq (default batch)")
-    p.add_argument("--batch", type=positive_int, default=None, help="batch size (fixed unless searched; default 1)")
-    p.add_argument("--seq", type=positive_int, default=None, help="sequence length (fixed unless searched; default: the model's)")
+    add_model_flags(p, ("dtype", "batch", "seq"), helps={
+        "dtype": "dtype of weights and activations: fp32, bf16, fp16 (or float32, bfloat16, float16); default fp32, "
+                 "or bf16 with --mixed-precision",
+        "batch": "batch size (fixed unless searched; default 1)",
+        "seq": "sequence length (fixed unless searched; default: the model's)"})
     p.add_argument("--max-size", type=positive_int, default=None, help="largest size to try (default: the model's limit, else 4096)")
     p.add_argument("--multiple-of", type=positive_int, default=None,
                    help="try only multiples of this (default 1 for batch, 64 for seq)")
@@ -88,7 +89,7 @@ def _progress(probe) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..fit import fit
+    from ..sizing.search import fit
 
     dtype = args.dtype or ("bf16" if args.mixed_precision else "fp32")
     search = args.search

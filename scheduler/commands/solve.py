@@ -9,8 +9,8 @@ from graphs import CkptError
 from solvers import InfeasibleBudget, Plan, available_solvers, format_bytes
 
 from ..api import solve
-from ..explain import explain_floor
-from ..budget import optimizer_state_bytes, parse_budget, read_budget
+from ..sizing.floor import explain_floor
+from ..sizing.budget import optimizer_state_bytes, parse_budget, read_budget
 from ..progress import phase
 from ..report import plan_summary, ratio, table
 from .common import check_outputs, gap_fraction, positive_float, reject_options

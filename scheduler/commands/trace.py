@@ -7,8 +7,8 @@ from typing import Any
 
 from graphs import BUILD_META, save
 
-from ..budget import format_bytes
-from .common import check_outputs, granularity, parse_options, positive_int
+from ..sizing.budget import format_bytes
+from .common import add_model_arguments, check_outputs, granularity, model_options
 
 NAME = "trace"
 HELP = "trace a model into a cost graph (FLOPs, bytes autograd saves) and write it as JSON"
@@ -22,27 +22,6 @@ With --device meta nothing is allocated: plan for a GPU you do not have.
 example:
   ckpt trace gpt --layers 2 --width 256 --heads 4 --seq 128 -o graph.json
   ckpt trace hf:llama-7b --device meta --seq 4096 --dtype bfloat16 -o llama.json"""
-
-#: CLI flag -> model option (validated: counts positive, dtype and device checked by ``scheduler.models``).
-MODEL_FLAGS = {"batch": positive_int, "seq": positive_int, "image_size": positive_int, "dtype": str,
-               "layers": positive_int, "width": positive_int, "heads": positive_int, "depth": positive_int,
-               "device": str}
-
-
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The MODEL argument and the option flags shared by commands that build a model."""
-    p.add_argument("model", help="built-in name, hf:NAME, or package.module:factory (see `ckpt models`)")
-    for flag, kind in MODEL_FLAGS.items():
-        p.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None, help=f"model option {flag}")
-    p.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other model option (repeatable), e.g. --option vocab=1000")
-
-
-def model_options(args: argparse.Namespace) -> dict[str, Any]:
-    opts: dict[str, Any] = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k, None) is not None}
-    opts.update(parse_options(args.option))
-    return opts
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)

@@ -2,7 +2,7 @@
 
 Built-in (written here, no torchvision): ``gpt``, ``resnet``, ``unet``,
 ``vgg19``. ``hf:NAME``: a transformers model from a config table in
-:mod:`scheduler.models.hf` (random weights, offline). ``package.module:factory``:
+:mod:`scheduler.models.hf_configs` (random weights, offline). ``package.module:factory``:
 any function returning ``(model, args, kwargs)`` or ``(model, args, kwargs, loss)``.
 
 Every built-in returns a scalar loss, so its graph covers the training step:
@@ -179,22 +179,14 @@ def build(name: str, **options: Any) -> Example:
     if "device" in options:
         options["device"] = check_device(options["device"])
     if name.startswith("hf:"):
-        from . import hf
+        from . import hf_configs
 
         key = name[3:]
-        from . import hf_configs  # published shapes (issue 7): gpt2-xl, llama-2-7b, mistral-7b...
-
-        if key not in hf.HF_CONFIGS and key in hf_configs.HF_CONFIGS:
-            _check_options(name, hf_configs.build, options)
-            return Example(name, *hf_configs.build(key, **options), options=options)
-        if key not in hf.HF_CONFIGS:
-            known = ", ".join("hf:" + k for k in (*hf.HF_CONFIGS, *hf_configs.HF_CONFIGS))
+        if key not in hf_configs.HF_CONFIGS:
+            known = ", ".join("hf:" + k for k in hf_configs.HF_CONFIGS)
             raise UnknownModel(f"no transformers config named {key!r}; known: {known}")
-        _check_options(name, hf.build, options)
-        try:
-            model, args, kwargs, loss = hf.build(key, **options)
-        except ImportError as exc:
-            raise CkptError(f"{name} needs transformers: pip install 'ckpt-scheduler[hf]' ({exc})") from exc
+        _check_options(name, hf_configs.build, options)
+        model, args, kwargs, loss = hf_configs.build(key, **options)
         return Example(name, model, tuple(args), dict(kwargs), loss, options)
     factory = factory_of(name)
     _check_options(name, factory, options)
@@ -236,15 +228,8 @@ def _check_options(name: str, factory: Callable[..., Any], options: Mapping[str,
 
 def describe() -> list[tuple[str, str, dict[str, Any]]]:
     """``(name, description, options with defaults)`` for every known model."""
-    from . import hf
-
-    rows = [(m.name, m.description, options_of(m.factory)) for m in _registry().values()]
-    hf_opts = {k: v for k, v in options_of(hf.build).items()}
-    for key, (desc, _cls, _kw) in hf.HF_CONFIGS.items():
-        rows.append((f"hf:{key}", desc, hf_opts))
     from . import hf_configs
 
-    shape_opts = options_of(hf_configs.build)
-    rows += [(name, f"{size} parameters, published shape of {src} (offline; device=meta for large ones)", shape_opts)
-             for name, size, src in hf_configs.describe() if name[3:] not in hf.HF_CONFIGS]
-    return rows
+    hf_opts = options_of(hf_configs.build)
+    return ([(m.name, m.description, options_of(m.factory)) for m in _registry().values()]
+            + [(name, desc, hf_opts) for name, desc in hf_configs.describe()])

@@ -1,16 +1,18 @@
-"""Published shapes of common transformers models, usable offline.
+"""``hf:NAME``: the one table of transformers model shapes, usable offline.
 
-Nothing here downloads: each entry is the architecture part of the model's
+Nothing here downloads: each entry is the architecture part of a model's
 published ``config.json`` on the Hugging Face hub (sizes, heads, vocabulary,
-positions), enough to build the model with random weights, or on the
-``meta`` device without allocating them, and size a fine-tune for a card
-this machine does not have.
+positions), or a small shape written here for tests (``llama-tiny``),
+enough to build the model with random weights, or on the ``meta`` device
+without allocating them, and size a fine-tune for a card this machine does
+not have. ``scheduler.models.build("hf:NAME")`` (``ckpt trace``, ``ckpt
+apply``), ``ckpt fit`` and ``ckpt compare`` all read it.
 
 ``hf_config("llama-2-7b")`` gives a ``transformers`` config;
 ``hf_config("path/to/config.json")`` (or a folder holding one) reads a
 local file; any other name is tried as a ``transformers`` model type with its
 defaults (``gpt2`` is GPT-2 small). ``build_hf_model(config, device="meta")``
-builds the causal-LM model.
+builds the causal-LM model; :func:`build` gives a model, example inputs and its loss.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from graphs import CkptError
@@ -42,12 +44,19 @@ class HFShape:
         source: the hub repository whose ``config.json`` the fields come from.
         params: the parameter count, for the table (checked by the tests).
         config: ``model_type`` and the architecture fields of that config.json.
+        description: the line ``ckpt models`` shows (default: size and source).
+        build_fields: config fields :func:`build` adds. The names ``ckpt trace``
+            knew first (``gpt2``, ``llama-tiny``, ``llama-7b``) build without
+            the key/value cache, as they always did, so graphs and plans saved
+            from them keep their fingerprints.
     """
 
     name: str
     source: str
     params: int
     config: Mapping[str, Any]
+    description: str = ""
+    build_fields: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _gpt2(n_embd: int, n_layer: int, n_head: int) -> dict[str, Any]:
@@ -64,8 +73,20 @@ def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int
             "rope_theta": rope_theta, "hidden_act": "silu", "tie_word_embeddings": False, **extra}
 
 
+_NO_CACHE = {"use_cache": False}
+
 _SHAPES = [
-    HFShape("gpt2", "openai-community/gpt2", 124_439_808, _gpt2(768, 12, 12)),
+    HFShape("gpt2", "openai-community/gpt2", 124_439_808, _gpt2(768, 12, 12),
+            "GPT-2 small (124M): 12 layers, width 768, 12 heads", _NO_CACHE),
+    HFShape("llama-tiny", "(written here)", 220_480,
+            {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 2048},
+            "a tiny Llama (2 layers, width 64, 4 heads, 2 KV heads, vocab 1000)", _NO_CACHE),
+    HFShape("llama-7b", "(written here)", 6_738_415_616,
+            {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+             "max_position_embeddings": 4096},
+            "Llama-2-7B's shape (32 layers, width 4096, vocab 32000); use with --device meta", _NO_CACHE),
     HFShape("gpt2-medium", "openai-community/gpt2-medium", 354_823_168, _gpt2(1024, 24, 16)),
     HFShape("gpt2-large", "openai-community/gpt2-large", 774_030_080, _gpt2(1280, 36, 20)),
     HFShape("gpt2-xl", "openai-community/gpt2-xl", 1_557_611_200, _gpt2(1600, 48, 25)),
@@ -159,10 +180,14 @@ def hf_param_count(name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def describe() -> list[tuple[str, str, str]]:
-    """``(hf:NAME, parameters, source)`` rows for ``ckpt models``."""
-    return [(f"hf:{s.name}", f"{s.params / 1e9:.2f}B" if s.params >= 1e9 else f"{s.params / 1e6:.0f}M", s.source)
-            for s in _SHAPES]
+def describe() -> list[tuple[str, str]]:
+    """``(hf:NAME, description)`` rows for ``ckpt models``."""
+    rows = []
+    for s in _SHAPES:
+        size = f"{s.params / 1e9:.2f}B" if s.params >= 1e9 else f"{s.params / 1e6:.0f}M"
+        rows.append((f"hf:{s.name}", s.description
+                     or f"{size} parameters, published shape of {s.source} (offline; device=meta for large ones)"))
+    return rows
 
 
 def max_positions(config: Any) -> int | None:
@@ -193,12 +218,28 @@ def hf_loss(out: Any) -> Any:
     return out.loss
 
 
-def build(name: str, *, batch: int = 1, seq: int = 128, dtype: Any = "fp32", device: str = "cpu"
-          ) -> tuple[Any, tuple, dict[str, Any], Any]:
+#: The config field holding the layer count, where it is not ``num_hidden_layers``.
+_LAYERS_FIELD = {"gpt2": "n_layer"}
+
+
+def build(name: str, *, layers: int | None = None, batch: int = 1, seq: int = 128, dtype: Any = "fp32",
+          device: str = "cpu", attn: str = "sdpa") -> tuple[Any, tuple, dict[str, Any], Any]:
     """``(model, args, kwargs, loss)`` for a named shape, as ``scheduler.models.build("hf:NAME")`` returns it.
 
-    Use ``device="meta"`` for shapes too large for this machine's memory.
+    Args:
+        name: a key of :data:`HF_CONFIGS`.
+        layers: override the number of layers.
+        batch, seq: token batch shape.
+        dtype: parameter dtype (``fp32``, ``bf16``, ``fp16`` or a torch dtype).
+        device: ``"cpu"``, or ``"meta"`` for shapes too large for this machine's memory.
+        attn: transformers attention implementation (``sdpa`` or ``eager``).
     """
-    model = build_hf_model(hf_config(name), dtype=dtype, device=device)
+    shape = HF_CONFIGS[name]
+    overrides: dict[str, Any] = dict(shape.build_fields)
+    if layers is not None:
+        overrides[_LAYERS_FIELD.get(shape.config["model_type"], "num_hidden_layers")] = int(layers)
+    config = hf_config(name, **overrides)
+    config._attn_implementation = attn
+    model = build_hf_model(config, dtype=dtype, device=device)
     args, kwargs = hf_inputs(model.config, batch, seq, device=device)
     return model, args, kwargs, hf_loss

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from graphs import Graph, Node
+from graphs import Node
 
 from .costs import OpRecord
 
@@ -177,7 +177,7 @@ def _views_written_later(records: Sequence[OpRecord], group_of: Sequence[int]) -
     ``.copy_(...)``; then reads ``shifted``: the write goes through the view.
     A region holding the view's op reads its input as a copy when the graph
     writes that input after the region (NOTE [ Inputs written after a region ]
-    in ``scheduler.applier``), so its output would view the copy and the
+    in ``scheduler.applying.graph``), so its output would view the copy and the
     write would miss ``shifted``: the decoder read zeros, and the gradients
     moved by 0.06. Such views are marked not recomputable (they create no
     storage: keeping them out of regions costs nothing). A view whose writes
@@ -301,7 +301,3 @@ def _common_module(rs: Sequence[OpRecord]) -> str:
             k += 1
         common = common[:k]
     return ".".join(common)
-
-
-def make_graph(nodes: Sequence[Node], *, param_bytes: int, input_bytes: int, name: str, meta: dict) -> Graph:
-    return Graph(nodes=tuple(nodes), param_bytes=param_bytes, input_bytes=input_bytes, name=name, meta=meta)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx
@@ -342,7 +342,3 @@ def check_against_eager(module: nn.Module, gm: torch.fx.GraphModule, args: tuple
                 "the tracer probably specialised a branch or a value that changes at run time. "
                 "Try method='export', or make the model's control flow independent of tensor values"
             )
-
-
-def flat_tensors(values: Sequence[Any]) -> list[torch.Tensor]:
-    return [v for v in pytree.tree_leaves(list(values)) if isinstance(v, torch.Tensor)]

@@ -34,6 +34,8 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..measuring.storages import storage_key
+
 __all__ = ["measure_call_extras"]
 
 log = logging.getLogger(__name__)
@@ -59,11 +61,8 @@ class _Recorder(TorchDispatchMode):
 
     @staticmethod
     def _key(t: torch.Tensor) -> int | None:
-        try:
-            st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return None
-        return st._cdata if st.nbytes() else None
+        key = storage_key(t)
+        return key if key is not None and t.untyped_storage().nbytes() else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}

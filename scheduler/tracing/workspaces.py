@@ -16,7 +16,7 @@ NOTE [ Convolution workspaces ]
     device is measured on the CPU (the kernels, and so the workspaces, of
     another device can differ). Off by default: it allocates real memory of
     the size of the largest convolution, and the storage count of
-    ``scheduler.measure`` does not see these buffers either.
+    ``scheduler.measuring.storages`` does not see these buffers either.
 """
 
 from __future__ import annotations

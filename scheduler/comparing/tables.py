@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from .profmem import downsample
-from .report import table
+from ..measuring.profiler import downsample
+from ..report import table
 
 __all__ = ["format_table", "progress_line", "machine", "timeline", "budget_label"]
 

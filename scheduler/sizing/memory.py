@@ -54,11 +54,12 @@ from graphs import CkptError
 from solvers import Simulation, format_bytes
 
 from .budget import OPTIMIZER_STATES, BudgetError, parse_size
-from .report import table
+from ..report import table
 
 __all__ = [
     "DTYPE_BYTES", "DEFAULT_RESERVE", "NothingFits", "PersistentState", "PlanMemory", "MemoryReport",
-    "dtype_bytes", "persistent_state", "parse_reserve", "plan_memory", "memory_report", "render_report", "levers",
+    "dtype_bytes", "dtype_name", "persistent_state", "parse_reserve", "plan_memory", "memory_report", "render_report",
+    "levers",
 ]
 
 #: Bytes per element of the dtypes a model is trained in.
@@ -99,7 +100,12 @@ def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[key]
 
 
-def _dtype_name(dtype: str) -> str:
+def dtype_name(dtype: str) -> str:
+    """``dtype`` as ``fp32``, ``bf16`` or ``fp16`` (from those or torch spellings).
+
+    Raises:
+        BudgetError: unknown dtype, naming the accepted ones.
+    """
     dtype_bytes(dtype)
     return _DTYPE_ALIASES.get(str(dtype).lower().removeprefix("torch."), str(dtype).lower())
 
@@ -159,7 +165,7 @@ def persistent_state(params: int, *, trainable: int | None = None, dtype: str = 
         BudgetError: unknown dtype or optimizer, ``trainable > params``, or
             mixed precision with fp32 weights.
     """
-    name = _dtype_name(dtype)
+    name = dtype_name(dtype)
     opt = (optimizer or "none").lower()
     if opt not in OPTIMIZER_STATES:
         raise BudgetError(f"unknown optimizer {optimizer!r}; choose one of {sorted(OPTIMIZER_STATES)}")

@@ -25,24 +25,22 @@ given: the plan is removed again at the end (apply it yourself to train).
 from __future__ import annotations
 
 import logging
-import statistics
-import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from solvers import Plan, format_bytes, simulate
 
-from .applier import CheckpointedModule, apply as apply_graph
-from .applying import apply as apply_modules, applied_plan, planned, remove
+from ..applying.graph import CheckpointedModule, apply as apply_graph
+from ..applying import apply as apply_modules, applied_plan, planned, remove
+from .steps import (LossFn, allocator_step_peak, clear_grads, grad_difference, grad_snapshot, measure_step_peak,
+                    seeded_step, time_steps)
 
-__all__ = ["Verification", "verify", "measure_step_peak"]
+__all__ = ["Verification", "verify"]
 
 log = logging.getLogger(__name__)
-
-LossFn = Callable[[Any], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ class Verification:
         predicted_store_all_bytes: ``simulate(graph)`` without a plan.
         measured_store_all_bytes: the allocator's peak of a real step without the plan.
         counted_peak_bytes, counted_store_all_bytes: the same steps by live
-            tensor storages (``scheduler.measure``; what ``simulate`` counts,
+            tensor storages (``scheduler.measuring.storages``; what ``simulate`` counts,
             without kernel workspaces).
         predicted_recompute_ratio: recompute FLOPs / step FLOPs.
         step_time_ratio: median step time with the plan / without.
@@ -124,53 +122,6 @@ class Verification:
         ]
 
 
-def _step(module: nn.Module, args: tuple, kwargs: dict, loss: LossFn | None) -> torch.Tensor:
-    out = module(*args, **kwargs)
-    value = loss(out) if loss is not None else out
-    del out
-    value.backward()
-    return value.detach()
-
-
-def _clear_grads(model: nn.Module) -> None:
-    for p in model.parameters():
-        p.grad = None
-
-
-def measure_step_peak(module: nn.Module, model: nn.Module, args: tuple, kwargs: dict, loss: LossFn | None) -> int:
-    """Peak bytes of one training step of ``module`` (sharing ``model``'s parameters), by live tensor storages.
-
-    Parameter gradients start at None; parameters, buffers and inputs count as
-    the base (``scheduler.measure.measure_step``, NOTE [ Counting like simulate ]).
-    """
-    from .measure import measure_step
-
-    return measure_step(model, tuple(args), dict(kwargs), loss=loss, run=module).peak_bytes
-
-
-def allocator_step_peak(module: nn.Module, model: nn.Module, args: tuple, kwargs: dict, loss: LossFn | None) -> int:
-    """Peak bytes of one training step by the allocator: what "fits" means.
-
-    CUDA: ``torch.cuda.max_memory_allocated`` over the step. Elsewhere: the
-    profiler's memory events (NOTE [ Measuring with profiler events ] in
-    ``scheduler.profmem``) on top of the parameters, buffers and inputs.
-    """
-    from .profmem import live_bytes_of, profile_step
-
-    _clear_grads(model)
-    leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    live = list(model.parameters()) + list(model.buffers()) + leaves
-    device = next((t.device for t in live if isinstance(t, torch.Tensor)), torch.device("cpu"))
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        _step(module, args, kwargs, loss)
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - base + live_bytes_of(live)
-    return profile_step(lambda: _step(module, args, kwargs, loss), baseline_bytes=live_bytes_of(live)).peak_bytes
-
-
 def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, *, loss: LossFn | None = None,
            applied: CheckpointedModule | None = None, steps: int = 5, warmup: int = 1, seed: int = 0,
            measure_memory: bool = True, name: str | None = None, lower: str = "module",
@@ -191,7 +142,7 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
             on and off between the runs) or ``"graph"`` (the traced copy).
         graph: the plan's cost graph, when already traced at these inputs
             (else ``model`` is traced once, as the plan's graph was).
-        name: the graph's name as traced (see :func:`scheduler.applier.apply`).
+        name: the graph's name as traced (see :func:`scheduler.applying.graph.apply`).
         steps: measured steps of each kind for the time ratio (median).
         warmup: un-timed steps of each kind first.
         seed: RNG seed both runs start from (dropout masks equal).
@@ -216,7 +167,7 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
         count = len(applied.regions)
     else:
         if graph is None:
-            from .tracer import capture_for_plan
+            from ..tracer import capture_for_plan
 
             graph = capture_for_plan(model, plan, args, kwargs, loss=loss, name=name).graph
         plan.check_graph(graph)
@@ -238,36 +189,29 @@ def _run(model: nn.Module, plan: Plan, graph: Any, applied: nn.Module, count: in
     sim_all = simulate(graph, None, record=False)
     buffers = list(model.buffers())
     initial = [b.detach().clone() for b in buffers]
+    params = list(model.parameters())
+    modules = {"all": model, "plan": applied}
+    steps_of = {key: seeded_step(module, args, kwargs, losses[key], seed=seed) for key, module in modules.items()}
 
     def reset() -> None:
         with torch.no_grad():
             for b, s in zip(buffers, initial):
                 b.copy_(s)
-        _clear_grads(model)
+        clear_grads(model)
 
     # Equality: same seed, same weights, same starting buffers.
-    runs = []
-    for key, module in (("all", model), ("plan", applied)):
-        reset()
-        torch.manual_seed(seed)
-        value = _step(module, args, kwargs, losses[key])
-        grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
-        runs.append((value, grads, [b.detach().clone() for b in buffers]))
-    (l0, g0, b0), (l1, g1, b1) = runs
-    max_diff = 0.0
-    for name, ga in g0.items():
-        gb = g1[name]
-        if (ga is None) != (gb is None):
-            max_diff = float("inf")
-            log.warning("gradient of %s is None in one run only", name)
-        elif ga is not None:
-            max_diff = max(max_diff, float((ga.double() - gb.double()).abs().max()) if ga.numel() else 0.0)
-    buffers_equal = all(torch.equal(x, y) for x, y in zip(b0, b1))
+    reset()
+    l0 = steps_of["all"]()
+    g0, b0 = grad_snapshot(params), [b.detach().clone() for b in buffers]
+    reset()
+    l1 = steps_of["plan"]()
+    max_diff, _ = grad_difference(params, g0, strict=True, names=[n for n, _ in model.named_parameters()])
+    buffers_equal = all(torch.equal(x, b.detach()) for x, b in zip(b0, buffers))
     loss_diff = float((l0.double() - l1.double()).abs())
 
     measured, counted = {}, {}
     if measure_memory:
-        for key, module in (("all", model), ("plan", applied)):
+        for key, module in modules.items():
             reset()
             torch.manual_seed(seed)
             counted[key] = measure_step_peak(module, model, args, kwargs, losses[key])
@@ -275,23 +219,19 @@ def _run(model: nn.Module, plan: Plan, graph: Any, applied: nn.Module, count: in
             torch.manual_seed(seed)
             measured[key] = allocator_step_peak(module, model, args, kwargs, losses[key])
 
-    # Time: alternate the two, one run, median of each.
-    times: dict[str, list[float]] = {"all": [], "plan": []}
-    for i in range(warmup + steps):
-        for key, module in (("all", model), ("plan", applied)):
-            _clear_grads(model)
-            t0 = time.perf_counter()
-            _step(module, args, kwargs, losses[key])
-            if i >= warmup:
-                times[key].append(time.perf_counter() - t0)
+    # Time: warm-up, then the two alternated in one run (ABBA), median of each.
+    for _ in range(warmup):
+        for step in steps_of.values():
+            clear_grads(model)
+            step()
+    t_plan, base = time_steps(steps_of["plan"], steps_of["all"], repeats=steps, before_each=lambda: clear_grads(model))
     reset()
-    base = statistics.median(times["all"])
     result = Verification(
         model=graph.name, solver=plan.solver, regions=count, budget_bytes=plan.budget_bytes,
         predicted_peak_bytes=sim_plan.peak_bytes, measured_peak_bytes=measured.get("plan", 0),
         predicted_store_all_bytes=sim_all.peak_bytes, measured_store_all_bytes=measured.get("all", 0),
         predicted_recompute_ratio=sim_plan.recompute_ratio,
-        step_time_ratio=statistics.median(times["plan"]) / base if base else float("nan"), step_time_s=base,
+        step_time_ratio=t_plan / base if base else float("nan"), step_time_s=base,
         max_grad_diff=max_diff, loss_diff=loss_diff, buffers_equal=buffers_equal,
         counted_peak_bytes=counted.get("plan", 0), counted_store_all_bytes=counted.get("all", 0),
     )

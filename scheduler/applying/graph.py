@@ -44,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 from graphs import CkptError, Graph
 from solvers import Plan
 
-from .applying.regions import _Probe  # one probe for both appliers (NOTE [ Recompute at the region's end ])
+from .regions import _Probe  # one probe for both appliers (NOTE [ Recompute at the region's end ])
 
 __all__ = ["apply", "ApplyError", "CheckpointRegion", "CheckpointedModule", "RegionInfo", "cut"]
 
@@ -391,6 +391,6 @@ def _inline_stretches(split: torch.fx.GraphModule, regions: set[str]) -> None:
 # ------------------------------------------------------------------ the tracer
 def _capture(model: nn.Module, args: Any, kwargs: dict | None, *, loss: Any, granularity: Any, plan: Plan,
              name: str | None) -> Any:
-    from .tracer import capture_for_plan
+    from ..tracer import capture_for_plan
 
     return capture_for_plan(model, plan, args, kwargs, loss=loss, granularity=granularity, name=name)

@@ -2,11 +2,11 @@
 
 ``compare(workload, [0.2, 0.3, 0.5, 0.7])`` traces the model once, then for
 each of our solvers at each budget fraction solves, applies and measures the
-plan, and measures the peers (``scheduler.peers``: no checkpointing,
+plan, and measures the peers (``scheduler.comparing.peers``: no checkpointing,
 per-block checkpointing, ``checkpoint_sequential``, ``torch.compile`` with
 ``activation_memory_budget`` at the same fractions) in the same process, on
 the same input and seed. Every method is measured the same way (NOTE
-[ Measuring with profiler events ] in ``scheduler.profmem``): peak bytes and
+[ Measuring with profiler events ] in ``scheduler.measuring.profiler``): peak bytes and
 the memory timeline from the profiler's allocator events, the step time as a
 ratio of medians against the un-checkpointed step run alternately with it,
 recomputed kernel FLOPs, and the largest gradient difference from the
@@ -29,9 +29,12 @@ from graphs import CkptError, Graph
 from solvers import InfeasibleBudget, Plan, simulate
 
 from . import peers
-from .budget import parse_budget
-from .compare_report import format_table, machine, progress_line, timeline
-from .profmem import grad_difference, grad_snapshot, live_bytes_of, profile_step, time_steps
+from ..measuring.profiler import profile_step
+from ..measuring.steps import (clear_grads, grad_difference, grad_snapshot, measure_step_peak, seeded_step, step_tensors,
+                               time_steps)
+from ..measuring.storages import live_bytes_of
+from ..sizing.budget import parse_budget
+from .tables import format_table, machine, progress_line, timeline
 
 __all__ = ["Workload", "Row", "Comparison", "compare", "format_table", "DEFAULT_FRACTIONS", "OUR_SOLVERS"]
 
@@ -40,7 +43,6 @@ log = logging.getLogger(__name__)
 DEFAULT_FRACTIONS = (0.2, 0.3, 0.5, 0.7)
 #: Our solvers compared by default, when registered (store-all is the "none" peer).
 OUR_SOLVERS = ("chen-sqrt", "chen-greedy", "dp", "ilp")
-PEERS = ("none", "per-block", "checkpoint_sequential", "torch.compile")
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class Row:
         predicted_peak_bytes: ``simulate``'s peak (ours; peers whose regions
             map onto the graph).
         measured_peak_bytes: profiler peak of a real step.
-        meter_peak_bytes: the same step measured by ``scheduler.measure``
+        meter_peak_bytes: the same step measured by ``scheduler.measuring.storages``
             (a dispatch mode: eager methods only, the cross-check).
         step_time_ratio: median step time / median un-checkpointed step time.
         step_time_s: median step time.
@@ -145,8 +147,7 @@ class _Bench:
         self.wl, self.repeats, self.warmup, self.seed = wl, repeats, warmup, seed
         self.loss = wl.loss or default_loss
         self.params = [p for p in wl.model.parameters() if p.requires_grad]
-        leaves = torch.utils._pytree.tree_leaves((wl.args, dict(wl.kwargs)))
-        self.baseline = live_bytes_of(list(wl.model.parameters()) + list(wl.model.buffers()) + leaves)
+        self.baseline = live_bytes_of(step_tensors(wl.model, wl.args, wl.kwargs))
         self.reference = self.step_of(wl.model)
         self.ref_times: list[float] = []
         for _ in range(max(1, warmup)):
@@ -163,31 +164,18 @@ class _Bench:
         self.ref_trace = profile_step(self.reference, baseline_bytes=self.baseline)
 
     def clear(self) -> None:
-        for p in self.params:
-            p.grad = None
+        clear_grads(self.params)
 
-    def step_of(self, forward: Callable[..., Any], *, returns_loss: bool = False) -> Callable[[], None]:
-        wl, seed = self.wl, self.seed
-        loss = (lambda out: out) if returns_loss else self.loss
-
-        def step() -> None:
-            torch.manual_seed(seed)
-            loss(forward(*wl.args, **dict(wl.kwargs))).backward()
-
-        return step
+    def step_of(self, forward: Callable[..., Any], *, returns_loss: bool = False) -> Callable[[], Any]:
+        return seeded_step(forward, self.wl.args, self.wl.kwargs, None if returns_loss else self.loss, seed=self.seed)
 
     def meter(self, forward: Callable[..., Any], *, returns_loss: bool = False) -> int | None:
-        """Peak of one step by ``scheduler.measure`` (blind to compiled code: eager only)."""
-        try:
-            from .measure import measure_step
-        except ImportError:
-            return None
+        """Peak of one step by ``scheduler.measuring.storages`` (blind to compiled code: eager only)."""
         self.clear()
         torch.manual_seed(self.seed)
-        m = measure_step(self.wl.model, self.wl.args, dict(self.wl.kwargs), loss=None if returns_loss else self.loss,
-                         run=forward)
+        peak = measure_step_peak(forward, self.wl.model, self.wl.args, self.wl.kwargs, None if returns_loss else self.loss)
         self.clear()
-        return m.peak_bytes
+        return peak
 
     def measure(self, prepared: peers.Prepared, row: Row, *, eager: bool = True) -> tuple[Row, Any]:
         """Warm up, then gradients, profiled peak and interleaved time of ``prepared``."""
@@ -236,14 +224,14 @@ def _why(exc: BaseException) -> str:
 def trace_graph(wl: Workload, costs: str = "flops", workspaces: str = "auto") -> Graph:
     """The workload's cost graph (``scheduler.trace``), leaving buffers and RNG as they were.
 
-    ``workspaces="none"`` for comparisons with the storage count (``scheduler.measure``),
+    ``workspaces="none"`` for comparisons with the storage count (``scheduler.measuring.storages``),
     which does not see convolution workspaces."""
     model = wl.model
     buffers = list(model.buffers())
     saved = [b.detach().clone() for b in buffers]
     try:
         with torch.random.fork_rng():
-            from .tracer import capture
+            from ..tracer import capture
 
             return capture(model, wl.args, dict(wl.kwargs), loss=wl.trace_loss, costs=costs,
                            workspaces=workspaces).graph
@@ -334,7 +322,7 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
         for f in sorted(set(fractions) | {1.0}):
             run_peer(Row("torch.compile", "peer", budget=f), lambda f=f: peers.compiled(wl.model, f))
 
-    from .applying import planned
+    from ..applying import planned
 
     measured: dict[tuple, tuple[str, Row, Any]] = {}
     best_trace: list[Any] = []
@@ -400,6 +388,6 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
             "store_all_predicted_bytes": sim_all.peak_bytes}
     out = Comparison(model=wl.name, meta=meta, fractions=fractions, rows=tuple(rows), graph_nodes=len(graph),
                      step_flops=bench.step_flops, timelines=timelines)
-    from .compare_claims import claims
+    from .claims import claims
 
     return replace(out, claims=tuple(claims(out)))

@@ -5,7 +5,7 @@ per method, for the largest batch size whose training step fits: on VGG-19
 its ILP reached 289 against 167 for storing everything (1.73x), with 197 for
 Chen's sqrt(n) and 266 for Chen's greedy. Here the search runs on the
 simulator (re-tracing the model at each batch, since every size changes; the
-galloping bisection of ``scheduler.fit.search_largest``), and each answer is
+galloping bisection of ``scheduler.sizing.search.search_largest``), and each answer is
 confirmed by one measured step at that batch.
 """
 
@@ -16,18 +16,26 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
+
 import solvers
 from graphs import Graph
 from solvers import InfeasibleBudget, Plan
 
-from .fit import search_largest
+from scheduler.sizing.search import search_largest
 
-__all__ = ["MaxBatch", "max_batches", "CHECKMATE_VGG19"]
+__all__ = ["MaxBatch", "max_batches", "CHECKMATE_VGG19", "VGG_MAXBATCH", "vgg_maxbatch_setup"]
 
 log = logging.getLogger(__name__)
 
 #: Checkmate's published VGG-19 max batch sizes (Jain et al. 2020, Fig. 5).
 CHECKMATE_VGG19 = {"store-all": 167, "chen-sqrt": 197, "chen-greedy": 266, "ilp": 289}
+
+#: Checkmate protocol on VGG-19: model options (batch is searched), budget, search range.
+VGG_MAXBATCH = {
+    False: (dict(width=16, hidden=512, classes=100, image_size=64), 320 * 2**20, 1024),
+    True: (dict(width=8, hidden=64, classes=10, image_size=32), 24 * 2**20, 256),
+}
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,7 @@ class MaxBatch:
             profiler's allocator events (kernel workspaces included); None if
             not confirmed.
         meter_peak_bytes: the same step's peak of tensor storages
-            (``scheduler.measure``: what ``simulate`` models).
+            (``scheduler.measuring.storages``: what ``simulate`` models).
         recompute_ratio: predicted recompute / step FLOPs at ``batch``.
         search_s: wall time of the search (solves and traces not cached).
         reason: why there is no answer (the error), else None.
@@ -128,3 +136,37 @@ def max_batches(graph_at: Callable[[int], Graph], budget_bytes: int, methods: Se
         say(f"{method}: batch {best}{' (capped)' if capped else ''}, predicted {sim.peak_bytes / 2**20:.1f} MiB"
             + (f", measured {measured / 2**20:.1f} MiB" if measured else "") + f" ({elapsed:.1f}s)")
     return out
+
+
+def vgg_maxbatch_setup(*, quick: bool, workspaces: str = "none"
+                       ) -> tuple[Callable[[int], Graph], Callable[[int, Plan], tuple[int, int]], int, int, dict]:
+    """``(graph_at, confirm, budget_bytes, hi, meta)`` for the max-batch protocol on VGG-19.
+
+    ``graph_at(b)`` traces VGG-19 on the meta device at batch ``b`` (nothing
+    allocated); ``confirm(b, plan)`` builds it for real at batch ``b``,
+    applies the plan and returns the peak of one step by the profiler and by
+    ``scheduler.measuring.storages`` (tensor storages).
+    """
+    from scheduler.applying.graph import apply
+    from scheduler.measuring.steps import allocator_step_peak, measure_step_peak
+    from scheduler.models import build
+    from scheduler.tracer import capture
+
+    opts, budget, hi = VGG_MAXBATCH[quick]
+
+    def graph_at(b: int) -> Graph:
+        torch.manual_seed(0)
+        ex = build("vgg19", batch=b, device="meta", **opts)
+        # workspaces="measure": each convolution's backward run once on the CPU at this batch
+        return capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, workspaces=workspaces).graph
+
+    def confirm(b: int, plan: Plan) -> tuple[int, int]:
+        torch.manual_seed(0)
+        ex = build("vgg19", batch=b, **opts)
+        # the meta-device graph and the real one are the same graph: apply checks the fingerprint
+        module = apply(ex.model, plan, ex.args, ex.kwargs, loss=ex.loss) if plan.regions else ex.model
+        loss = ex.loss if not plan.regions else None  # an applied plan returns the loss itself
+        return (allocator_step_peak(module, ex.model, ex.args, ex.kwargs, loss),
+                measure_step_peak(module, ex.model, ex.args, ex.kwargs, loss))
+
+    return graph_at, confirm, budget, hi, {**opts, "search": f"batch 1..{hi}"}

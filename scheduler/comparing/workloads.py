@@ -9,18 +9,15 @@ registry runs with its own defaults.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from graphs import Graph
-from solvers import Plan
-
-from .compare import Workload
+from .run import Workload
 
 log = logging.getLogger(__name__)
 
-__all__ = ["workload", "BENCH_MODELS", "QUICK_MODELS", "SIZES", "vgg_maxbatch_setup"]
+__all__ = ["workload", "BENCH_MODELS", "QUICK_MODELS", "SIZES"]
 
 #: The benchmark's models (``benchmarks/compare.py``), in run order.
 BENCH_MODELS = ("gpt", "resnet", "unet", "vgg19", "hf:gpt2")
@@ -45,12 +42,6 @@ SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 #: CPU step would take seconds): still ``GPT2LMHeadModel``, with HF's own
 #: ``gradient_checkpointing_enable()`` as the per-block peer.
 
-#: Checkmate protocol on VGG-19: model options (batch is searched), budget, search range.
-VGG_MAXBATCH = {
-    False: (dict(width=16, hidden=512, classes=100, image_size=64), 320 * 2**20, 1024),
-    True: (dict(width=8, hidden=64, classes=10, image_size=32), 24 * 2**20, 256),
-}
-
 
 def workload(name: str, *, quick: bool = False, bench: bool = False, batch: int | None = None,
              options: dict[str, Any] | None = None) -> Workload:
@@ -68,7 +59,7 @@ def workload(name: str, *, quick: bool = False, bench: bool = False, batch: int 
     Raises:
         UnknownModel: the name is not known (the message lists those that are).
     """
-    from .models import build
+    from ..models import build
 
     opts = dict(SIZES[name][0 if quick else 1]) if name in SIZES else {}
     opts.update({k: v for k, v in (options or {}).items() if v is not None})
@@ -85,7 +76,7 @@ def workload(name: str, *, quick: bool = False, bench: bool = False, batch: int 
 
 def _hf_workload(name: str, opts: dict[str, Any]) -> Workload:
     """A transformers causal LM from its config with reduced fields, random weights, token ids as labels."""
-    from .models import hf_configs as hf
+    from ..models import hf_configs as hf
 
     fields = {k: v for k, v in opts.items() if k not in ("batch", "seq")}
     config = hf.hf_config(name[3:], **fields)
@@ -93,46 +84,3 @@ def _hf_workload(name: str, opts: dict[str, Any]) -> Workload:
     args, kwargs = hf.hf_inputs(config, opts["batch"], opts["seq"], device="cpu")
     return Workload(name=name, model=model, args=tuple(args), kwargs=kwargs, loss=hf.hf_loss, trace_loss=hf.hf_loss,
                     meta={"model": type(model).__name__, **opts})
-
-
-def vgg_maxbatch_setup(*, quick: bool, workspaces: str = "none") -> tuple[Callable[[int], Graph], Callable[[int, Plan], tuple[int, int]], int, int,
-                                                dict]:
-    """``(graph_at, confirm, budget_bytes, hi, meta)`` for the max-batch protocol on VGG-19.
-
-    ``graph_at(b)`` traces VGG-19 on the meta device at batch ``b`` (nothing
-    allocated); ``confirm(b, plan)`` builds it for real at batch ``b``,
-    applies the plan and returns the peak of one step by the profiler and by
-    ``scheduler.measure`` (tensor storages).
-    """
-    from .tracer import capture
-    from .applier import apply
-    from .models import build
-    from .measure import measure_step
-    from .profmem import live_bytes_of, profile_step
-
-    opts, budget, hi = VGG_MAXBATCH[quick]
-
-    def graph_at(b: int) -> Graph:
-        torch.manual_seed(0)
-        ex = build("vgg19", batch=b, device="meta", **opts)
-        # workspaces="measure": each convolution's backward run once on the CPU at this batch
-        return capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, workspaces=workspaces).graph
-
-    def confirm(b: int, plan: Plan) -> int:
-        torch.manual_seed(0)
-        ex = build("vgg19", batch=b, **opts)
-        # the meta-device graph and the real one are the same graph: apply checks the fingerprint
-        module = apply(ex.model, plan, ex.args, ex.kwargs, loss=ex.loss) if plan.regions else ex.model
-        leaves = torch.utils._pytree.tree_leaves((ex.args, ex.kwargs))
-        base = live_bytes_of(list(ex.model.parameters()) + list(ex.model.buffers()) + leaves)
-
-        def step() -> None:
-            out = module(*ex.args, **ex.kwargs)
-            (ex.loss(out) if ex.loss is not None and not plan.regions else out).backward()
-
-        profiled = profile_step(step, baseline_bytes=base).peak_bytes
-        loss = ex.loss if not plan.regions else None  # an applied plan returns the loss itself
-        metered = measure_step(ex.model, ex.args, ex.kwargs, loss=loss, run=module).peak_bytes
-        return profiled, metered
-
-    return graph_at, confirm, budget, hi, {**opts, "search": f"batch 1..{hi}"}

@@ -19,7 +19,7 @@ NOTE [ Counting like simulate ]
     input feeds two branches: ``aten::add_`` in the profiler's trace of a
     plain backward, ``aten.add.Tensor`` under this mode. So at such a step
     this count can exceed both the real run and the prediction by up to one
-    gradient (1,216 bytes over on that block); ``scheduler.profmem`` (the
+    gradient (1,216 bytes over on that block); ``scheduler.measuring.profiler`` (the
     allocator's events, no mode) sees the real run.
 
 :func:`measure_step` runs one training step (forward, the loss, backward) of
@@ -42,7 +42,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["MemoryMeasurement", "measure_peak", "measure_step", "live_bytes_of"]
+from .steps import clear_grads, step_tensors, training_step
+
+__all__ = ["MemoryMeasurement", "measure_peak", "measure_step", "storage_key", "live_storages", "live_bytes_of"]
 
 log = logging.getLogger(__name__)
 
@@ -73,26 +75,28 @@ class MemoryMeasurement:
         return self.peak_bytes - self.base_bytes
 
 
-def _key(t: torch.Tensor) -> int | None:
+def storage_key(t: torch.Tensor) -> int | None:
+    """An id of the storage behind ``t`` (views share it); None for a tensor without one."""
     try:
         return t.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError):
         return None
 
 
-def live_bytes_of(tensors: Iterable[torch.Tensor]) -> tuple[int, set[int]]:
-    """Bytes of the distinct storages behind ``tensors``, and their keys."""
-    seen: set[int] = set()
-    total = 0
+def live_storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
+    """The distinct storages behind ``tensors``: key (:func:`storage_key`) -> bytes."""
+    out: dict[int, int] = {}
     for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            continue
-        k = _key(t)
-        if k is None or k in seen:
-            continue
-        seen.add(k)
-        total += t.untyped_storage().nbytes()
-    return total, seen
+        if isinstance(t, torch.Tensor):
+            k = storage_key(t)
+            if k is not None and k not in out:
+                out[k] = t.untyped_storage().nbytes()
+    return out
+
+
+def live_bytes_of(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views count once; ``meta`` tensors hold none)."""
+    return sum(live_storages(t for t in tensors if isinstance(t, torch.Tensor) and t.device.type != "meta").values())
 
 
 class _StorageTracker(TorchDispatchMode):
@@ -114,7 +118,7 @@ class _StorageTracker(TorchDispatchMode):
         for t in pytree.tree_leaves(out):
             if not isinstance(t, torch.Tensor):
                 continue
-            k = _key(t)
+            k = storage_key(t)
             if k is None or k in self.known:
                 continue
             st = t.untyped_storage()
@@ -143,8 +147,9 @@ def measure_peak(fn: Callable[[], Any], *, live: Sequence[torch.Tensor] = (), ti
     Returns:
         A :class:`MemoryMeasurement`; ``result`` is what ``fn`` returned.
     """
-    base, keys = live_bytes_of(live)
-    tracker = _StorageTracker(keys, base, timeline)
+    storages = live_storages(live)
+    base = sum(storages.values())
+    tracker = _StorageTracker(set(storages), base, timeline)
     with tracker:
         result = fn()
     return MemoryMeasurement(peak_bytes=tracker.peak, base_bytes=base, end_bytes=tracker.live,
@@ -172,21 +177,8 @@ def measure_step(model: torch.nn.Module, args: Sequence[Any] = (), kwargs: Mappi
     Returns:
         A :class:`MemoryMeasurement` whose ``result`` is the loss value (float).
     """
-    kwargs = dict(kwargs or {})
-    for p in model.parameters():
-        p.grad = None
-    live = list(model.parameters()) + list(model.buffers())
-    live += [t for t in pytree.tree_leaves((tuple(args), kwargs)) if isinstance(t, torch.Tensor)]
+    args, kwargs = tuple(args), dict(kwargs or {})
+    clear_grads(model)
     call = run if run is not None else model
-
-    def step() -> float:
-        out = call(*args, **kwargs)
-        value = loss(out) if loss is not None else out
-        del out  # a training loop keeps the loss, not the rest of the output (e.g. logits)
-        if not isinstance(value, torch.Tensor) or value.numel() != 1:
-            raise TypeError("the step must produce a scalar loss tensor; pass loss= to reduce the model's output")
-        value.backward()
-        return float(value.detach())
-
-    m = measure_peak(step, live=live, timeline=timeline)
-    return m
+    return measure_peak(lambda: float(training_step(call, args, kwargs, loss)), live=step_tensors(model, args, kwargs),
+                        timeline=timeline)

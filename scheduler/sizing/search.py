@@ -2,7 +2,7 @@
 
 ``fit(model, "24GiB", search="batch")`` answers "what can I train on this
 card, and what does it cost?": it subtracts the persistent state (weights,
-gradients, optimizer state, master copy, reserve; ``scheduler.memory``) from
+gradients, optimizer state, master copy, reserve; ``scheduler.sizing.memory``) from
 the card, then searches the largest size whose step each solver can plan
 under what is left, re-tracing the model at every size it probes (shapes
 change) and checking every answer with ``simulate``.
@@ -31,7 +31,7 @@ from solvers import InfeasibleBudget, Plan, simulate
 
 from .budget import BudgetError, parse_size
 from .memory import (
-    MemoryReport, NothingFits, PersistentState, PlanMemory, ReserveSpec, dtype_bytes, levers, memory_report,
+    MemoryReport, NothingFits, PersistentState, PlanMemory, ReserveSpec, dtype_bytes, dtype_name, levers, memory_report,
     persistent_state, plan_memory,
 )
 
@@ -241,7 +241,7 @@ def fit_graphs(model: SizedModel, device_memory: int | str, *, optimizer: str | 
     Args:
         model: the model as ``size -> graph`` (:class:`SizedModel`).
         device_memory: the card (``"24GiB"`` or bytes).
-        optimizer, dtype, mixed_precision: the persistent state (``scheduler.memory``).
+        optimizer, dtype, mixed_precision: the persistent state (``scheduler.sizing.memory``).
         solver_names: solver names (default :data:`DEFAULT_SOLVERS` that are registered).
         reserve: held back from the card (``memory.parse_reserve``).
         min_size, max_size, multiple_of: the sizes searched (``max_size``
@@ -350,8 +350,9 @@ def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: i
     Raises:
         NothingFits: see :func:`fit_graphs`.
     """
+    kwargs["dtype"] = dtype_name(kwargs.get("dtype", "fp32"))
     if not isinstance(model, SizedModel):
-        model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs.get("dtype", "fp32"))
+        model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs["dtype"])
     return fit_graphs(model, device_memory, solver_names=solvers, **kwargs)
 
 
@@ -370,7 +371,7 @@ def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | 
     """
     import os
 
-    from .models import hf_configs as hf
+    from ..models import hf_configs as hf
 
     if search not in ("batch", "seq"):
         raise BudgetError(f"search must be 'batch' or 'seq', got {search!r}")
@@ -410,7 +411,7 @@ def _builtin(name: str, dtype: str) -> Callable[..., Any]:
     """``(**sizes) -> Example`` (``scheduler.models``) built on the meta device: shapes only, nothing allocated."""
     import torch
 
-    from . import models
+    from .. import models
 
     factory = models.factory_of(name)
     takes = models.options_of(factory)

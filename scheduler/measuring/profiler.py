@@ -2,7 +2,7 @@
 
 NOTE [ Measuring with profiler events ]
     ``ckpt compare`` measures every method the same way, compiled or eager:
-    a ``TorchDispatchMode`` (``MemTracker``, ``scheduler.measure``) does not
+    a ``TorchDispatchMode`` (``MemTracker``, ``scheduler.measuring.storages``) does not
     see code that ``torch.compile`` produced (dynamo falls back to eager under
     a dispatch mode), but the allocator reports every allocation and free to
     ``torch.profiler`` when ``profile_memory=True``. The peak of a step is the
@@ -17,16 +17,12 @@ NOTE [ Measuring with profiler events ]
 from __future__ import annotations
 
 import logging
-import statistics
-import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
-__all__ = ["MemoryTrace", "profile_step", "live_bytes_of", "time_steps", "grad_snapshot", "grad_difference",
-           "downsample"]
+__all__ = ["MemoryTrace", "profile_step", "downsample"]
 
 log = logging.getLogger(__name__)
 
@@ -57,29 +53,13 @@ class MemoryTrace:
     kernel_flops: int
 
 
-def live_bytes_of(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (views count once)."""
-    seen: set[int] = set()
-    total = 0
-    for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
-            continue
-        st = t.untyped_storage()
-        key = st.data_ptr()
-        if key in seen:
-            continue
-        seen.add(key)
-        total += st.nbytes()
-    return total
-
-
 def profile_step(step: Callable[[], None], *, baseline_bytes: int, points: int = 400) -> MemoryTrace:
     """Run ``step`` once under the profiler and rebuild its memory timeline.
 
     Args:
         step: runs forward and backward; gradients must already be cleared
             (frees of tensors alive before the step would hide allocations).
-        baseline_bytes: bytes alive before the step (see :func:`live_bytes_of`).
+        baseline_bytes: bytes alive before the step (``scheduler.measuring.storages.live_bytes_of``).
         points: at most this many timeline points are kept (maxima per bin).
 
     Returns:
@@ -117,60 +97,3 @@ def downsample(xs: Sequence[float], ys: Sequence[int], points: int) -> tuple[tup
         out_x.append(xs[k])
         out_y.append(ys[k])
     return tuple(out_x), tuple(out_y)
-
-
-def time_steps(step: Callable[[], None], reference: Callable[[], None], *, repeats: int,
-               before_each: Callable[[], None] | None = None) -> tuple[float, float]:
-    """Median seconds of ``step`` and of ``reference``, run alternately.
-
-    Alternating the two in the same window makes the ratio robust to the
-    machine's drift (frequency scaling, other processes).
-
-    Args:
-        step: the method's step (already warmed up).
-        reference: the un-checkpointed step (already warmed up).
-        repeats: timed runs of each.
-        before_each: called, untimed, before every run (clears gradients).
-
-    Returns:
-        ``(median_step_s, median_reference_s)``.
-    """
-    ts, tr = [], []
-    pair = ((reference, tr), (step, ts))
-    for i in range(max(1, repeats)):
-        # ABBA order: each runs after itself as often as after the other, so
-        # what a step leaves behind (allocator state, caches) and linear drift
-        # weigh on both alike.
-        for fn, acc in (pair if i % 2 == 0 else pair[::-1]):
-            if before_each is not None:
-                before_each()
-            t0 = time.perf_counter()
-            fn()
-            acc.append(time.perf_counter() - t0)
-    return statistics.median(ts), statistics.median(tr)
-
-
-def grad_snapshot(params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor | None]:
-    """Detached copies of the parameters' gradients."""
-    return [None if p.grad is None else p.grad.detach().clone() for p in params]
-
-
-def grad_difference(params: Sequence[torch.nn.Parameter], reference: Sequence[torch.Tensor | None]) -> tuple[float, float]:
-    """Largest absolute difference of gradients from ``reference``, and relative to its largest entry.
-
-    A gradient missing on one side and present on the other counts as the
-    whole reference gradient.
-
-    Returns:
-        ``(max_abs_diff, max_abs_diff / max_abs_reference)``.
-    """
-    worst = 0.0
-    scale = 0.0
-    for p, ref in zip(params, reference):
-        if ref is None:
-            continue
-        scale = max(scale, float(ref.abs().max()))
-        got = p.grad
-        diff = ref.abs().max() if got is None else (got.detach() - ref).abs().max()
-        worst = max(worst, float(diff))
-    return worst, (worst / scale if scale else 0.0)
