@@ -7,9 +7,10 @@ cache); later processes only load it.
 
 NOTE [ Filtering a stage's candidates by the front so far ]
     A stage's candidates are the stored option (one per entry of the next
-    stage's set) and, for every region ``i..j``, a *run*: the entries of the
-    set that follows stage ``j`` from the one at or just below the region's
-    floor to the end, shifted by the region's peak and FLOPs. *Candidate
+    stage's set) and, for every region ``i..j`` (and, with selective
+    recompute, every kept set of its menu), a *run*: the entries of the set
+    that follows it from the one at or just below the region's floor to the
+    end, shifted by the region's retained bytes, peak and cost. *Candidate
     order* is that sequence: stored, then runs by ``j``, then by position.
     The set kept is exactly the candidates no other candidate *beats*, where
     ``a`` beats ``b`` when ``a`` has no higher ``h`` and no higher cost and
@@ -240,24 +241,30 @@ def _merge(rh, rc, ro, rch, rnx, n_r, bh, bc, bo, bch, bnx, n_b):
 
 
 @njit(cache=_CACHE)
-def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, js, floor, run_cost, extra):
+def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, js, floor, run_cost, ret, choice,
+                extra):
     """The Pareto set of stage ``i`` entered in one boundary state.
 
     Args:
         local, retained: the stored stage's local peak and retained bytes.
         nf_h, nf_c: the next stage's set (stored option).
-        buf_h, buf_c, seg_start, seg_end: the sets following every stage ``j``
-            in flat arrays, ``[seg_start[j], seg_end[j])`` for ``j``.
-        js: the last stages ``j`` (ascending) of the regions ``i..j`` to
-            consider: every ``j`` up to the last regionable one, or on an
-            aligned graph those where ``i..j`` is a span.
-        floor, run_cost: per region (index ``r`` for ``js[r]``) its local
-            peak without the input and its recompute FLOPs.
+        buf_h, buf_c, seg_start, seg_end: the sets that can follow a region
+            in flat arrays, set ``s`` at ``[seg_start[s], seg_end[s])``.
+        js: per region candidate (a *run*), the set ``s`` that follows it:
+            without selective recompute its last stage ``j``, for every ``j``
+            up to the last regionable one, or on an aligned graph those where
+            ``i..j`` is a span.
+        floor, run_cost: per run its local peak without the input and its
+            recompute cost.
+        ret: per run the bytes it retains beyond its input (the kept
+            tensors of selective recompute, ``solvers.dp_selective``; 0 without).
+        choice: per run the code the plan is read back from (``j`` without
+            selective recompute).
         extra: bytes of the region's input it holds (0 when ``lh == 1``).
 
     Returns:
         ``(h, cost, choice, nxt)``: ``h`` ascending, ``cost`` strictly
-        descending, ``choice`` -1 (stored) or ``j``, ``nxt`` the index in the
+        descending, ``choice`` -1 (stored) or the run's code, ``nxt`` the index in the
         following set (NOTE [ Filtering a stage's candidates by the front so far ]).
     """
     n_s = nf_h.shape[0]
@@ -284,11 +291,12 @@ def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, j
         a = seg_start[j]
         b = seg_end[j]
         f = floor[r]
-        # the last entry with h <= f (the cheapest of those that collapse to the floor), else the first
+        rr = ret[r]
+        # the last entry with rr + h <= f (the cheapest of those that collapse to the floor), else the first
         s, e = a, b
         while s < e:
             mid = (s + e) >> 1
-            if buf_h[mid] <= f:
+            if rr + buf_h[mid] <= f:
                 s = mid + 1
             else:
                 e = mid
@@ -298,11 +306,11 @@ def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, j
         so[n_s + r] = total
         total += b - t
         longest = max(longest, b - t)
-        hh = extra + buf_h[t]
+        hh = extra + rr + buf_h[t]
         loc = f + extra
         sh[n_s + r] = hh if hh > loc else loc
         sc[n_s + r] = run_cost[r] + buf_c[t]
-        sch[n_s + r] = j
+        sch[n_s + r] = choice[r]
         snx[n_s + r] = t - a
     # R: their unbeaten set; then the rest of every run, filtered by R and merged in.
     empty = np.empty(0, np.int64)
@@ -318,6 +326,8 @@ def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, j
         j = js[r]
         a = seg_start[j]
         loc = floor[r] + extra
+        ex = extra + ret[r]
+        code = choice[r]
         cr = run_cost[r]
         o = first[r] - lo[r]  # candidate order of position 0
         if n_b + seg_end[j] - lo[r] > cap:
@@ -326,7 +336,7 @@ def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, j
             bch, bnx = _grown(bch, n_b, cap), _grown(bnx, n_b, cap)
         p = -1
         for pos in range(lo[r] + 1, seg_end[j]):
-            h = extra + buf_h[pos]
+            h = ex + buf_h[pos]
             if h < loc:
                 h = loc
             c = cr + buf_c[pos]
@@ -335,7 +345,7 @@ def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, j
                 bh[n_b] = h
                 bc[n_b] = c
                 bo[n_b] = o + pos
-                bch[n_b] = j
+                bch[n_b] = code
                 bnx[n_b] = pos - a
                 n_b += 1
         if n_b > MERGE_AT + (n_r >> 3) or (n_b > 0 and r == nr - 1):

@@ -22,6 +22,14 @@ the whole step, so its prediction is an upper bound there. On a graph with
 spans (NOTE [ Module-aligned regions ] in ``graphs.graph``) a region ``i..j``
 is a candidate only when it is a span: the same table, optimal over the
 span-only plans on a chain.
+
+With ``selective`` (the default) every region candidate also comes with each
+entry of its menu of kept sets (NOTE [ The menu of kept sets ] in
+``solvers.selective``) as one more candidate segment, profiled as NOTE
+[ Kept nodes in the chain decomposition ] (``solvers.dp_selective``) says:
+the table is then optimal over ``(region, menu entry)`` pairs on a chain, and
+a plan carries its kept nodes in ``saved``. A graph without saveable nodes
+fills exactly the table it always did.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import numpy as np
 from graphs import Graph
 
 from .dp_model import NodeArrays, node_arrays, region_profiles, stored_profile
+from .dp_selective import KeptRuns
 from .errors import InfeasibleBudget
 from .plan import Plan, Status
 from .registry import register
@@ -42,7 +51,7 @@ from .simulate import simulate
 from .spans import SpanIndex
 from .stages import Stages, stages
 
-__all__ = ["DPTable", "dp_table", "dp"]
+__all__ = ["DPTable", "Answer", "dp_table", "dp"]
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +84,15 @@ class DPTable:
         is_chain: every node is a stage (the DP is over all interval plans).
         thinned: some Pareto set was capped at ``max_front`` (answers stay
             feasible, optimality is no longer guaranteed).
+        selective: regions may keep nodes (see :func:`dp`).
         fill_time_s: seconds spent filling the table.
     """
 
-    def __init__(self, graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT) -> None:
+    def __init__(self, graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True) -> None:
         t0 = time.perf_counter()
         self.graph = graph
         self.max_front = max_front
+        self.selective = selective
         self.thinned = False
         self.stages: Stages = stages(graph)
         self._na: NodeArrays = node_arrays(graph, self.stages.common)
@@ -105,6 +116,11 @@ class DPTable:
         stored = {}
         need: list[set[int]] = [set() for _ in range(m + 1)]
         need[0].add(1)
+        # NOTE [ Kept nodes in the chain decomposition ] (solvers.dp_selective)
+        kept = KeptRuns(self.graph, na, st, lh_reg, bnd, self.graph.span_extra_bytes()) if self.selective else None
+        if kept is not None and not kept.any:
+            kept = None
+        self._kept = kept
         empty = _Front(np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -2), np.zeros(1, np.int64))
         fronts: dict[tuple[int, int], _Front] = {(m, 0): empty, (m, 1): empty}
         for i in range(m):
@@ -116,19 +132,24 @@ class DPTable:
             need[i].add(stored[i - 1, 0][2])
             if st.regionable[i - 1]:
                 need[i].add(lh_reg[i - 1])
+            if kept is not None and kept.needs_lh1[i - 1]:
+                need[i].add(1)
         from ._dp_kernel import merge_stage  # numba: loaded when a table is first filled
 
-        buf = _SuccessorBuffer(m)
+        buf = _SuccessorBuffer(2 * m if kept is not None else m)  # m + j: the set after j entered in state 1
         lmax = np.full(m, -1, dtype=np.int64)  # last stage j >= i with stages i..j all regionable
         for i in range(m - 1, -1, -1):
             lmax[i] = (lmax[i + 1] if i + 1 < m and st.regionable[i + 1] else i) if st.regionable[i] else i - 1
         l0 = np.ascontiguousarray(l0, dtype=np.int64)
         cost = np.ascontiguousarray(cost, dtype=np.int64)
         span_ends = SpanIndex(self.graph).ends  # None: any stages i..j may form a region
+        no_ret = np.zeros(m, np.int64)
         stage_of_end = {e: s for s, e in enumerate(ends)}
         for i in range(m - 1, -1, -1):
             if st.regionable[i]:
                 buf.push(i, fronts[i + 1, lh_reg[i]])
+                if kept is not None and kept.needs_lh1[i]:
+                    buf.push(m + i, fronts[i + 1, 1])
             jmax = int(lmax[i])
             if span_ends is None:
                 js = np.arange(i, jmax + 1, dtype=np.int64)
@@ -137,6 +158,13 @@ class DPTable:
                 js = np.array([j for b in span_ends[st.starts[i]].tolist()
                                if (j := stage_of_end.get(b, -1)) >= i and j <= jmax], dtype=np.int64)
                 floor, run_cost = np.ascontiguousarray(l0[i, js]), np.ascontiguousarray(cost[i, js])
+            segs, ret, code = js, no_ret[:len(js)], js
+            if kept is not None:  # the same regions keeping each entry of their menus, after the plain ones
+                k_segs, k_floor, k_cost, k_ret, k_code = kept.runs(i, js, cost[i])
+                if len(k_segs):
+                    segs, ret, code = (np.concatenate((x, y)) for x, y in ((js, k_segs), (ret, k_ret), (js, k_code)))
+                    floor = np.concatenate((floor, k_floor))
+                    run_cost = np.concatenate((run_cost, k_cost))
             for lh in sorted(need[i]):
                 local, retained, nlh = stored[i, lh]
                 nf = fronts[i + 1, nlh]
@@ -147,7 +175,7 @@ class DPTable:
                 # so far ] in ``solvers._dp_kernel``.
                 extra = int(inp[i]) if lh == 0 else 0
                 front = _Front(*merge_stage(local, retained, nf.h, nf.cost, buf.h, buf.c, buf.seg_start,
-                                            buf.seg_end, js, floor, run_cost, extra))
+                                            buf.seg_end, segs, floor, run_cost, ret, code, extra))
                 if self.max_front is not None and len(front.h) > self.max_front:
                     front = _thin(front, self.max_front)
                     self.thinned = True
@@ -164,14 +192,15 @@ class DPTable:
         return self.const + int(self.root.h[0])
 
     def frontier(self) -> list[tuple[int, int]]:
-        """``(predicted peak, recompute FLOPs)`` for every point of the root front."""
+        """``(predicted peak, recompute cost)`` for every point of the root front."""
         return [(self.const + int(h), int(c)) for h, c in zip(self.root.h, self.root.cost)]
 
-    def solve(self, budget_bytes: int) -> tuple[tuple[tuple[int, int], ...], int, int]:
+    def solve(self, budget_bytes: int) -> "Answer":
         """The cheapest plan whose predicted peak fits ``budget_bytes``.
 
         Returns:
-            ``(regions, predicted peak, recompute FLOPs)``.
+            ``(regions, predicted peak, recompute cost)`` with the kept nodes
+            as ``.saved`` (:class:`Answer`).
 
         Raises:
             InfeasibleBudget: carrying :attr:`min_peak_bytes`.
@@ -182,10 +211,11 @@ class DPTable:
             raise InfeasibleBudget(budget_bytes, self.min_peak_bytes, solver="dp", best_regions=self.plan_at(0)[0])
         return self.plan_at(idx)
 
-    def plan_at(self, idx: int) -> tuple[tuple[tuple[int, int], ...], int, int]:
-        """The plan of the root front's entry ``idx``: ``(regions, predicted peak, FLOPs)``."""
+    def plan_at(self, idx: int) -> "Answer":
+        """The plan of the root front's entry ``idx``: ``(regions, predicted peak, cost)``, ``.saved``."""
         root = self.root
         regions = []
+        saved: list[int] = []
         i, lh = 0, 1
         front = root
         at = idx
@@ -197,12 +227,29 @@ class DPTable:
                 lh = self._stored[i, lh][2]
                 i += 1
             else:
-                regions.append((self.stages.starts[i], self.stages.ends[choice]))
-                lh = self._lh_reg[choice]
-                i = choice + 1
+                j, v = choice % m, choice // m  # v: the entry of the region's menu (0: keep nothing)
+                regions.append((self.stages.starts[i], self.stages.ends[j]))
+                if v:
+                    saved.extend(self._kept.menus[i, j][v])
+                    lh = self._kept.lh[i, j, v]
+                else:
+                    lh = self._lh_reg[j]
+                i = j + 1
             front = self._fronts[i, lh]
             at = nxt
-        return tuple(regions), self.const + int(root.h[idx]), int(root.cost[idx])
+        return Answer(tuple(regions), self.const + int(root.h[idx]), int(root.cost[idx]), tuple(saved))
+
+
+class Answer(tuple):
+    """A plan read from the table: the triple ``(regions, predicted peak,
+    recompute cost)`` with the kept nodes (selective recompute) as :attr:`saved`."""
+
+    saved: tuple[int, ...]
+
+    def __new__(cls, regions, peak: int, cost: int, saved: tuple[int, ...] = ()) -> "Answer":
+        self = super().__new__(cls, (regions, peak, cost))
+        self.saved = tuple(saved)
+        return self
 
 
 class _SuccessorBuffer:
@@ -252,12 +299,21 @@ def _thin(front: _Front, size: int) -> _Front:
     return _Front(front.h[keep], front.cost[keep], front.choice[keep], front.nxt[keep])
 
 
-def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT) -> DPTable:
-    """The DP table of ``graph``, cached by fingerprint (a budget sweep fills it once)."""
-    key = f"{graph.content_hash()}:{max_front}"  # costs included: fingerprints leave them out
+def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True) -> DPTable:
+    """The DP table of ``graph``, cached by content (a budget sweep fills it once).
+
+    Args:
+        graph: the graph.
+        max_front: see :func:`dp`.
+        selective: see :func:`dp`.
+
+    Returns:
+        The filled :class:`DPTable`.
+    """
+    key = f"{graph.content_hash()}:{max_front}:{bool(selective)}"  # costs included: fingerprints leave them out
     table = _CACHE.get(key)
     if table is None:
-        table = DPTable(graph, max_front=max_front)
+        table = DPTable(graph, max_front=max_front, selective=selective)
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = table
@@ -265,7 +321,7 @@ def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT) -> DPTa
 
 
 @register("dp")
-def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_FRONT) -> Plan:
+def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True) -> Plan:
     """Optimal plan over the chain of articulation points (see the module docstring).
 
     Args:
@@ -273,6 +329,10 @@ def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_F
             it is thinned to evenly spread entries, which keeps every answer
             feasible and the least feasible budget exact but may lose
             optimality (the plan is then ``feasible``). ``None``: exact.
+        selective: regions may also keep nodes (selective recompute, NOTE
+            [ The menu of kept sets ] in ``solvers.selective``): the plan's
+            ``saved``, optimal over ``(region, menu entry)`` pairs. On a graph
+            without saveable nodes this changes nothing. False: regions only.
 
     Returns:
         A plan with status ``optimal`` on a chain, ``feasible`` on other
@@ -283,12 +343,13 @@ def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_F
     Raises:
         InfeasibleBudget: with the least budget any such plan needs.
     """
-    table = dp_table(graph, max_front=max_front)
+    table = dp_table(graph, max_front=max_front, selective=selective)
     if not table.exact:
         return _dp_inexact(graph, table, budget_bytes)
-    regions, peak, cost = table.solve(budget_bytes)
+    answer = table.solve(budget_bytes)
+    regions, peak, cost = answer
     optimal = table.is_chain and table.exact and not table.thinned
-    return Plan(regions=regions, status=Status.OPTIMAL if optimal else Status.FEASIBLE,
+    return Plan(regions=regions, saved=answer.saved, status=Status.OPTIMAL if optimal else Status.FEASIBLE,
                 bound=float(cost) if optimal else None,
                 options={"stages": len(table.stages), "predicted_peak_bytes": peak})
 
@@ -306,13 +367,14 @@ def _dp_inexact(graph: Graph, table: DPTable, budget_bytes: int) -> Plan:
     idx = int(np.searchsorted(root.h, budget_bytes - table.const, side="right")) - 1
     best = None
     for at in range(max(idx, 0), min(len(root.h), max(idx, 0) + RESCUE + 1)):
-        regions, peak, cost = table.plan_at(at)
-        if at > idx and simulate(graph, Plan(regions=regions), record=False).peak_bytes > budget_bytes:
+        answer = table.plan_at(at)
+        if at > idx and simulate(graph, Plan(regions=answer[0], saved=answer.saved),
+                                 record=False).peak_bytes > budget_bytes:
             continue
-        if best is None or cost < best[2]:
-            best = (regions, peak, cost)
+        if best is None or answer[2] < best[2]:
+            best = answer
     if best is None:
         raise InfeasibleBudget(budget_bytes, table.min_peak_bytes, solver="dp", best_regions=table.plan_at(0)[0])
     regions, peak, cost = best
-    return Plan(regions=regions, status=Status.FEASIBLE, bound=None,
+    return Plan(regions=regions, saved=best.saved, status=Status.FEASIBLE, bound=None,
                 options={"stages": len(table.stages), "predicted_peak_bytes": peak})

@@ -49,7 +49,7 @@ from graphs import Graph
 from .gradients import GradientWalk
 from .stages import Stages
 
-__all__ = ["NodeArrays", "node_arrays", "stored_profile", "region_profiles", "NEG"]
+__all__ = ["NodeArrays", "node_arrays", "stored_profile", "step_rows", "region_profiles", "NEG"]
 
 #: Stands for "no step" in max-reductions.
 NEG = -(1 << 62)
@@ -77,6 +77,8 @@ class NodeArrays:
             (what a region recomputed there finds alive).
         flops: forward FLOPs (the recompute cost of the node).
         state: bytes of buffers a region holding the node snapshots while it recomputes.
+        buf: bytes of the node's own buffers (``saved_bytes``, with or without grad).
+        ws: workspace bytes of its forward.
         const: bytes alive at every step: parameters, inputs, common tensors.
         p_sink, p_as, p_a: prefix sums (length n + 1) used by the profiles.
         open_all, u_all, v_all: open-tensor sums per step (see code).
@@ -101,6 +103,8 @@ class NodeArrays:
     open_all: np.ndarray
     u_all: np.ndarray
     v_all: np.ndarray
+    buf: np.ndarray
+    ws: np.ndarray
 
 
 def _prefix(x: np.ndarray) -> np.ndarray:
@@ -168,6 +172,8 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
         const=graph.param_bytes + graph.input_bytes + sum(real_out[i] for i in common),
         p_sink=_prefix(out * sink), p_as=_prefix(out * (sa & ~sink) + own), p_a=_prefix(out * sa + own),
         open_all=np.cumsum(d_open)[:n], u_all=np.cumsum(d_u)[:n], v_all=np.cumsum(d_v)[:n],
+        buf=np.array([nd.saved_bytes for nd in nodes], dtype=np.int64),
+        ws=np.array([nd.workspace_bytes for nd in nodes], dtype=np.int64),
     )
 
 
@@ -203,6 +209,40 @@ def stored_profile(na: NodeArrays, a: int, b: int, lh: int, p: int | None = None
     return local, retained, lh_next
 
 
+def step_rows(na: NodeArrays, starts: np.ndarray, bnd: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bytes at every step of regions starting at ``starts`` (one row each).
+
+    Args:
+        na: the node arrays.
+        starts: first node of each region.
+        bnd: per row the boundary tensor entering it (``-1``: none).
+
+    Returns:
+        ``(f, rc, bw)``, ``len(starts) x n``: at column ``k`` the bytes of the
+        region's forward step, recompute step and backward step at node ``k``,
+        without its input, the sinks, the gradients before its recompute and
+        its snapshot (:func:`region_profiles` adds them); ``NEG`` before the
+        region and at backward steps of nodes without grad.
+    """
+    n = len(na.out)
+    k = np.arange(n)[None, :]
+    a = starts[:, None]
+    p = np.maximum(bnd, 0)[:, None]
+    has_p = a > 0
+    op = np.where(has_p, na.out[p], 0)
+    f = na.p_sink[k] + na.open_all[k] - op * (na.lc[p] >= k) + na.cur[k]
+    sa_p = na.fs[p] < _INF
+    # Recomputed sinks stay referenced by the running region (its outputs) until it ends.
+    rc = ((na.p_a[k] - na.p_a[a]) + (na.p_sink[k] - na.p_sink[a]) + na.u_all[k] - op * (~sa_p & (na.lc[p] >= k))
+          + na.cur[k])
+    bw = (na.p_a[k + 1] - na.p_a[a]) - (na.v_all[k] - op * ((k < na.fs[p]) & sa_p)) + na.gb[k]
+    before = k < a
+    f = np.where(before, NEG, f)
+    rc = np.where(before, NEG, rc)
+    bw = np.where(before | ~na.rg[k], NEG, bw)
+    return f, rc, bw
+
+
 def region_profiles(na: NodeArrays, st: Stages, span_extra: Mapping[tuple[int, int], int] | None = None,
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Local peaks of every region spanning stages ``i..j``.
@@ -217,26 +257,10 @@ def region_profiles(na: NodeArrays, st: Stages, span_extra: Mapping[tuple[int, i
         recompute FLOPs, ``inp[i]`` the bytes of the boundary tensor it holds.
         Entries with ``j < i`` are meaningless.
     """
-    n = len(na.out)
     starts = np.array(st.starts, dtype=np.int64)
     ends = np.array(st.ends, dtype=np.int64)
-    m = len(starts)
-    k = np.arange(n)[None, :]
-    a = starts[:, None]
     bnd = np.array(st.boundary if st.boundary else [s - 1 for s in st.starts], dtype=np.int64)
-    p = np.maximum(bnd, 0)[:, None]
-    has_p = a > 0
-    op = np.where(has_p, na.out[p], 0)
-    f = na.p_sink[k] + na.open_all[k] - op * (na.lc[p] >= k) + na.cur[k]
-    sa_p = na.fs[p] < _INF
-    # Recomputed sinks stay referenced by the running region (its outputs) until it ends.
-    rc = ((na.p_a[k] - na.p_a[a]) + (na.p_sink[k] - na.p_sink[a]) + na.u_all[k] - op * (~sa_p & (na.lc[p] >= k))
-          + na.cur[k])
-    bw = (na.p_a[k + 1] - na.p_a[a]) - (na.v_all[k] - op * ((k < na.fs[p]) & sa_p)) + na.gb[k]
-    before = k < a
-    f = np.where(before, NEG, f)
-    rc = np.where(before, NEG, rc)
-    bw = np.where(before | ~na.rg[k], NEG, bw)
+    f, rc, bw = step_rows(na, starts, bnd)
     fm = np.maximum.accumulate(f, axis=1)[:, ends]
     rm = np.maximum.accumulate(rc, axis=1)[:, ends]
     bm = np.maximum.accumulate(bw, axis=1)[:, ends]

@@ -31,12 +31,13 @@ NOTE [ The menu of kept sets ]
 
 from __future__ import annotations
 
+import bisect
 import functools
-from typing import Sequence
+from typing import Callable, Sequence
 
 from graphs import Graph
 
-__all__ = ["DEFAULT_LIMIT", "variants", "ranked_saveable"]
+__all__ = ["DEFAULT_LIMIT", "variants", "ranked_saveable", "menu_lengths", "GrowingMenus"]
 
 #: Default size of a region's menu, ``()`` included.
 DEFAULT_LIMIT = 4
@@ -57,18 +58,36 @@ def ranked_saveable(graph: Graph, first: int, last: int, *, costs: Sequence[int]
     """
     costs = graph.recompute_costs() if costs is None else costs
     saveable = graph.saveable if saveable is None else saveable
-    nodes = graph.nodes
     cands = [k for k in range(first, last + 1) if saveable[k] and costs[k] > 0]
-    size = {k: nodes[k].out_bytes + nodes[k].saved_bytes for k in cands}
+    return sorted(cands, key=functools.cmp_to_key(_comparator(graph, costs)))
+
+
+def _comparator(graph: Graph, costs: Sequence[int]) -> Callable[[int, int], int]:
+    """The ranking of NOTE [ The menu of kept sets ] as a comparison of two node positions:
+    a total order, so a region's ranking is the graph's ranking restricted to it."""
+    nodes = graph.nodes
 
     def better(x: int, y: int) -> int:
         # cost[x] / size[x] against cost[y] / size[y], exactly (a size of 0 is an infinite ratio)
-        lhs, rhs = costs[x] * size[y], costs[y] * size[x]
+        sx, sy = nodes[x].out_bytes + nodes[x].saved_bytes, nodes[y].out_bytes + nodes[y].saved_bytes
+        lhs, rhs = costs[x] * sy, costs[y] * sx
         if lhs != rhs:
             return -1 if lhs > rhs else 1
         return -1 if x < y else (1 if x > y else 0)
 
-    return sorted(cands, key=functools.cmp_to_key(better))
+    return better
+
+
+def menu_lengths(size: int, limit: int) -> list[int]:
+    """The prefix lengths of a ranking of ``size`` nodes that a menu of ``limit`` entries takes."""
+    lengths = []
+    p = 1
+    while p < size:
+        lengths.append(p)
+        p *= 2
+    if size:
+        lengths = lengths[:max(0, limit - 2)] + [size]
+    return lengths[:limit - 1]
 
 
 def variants(graph: Graph, first: int, last: int, *, limit: int = DEFAULT_LIMIT,
@@ -92,18 +111,57 @@ def variants(graph: Graph, first: int, last: int, *, limit: int = DEFAULT_LIMIT,
     if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last < n):
         raise ValueError(f"region ({first!r}, {last!r}) is no interval of the graph's {n} nodes: "
                          f"need 0 <= first <= last <= {n - 1}")
+    _check_limit(limit)
+    ranked = ranked_saveable(graph, first, last, costs=costs, saveable=saveable)
+    return [()] + [tuple(sorted(ranked[:m])) for m in menu_lengths(len(ranked), limit)]
+
+
+def _check_limit(limit: int) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an integer >= 1 (the menu always holds ()), got {limit!r}")
-    ranked = ranked_saveable(graph, first, last, costs=costs, saveable=saveable)
-    size = len(ranked)
-    lengths = []
-    p = 1
-    while p < size:
-        lengths.append(p)
-        p *= 2
-    if size:
-        lengths = lengths[:max(0, limit - 2)] + [size]
-    menu: list[tuple[int, ...]] = [()]
-    for m in lengths[:limit - 1]:
-        menu.append(tuple(sorted(ranked[:m])))
-    return menu
+
+
+class GrowingMenus:
+    """The menus of the regions ``first..last`` for one ``first`` and growing
+    ``last``, equal to :func:`variants` (for a solver asking thousands of regions).
+
+    The ranking is a total order, so each region's ranking is the graph's
+    ranking (computed once) restricted to it: nodes are inserted by rank as
+    ``last`` grows.
+    """
+
+    def __init__(self, graph: Graph, *, limit: int = DEFAULT_LIMIT, costs: Sequence[int] | None = None) -> None:
+        _check_limit(limit)
+        self.limit = limit
+        costs = graph.recompute_costs() if costs is None else costs
+        cands = [k for k, nd in enumerate(graph.nodes) if nd.sac_op >= 0 and costs[k] > 0]
+        order = sorted(cands, key=functools.cmp_to_key(_comparator(graph, costs)))
+        self.rank = {k: r for r, k in enumerate(order)}
+        self._first = -1
+        self._last = -1
+        self._ranks: list[int] = []
+
+    def of(self, first: int, last: int) -> list[tuple[int, ...]]:
+        """The menu of ``first..last``; ``last`` may only grow for one ``first``.
+
+        Args:
+            first, last: the region.
+
+        Returns:
+            ``variants(graph, first, last, limit=limit)``.
+        """
+        if first != self._first or last < self._last:
+            self._first, self._last, self._ranks = first, first - 1, []
+        for k in range(self._last + 1, last + 1):
+            r = self.rank.get(k)
+            if r is not None:
+                bisect.insort(self._ranks, r)
+        self._last = last
+        order = self.order
+        return [()] + [tuple(sorted(order[r] for r in self._ranks[:m]))
+                       for m in menu_lengths(len(self._ranks), self.limit)]
+
+    @functools.cached_property
+    def order(self) -> dict[int, int]:
+        """Rank -> node position."""
+        return {r: k for k, r in self.rank.items()}

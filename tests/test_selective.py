@@ -19,8 +19,9 @@ import random
 import pytest
 
 from graphs import Graph, Node, synthetic
-from solvers import Plan, PlanError, enumerate_plans, pareto_frontier, simulate
+from solvers import InfeasibleBudget, Plan, PlanError, enumerate_plans, pareto_frontier, simulate
 from solvers.brute_force import best_from_frontier, brute_force, count_selective, enumerate_selective
+from solvers.dp import DPTable, dp
 from solvers.selective import variants
 from test_aligned import random_spans
 from test_optimality import random_graph
@@ -212,3 +213,64 @@ def test_brute_force_plan_carries_its_kept_nodes():
         assert plan.save_ops and sum(len(r) for r in plan.save_ops) == len(plan.saved)
         return
     pytest.fail("no random graph had a plan that keeps a node")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_dp_equals_brute_force_over_menu_entries(seed):
+    g = sac_graph(seed)
+    front = pareto_frontier(g)
+    table = DPTable(g, max_front=None)
+    assert table.is_chain and table.exact
+    assert table.min_peak_bytes == front[0][0]
+    for peak, cost, _ in front:
+        for budget in (peak, peak + 1):
+            regions, predicted, got = answer = table.solve(budget)
+            sim = simulate(g, Plan(regions=regions, saved=answer.saved))
+            assert (sim.peak_bytes, sim.recompute_cost) == (predicted, got)  # the table's own prediction is exact
+            assert got == best_from_frontier(front, budget)[1] and sim.peak_bytes <= budget
+    with pytest.raises(InfeasibleBudget) as info:
+        dp(g, front[0][0] - 1)
+    assert info.value.min_feasible_bytes == front[0][0]
+
+
+def test_dp_keeps_nodes_where_that_is_cheaper():
+    kept = 0
+    for seed in SEEDS[:60]:
+        g = sac_graph(seed)
+        for peak, cost, _ in pareto_frontier(g):
+            plan = dp(g, peak)
+            kept += bool(plan.saved)
+            assert plan.status == "optimal" and plan.bound == cost
+            assert dp(g, peak, selective=False).bound >= cost
+    assert kept >= 5
+
+
+@pytest.mark.parametrize("seed", SEEDS[:40])
+def test_dp_without_selective_is_the_plain_dp(seed):
+    g = sac_graph(seed)
+    plain = Graph(nodes=tuple(dataclasses.replace(nd, sac_op=-1, dispatch=()) for nd in g.nodes), spans=g.spans,
+                  param_bytes=g.param_bytes, input_bytes=g.input_bytes, name=g.name)
+    off, unmarked = DPTable(g, max_front=None, selective=False), DPTable(plain, max_front=None)
+    assert off.frontier() == unmarked.frontier()
+    assert [off.plan_at(i)[0] for i in range(len(off.root.h))] == [unmarked.plan_at(i)[0]
+                                                                     for i in range(len(off.root.h))]
+    assert all(not off.plan_at(i).saved for i in range(len(off.root.h)))
+    front = pareto_frontier(g, selective=False)
+    assert [(p, c) for p, c, _ in front] == off.frontier()  # and it is the optimum without kept nodes
+
+
+def _dp_digest() -> str:
+    h = hashlib.sha256()
+    graphs = [random_graph(s, chain=s % 2 == 0) for s in range(60)]
+    graphs += [synthetic.make(f, 40, seed=2) for f in ("hetero-chain", "residual", "unet", "random-dag", "transformer")]
+    graphs += [synthetic.transformer(40, seed=3, spans=True), synthetic.repeated_blocks(4, 6, seed=5)]
+    for g in graphs:
+        t = DPTable(g, max_front=None)
+        h.update(json.dumps([t.frontier(), [t.plan_at(i)[:3] for i in range(len(t.root.h))]]).encode())
+    return h.hexdigest()[:16]
+
+
+def test_dp_on_graphs_without_saveable_nodes_is_unchanged():
+    # Recorded with main's dp before selective recompute (commit b99573e): every front and plan
+    # of 67 graphs (chains, DAGs, transformers with spans, repeated blocks).
+    assert _dp_digest() == "863a4b24137558bd"
