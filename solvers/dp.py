@@ -36,6 +36,7 @@ from graphs import Graph
 
 from .dp_model import NodeArrays, node_arrays, region_profiles, stored_profile
 from .errors import InfeasibleBudget
+from .options import Option
 from .plan import Plan, Status
 from .registry import register
 from .simulate import simulate
@@ -264,7 +265,8 @@ def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT) -> DPTa
     return table
 
 
-@register("dp")
+@register("dp", options=(Option("max_front", int, "cap on each Pareto set (thinned past it: may lose optimality); "
+                                 "None: exact", minimum=2, none_ok=True),))
 def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_FRONT) -> Plan:
     """Optimal plan over the chain of articulation points (see the module docstring).
 

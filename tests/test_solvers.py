@@ -118,7 +118,7 @@ def test_ilp_time_limit_returns_incumbent_with_gap():
     assert plan.bound is not None and plan.bound <= plan.recompute_flops
     # The frontier program proves the same graph optimal (0.8 s here; a generous limit for loaded machines).
     exact = solvers.solve(g, budget, solver="ilp", time_limit_s=20)
-    assert exact.status == "optimal" and exact.options["method"] == "frontier"
+    assert exact.status == "optimal" and exact.findings["method"] == "frontier"
     assert exact.recompute_flops <= plan.recompute_flops and exact.bound >= plan.bound
 
 
