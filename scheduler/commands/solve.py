@@ -57,7 +57,7 @@ class _HelpOptions(argparse.Action):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("graph", help="cost graph JSON")
     p.add_argument("--budget", "-b", required=True, help="6GiB, 512MiB, bytes, or a fraction such as 0.3")
-    p.add_argument("--solver", "-s", default="ilp",
+    p.add_argument("--solver", "-s", default=None,
                    help=f"one of: {', '.join(available_solvers(methods=True))}, or 'all' (default: ilp, exact where "
                         "it can be and never without a plan where another solver finds one; frontier and cp-sat are "
                         "its two methods on their own)")
@@ -94,6 +94,7 @@ def _check_all(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.solver = args.solver or "ilp"
     if args.solver != "all" and args.solver not in available_solvers(methods=True):
         raise CkptError(f"unknown solver {args.solver!r}; available: {', '.join(available_solvers(methods=True))}, "
                         "or all")
