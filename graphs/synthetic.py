@@ -16,6 +16,10 @@ Families (``FAMILIES`` maps a name to ``f(n, seed) -> Graph`` with about
   mask read by every block (a "common node").
 * ``random-dag``: random layered DAG.
 
+Every generator takes ``saveable`` (default 0: the graph as it always was),
+the probability that a node can be kept by selective recompute
+(:func:`mark_saveable`).
+
 :func:`repeated_blocks` builds what a traced LLM is at small scale: a chain
 of identical random blocks, tensors without grad every block reads, and
 (optionally) the module calls as spans.
@@ -23,6 +27,7 @@ of identical random blocks, tensors without grad every block reads, and
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Callable
 
@@ -38,23 +43,25 @@ __all__ = [
     "repeated_blocks",
     "FAMILIES",
     "make",
+    "mark_saveable",
 ]
 
 MB = 1 << 20
 
 
-def chain(n: int, *, out_bytes: int = 4 * MB, flops: int = 10**9, seed: int = 0) -> Graph:
+def chain(n: int, *, out_bytes: int = 4 * MB, flops: int = 10**9, seed: int = 0, saveable: float = 0.0) -> Graph:
     """A homogeneous chain of ``n`` nodes: each saves its input (like a linear layer)."""
     nodes = []
     for i in range(n):
         inputs = (f"n{i-1}",) if i else ()
         nodes.append(Node(name=f"n{i}", op="linear", inputs=inputs, saves_inputs=inputs,
                           out_bytes=out_bytes, fwd_flops=flops, bwd_flops=2 * flops))
-    return Graph(nodes=tuple(nodes), input_bytes=out_bytes, name=f"chain{n}",
+    graph = Graph(nodes=tuple(nodes), input_bytes=out_bytes, name=f"chain{n}",
                  meta={"family": "chain", "n": n})
+    return mark_saveable(graph, saveable, seed=seed)
 
 
-def hetero_chain(n: int, *, seed: int = 0) -> Graph:
+def hetero_chain(n: int, *, seed: int = 0, saveable: float = 0.0) -> Graph:
     """A chain with random output sizes, FLOPs and save patterns."""
     rng = random.Random(seed)
     nodes = []
@@ -71,11 +78,12 @@ def hetero_chain(n: int, *, seed: int = 0) -> Graph:
             stochastic=kind == "dropout",
             out_bytes=out, fwd_flops=flops, bwd_flops=2 * flops,
         ))
-    return Graph(nodes=tuple(nodes), input_bytes=4 * MB, name=f"hetero-chain{n}",
+    graph = Graph(nodes=tuple(nodes), input_bytes=4 * MB, name=f"hetero-chain{n}",
                  meta={"family": "hetero-chain", "n": n, "seed": seed})
+    return mark_saveable(graph, saveable, seed=seed)
 
 
-def residual(n: int, *, k: int = 3, seed: int = 0) -> Graph:
+def residual(n: int, *, k: int = 3, seed: int = 0, saveable: float = 0.0) -> Graph:
     """A chain with a skip every ``k`` nodes: ``add`` joins the block and its input."""
     rng = random.Random(seed)
     nodes: list[Node] = []
@@ -102,11 +110,12 @@ def residual(n: int, *, k: int = 3, seed: int = 0) -> Graph:
                               out_bytes=nodes[-1].out_bytes, fwd_flops=10**6))
         i += 1
     nodes = [_fix_bwd(nd) for nd in nodes]
-    return Graph(nodes=tuple(nodes), input_bytes=4 * MB, name=f"residual{n}",
+    graph = Graph(nodes=tuple(nodes), input_bytes=4 * MB, name=f"residual{n}",
                  meta={"family": "residual", "n": n, "k": k, "seed": seed})
+    return mark_saveable(graph, saveable, seed=seed)
 
 
-def unet(n: int, *, seed: int = 0) -> Graph:
+def unet(n: int, *, seed: int = 0, saveable: float = 0.0) -> Graph:
     """A U-Net: ``depth`` encoder levels, a bottleneck, mirrored decoder levels.
 
     Each level is ``conv, relu``; the decoder's first node at each level also
@@ -144,11 +153,13 @@ def unet(n: int, *, seed: int = 0) -> Graph:
         x = add("relu", (x,), size, 10**6)
     while len(nodes) < n:
         x = add("conv", (x,), size, rng.randint(1, 5) * 10**8)
-    return Graph(nodes=tuple(nodes), input_bytes=8 * MB, name=f"unet{n}",
+    graph = Graph(nodes=tuple(nodes), input_bytes=8 * MB, name=f"unet{n}",
                  meta={"family": "unet", "n": n, "seed": seed})
+    return mark_saveable(graph, saveable, seed=seed)
 
 
-def transformer(n: int, *, seed: int = 0, act_bytes: int = 4 * MB, spans: bool = False) -> Graph:
+def transformer(n: int, *, seed: int = 0, act_bytes: int = 4 * MB, spans: bool = False,
+                saveable: float = 0.0) -> Graph:
     """A stack of transformer blocks with ~``n`` nodes (12 per block).
 
     An attention mask (no grad) is computed once and read by every block's
@@ -206,11 +217,13 @@ def transformer(n: int, *, seed: int = 0, act_bytes: int = 4 * MB, spans: bool =
             calls += [(s, s + 11, f"h.{blk}"), (s, s, f"h.{blk}.ln_1"), (s + 1, s + 4, f"h.{blk}.attn"),
                       (s + 6, s + 6, f"h.{blk}.ln_2"), (s + 7, s + 10, f"h.{blk}.mlp")]
         calls += [(len(nodes) - 3, len(nodes) - 3, "ln_f"), (len(nodes) - 2, len(nodes) - 2, "lm_head")]
-    return Graph(nodes=tuple(nodes), input_bytes=a // 16, name=f"transformer{n}",
+    graph = Graph(nodes=tuple(nodes), input_bytes=a // 16, name=f"transformer{n}",
                  meta={"family": "transformer", "n": n, "seed": seed}, spans=tuple(calls))
+    return mark_saveable(graph, saveable, seed=seed)
 
 
-def random_dag(n: int, *, seed: int = 0, width: int = 3, p_skip: float = 0.3) -> Graph:
+def random_dag(n: int, *, seed: int = 0, width: int = 3, p_skip: float = 0.3,
+               saveable: float = 0.0) -> Graph:
     """A random layered DAG: layers of up to ``width`` nodes, edges from the
     previous layer plus occasional longer skips; one sink at the end."""
     rng = random.Random(seed)
@@ -248,12 +261,13 @@ def random_dag(n: int, *, seed: int = 0, width: int = 3, p_skip: float = 0.3) ->
     dangling = tuple(nd.name for nd in nodes if nd.name not in consumed)
     nodes.append(Node(name=f"n{len(nodes)}", op="loss", inputs=dangling, saves_inputs=dangling,
                       out_bytes=4, fwd_flops=10**6, bwd_flops=2 * 10**6))
-    return Graph(nodes=tuple(nodes), input_bytes=4 * MB, name=f"random-dag{n}",
+    graph = Graph(nodes=tuple(nodes), input_bytes=4 * MB, name=f"random-dag{n}",
                  meta={"family": "random-dag", "n": n, "seed": seed})
+    return mark_saveable(graph, saveable, seed=seed)
 
 
 def repeated_blocks(blocks: int, size: int, *, seed: int = 0, spans: bool = True, common: int = 1,
-                    cut: bool = False) -> Graph:
+                    cut: bool = False, saveable: float = 0.0) -> Graph:
     """A chain of ``blocks`` identical blocks of ``size`` nodes, as a traced LLM is.
 
     The prefix is an embedding and ``common`` tensors without grad that every
@@ -326,19 +340,54 @@ def repeated_blocks(blocks: int, size: int, *, seed: int = 0, spans: bool = True
             calls.append((first[0], first[1] + per - 1, "blocks[0:2]"))
         if cut and blocks >= 3:
             calls.append((first[1] + per // 2, first[2] + per // 2, "across"))
-    return Graph(nodes=tuple(nodes), param_bytes=200 + 10 * blocks, input_bytes=50, name=f"blocks{blocks}x{size}",
+    graph = Graph(nodes=tuple(nodes), param_bytes=200 + 10 * blocks, input_bytes=50, name=f"blocks{blocks}x{size}",
                  meta={"family": "repeated-blocks", "blocks": blocks, "size": size, "seed": seed},
                  spans=tuple(calls))
+    return mark_saveable(graph, saveable, seed=seed, key=_template_row)
+
+
+def mark_saveable(graph: Graph, p: float, *, seed: int = 0, key: Callable[[str], str] | None = None) -> Graph:
+    """``graph`` with some nodes marked keepable by a selective-checkpoint policy.
+
+    A node is marked (``dispatch=("op",)``, ``sac_op=0``: NOTE [ Selective
+    recompute ] in ``solvers.simulate``) with probability ``p``, drawn from
+    its own stream keyed by ``seed`` and ``key(name)`` (the name by default),
+    so the other fields keep their seeds and ``p=0`` returns ``graph`` itself.
+
+    Args:
+        graph: the graph.
+        p: probability in ``[0, 1]``.
+        seed: the draw's seed.
+        key: maps a node name to what its draw depends on (nodes with one key
+            are marked alike: the same row of every repeated block).
+
+    Returns:
+        The marked graph (``graph`` itself when ``p == 0``).
+
+    Raises:
+        ValueError: ``p`` outside ``[0, 1]``.
+    """
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"saveable must be a probability in [0, 1], got {p!r}")
+    if p == 0:
+        return graph
+    key = key or (lambda name: name)
+    nodes = [dataclasses.replace(nd, dispatch=("op",), sac_op=0)
+             if random.Random(f"sac:{seed}:{key(nd.name)}").random() < p else nd for nd in graph.nodes]
+    return graph.with_nodes(nodes)
+
+
+def _template_row(name: str) -> str:
+    """``b3.5`` -> ``5`` (the row of a repeated block); other names unchanged."""
+    return name.split(".", 1)[1] if name.startswith("b") and "." in name else name
 
 
 def _fix_bwd(node: Node) -> Node:
-    import dataclasses
-
     return dataclasses.replace(node, bwd_flops=2 * node.fwd_flops)
 
 
 FAMILIES: dict[str, Callable[..., Graph]] = {
-    "chain": lambda n, seed=0: chain(n, seed=seed),
+    "chain": lambda n, seed=0, saveable=0.0: chain(n, seed=seed, saveable=saveable),
     "hetero-chain": hetero_chain,
     "residual": residual,
     "unet": unet,
@@ -347,10 +396,21 @@ FAMILIES: dict[str, Callable[..., Graph]] = {
 }
 
 
-def make(family: str, n: int, seed: int = 0) -> Graph:
-    """``FAMILIES[family](n, seed=seed)`` with a clear error for unknown names."""
+def make(family: str, n: int, seed: int = 0, *, saveable: float = 0.0) -> Graph:
+    """``FAMILIES[family](n, seed=seed, saveable=saveable)`` with a clear error for unknown names.
+
+    Args:
+        family: a key of :data:`FAMILIES`.
+        n: about how many nodes.
+        seed: the generator's seed.
+        saveable: probability that a node is keepable by selective recompute
+            (:func:`mark_saveable`); 0 leaves the graph as it always was.
+
+    Returns:
+        The graph.
+    """
     try:
         fn = FAMILIES[family]
     except KeyError:
         raise ValueError(f"unknown graph family {family!r}; choose one of {sorted(FAMILIES)}") from None
-    return fn(n, seed=seed)
+    return fn(n, seed=seed, saveable=saveable)

@@ -2,10 +2,15 @@
 
 A graph of ``n`` nodes has F(2n+1) interval plans (F: Fibonacci), 10,946 for
 10 nodes and 75,025 for 12, each costed by :func:`~solvers.simulate.simulate`.
+With ``selective`` (the default) every region also tries each kept set of its
+menu (NOTE [ The menu of kept sets ] in ``solvers.selective``): a plan is a
+set of ``(region, menu entry)`` pairs, and the optimum is over those pairs.
+On a graph without saveable nodes every menu is ``()`` and nothing changes.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Iterator
 
@@ -13,12 +18,34 @@ from graphs import Graph
 
 from .errors import InfeasibleBudget
 from .plan import Plan, Status
+from .selective import DEFAULT_LIMIT, variants
 from .simulate import simulate
 
-__all__ = ["MAX_BRUTE_FORCE_NODES", "enumerate_plans", "pareto_frontier", "best_from_frontier", "brute_force"]
+__all__ = ["MAX_BRUTE_FORCE_NODES", "MAX_BRUTE_FORCE_PLANS", "FrontierPoint", "enumerate_plans",
+           "enumerate_selective", "count_selective", "pareto_frontier", "best_from_frontier", "brute_force"]
 
 #: Refuse larger graphs: 14 nodes already means 317,811 simulations.
 MAX_BRUTE_FORCE_NODES = 14
+#: Refuse to simulate more ``(regions, kept set)`` plans than this.
+MAX_BRUTE_FORCE_PLANS = 2_000_000
+
+Regions = tuple[tuple[int, int], ...]
+
+
+class FrontierPoint(tuple):
+    """One point of :func:`pareto_frontier`: the triple ``(peak_bytes,
+    recompute_cost, regions)`` (what callers unpack) with the plan's kept
+    nodes as :attr:`saved` (sorted positions, ``()`` without selective recompute)."""
+
+    saved: tuple[int, ...]
+
+    def __new__(cls, peak: int, cost: int, regions: Regions, saved: tuple[int, ...] = ()) -> "FrontierPoint":
+        self = super().__new__(cls, (peak, cost, regions))
+        self.saved = tuple(saved)
+        return self
+
+    def __repr__(self) -> str:
+        return f"FrontierPoint(peak={self[0]}, cost={self[1]}, regions={self[2]}, saved={self.saved})"
 
 
 def enumerate_plans(graph: Graph) -> Iterator[tuple[tuple[int, int], ...]]:
@@ -43,16 +70,59 @@ def enumerate_plans(graph: Graph) -> Iterator[tuple[tuple[int, int], ...]]:
     return rec(0, ())
 
 
-def pareto_frontier(graph: Graph) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
+def enumerate_selective(graph: Graph, *, limit: int = DEFAULT_LIMIT) -> Iterator[tuple[Regions, tuple[int, ...]]]:
+    """Yield ``(regions, saved)`` for every interval plan of :func:`enumerate_plans`
+    and every choice of one menu entry per region (:func:`~solvers.selective.variants`)."""
+    costs, saveable = graph.recompute_costs(), graph.saveable
+    menus: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+    for regions in enumerate_plans(graph):
+        lists = []
+        for r in regions:
+            if r not in menus:
+                menus[r] = variants(graph, r[0], r[1], limit=limit, costs=costs, saveable=saveable)
+            lists.append(menus[r])
+        for combo in itertools.product(*lists):
+            yield regions, tuple(sorted(k for entry in combo for k in entry))
+
+
+def count_selective(graph: Graph, *, limit: int = DEFAULT_LIMIT) -> int:
+    """How many plans :func:`enumerate_selective` yields (without simulating them)."""
+    n = len(graph)
+    costs, saveable = graph.recompute_costs(), graph.saveable
+    ok = [nd.recomputable for nd in graph.nodes]
+    allowed = graph.allowed_regions()
+    ways = [0] * (n + 1)  # ways[i]: plans over nodes i..n-1, counting menu entries
+    ways[n] = 1
+    for i in range(n - 1, -1, -1):
+        total = ways[i + 1]
+        j = i
+        while j < n and ok[j]:
+            if allowed is None or (i, j) in allowed:
+                total += len(variants(graph, i, j, limit=limit, costs=costs, saveable=saveable)) * ways[j + 1]
+            j += 1
+        ways[i] = total
+    return ways[0]
+
+
+def pareto_frontier(graph: Graph, *, selective: bool = True, limit: int = DEFAULT_LIMIT) -> list[FrontierPoint]:
     """Every plan's ``(peak_bytes, recompute_cost)``, reduced to the frontier.
 
-    Returns ``(peak, cost, regions)`` sorted by ascending peak and strictly
-    descending cost: for any budget, the optimum is the last entry whose peak
-    is within budget (:func:`best_from_frontier`). Ties on cost
-    keep the lowest peak, then the fewest regions.
+    Args:
+        graph: at most :data:`MAX_BRUTE_FORCE_NODES` nodes.
+        selective: also try every region's menu of kept sets (NOTE [ The menu
+            of kept sets ] in ``solvers.selective``); False: regions only.
+        limit: the menus' size.
+
+    Returns:
+        :class:`FrontierPoint` ``(peak, cost, regions)`` with ``.saved``, sorted
+        by ascending peak and strictly descending cost: for any budget, the
+        optimum is the last entry whose peak is within budget
+        (:func:`best_from_frontier`). Ties on cost keep the lowest peak, then
+        the fewest regions, then the fewest kept nodes.
 
     Raises:
-        ValueError: more than :data:`MAX_BRUTE_FORCE_NODES` nodes.
+        ValueError: more than :data:`MAX_BRUTE_FORCE_NODES` nodes, or more
+            than :data:`MAX_BRUTE_FORCE_PLANS` plans to simulate.
     """
     if len(graph) > MAX_BRUTE_FORCE_NODES:
         raise ValueError(
@@ -60,48 +130,78 @@ def pareto_frontier(graph: Graph) -> list[tuple[int, int, tuple[tuple[int, int],
             f"this graph has {len(graph)}. Use solver 'dp' or 'ilp'."
         )
     rows = []
-    for regions in enumerate_plans(graph):
-        sim = simulate(graph, Plan(regions=regions), record=False)
-        rows.append((sim.peak_bytes, sim.recompute_cost, len(regions), regions))
+    if selective:
+        total = count_selective(graph, limit=limit)
+        if total > MAX_BRUTE_FORCE_PLANS:
+            raise ValueError(f"brute force with selective recompute would simulate {total} plans (the limit is "
+                             f"{MAX_BRUTE_FORCE_PLANS}); pass a smaller limit, selective=False, or a smaller graph")
+        plans: Iterator[tuple[Regions, tuple[int, ...]]] = enumerate_selective(graph, limit=limit)
+    else:
+        plans = ((regions, ()) for regions in enumerate_plans(graph))
+    for regions, saved in plans:
+        sim = simulate(graph, Plan(regions=regions, saved=saved), record=False)
+        rows.append((sim.peak_bytes, sim.recompute_cost, len(regions), regions, len(saved), saved))
     rows.sort()
-    frontier: list[tuple[int, int, tuple[tuple[int, int], ...]]] = []
-    for peak, cost, _, regions in rows:
+    frontier: list[FrontierPoint] = []
+    for peak, cost, _, regions, _, saved in rows:
         if not frontier or cost < frontier[-1][1]:
-            frontier.append((peak, cost, regions))
+            frontier.append(FrontierPoint(peak, cost, regions, saved))
     return frontier
 
 
 def best_from_frontier(frontier, budget_bytes: int):
-    """The frontier entry with least cost whose peak fits, or None."""
+    """The frontier entry with least cost whose peak fits, or None.
+
+    Args:
+        frontier: a :func:`pareto_frontier`.
+        budget_bytes: the whole step's budget.
+
+    Returns:
+        That entry itself (a :class:`FrontierPoint` keeps its ``saved``), or None.
+    """
     best = None
-    for peak, cost, regions in frontier:
-        if peak <= budget_bytes:
-            best = (peak, cost, regions)
+    for point in frontier:
+        if point[0] <= budget_bytes:
+            best = point
         else:
             break
     return best
 
 
-def brute_force(graph: Graph, budget_bytes: int, *, frontier=None) -> Plan:
-    """The cheapest interval plan whose simulated peak fits ``budget_bytes``.
+def brute_force(graph: Graph, budget_bytes: int, *, selective: bool = True, limit: int = DEFAULT_LIMIT,
+                frontier=None) -> Plan:
+    """The cheapest plan whose simulated peak fits ``budget_bytes``.
 
-    Ties on recompute are broken by lower peak, then by fewer regions. Pass a
-    precomputed ``frontier`` (:func:`pareto_frontier`) to answer many budgets.
+    Args:
+        graph: at most :data:`MAX_BRUTE_FORCE_NODES` nodes.
+        budget_bytes: the whole step's budget.
+        selective: regions may keep menu entries (NOTE [ The menu of kept
+            sets ] in ``solvers.selective``); False: regions only, as
+            without selective recompute.
+        limit: the menus' size.
+        frontier: a precomputed :func:`pareto_frontier` (then ``selective``
+            and ``limit`` are those it was computed with), to answer many budgets.
+
+    Returns:
+        An ``optimal`` plan; ties on recompute are broken by lower peak, then
+        by fewer regions, then by fewer kept nodes. ``saved`` holds its kept nodes.
 
     Raises:
-        ValueError: the graph has more than :data:`MAX_BRUTE_FORCE_NODES` nodes.
+        ValueError: the graph is too large to enumerate (see :func:`pareto_frontier`).
         InfeasibleBudget: no plan fits; carries the least feasible budget.
     """
     t0 = time.perf_counter()
     if frontier is None:
-        frontier = pareto_frontier(graph)
+        frontier = pareto_frontier(graph, selective=selective, limit=limit)
     best = best_from_frontier(frontier, budget_bytes)
     if best is None:
         raise InfeasibleBudget(budget_bytes, frontier[0][0], solver="brute-force", best_regions=frontier[0][2])
-    peak, cost, regions = best
-    flops = simulate(graph, Plan(regions=tuple(regions)), record=False).recompute_flops
+    peak, cost, regions = best[:3]
+    saved = getattr(best, "saved", ())
+    flops = simulate(graph, Plan(regions=tuple(regions), saved=saved), record=False).recompute_flops
     return Plan.from_regions(
         graph, regions, solver="brute-force", status=Status.OPTIMAL, budget_bytes=int(budget_bytes),
         peak_bytes=peak, recompute_cost=cost, recompute_flops=flops, bound=float(cost),
-        gap=0.0, solve_time_s=time.perf_counter() - t0,
+        gap=0.0, solve_time_s=time.perf_counter() - t0, saved=saved,
+        options={"selective": bool(selective), "limit": limit} if selective else {},
     )

@@ -46,7 +46,7 @@ import numpy as np
 
 from graphs import Graph
 
-from .simulate import GradientWalk
+from .gradients import GradientWalk
 from .stages import Stages
 
 __all__ = ["NodeArrays", "node_arrays", "stored_profile", "region_profiles", "NEG"]

@@ -58,7 +58,39 @@ NOTE [ Execution model ]
     snapshots above); not to the forward, nor for a region that is no span.
 
     The recompute cost of a plan is the forward FLOPs of every node in a
-    region (each region is recomputed exactly once).
+    region (each region is recomputed exactly once), less those of the
+    nodes it keeps (NOTE [ Selective recompute ]).
+
+NOTE [ Selective recompute ]
+    ``plan.saved`` lists nodes inside regions whose outputs a selective
+    checkpoint policy keeps (``CheckpointPolicy.MUST_SAVE`` for the node's
+    ``sac_op``): in the region's forward ``_CachingTorchDispatchMode`` stores
+    (detached aliases of) what that op returns, and in the recompute
+    ``_CachedTorchDispatchMode`` pops them and returns them instead of running
+    the op. For a kept node ``k`` of region ``r``:
+
+      * forward: ``out(k)`` and ``k``'s own buffers (``saved_bytes``, whether
+        or not ``k`` requires grad) are allocated as usual but not freed when
+        the region is done with them: the region's cache holds them (one more
+        holder of the forward copy of ``out(k)``) until ``r``'s recompute
+        reaches ``k``;
+      * recompute: at ``k`` nothing runs (no cost, no FLOPs, no workspace, no
+        new allocation; a step with no transient is still recorded); the
+        cache lets go and its tensors *are* ``k``'s recomputed copy: from then
+        on exactly like a recomputed node (the output freed when no
+        recomputed holder needs it and it is no region output still
+        referenced; the own buffers released at ``k``'s backward, or at once
+        when ``k`` does not require grad);
+      * shared storage: when the cache lets go and the forward copy of
+        ``out(k)`` is still held by something else (the caller, for a sink;
+        a holder released later), the recomputed copy *is* that storage and
+        is counted once: it is freed when the last of the two lets go. By the
+        order of the backward, every node and region after ``r`` has released
+        its holds by then, so in practice only a sink (held by the caller)
+        shares.
+
+    ``recompute_flops`` and ``recompute_cost`` leave kept nodes out. A plan
+    with ``saved=()`` runs exactly the steps above this note.
 """
 
 from __future__ import annotations
@@ -69,93 +101,12 @@ from typing import Mapping
 
 from graphs import Graph
 
+from .gradients import GradientWalk
 from .plan import Plan
 
 __all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "GradientWalk"]
 
 FORWARD, RECOMPUTE, BACKWARD = "forward", "recompute", "backward"
-
-
-class GradientWalk:
-    """Gradients of activations through the backward (they do not depend on the plan).
-
-    The one implementation of the gradient rules of NOTE [ Execution model ],
-    shared by :func:`simulate` and the solvers' own models. Call
-    :meth:`start`, then for each node in reverse order :meth:`node_backward`
-    (returns the transient bytes of that step; ``bytes`` is then the live
-    gradient bytes during it) and :meth:`node_done`.
-    """
-
-    def __init__(self, graph: Graph) -> None:
-        self.nodes = graph.nodes
-        self.preds = graph.preds
-        self.out = [nd.out_bytes for nd in graph.nodes]
-        self.rg = [nd.requires_grad for nd in graph.nodes]
-        n = len(graph.nodes)
-        self.alive = [False] * n  # node's gradient exists (own storage or a view)
-        self.view_of = [-1] * n  # its gradient is a view of this node's gradient storage
-        self.views = [0] * n  # live views on this node's gradient storage
-        self._replaced: list[int] = []  # view gradients replaced in the running step
-        self.bytes = 0
-
-    def start(self) -> None:
-        last = len(self.nodes) - 1
-        if self.rg[last]:
-            self.alive[last] = True
-            self.bytes += self.out[last]
-
-    def node_backward(self, i: int) -> int:
-        """Gradients node ``i``'s backward creates for its inputs; returns transient bytes."""
-        transient = self.nodes[i].workspace_bytes
-        base = self.view_of[i] if self.view_of[i] >= 0 else i
-        replacing = 0
-        for j in dict.fromkeys(self.preds[i]):
-            if not self.rg[j]:
-                continue
-            if self.alive[j]:
-                transient += self.out[j]  # the contribution, added into the existing gradient
-                if self.view_of[j] >= 0:  # a view cannot be added into in place: a new tensor replaces it
-                    self._replaced.append(j)
-                    replacing += self.out[j]
-            elif self.nodes[i].grad_views and self.alive[i]:  # no output gradient: nothing to view
-                self.alive[j] = True
-                self.view_of[j] = base
-                self.views[base] += 1
-            else:
-                self.alive[j] = True
-                self.bytes += self.out[j]
-        if replacing:
-            # NOTE [ Replacing a view gradient ]: ``view + contribution`` runs after
-            # node i's function returned (its output gradient and own saved
-            # buffers are gone) while the view still holds its base; the new
-            # gradient replaces the view when the step ends (node_done).
-            released = self.nodes[i].saved_bytes
-            if self.alive[i] and self.view_of[i] < 0 and self.views[i] == 0 and i != len(self.nodes) - 1:
-                released += self.out[i]
-            transient += max(0, replacing - released)
-        return transient
-
-    def node_done(self, i: int) -> None:
-        """Node ``i``'s backward is over: its output's gradient is released
-        (the last node's stays: ``backward()``'s caller holds it to the end)."""
-        for j in self._replaced:
-            self._drop_view(j)
-            self.bytes += self.out[j]
-        self._replaced.clear()
-        if not self.alive[i]:
-            return
-        self.alive[i] = False
-        if self.view_of[i] >= 0:
-            self._drop_view(i)
-        elif self.views[i] == 0 and i != len(self.nodes) - 1:
-            self.bytes -= self.out[i]
-
-    def _drop_view(self, j: int) -> None:
-        b = self.view_of[j]
-        self.view_of[j] = -1
-        self.views[b] -= 1
-        if self.views[b] == 0 and not self.alive[b] and b != len(self.nodes) - 1:
-            self.bytes -= self.out[b]
 
 
 @dataclass(frozen=True)
@@ -219,6 +170,9 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
     regions = plan.regions if plan is not None else ()
     if plan is not None:
         plan.validate(graph)
+    kept = [False] * n  # NOTE [ Selective recompute ]
+    for k in (plan.saved if plan is not None else ()):
+        kept[k] = True
     region_of = [-1] * n
     for r, (a, b) in enumerate(regions):
         for i in range(a, b + 1):
@@ -260,6 +214,9 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
                 if region_of[j] != r and j not in region_holds[r]:
                     region_holds[r].append(j)
                     hold[j] += 1
+    for k in range(n):
+        if kept[k]:
+            hold[k] += 1  # the region's cache (NOTE [ Selective recompute ])
     caller = [not succs[j] for j in range(n)]  # sinks are held by the caller to the end
 
     params = graph.param_bytes
@@ -304,7 +261,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
         act += out_b[i] + nd.saved_bytes
         alive[i] = True
         record_step(FORWARD, i, nd.workspace_bytes)
-        if region_of[i] != -1 or not rg[i]:
+        if (region_of[i] != -1 or not rg[i]) and not kept[i]:
             act -= nd.saved_bytes  # own buffers not kept
         for j in dict.fromkeys(preds[i]):
             remaining[j] -= 1
@@ -329,12 +286,26 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
     recompute_cost = 0
     costs = graph.recompute_costs()
 
+    # shared[k]: k's recomputed copy is its forward copy's storage, counted
+    # once under the forward copy (NOTE [ Selective recompute ]).
+    shared = [False] * n
+
     def release(j: int) -> None:
         nonlocal act
         hold[j] -= 1
         if hold[j] == 0 and alive[j] and not caller[j]:
-            act -= out_b[j]
             alive[j] = False
+            if shared[j]:
+                shared[j] = False  # the recomputed copy owns the storage now
+            else:
+                act -= out_b[j]
+
+    def drop_recomputed(j: int) -> None:
+        nonlocal act
+        if shared[j]:
+            shared[j] = False  # the forward copy still holds the storage
+        else:
+            act -= out_b[j]
 
     for i in range(n - 1, -1, -1):
         if i in region_last:
@@ -358,22 +329,30 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
             act += snapshot
             for k in range(a, b + 1):
                 nd = nodes[k]
-                recompute_flops += nd.fwd_flops
-                recompute_cost += costs[k]
-                act += out_b[k] + nd.saved_bytes
-                record_step(RECOMPUTE, k, nd.workspace_bytes)
+                if kept[k]:  # NOTE [ Selective recompute ]: the cache's tensors become the copy
+                    hold[k] -= 1
+                    if hold[k] == 0 and not caller[k]:
+                        alive[k] = False  # its storage passes to the recomputed copy
+                    else:
+                        shared[k] = True
+                    record_step(RECOMPUTE, k, 0)
+                else:
+                    recompute_flops += nd.fwd_flops
+                    recompute_cost += costs[k]
+                    act += out_b[k] + nd.saved_bytes
+                    record_step(RECOMPUTE, k, nd.workspace_bytes)
                 if not rg[k]:
                     act -= nd.saved_bytes
                 for j in dict.fromkeys(preds[k]):
                     if a <= j <= b:
                         rem[j - a] -= 1
                         if rem[j - a] == 0 and rec_hold[j] == 0 and not outs[j - a]:
-                            act -= out_b[j]
+                            drop_recomputed(j)
                 if rem[k - a] == 0 and rec_hold[k] == 0 and not outs[k - a]:
-                    act -= out_b[k]
+                    drop_recomputed(k)
             for k in range(a, b + 1):
                 if outs[k - a] and rec_hold[k] == 0:
-                    act -= out_b[k]
+                    drop_recomputed(k)
             act -= snapshot
         if rg[i]:
             nd = nodes[i]
@@ -389,7 +368,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
             for j in rec_node_holds[i]:
                 rec_hold[j] -= 1
                 if rec_hold[j] == 0:
-                    act -= out_b[j]
+                    drop_recomputed(j)
         if i in region_first:
             for j in region_holds[region_first[i]]:
                 release(j)
