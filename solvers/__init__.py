@@ -7,7 +7,7 @@ in ``solvers.options``); ``simulate(graph, plan)`` is the one cost model.
 """
 
 from .errors import (CkptError, InfeasibleBudget, MissingDependency, PlanError, PlanMismatch, SolverBug,
-                     SolverOptionError, UnknownOption, UnknownSolver, format_bytes)
+                     SolverInputError, SolverOptionError, UnknownOption, UnknownSolver, format_bytes)
 from .deadline import Deadline
 from .options import Option
 from .plan import PLAN_FORMAT_VERSION, Plan, Status, load_plan
@@ -21,7 +21,7 @@ from .stages import Stages, stages
 
 __all__ = [
     "CkptError", "InfeasibleBudget", "MissingDependency", "PlanError", "PlanMismatch", "SolverBug",
-    "SolverOptionError", "UnknownOption", "UnknownSolver", "format_bytes", "Deadline", "Option",
+    "SolverInputError", "SolverOptionError", "UnknownOption", "UnknownSolver", "format_bytes", "Deadline", "Option",
     "PLAN_FORMAT_VERSION", "Plan", "Status", "load_plan",
     "Simulation", "simulate", "store_all_peak", "activation_budget_bytes",
     "brute_force", "enumerate_plans", "pareto_frontier",

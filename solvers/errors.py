@@ -5,7 +5,7 @@ from __future__ import annotations
 from graphs import CkptError
 
 __all__ = ["CkptError", "PlanError", "PlanMismatch", "InfeasibleBudget", "UnknownSolver", "SolverOptionError",
-           "UnknownOption", "MissingDependency", "SolverBug", "format_bytes"]
+           "UnknownOption", "SolverInputError", "MissingDependency", "SolverBug", "format_bytes"]
 
 
 class PlanError(CkptError, ValueError):
@@ -33,6 +33,11 @@ class SolverOptionError(CkptError, ValueError):
 
 class UnknownOption(SolverOptionError, TypeError):
     """A solver was given an option it does not take (the message names those it does)."""
+
+
+class SolverInputError(CkptError, ValueError):
+    """An argument of a solver-side function is outside its domain (a graph too large for brute
+    force, a budget fraction outside (0, 1], a region that is no interval of the graph)."""
 
 
 class MissingDependency(CkptError, ImportError):

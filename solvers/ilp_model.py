@@ -394,16 +394,11 @@ class CheckpointModel:
         """Run CP-SAT and read the plan out.
 
         Args:
-            time_limit_s: wall-clock limit (a safety net when ``work_limit`` is set).
-            workers: search workers.
-            gap_limit: stop once ``(objective - bound) / objective`` is at most
-                this (CP-SAT's ``relative_gap_limit``); the status stays
-                ``feasible`` unless the bound meets the objective.
-            work_limit: CP-SAT's ``max_deterministic_time``; the workers are
-                then interleaved in one deterministic schedule, so the answer
-                does not depend on the machine's load (NOTE [ Deterministic
-                CP-SAT ] in ``solvers.ilp_cpsat``). None: parallel workers,
-                stopped by the wall clock only.
+            time_limit_s: wall-clock limit (a safety net when ``work_limit`` is set); ``workers``: search workers.
+            gap_limit: stop once ``(objective - bound) / objective`` is at most this (CP-SAT's
+                ``relative_gap_limit``); the status stays ``feasible`` unless the bound meets the objective.
+            work_limit: CP-SAT's ``max_deterministic_time``, the workers interleaved in one deterministic
+                schedule (NOTE [ Deterministic CP-SAT ] in ``solvers.ilp_cpsat``); None: the wall clock only.
             seed: CP-SAT's ``random_seed``.
         """
         solver = cp_model.CpSolver()

@@ -59,7 +59,7 @@ class Option:
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
-            raise TypeError(f"option {self.name}: kind must be one of bool, int, float, str, not {self.kind!r}")
+            raise SolverOptionError(f"option {self.name}: kind must be one of bool, int, float, str, not {self.kind!r}")
 
     def type_text(self) -> str:
         """The accepted values in a few words: ``number > 0``, ``int >= 1 or None``, ``auto|frontier``."""

@@ -36,6 +36,8 @@ from typing import Sequence
 
 from graphs import Graph
 
+from .errors import SolverInputError
+
 __all__ = ["DEFAULT_LIMIT", "variants", "ranked_saveable"]
 
 #: Default size of a region's menu, ``()`` included.
@@ -86,14 +88,14 @@ def variants(graph: Graph, first: int, last: int, *, limit: int = DEFAULT_LIMIT,
         ``[(), ...]``: sorted tuples of node positions, deterministic.
 
     Raises:
-        ValueError: ``first..last`` is no interval of the graph, or ``limit < 1``.
+        SolverInputError (a ValueError): ``first..last`` is no interval of the graph, or ``limit < 1``.
     """
     n = len(graph)
     if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last < n):
-        raise ValueError(f"region ({first!r}, {last!r}) is no interval of the graph's {n} nodes: "
+        raise SolverInputError(f"region ({first!r}, {last!r}) is no interval of the graph's {n} nodes: "
                          f"need 0 <= first <= last <= {n - 1}")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be an integer >= 1 (the menu always holds ()), got {limit!r}")
+        raise SolverInputError(f"limit must be an integer >= 1 (the menu always holds ()), got {limit!r}")
     ranked = ranked_saveable(graph, first, last, costs=costs, saveable=saveable)
     size = len(ranked)
     lengths = []

@@ -15,7 +15,7 @@ import pytest
 
 import solvers
 from graphs import CkptError, synthetic
-from solvers import (Deadline, InfeasibleBudget, MissingDependency, Option, Plan, PlanError, SolverOptionError,
+from solvers import (Deadline, MissingDependency, Option, Plan, PlanError, SolverOptionError,
                      UnknownOption, activation_budget_bytes)
 from solvers import ilp as ilp_mod
 from solvers import ilp_cpsat
@@ -265,3 +265,29 @@ def test_cli_lists_each_solvers_options(capsys):
     assert "-S mode (best|sqrt|greedy, default 'best')" in out and "(no options)" in out
     code, out, _ = _cli(["solve", "--help"], capsys)
     assert code == 0 and "--help-options" in out and "-S KEY=VALUE" in out
+
+
+# --------------------------------------------------------------------- errors
+def test_every_error_raised_in_solvers_derives_from_ckpt_error():
+    import ast
+    import importlib
+
+    checked = 0
+    for path in sorted((ROOT / "solvers").glob("*.py")):
+        module = importlib.import_module(f"solvers.{path.stem}") if path.stem != "__init__" else solvers
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
+                cls = getattr(module, node.exc.func.id, None)
+                if cls is None:  # imported inside the function
+                    cls = getattr(solvers, node.exc.func.id)
+                assert isinstance(cls, type) and issubclass(cls, CkptError), f"{path.name}:{node.lineno} raises {cls}"
+                checked += 1
+    assert checked > 30
+    # Callers that catch the builtin kinds still catch them.
+    from solvers.frontier import FrontierTimeout, TooWide
+
+    assert issubclass(TooWide, ValueError) and issubclass(FrontierTimeout, TimeoutError)
+    assert issubclass(IlpTimeout, RuntimeError) and issubclass(solvers.SolverBug, RuntimeError)
+    assert issubclass(solvers.SolverInputError, ValueError) and issubclass(MissingDependency, ImportError)
+    with pytest.raises(solvers.SolverInputError, match=r"\(0, 1\]"):
+        activation_budget_bytes(SMALL, 1.5)
