@@ -171,12 +171,12 @@ class IlpSolver:
             IlpTimeout: no plan found within the time limit (and no incumbent).
             MissingDependency: OR-Tools is not installed.
         """
-        model_class = checkpoint_model()
         cuts: list[tuple[tuple[int, int], ...]] = []
         inc = self.incumbent
         for _ in range(50):
             if self._cp_sat_left() <= 0:
                 return self._out_of_time()
+            model_class = checkpoint_model()  # OR-Tools loads here, not when there is no time to search
             # Phases: variables, constraints, objective (CheckpointModel), then solve.
             model = model_class(self.graph, budget_bytes=self.budget_bytes)
             for bad in cuts:
