@@ -32,7 +32,7 @@ def _run(graph, budget, name, **opts) -> dict:
         return {"status": "infeasible", "least_mib": round(exc.min_feasible_bytes / 2**20, 1)}
     step = graph.total_fwd_flops() + graph.total_bwd_flops()
     return {"status": plan.status, "flops": plan.recompute_flops, "overhead_pct": round(100 * plan.recompute_flops / step, 2),
-            "solve_s": round(plan.solve_time_s, 3), "via": plan.options.get("method", plan.options.get("incumbent", "")),
+            "solve_s": round(plan.solve_time_s, 3), "via": plan.findings.get("method", plan.findings.get("incumbent", "")),
             "regions": len(plan.regions)}
 
 

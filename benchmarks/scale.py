@@ -100,8 +100,8 @@ def _solve_child(op_path: str, coarse_path: str) -> dict:
             rows.append({"fraction": f, "graph": label, "budget_bytes": budget, "status": plan.status,
                          "recompute_flops": plan.recompute_flops, "overhead_pct": 100 * plan.recompute_flops / step,
                          "peak_bytes": plan.peak_bytes, "solve_s": round(plan.solve_time_s, 3),
-                         "method": plan.options.get("method", plan.options.get("incumbent", "")),
-                         "blocks": plan.options.get("blocks_composed", 0), "regions": len(plan.regions)})
+                         "method": plan.findings.get("method", plan.findings.get("incumbent", "")),
+                         "blocks": plan.findings.get("blocks_composed", 0), "regions": len(plan.regions)})
         if label == "coarse":  # the composed solves are done: their memory, before the walk's
             out["max_rss_bytes"] = _peak_rss_bytes()
     out["rows"] = rows

@@ -41,8 +41,8 @@ def _run(graph, budget, name, **opts):
         return {"status": type(exc).__name__, "overhead_pct": "", "gap_pct": "", "solve_s": round(time.perf_counter() - t0, 3)}
     step = graph.total_fwd_flops() + graph.total_bwd_flops()
     # How ilp got its answer: the frontier program, CP-SAT, or a warm-start plan it proved or kept.
-    via = "" if name != "ilp" else (plan.options.get("method") or (
-        f"warm {plan.options['incumbent']}" if "incumbent" in plan.options else "cp-sat"))
+    via = "" if name != "ilp" else (plan.findings.get("method") or (
+        f"warm {plan.findings['incumbent']}" if "incumbent" in plan.findings else "cp-sat"))
     return {"status": plan.status, "overhead_pct": round(100 * plan.recompute_flops / step, 2),
             "gap_pct": "" if plan.gap is None else round(100 * plan.gap, 2), "solve_s": round(plan.solve_time_s, 3),
             "via": via}

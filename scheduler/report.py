@@ -42,8 +42,8 @@ def simulation_summary(graph: Graph, sim: Simulation, budget_bytes: int | None =
 def plan_summary(graph: Graph, plan: Plan) -> str:
     """Regions, predicted peak vs budget, overhead, solve time, status."""
     step = graph.total_fwd_flops() + graph.total_bwd_flops()
-    method = plan.options.get("method")
-    lines = [f"solver {plan.solver}" + (f" ({method})" if method else "") + f": status {plan.status}"
+    method = plan.findings.get("method")
+    lines = [f"solver {plan.solver}" + (f" ({method})" if method and method != plan.solver else "") + f": status {plan.status}"
              + (f" (gap {ratio(plan.gap)})" if plan.gap not in (None, 0.0) else "")
              + f", solved in {plan.solve_time_s:.3f}s"]
     if plan.peak_bytes is not None:

@@ -38,10 +38,12 @@ import tempfile
 
 import numpy as np
 
+from .errors import MissingDependency
+
 try:
     from numba import njit
 except ImportError as exc:  # pragma: no cover - numba is a core dependency
-    raise ImportError("the dp solver needs numba to fill its table: pip install 'numba>=0.60'") from exc
+    raise MissingDependency("the dp solver needs numba to fill its table: pip install 'numba>=0.60'") from exc
 
 __all__ = ["merge_stage"]
 

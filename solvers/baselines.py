@@ -24,6 +24,7 @@ from typing import Iterator
 from graphs import CkptError, Graph
 
 from .errors import InfeasibleBudget
+from .options import Option
 from .plan import Plan, Status
 from .registry import register
 from .simulate import simulate
@@ -72,7 +73,8 @@ def _uniform_candidates(graph: Graph, candidates) -> Iterator[tuple[int, tuple[t
                 yield kk, regions
 
 
-@register("uniform")
+@register("uniform", options=(Option("k", int, "segments; None tries every k from 1 to n and keeps the cheapest "
+                                            "plan that fits", minimum=1, none_ok=True),))
 def uniform(graph: Graph, budget_bytes: int, k: int | None = None) -> Plan:
     """``checkpoint_sequential``-style plan with ``k`` segments.
 
@@ -99,7 +101,7 @@ def uniform(graph: Graph, budget_bytes: int, k: int | None = None) -> Plan:
     if best is None:
         raise InfeasibleBudget(budget_bytes, int(min_peak), solver="uniform", best_regions=least)
     _, plan, kk = best
-    return Plan(regions=plan.regions, status=Status.FEASIBLE, options={"k": kk})
+    return Plan(regions=plan.regions, status=Status.FEASIBLE, findings={"k": kk})
 
 
 class NoModulePaths(CkptError, ValueError):
@@ -178,4 +180,4 @@ def per_module(graph: Graph, budget_bytes: int) -> Plan:
     sim = simulate(graph, Plan(regions=regions), record=False)
     if sim.peak_bytes > budget_bytes:
         raise InfeasibleBudget(budget_bytes, sim.peak_bytes, solver="per-module", best_regions=regions)
-    return Plan(regions=regions, status=Status.FEASIBLE, options={"blocks": len(regions)})
+    return Plan(regions=regions, status=Status.FEASIBLE, findings={"blocks": len(regions)})

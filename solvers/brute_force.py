@@ -16,7 +16,7 @@ from typing import Iterator
 
 from graphs import Graph
 
-from .errors import InfeasibleBudget
+from .errors import InfeasibleBudget, SolverInputError
 from .plan import Plan, Status
 from .selective import DEFAULT_LIMIT, variants
 from .simulate import simulate
@@ -121,11 +121,11 @@ def pareto_frontier(graph: Graph, *, selective: bool = True, limit: int = DEFAUL
         the fewest regions, then the fewest kept nodes.
 
     Raises:
-        ValueError: more than :data:`MAX_BRUTE_FORCE_NODES` nodes, or more
+        SolverInputError (a ValueError): more than :data:`MAX_BRUTE_FORCE_NODES` nodes, or more
             than :data:`MAX_BRUTE_FORCE_PLANS` plans to simulate.
     """
     if len(graph) > MAX_BRUTE_FORCE_NODES:
-        raise ValueError(
+        raise SolverInputError(
             f"brute force enumerates every plan and is limited to {MAX_BRUTE_FORCE_NODES} nodes; "
             f"this graph has {len(graph)}. Use solver 'dp' or 'ilp'."
         )
@@ -133,7 +133,7 @@ def pareto_frontier(graph: Graph, *, selective: bool = True, limit: int = DEFAUL
     if selective:
         total = count_selective(graph, limit=limit)
         if total > MAX_BRUTE_FORCE_PLANS:
-            raise ValueError(f"brute force with selective recompute would simulate {total} plans (the limit is "
+            raise SolverInputError(f"brute force with selective recompute would simulate {total} plans (the limit is "
                              f"{MAX_BRUTE_FORCE_PLANS}); pass a smaller limit, selective=False, or a smaller graph")
         plans: Iterator[tuple[Regions, tuple[int, ...]]] = enumerate_selective(graph, limit=limit)
     else:
@@ -187,7 +187,7 @@ def brute_force(graph: Graph, budget_bytes: int, *, selective: bool = True, limi
         by fewer regions, then by fewer kept nodes. ``saved`` holds its kept nodes.
 
     Raises:
-        ValueError: the graph is too large to enumerate (see :func:`pareto_frontier`).
+        SolverInputError (a ValueError): the graph is too large to enumerate (see :func:`pareto_frontier`).
         InfeasibleBudget: no plan fits; carries the least feasible budget.
     """
     t0 = time.perf_counter()

@@ -23,7 +23,8 @@ import math
 
 from graphs import Graph
 
-from .errors import InfeasibleBudget
+from .errors import InfeasibleBudget, SolverOptionError
+from .options import Option
 from .plan import Plan, Status
 from .registry import register
 from .simulate import simulate
@@ -34,6 +35,8 @@ __all__ = ["sqrt_plan", "greedy_plans", "chen", "chen_sqrt", "chen_greedy"]
 
 #: Thresholds tried by the greedy, as fractions of the total output bytes.
 GREEDY_GRID = 48
+#: ``chen``'s modes.
+MODES = ("best", "sqrt", "greedy")
 
 
 def _regions(st: Stages, groups: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -94,7 +97,7 @@ def _best(graph: Graph, budget_bytes: int, candidates, solver: str) -> Plan:
     return Plan(regions=best[1], status=Status.FEASIBLE)
 
 
-@register("chen")
+@register("chen", options=(Option("mode", str, "sqrt, greedy, or best: the cheapest of both that fits", choices=MODES),))
 def chen(graph: Graph, budget_bytes: int, *, mode: str = "best") -> Plan:
     """Chen's plans: ``mode`` is ``sqrt``, ``greedy`` or ``best`` (cheapest that fits).
 
@@ -105,10 +108,10 @@ def chen(graph: Graph, budget_bytes: int, *, mode: str = "best") -> Plan:
 
     Raises:
         InfeasibleBudget: none of the candidates fits; carries their least peak.
-        ValueError: unknown mode.
+        SolverOptionError: unknown mode.
     """
-    if mode not in ("sqrt", "greedy", "best"):
-        raise ValueError(f"chen mode must be 'sqrt', 'greedy' or 'best', got {mode!r}")
+    if mode not in MODES:  # solve() checks it already; a direct call is checked here
+        raise SolverOptionError(f"solver chen: option mode takes {'|'.join(MODES)}, got {mode!r}")
     cands = []
     if mode in ("sqrt", "best"):
         cands.append(sqrt_plan(graph))

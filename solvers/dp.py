@@ -45,6 +45,7 @@ from graphs import Graph
 from .dp_model import NodeArrays, node_arrays, region_profiles, stored_profile
 from .dp_selective import KeptRuns
 from .errors import InfeasibleBudget
+from .options import Option
 from .plan import Plan, Status
 from .registry import register
 from .simulate import simulate
@@ -320,7 +321,10 @@ def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selecti
     return table
 
 
-@register("dp")
+@register("dp", options=(Option("max_front", int, "cap on each Pareto set (thinned past it: may lose optimality); "
+                                 "None: exact", minimum=2, none_ok=True),
+                          Option("selective", bool, "regions may keep op outputs from the forward (the menu of "
+                                 "NOTE [ The menu of kept sets ]); False: every region recomputes all of it")))
 def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True) -> Plan:
     """Optimal plan over the chain of articulation points (see the module docstring).
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from graphs import CkptError
 
-__all__ = ["CkptError", "PlanError", "PlanMismatch", "InfeasibleBudget", "UnknownSolver", "UnknownOption",
-           "format_bytes"]
+__all__ = ["CkptError", "PlanError", "PlanMismatch", "InfeasibleBudget", "UnknownSolver", "SolverOptionError",
+           "UnknownOption", "SolverInputError", "MissingDependency", "SolverBug", "format_bytes"]
 
 
 class PlanError(CkptError, ValueError):
@@ -23,8 +23,29 @@ class UnknownSolver(CkptError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class UnknownOption(CkptError, TypeError):
+class SolverOptionError(CkptError, ValueError):
+    """A solver option is unknown, of the wrong type or out of range.
+
+    The message names the solver's options with their types (NOTE [ Solver
+    options ] in ``solvers.options``).
+    """
+
+
+class UnknownOption(SolverOptionError, TypeError):
     """A solver was given an option it does not take (the message names those it does)."""
+
+
+class SolverInputError(CkptError, ValueError):
+    """An argument of a solver-side function is outside its domain (a graph too large for brute
+    force, a budget fraction outside (0, 1], a region that is no interval of the graph)."""
+
+
+class MissingDependency(CkptError, ImportError):
+    """An optional library a solver needs is not installed (the message says what to install)."""
+
+
+class SolverBug(CkptError, RuntimeError):
+    """A solver broke one of its own invariants: a bug to report, never the user's input."""
 
 
 class InfeasibleBudget(CkptError, ValueError):

@@ -60,6 +60,7 @@ import numpy as np
 from graphs import CkptError, Graph
 
 from .dp_model import NEG, node_arrays
+from .errors import SolverBug, SolverOptionError
 from .block_front import BlockFrontTooLarge
 from .frontier_front import Front
 from .spans import SpanIndex
@@ -82,8 +83,10 @@ class TooWide(CkptError, ValueError):
         position: a boundary where ``width`` tensors are open.
     """
 
-    def __init__(self, width: int, max_width: int, position: int) -> None:
-        super().__init__(f"{width} tensors are open at one position (before node {position}; max_width {max_width})")
+    def __init__(self, width: int, max_width: int, position: int, *, prefix: str = "",
+                 advice: str = "solve with 'ilp' or 'cp-sat', which take any graph") -> None:
+        super().__init__(f"{prefix}{width} tensors are open at one position (before node {position}), more than the "
+                         f"frontier program's max_width {max_width} (its states grow as 2**width); {advice}")
         self.width, self.max_width, self.position = width, max_width, position
 
 
@@ -316,7 +319,7 @@ class FrontierDP:
     def _solve(self, budget_bytes: int | None, objective: str, upper: int | None, time_limit_s: float | None,
                max_free: int | None, chain: Any) -> FrontierResult | None:
         if objective not in ("flops", "peak"):
-            raise ValueError(f"objective must be 'flops' or 'peak', not {objective!r}")
+            raise SolverOptionError(f"frontier program: objective must be 'flops' or 'peak', not {objective!r}")
         t0 = time.perf_counter()
         peak = objective == "peak"
         n, out, lc, na = self.n, self.out, self.lc, self.na
@@ -355,7 +358,7 @@ class FrontierDP:
             fr = fronts[p]
             if chain is not None and chain.inside[p]:
                 if fr.pending:  # NOTE [ Composing repeated blocks ]: find_chain rules this out
-                    raise RuntimeError(f"frontier: a step ends inside block {chain.block_at(p)} (node {p})")
+                    raise SolverBug(f"frontier: a step ends inside block {chain.block_at(p)} (node {p})")
                 continue
             fr.settle(upper, a_max[p])
             if not fr.keys:

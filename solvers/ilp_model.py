@@ -32,6 +32,8 @@ class ModelResult:
         objective: the objective of ``regions`` (FLOPs, or peak bytes).
         bound: CP-SAT's proven lower bound on the objective.
         wall_s: CP-SAT's wall time.
+        work: CP-SAT's deterministic time (its measure of work done, which
+            does not depend on the machine's load).
     """
 
     status: str
@@ -39,6 +41,7 @@ class ModelResult:
     objective: float
     bound: float
     wall_s: float
+    work: float = 0.0
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
@@ -315,7 +318,7 @@ class CheckpointModel:
         return sum((c // self.unit) * self.x[k] for k, c in enumerate(self.graph.recompute_costs()))
 
     # ----------------------------------------------------------------- hints
-    def add_hint(self, regions, *, complete_s: float = 0.0) -> bool:
+    def add_hint(self, regions, *, complete_s: float = 0.0, complete_work: float | None = None) -> bool:
         """Warm start from a plan.
 
         Hints the region variables; with ``complete_s > 0`` first solves a copy
@@ -323,6 +326,12 @@ class CheckpointModel:
         700 nodes) and hints *every* variable, so that CP-SAT starts from a
         complete solution and its neighbourhood searches can improve it at
         once (an incomplete hint on a large model is often never completed).
+
+        Args:
+            complete_work: a deterministic limit on that completion (CP-SAT's
+                ``max_deterministic_time``), so that whether it completes does
+                not depend on the machine's load (NOTE [ Deterministic CP-SAT ]
+                in ``solvers.ilp_cpsat``); ``complete_s`` stays a safety net.
 
         Returns:
             True when the complete hint was found.
@@ -337,6 +346,8 @@ class CheckpointModel:
             copy.ClearObjective()
             solver = cp_model.CpSolver()
             solver.parameters.max_time_in_seconds = float(complete_s)
+            if complete_work is not None:
+                solver.parameters.max_deterministic_time = float(complete_work)
             solver.parameters.num_workers = 1
             if run_cp_sat(solver, copy) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 for i in range(len(self.m.Proto().variables)):
@@ -378,16 +389,24 @@ class CheckpointModel:
         self.m.AddBoolOr(lits)
 
     # ----------------------------------------------------------------- solve
-    def solve(self, *, time_limit_s: float, workers: int, gap_limit: float = 0.0) -> ModelResult:
+    def solve(self, *, time_limit_s: float, workers: int, gap_limit: float = 0.0, work_limit: float | None = None,
+              seed: int = 0) -> ModelResult:
         """Run CP-SAT and read the plan out.
 
         Args:
-            gap_limit: stop once ``(objective - bound) / objective`` is at most
-                this (CP-SAT's ``relative_gap_limit``); the status stays
-                ``feasible`` unless the bound meets the objective.
+            time_limit_s: wall-clock limit (a safety net when ``work_limit`` is set); ``workers``: search workers.
+            gap_limit: stop once ``(objective - bound) / objective`` is at most this (CP-SAT's
+                ``relative_gap_limit``); the status stays ``feasible`` unless the bound meets the objective.
+            work_limit: CP-SAT's ``max_deterministic_time``, the workers interleaved in one deterministic
+                schedule (NOTE [ Deterministic CP-SAT ] in ``solvers.ilp_cpsat``); None: the wall clock only.
+            seed: CP-SAT's ``random_seed``.
         """
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = float(time_limit_s)
+        solver.parameters.random_seed = int(seed)
+        if work_limit is not None:
+            solver.parameters.max_deterministic_time = float(work_limit)
+            solver.parameters.interleave_search = True
         if gap_limit > 0:
             solver.parameters.relative_gap_limit = float(gap_limit)
         solver.parameters.num_workers = int(workers)
@@ -412,10 +431,11 @@ class CheckpointModel:
         if name == "optimal" and solver.BestObjectiveBound() < solver.ObjectiveValue() - 0.5:
             name = "feasible"  # stopped at the gap limit: not proven
         bound = solver.BestObjectiveBound() * self.unit
+        work = float(solver.deterministic_time)
         if name not in ("optimal", "feasible"):
-            return ModelResult(name, None, float("nan"), bound, solver.WallTime())
+            return ModelResult(name, None, float("nan"), bound, solver.WallTime(), work)
         return ModelResult(name, self.read_regions(solver), solver.ObjectiveValue() * self.unit,
-                           bound, solver.WallTime())
+                           bound, solver.WallTime(), work)
 
     def read_regions(self, solver: cp_model.CpSolver) -> tuple[tuple[int, int], ...]:
         """The plan in ``solver``'s solution: a region per run of ``x`` cut where ``y`` starts one."""

@@ -45,7 +45,8 @@ class Plan:
         regions: sorted, disjoint ``(first, last)`` pairs.
         fingerprint: :meth:`graphs.Graph.fingerprint` of the graph solved for.
         solver: name of the solver that produced the plan.
-        options: the solver's options, for the record.
+        options: the solver options as the caller asked them (checked:
+            NOTE [ Solver options ] in ``solvers.options``); defaults left out.
         status: one of :class:`Status`.
         budget_bytes: the budget asked for (whole step), or None.
         peak_bytes: the simulated peak of the plan (whole step).
@@ -69,6 +70,11 @@ class Plan:
             from the forward instead of recomputed (selective recompute, NOTE
             [ Selective recompute ] in ``solvers.simulate``); empty: every
             region recomputes everything inside it.
+        findings: what the solver found, by name, each a JSON scalar: the
+            method it used (``method``), the work done (``frontier_states``,
+            ``blocks_composed``, ``cp_sat_status``, ``cp_sat_work``), the warm
+            start it kept (``incumbent``), the parameter it chose (``k`` of
+            ``uniform``). Informative: nothing reads it to apply the plan.
         save_ops: per region, the ``(ATen overload, occurrence)`` pairs the
             region's selective-checkpoint policy saves, counting occurrences of
             each overload from 0 in the order the region's forward runs them
@@ -95,12 +101,19 @@ class Plan:
     stochastic: tuple[bool, ...] = ()
     saved: tuple[int, ...] = ()
     save_ops: tuple[tuple[tuple[str, int], ...], ...] = ()
+    findings: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         regions = _normalise_regions(self.regions)
         object.__setattr__(self, "regions", regions)
         object.__setattr__(self, "options", dict(self.options))
         object.__setattr__(self, "graph_meta", dict(self.graph_meta))
+        object.__setattr__(self, "findings", dict(self.findings))
+        for key, value in self.findings.items():
+            if not isinstance(key, str) or not isinstance(value, (str, int, float, bool, type(None))) or (
+                    isinstance(value, float) and not math.isfinite(value)):
+                raise PlanError(f"plan findings must map names to JSON scalars (text, numbers, true/false, null); "
+                                f"got {key!r}: {_short(value)}")
         object.__setattr__(self, "node_names", tuple(tuple(p) for p in self.node_names))
         object.__setattr__(self, "modules", tuple(self.modules))
         object.__setattr__(self, "stochastic", tuple(bool(x) for x in self.stochastic))
@@ -274,7 +287,7 @@ class Plan:
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                     raise PlanError(f"plan field {key!r} must be a finite number >= 0, got {_short(v)}")
                 kw[key] = float(v)
-        for key in ("options", "graph_meta"):
+        for key in ("options", "graph_meta", "findings"):
             if key in d:
                 if not isinstance(d[key], Mapping):
                     raise PlanError(f"plan field {key!r} must be an object, got {_short(d[key])}")

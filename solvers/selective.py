@@ -37,6 +37,8 @@ from typing import Callable, Sequence
 
 from graphs import Graph
 
+from .errors import SolverInputError
+
 __all__ = ["DEFAULT_LIMIT", "variants", "ranked_saveable", "menu_lengths", "GrowingMenus"]
 
 #: Default size of a region's menu, ``()`` included.
@@ -105,11 +107,11 @@ def variants(graph: Graph, first: int, last: int, *, limit: int = DEFAULT_LIMIT,
         ``[(), ...]``: sorted tuples of node positions, deterministic.
 
     Raises:
-        ValueError: ``first..last`` is no interval of the graph, or ``limit < 1``.
+        SolverInputError (a ValueError): ``first..last`` is no interval of the graph, or ``limit < 1``.
     """
     n = len(graph)
     if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last < n):
-        raise ValueError(f"region ({first!r}, {last!r}) is no interval of the graph's {n} nodes: "
+        raise SolverInputError(f"region ({first!r}, {last!r}) is no interval of the graph's {n} nodes: "
                          f"need 0 <= first <= last <= {n - 1}")
     _check_limit(limit)
     ranked = ranked_saveable(graph, first, last, costs=costs, saveable=saveable)
@@ -118,7 +120,7 @@ def variants(graph: Graph, first: int, last: int, *, limit: int = DEFAULT_LIMIT,
 
 def _check_limit(limit: int) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be an integer >= 1 (the menu always holds ()), got {limit!r}")
+        raise SolverInputError(f"limit must be an integer >= 1 (the menu always holds ()), got {limit!r}")
 
 
 class GrowingMenus:

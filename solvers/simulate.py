@@ -101,6 +101,7 @@ from typing import Mapping
 
 from graphs import Graph
 
+from .errors import SolverInputError
 from .gradients import GradientWalk
 from .plan import Plan
 
@@ -404,6 +405,6 @@ def activation_budget_bytes(graph: Graph, fraction: float) -> int:
     exactly store-all's peak, every smaller fraction lies below it.
     """
     if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must lie in (0, 1], got {fraction!r}")
+        raise SolverInputError(f"fraction must lie in (0, 1], got {fraction!r}")
     sim = store_all_peak(graph)
     return int(sim.peak_bytes - math.ceil((1.0 - fraction) * sim.activation_peak_bytes))

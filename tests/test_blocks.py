@@ -73,7 +73,7 @@ def test_without_spans_nothing_is_composed_and_ilp_equals_brute_force(seed, grap
     frontier = pareto_frontier(g)
     for peak, opt, _ in frontier[:: max(1, len(frontier) // 5)]:
         plan = solvers.solve(g, peak, solver="ilp", method="frontier")
-        assert plan.recompute_flops == opt and plan.status == "optimal" and "blocks_composed" not in plan.options
+        assert plan.recompute_flops == opt and plan.status == "optimal" and "blocks_composed" not in plan.findings
 
 
 LARGE = [(seed, synthetic.repeated_blocks(8, 4 + seed % 7, seed=seed, common=1 + seed % 3, cut=seed % 4 == 0))
@@ -138,8 +138,8 @@ def test_ilp_composes_blocks_and_proves_optimality():
         budget = activation_budget_bytes(g, f)
         plan = solvers.solve(g, budget, solver="ilp")
         walked = solvers.solve(g, budget, solver="ilp", blocks=False)
-        assert plan.status == walked.status == "optimal" and plan.options["blocks_composed"] >= 2
-        assert plan.recompute_flops == walked.recompute_flops and "blocks_composed" not in walked.options
+        assert plan.status == walked.status == "optimal" and plan.findings["blocks_composed"] >= 2
+        assert plan.recompute_flops == walked.recompute_flops and "blocks_composed" not in walked.findings
 
 
 def test_block_offsets_follow_parameter_gradients():

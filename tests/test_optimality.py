@@ -165,3 +165,23 @@ def test_dp_cuts_before_block_zero_of_a_transformer():
 
 def stages_of(graph):
     return solvers.stages(graph)
+
+
+@pytest.mark.parametrize("name", solvers.exact_solvers())
+def test_registered_exact_solvers_against_brute_force(name):
+    """Every registered exact solver (``ilp`` and its methods on their own, ``frontier`` and
+    ``cp-sat``) by name through ``solvers.solve``: the optimum at a spread of budgets, and
+    below the least peak an infeasible budget carrying exactly the least peak."""
+    checked = 0
+    for kind, seed, graph in CASES[::3]:
+        frontier = pareto_frontier(graph)
+        least = frontier[0][0]
+        for budget in (least, (least + frontier[-1][0]) // 2, frontier[-1][0]):
+            plan = solvers.solve(graph, budget, solver=name, time_limit_s=30)
+            assert plan.status == "optimal" and plan.peak_bytes <= budget, (kind, seed, budget)
+            assert plan.recompute_flops == best_from_frontier(frontier, budget)[1], (kind, seed, budget)
+            checked += 1
+        with pytest.raises(InfeasibleBudget) as info:
+            solvers.solve(graph, least - 1, solver=name, time_limit_s=30)
+        assert info.value.proven and info.value.min_feasible_bytes == least, (kind, seed)
+    assert checked >= 200

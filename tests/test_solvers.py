@@ -8,6 +8,7 @@ import solvers
 from graphs import synthetic
 from solvers import InfeasibleBudget, activation_budget_bytes, simulate
 from solvers.baselines import NoModulePaths
+from solvers.frontier import TooWide
 
 GRAPHS = {
     "hetero-chain-24": synthetic.make("hetero-chain", 24, seed=1),
@@ -17,11 +18,13 @@ GRAPHS = {
     "random-dag-18": synthetic.make("random-dag", 18, seed=5),
 }
 FRACTIONS = (0.3, 0.5, 0.7, 1.0)
-OPTIONS = {"ilp": {"time_limit_s": 10, "workers": 2}}
-#: Solvers whose answer is proven optimal, so cost is monotone in the budget
-#: by optimality. The others pick the cheapest of a budget-independent
-#: candidate set that fits, which is monotone too: the test holds for all.
-OPTIMAL = {"ilp"}
+OPTIONS = {"ilp": {"time_limit_s": 10, "workers": 2}, "cp-sat": {"time_limit_s": 10, "workers": 2},
+           "frontier": {"time_limit_s": 10}}
+#: Every registered solver, ilp's methods (frontier, cp-sat) included. The
+#: exact ones' cost is monotone in the budget by optimality; the others pick
+#: the cheapest of a budget-independent candidate set that fits, which is
+#: monotone too: the test holds for all.
+ALL = solvers.available_solvers(methods=True)
 
 
 def _sweep(name, graph):
@@ -40,17 +43,24 @@ def _sweep(name, graph):
         except NoModulePaths:
             assert name == "per-module" and not any(nd.module for nd in graph.nodes)
             return None
+        except TooWide as exc:  # the frontier program alone refuses wide graphs, saying what to use
+            assert name == "frontier" and "'ilp' or 'cp-sat'" in str(exc) and isinstance(exc, solvers.CkptError)
+            return None
         plans.append((budget, plan, None))
     return plans
 
 
 @pytest.mark.parametrize("gname", list(GRAPHS))
-@pytest.mark.parametrize("name", solvers.available_solvers())
+@pytest.mark.parametrize("name", ALL)
 def test_solver_battery(name, gname):
     graph = GRAPHS[gname]
     plans = _sweep(name, graph)
     if plans is None:
         return
+    if name in solvers.exact_solvers():  # the exact ones agree with each other at every budget
+        ref = _sweep("ilp", graph) if name != "ilp" else plans
+        assert [p.recompute_flops if p else m for _, p, m in plans] == [p.recompute_flops if p else m
+                                                                        for _, p, m in ref]
     last_cost = None
     least = None
     for budget, plan, min_feasible in plans:
@@ -117,8 +127,8 @@ def test_ilp_time_limit_returns_incumbent_with_gap():
     assert plan.status == "feasible" and plan.gap is not None and 0 <= plan.gap <= 1
     assert plan.bound is not None and plan.bound <= plan.recompute_flops
     # The frontier program proves the same graph optimal (0.8 s here; a generous limit for loaded machines).
-    exact = solvers.solve(g, budget, solver="ilp", time_limit_s=20)
-    assert exact.status == "optimal" and exact.options["method"] == "frontier"
+    exact = solvers.solve(g, budget, solver="frontier", time_limit_s=120)
+    assert exact.status == "optimal" and exact.findings["method"] == "frontier"
     assert exact.recompute_flops <= plan.recompute_flops and exact.bound >= plan.bound
 
 

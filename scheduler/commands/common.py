@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import ast
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from graphs import CkptError, check_output_path
+from solvers import solver_info
+from solvers.options import describe
 
 __all__ = ["positive_int", "positive_float", "nonneg_float", "gap_fraction", "granularity", "parse_options",
-           "check_outputs", "reject_options", "MODEL_FLAGS", "add_model_flags", "add_model_arguments", "model_options"]
+           "check_outputs", "reject_options", "MODEL_FLAGS", "add_model_flags", "add_model_arguments", "model_options",
+           "split_items", "solver_flag_options", "solver_options_help"]
 
 
 def _number(kind: Callable[[str], Any], text: str, what: str) -> Any:
@@ -136,22 +139,64 @@ def check_outputs(outputs: Iterable[tuple[str, str | None]], inputs: Iterable[st
         seen[path] = flag
 
 
-def reject_options(solver: str, given: dict[str, Any], accepted: dict[str, Iterable[str]]) -> None:
-    """Refuse flags the chosen solver does not take, naming those it does.
-
-    Args:
-        solver: the solver name (or ``all``).
-        given: flag -> value for the solver flags the user set (None: not set).
-        accepted: solver -> the flags it takes.
+def split_items(items: Iterable[str], flag: str = "-S") -> list[tuple[str, str]]:
+    """``KEY=VALUE`` strings as ``(key, text)`` pairs, the values left as text (typed by the reader).
 
     Raises:
-        CkptError: e.g. "--time-limit does not apply to solver chen ...".
+        CkptError: an item without ``=`` or with a key that is no identifier.
     """
-    if solver == "all":
-        return
-    takes = set(accepted.get(solver, ()))
-    stray = [flag for flag, value in given.items() if value is not None and flag not in takes]
-    if stray:
-        which = ", ".join(f"{name} ({', '.join(flags)})" for name, flags in accepted.items() if flags)
-        raise CkptError(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to solver {solver}; "
-                        f"it takes {', '.join(sorted(takes)) or 'no solver flags'} (solver flags: {which})")
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise CkptError(f"{flag} {item!r}: write KEY=VALUE, e.g. {flag} time_limit_s=30")
+        out.append((key.strip(), value))
+    return out
+
+
+def solver_flag_options(solver: str, flags: Mapping[str, tuple[str, Any]], items: Iterable[str], *,
+                        strict: bool = True) -> dict[str, Any]:
+    """The options to pass ``solver``: from its flags and from ``-S key=value`` (NOTE [ Solver options ]).
+
+    Args:
+        solver: a registered solver name.
+        flags: flag -> ``(option name, value)`` for each solver flag (value None: not set).
+        items: the ``-S KEY=VALUE`` texts; each value is read as the type the solver declares.
+        strict: refuse what the solver does not take (False: leave it out, for ``--solver all``).
+
+    Returns:
+        option name -> value, checked against the solver's declaration.
+
+    Raises:
+        CkptError: a flag or key the solver does not take (naming what it takes, with types), or a
+            malformed item; :class:`solvers.SolverOptionError` for a value of the wrong type or range.
+    """
+    info = solver_info(solver)
+    declared = {o.name: o for o in info.options}
+    out: dict[str, Any] = {}
+    for flag, (name, value) in flags.items():
+        if value is None:
+            continue
+        if name in declared:
+            out[name] = declared[name].check(value, solver, info.options)
+        elif strict:
+            raise CkptError(f"{flag} does not apply to solver {solver}: it takes {describe(info.options)} "
+                            f"(ckpt solve --solver {solver} --help-options)")
+    for key, text in split_items(items):
+        if key in declared:
+            out[key] = declared[key].parse(text, solver, info.options)
+        elif strict:
+            raise CkptError(f"-S {key}=...: solver {solver} takes no option {key!r}; it takes "
+                            f"{describe(info.options)} (ckpt solve --solver {solver} --help-options)")
+    return out
+
+
+def solver_options_help(names: Iterable[str]) -> str:
+    """Each solver's options, one per line under its name (``--help-options``)."""
+    lines = []
+    for name in names:
+        info = solver_info(name)
+        part = f" (one method of {info.part_of})" if info.part_of else ""
+        lines.append(f"{name}{part}: {info.summary}")
+        lines += [f"    -S {o.line()}" for o in info.options] or ["    (no options)"]
+    return "\n".join(lines)

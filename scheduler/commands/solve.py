@@ -6,14 +6,14 @@ import argparse
 
 import graphs
 from graphs import CkptError
-from solvers import InfeasibleBudget, Plan, available_solvers, format_bytes
+from solvers import InfeasibleBudget, Plan, available_solvers, format_bytes, solver_info
 
 from ..api import solve
 from ..sizing.floor import explain_floor
 from ..sizing.budget import optimizer_state_bytes, parse_budget, read_budget
 from ..progress import phase
 from ..report import plan_summary, ratio, table
-from .common import check_outputs, gap_fraction, positive_float, reject_options
+from .common import check_outputs, gap_fraction, positive_float, solver_flag_options, solver_options_help, split_items
 
 NAME = "solve"
 HELP = "choose the checkpoint regions of a graph under a memory budget"
@@ -28,44 +28,80 @@ peak less 70 % of its activation peak; 1 is store-all's peak).
 examples:
   ckpt solve graph.json --budget 2GiB --solver ilp --time-limit 30 -o plan.json
   ckpt solve graph.json --budget 0.3 --solver all
+  ckpt solve graph.json --budget 0.5 --solver cp-sat -S work_limit=10 -S workers=4
+  ckpt solve --solver ilp --help-options
 
---time-limit, --gap and --method are ilp's; another solver refuses them."""
+Solver options (NOTE [ Solver options ]): --time-limit, --gap and --method set
+time_limit_s, gap_limit and method, and -S KEY=VALUE any option, its value
+read as the type the solver declares; a solver that does not take one says
+so (with --solver all, each solver gets those it takes). ilp, cp-sat and
+frontier answer the same on a busy machine: CP-SAT stops at a deterministic
+work limit (-S work_limit=...), and --time-limit is only a safety net."""
 
 
-#: The solver flags and the solvers that take them (others refuse them: NOTE [ How the CLI fails ]).
-SOLVER_FLAGS = {"ilp": ("--time-limit", "--gap", "--method")}
-DEFAULT_TIME_LIMIT_S = 60.0
+#: Solver flag -> the option it sets (NOTE [ How the CLI fails ]: a solver that does not take it refuses it).
+SOLVER_FLAGS = {"--time-limit": "time_limit_s", "--gap": "gap_limit", "--method": "method"}
+
+
+class _HelpOptions(argparse.Action):
+    """``--help-options``: print the options of ``--solver`` (given before it; every solver otherwise), exit."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        name = getattr(namespace, "solver", None)
+        names = [name] if name and name != "all" and name in available_solvers(methods=True) else \
+            available_solvers(methods=True)
+        print(solver_options_help(names))
+        parser.exit(0)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("graph", help="cost graph JSON")
     p.add_argument("--budget", "-b", required=True, help="6GiB, 512MiB, bytes, or a fraction such as 0.3")
-    p.add_argument("--solver", "-s", default="ilp",
-                   help=f"one of: {', '.join(available_solvers())}, or 'all' (default: ilp, exact where it can be "
-                        "and never without a plan where another solver finds one)")
+    p.add_argument("--solver", "-s", default=None,
+                   help=f"one of: {', '.join(available_solvers(methods=True))}, or 'all' (default: ilp, exact where "
+                        "it can be and never without a plan where another solver finds one; frontier and cp-sat are "
+                        "its two methods on their own)")
     p.add_argument("--time-limit", type=positive_float, default=None,
-                   help=f"seconds for the ilp solver (default: {DEFAULT_TIME_LIMIT_S:g})")
+                   help="wall-clock seconds for ilp, cp-sat, frontier (a safety net; default: 60)")
     p.add_argument("--gap", type=gap_fraction, default=None,
-                   help="ilp: stop once the proven gap is at most this fraction, e.g. 0.01 (default: prove optimality)")
+                   help="ilp, cp-sat: stop once the proven gap is at most this fraction, e.g. 0.01 "
+                        "(default: prove optimality)")
     p.add_argument("--method", choices=("auto", "frontier", "cp-sat"), default=None,
                    help="ilp: 'frontier' (exact program for graphs where few tensors cross any position), "
                         "'cp-sat' (any DAG, with a bound and gap) or 'auto' (the first when it applies; default)")
+    p.add_argument("-S", "--solver-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a solver option, repeatable, e.g. -S work_limit=10 (see --help-options)")
+    p.add_argument("--help-options", nargs=0, action=_HelpOptions,
+                   help="list each solver's options (those of --solver when it comes first) and exit")
     p.add_argument("--optimizer", default=None, help="subtract this optimizer's state from the budget (adam, sgd, ...)")
     p.add_argument("-o", "--output", help="write the plan here (JSON; with --solver all, the cheapest plan that fits)")
 
 
-def _options(name: str, args: argparse.Namespace) -> dict:
-    if name != "ilp":
-        return {}
-    return {"time_limit_s": args.time_limit if args.time_limit is not None else DEFAULT_TIME_LIMIT_S,
-            "gap_limit": args.gap or 0.0, "method": args.method or "auto"}
+def _options(name: str, args: argparse.Namespace, *, strict: bool = True) -> dict:
+    """The options for solver ``name`` from the flags and ``-S`` (NOTE [ Solver options ])."""
+    flags = {flag: (option, getattr(args, flag[2:].replace("-", "_"))) for flag, option in SOLVER_FLAGS.items()}
+    return solver_flag_options(name, flags, args.solver_option, strict=strict)
+
+
+def _check_all(args: argparse.Namespace) -> None:
+    """With ``--solver all``: each flag and ``-S`` key must be taken by some solver (each gets those it takes)."""
+    takes = {o.name for n in available_solvers() for o in solver_info(n).options}
+    for key, _ in split_items(args.solver_option):
+        if key not in takes:
+            raise CkptError(f"-S {key}=...: no solver takes option {key!r} (ckpt solve --help-options)")
+    for name in available_solvers():
+        _options(name, args, strict=False)  # a value of the wrong type is an error before any work
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.solver != "all" and args.solver not in available_solvers():
-        raise CkptError(f"unknown solver {args.solver!r}; available: {', '.join(available_solvers())}, or all")
-    reject_options(args.solver, {"--time-limit": args.time_limit, "--gap": args.gap, "--method": args.method},
-                   SOLVER_FLAGS)
+    args.solver = args.solver or "ilp"
+    if args.solver != "all" and args.solver not in available_solvers(methods=True):
+        raise CkptError(f"unknown solver {args.solver!r}; available: {', '.join(available_solvers(methods=True))}, "
+                        "or all")
+    if args.solver == "all":
+        _check_all(args)
+    else:
+        _options(args.solver, args)  # a flag the solver does not take is an error before any work
     read_budget(args.budget)  # a bad budget or optimizer is an error before any work
     optimizer_state_bytes(0, args.optimizer)
     check_outputs([("-o", args.output)], inputs=[args.graph])
@@ -86,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     for name in available_solvers():
         try:
             with phase(f"solving with {name}"):
-                plan = solve(graph, budget, solver=name, **_options(name, args))
+                plan = solve(graph, budget, solver=name, **_options(name, args, strict=False))
         except InfeasibleBudget as exc:
             if exc.best_regions is not None and (lowest is None or exc.min_feasible_bytes < lowest[0]):
                 lowest = (exc.min_feasible_bytes, exc.best_regions)

@@ -1,0 +1,330 @@
+"""``cp-sat``: the CP-SAT model of ``ilp`` on its own (NOTE [ An exact model of simulate ] in ``solvers.ilp``).
+
+OR-Tools is imported only here, when a search runs (:func:`checkpoint_model`):
+``import solvers``, ``ckpt --help`` and an ``ilp`` answered by the frontier
+program never load it (with pandas it pulls in, 2.3 s of a 3.25 s import).
+
+NOTE [ Deterministic CP-SAT ]
+    The same graph and budget give the same plan on a busy machine:
+    ``time_limit_s`` is only a safety net. CP-SAT is stopped by a
+    deterministic work limit (``work_limit``: its ``max_deterministic_time``,
+    about seconds of one idle core), its workers are interleaved in one
+    deterministic schedule (``interleave_search``) with a fixed
+    ``random_seed``, and completing the warm-start hint has a work limit too.
+    Stopped by the clock instead, a search's answer depended on the load: a
+    timm ResNet-50 at 0.5 came back at +23.3 % recompute (gap 88 %) on a
+    loaded machine where the optimum is +3.0 %. When the clock does stop it
+    first, the plan says so (``findings["cp_sat_stopped_by"] == "time limit"``).
+    ``tests/test_solver_options.py::test_work_limit_gives_the_same_plan_twice``
+    guards it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from graphs import CkptError, Graph
+
+from .deadline import Deadline
+from .errors import InfeasibleBudget, MissingDependency, SolverBug
+from .options import Option
+from .plan import Plan, Status
+from .registry import get_solver, register
+from .simulate import simulate
+from .spans import SpanIndex
+
+__all__ = ["IlpTimeout", "IlpSolver", "Incumbent", "WARM_SOLVERS", "CP_SAT_OPTIONS", "DEFAULT_WORK_LIMIT",
+           "checkpoint_model", "warm_start", "cp_sat", "solve_within"]
+
+log = logging.getLogger(__name__)
+
+#: CP-SAT's default deterministic work limit (``work_limit``).
+DEFAULT_WORK_LIMIT = 30.0
+#: Seconds kept back from CP-SAT for reading its answer out and simulating it (NOTE [ One deadline ]).
+READ_OUT_S = 0.1
+
+#: The options CP-SAT runs take (``cp-sat`` all of them; ``ilp`` adds its own).
+CP_SAT_OPTIONS = (
+    Option("time_limit_s", float, "wall-clock safety net: the call returns within this + 0.5 s with the best plan "
+           "found (NOTE [ One deadline ])", minimum=0),
+    Option("work_limit", float, "CP-SAT's deterministic work limit (about seconds of one idle core): the same graph "
+           "and budget give the same plan on a busy machine; None: the wall clock only", above=0, none_ok=True),
+    Option("workers", int, "CP-SAT search workers (interleaved deterministically under a work limit)", minimum=1),
+    Option("seed", int, "CP-SAT's random seed", minimum=0),
+    Option("gap_limit", float, "stop once the proven relative gap is at most this (0: prove optimality)",
+           minimum=0, maximum=1),
+    Option("warm_start", bool, "start from the cheapest fitting plan of dp, chen, uniform and per-module"),
+)
+
+
+class IlpTimeout(CkptError, RuntimeError):
+    """CP-SAT found no plan (and none was given as a hint) within the time limit."""
+
+
+def checkpoint_model() -> Any:
+    """``solvers.ilp_model.CheckpointModel``, importing OR-Tools now.
+
+    Raises:
+        MissingDependency: OR-Tools is not installed (the message says ``pip install ortools``).
+    """
+    try:
+        from .ilp_model import CheckpointModel
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "ortools":
+            raise
+        raise MissingDependency(
+            "the CP-SAT model (solver 'cp-sat', and 'ilp' on graphs the frontier program does not take) needs "
+            "OR-Tools, which is not installed: pip install ortools (or use solver 'frontier', 'dp' or 'chen')"
+        ) from None
+    return CheckpointModel
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    """A plan known to fit (checked with ``simulate``) and its recompute cost."""
+
+    regions: tuple[tuple[int, int], ...]
+    flops: int
+    source: str
+
+
+class IlpSolver:
+    """Build, solve and read out the CP-SAT model of one graph and budget.
+
+    Args:
+        graph: the cost graph.
+        budget_bytes: whole-step budget.
+        time_limit_s: wall-clock limit, when no ``deadline`` is given.
+        deadline: the deadline of the whole solve (NOTE [ One deadline ]).
+        work_limit: CP-SAT's deterministic work limit (NOTE [ Deterministic CP-SAT ]).
+        workers: CP-SAT search workers.
+        seed: CP-SAT's random seed.
+        gap_limit: stop once the relative gap is at most this (0: prove optimality).
+        hint: a plan (regions) to warm-start from.
+        lower_bound: a proven lower bound on the recompute cost (``dp``'s
+            optimum on a chain), added as a constraint to close the gap.
+        incumbent: a plan known to fit; it hints the search, caps the
+            objective, and is returned when CP-SAT finds nothing better.
+    """
+
+    def __init__(self, graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
+                 deadline: Deadline | None = None, work_limit: float | None = DEFAULT_WORK_LIMIT, workers: int = 2,
+                 seed: int = 0, gap_limit: float = 0.0, hint: tuple[tuple[int, int], ...] | None = None,
+                 lower_bound: int | None = None, incumbent: Incumbent | None = None) -> None:
+        self.graph = graph
+        self.budget_bytes = int(budget_bytes)
+        self.deadline = deadline if deadline is not None else Deadline(time_limit_s)
+        self.time_limit_s = self.deadline.limit_s
+        self.work_limit = work_limit
+        self.workers = workers
+        self.seed = seed
+        self.gap_limit = float(gap_limit)
+        self.incumbent = incumbent
+        self.hint = hint if hint is not None or incumbent is None else incumbent.regions
+        self.lower_bound = lower_bound
+        self.findings: dict[str, Any] = {"method": "cp-sat"}
+
+    def _plan(self, regions, status: str, bound: float | None) -> Plan:
+        return Plan(regions=regions, status=status, bound=bound, findings=self.findings)
+
+    def _from_incumbent(self, bound: float | None, why: str) -> Plan:
+        inc = self.incumbent
+        if inc is None:
+            raise SolverBug("ilp: no incumbent to return")
+        lb = max(float(bound) if bound is not None and bound == bound else 0.0, float(self.lower_bound or 0))
+        lb = min(lb, float(inc.flops))
+        log.info("ilp returns the %s plan (%s): %d FLOPs, bound %.6g", inc.source, why, inc.flops, lb)
+        self.findings["incumbent"] = inc.source
+        return self._plan(inc.regions, Status.OPTIMAL if lb >= inc.flops else Status.FEASIBLE, lb)
+
+    def _cp_sat_left(self) -> float:
+        return self.deadline.left() - READ_OUT_S
+
+    def _record(self, result: Any) -> None:
+        self.findings["cp_sat_status"] = result.status
+        self.findings["cp_sat_work"] = round(self.findings.get("cp_sat_work", 0.0) + result.work, 3)
+        hit_work = self.work_limit is not None and result.work >= 0.99 * self.work_limit
+        if result.status in ("feasible", "unknown"):
+            self.findings["cp_sat_stopped_by"] = "work limit" if hit_work else "time limit"
+
+    def _out_of_time(self, bound: float | None = None) -> Plan:
+        """The answer when the deadline passed before CP-SAT could (go on) run(ning)."""
+        self.findings["cp_sat_stopped_by"] = "time limit"
+        if self.incumbent is not None:
+            return self._from_incumbent(bound, "time limit")
+        if self.hint is not None and simulate(self.graph, Plan(regions=self.hint), record=False).peak_bytes <= self.budget_bytes:
+            return self._plan(self.hint, Status.FEASIBLE, bound)
+        raise IlpTimeout(
+            f"no plan found within {self.time_limit_s:.3g} s for this graph ({len(self.graph)} nodes; not "
+            "proven infeasible); raise time_limit_s (--time-limit), or use solver 'dp' or 'chen'")
+
+    def solve(self) -> Plan:
+        """Solve; a plan with status ``optimal`` or ``feasible`` (bound and gap).
+
+        Never worse than :attr:`incumbent` when one is given.
+
+        Raises:
+            InfeasibleBudget: no interval plan fits; carries the least peak.
+            IlpTimeout: no plan found within the time limit (and no incumbent).
+            MissingDependency: OR-Tools is not installed.
+        """
+        cuts: list[tuple[tuple[int, int], ...]] = []
+        inc = self.incumbent
+        for _ in range(50):
+            if self._cp_sat_left() <= 0:
+                return self._out_of_time()
+            model_class = checkpoint_model()  # OR-Tools loads here, not when there is no time to search
+            # Phases: variables, constraints, objective (CheckpointModel), then solve.
+            model = model_class(self.graph, budget_bytes=self.budget_bytes)
+            for bad in cuts:
+                model.forbid(bad)
+            if self.hint is not None and self.hint not in cuts:
+                left = self._cp_sat_left()
+                model.add_hint(self.hint, complete_s=max(0.0, min(30.0, 0.1 * left)),
+                               complete_work=None if self.work_limit is None else min(30.0, 0.1 * self.work_limit))
+            if self.lower_bound is not None:
+                model.add_lower_bound(self.lower_bound)
+            if inc is not None:
+                model.add_upper_bound(inc.flops)
+            knap = model.add_memory_cuts(self.budget_bytes)
+            if knap > (self.lower_bound or 0):
+                log.info("ilp knapsack bound %d FLOPs", knap)
+                self.lower_bound = knap
+                model.add_lower_bound(knap)
+            if self._cp_sat_left() <= 0:
+                return self._out_of_time()
+            result = model.solve(time_limit_s=self._cp_sat_left(), workers=self.workers, gap_limit=self.gap_limit,
+                                 work_limit=self.work_limit, seed=self.seed)
+            self._record(result)
+            if result.status == "infeasible":
+                if inc is not None:
+                    # The incumbent itself satisfies the model (it is exact), so this is a model bug.
+                    log.error("ilp model rejects the %s plan that simulate says fits", inc.source)
+                    return self._from_incumbent(None, "model rejects it")
+                least, regions, lower = self.least_peak()
+                lower = max(lower, self.budget_bytes + 1)  # the budget itself is proven too small
+                raise InfeasibleBudget(self.budget_bytes, least, solver="ilp", best_regions=regions,
+                                       proven=least <= lower, lower_bound_bytes=lower,
+                                       time_limit_s=None if least <= lower else self.time_limit_s)
+            if result.regions is None:
+                return self._out_of_time(result.bound)
+            sim = simulate(self.graph, Plan(regions=result.regions), record=False)
+            if sim.peak_bytes <= self.budget_bytes:
+                optimal = result.status == "optimal"
+                bound = float(sim.recompute_cost) if optimal else float(result.bound)
+                if inc is not None and inc.flops <= sim.recompute_cost:
+                    # Ties go to the incumbent: CP-SAT's equal-cost plan may add free regions.
+                    return self._from_incumbent(bound, "no cheaper plan found")
+                return self._plan(result.regions, Status.OPTIMAL if optimal else Status.FEASIBLE, bound)
+            log.error("ilp model predicted a fit for %s but simulate says %d > %d; cutting it off",
+                      result.regions, sim.peak_bytes, self.budget_bytes)
+            cuts.append(result.regions)
+        if inc is not None:
+            return self._from_incumbent(None, "model and simulate disagree")
+        raise SolverBug("ilp model and simulate disagree repeatedly; please report this graph")
+
+    def least_peak(self) -> tuple[int, tuple[tuple[int, int], ...], int]:
+        """The lowest simulated peak found over all interval plans, a plan
+        that reaches it, and CP-SAT's proven lower bound on the least peak
+        (the two meet when it is proven; NOTE [ No unproven floor ]), within the deadline."""
+        peaks = simple_peaks(self.graph)
+        bound = 0.0
+        if self._cp_sat_left() > 0:
+            model = checkpoint_model()(self.graph, budget_bytes=None)
+            result = model.solve(time_limit_s=max(0.01, self._cp_sat_left()), workers=self.workers,
+                                 work_limit=self.work_limit, seed=self.seed)
+            if result.regions is not None:
+                peaks.append((simulate(self.graph, Plan(regions=result.regions), record=False).peak_bytes,
+                              result.regions))
+            bound = result.bound if result.bound == result.bound else 0.0  # NaN when CP-SAT has none
+        least, regions = min(peaks, key=lambda p: p[0])
+        return least, regions, min(least, int(math.ceil(bound - 1e-6)))
+
+
+def simple_peaks(graph: Graph) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
+    """``(peak, regions)`` of plans any graph has: store-all, and every recomputable node its own
+    region (on a graph with spans: the shortest span at each position, and the longest)."""
+    index = SpanIndex(graph)
+    plans = [(), index.finest()] + ([index.coarsest()] if index.aligned else [])
+    return [(simulate(graph, Plan(regions=r), record=False).peak_bytes, r) for r in dict.fromkeys(plans)]
+
+
+#: The fast solvers whose best fitting plan warm-starts ``ilp``.
+WARM_SOLVERS = ("dp", "chen", "uniform", "per-module")
+
+
+def warm_start(graph: Graph, budget_bytes: int, deadline: Deadline | None = None) -> tuple[Incumbent | None, int | None]:
+    """The cheapest fitting plan of the fast solvers (per ``simulate``), and a
+    proven lower bound on the cost when ``dp`` is optimal (on chains). A
+    solver is not started once ``deadline`` has passed (NOTE [ One deadline ])."""
+    best: Incumbent | None = None
+    bound = None
+    for name in WARM_SOLVERS:
+        if deadline is not None and deadline.expired():
+            log.info("ilp warm start: out of time before %s", name)
+            break
+        try:
+            plan = get_solver(name)(graph, budget_bytes)
+        except CkptError:
+            continue
+        if plan.unaligned_regions(graph):  # NOTE [ Module-aligned regions ]: never a hint ilp may not return
+            log.error("ilp warm start: %s returned regions that are no spans; ignored", name)
+            continue
+        sim = simulate(graph, plan, record=False)
+        if sim.peak_bytes > budget_bytes:
+            continue
+        if best is None or sim.recompute_cost < best.flops:
+            best = Incumbent(tuple(plan.regions), int(sim.recompute_cost), name)
+        if name == "dp" and plan.status == Status.OPTIMAL:
+            bound = sim.recompute_cost
+    return best, bound
+
+
+def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_limit: float | None = DEFAULT_WORK_LIMIT,
+                 workers: int = 2, seed: int = 0, gap_limit: float = 0.0, warm_start_: bool = True) -> Plan:
+    """``cp-sat`` against a given deadline (the solver's body; tests pass a fake clock)."""
+    inc, bound = warm_start(graph, budget_bytes, deadline) if warm_start_ else (None, None)
+    if inc is not None and (inc.flops == 0 or (bound is not None and inc.flops <= bound)):
+        return Plan(regions=inc.regions, status=Status.OPTIMAL, bound=float(inc.flops),
+                    findings={"method": "warm start", "incumbent": inc.source})
+    solver = IlpSolver(graph, budget_bytes, deadline=deadline, work_limit=work_limit, workers=workers, seed=seed,
+                       gap_limit=gap_limit, lower_bound=bound, incumbent=inc)
+    try:
+        return solver.solve()
+    except InfeasibleBudget as exc:
+        if exc.proven:
+            raise
+        raise exc.replace(time_limit_s=deadline.limit_s) from None  # the limit the caller gave
+
+
+@register("cp-sat", options=CP_SAT_OPTIONS, exact=True, part_of="ilp")
+def cp_sat(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
+           work_limit: float | None = DEFAULT_WORK_LIMIT, workers: int = 2, seed: int = 0, gap_limit: float = 0.0,
+           warm_start: bool = True) -> Plan:
+    """The CP-SAT model alone (NOTE [ An exact model of simulate ]): any DAG, a proven bound and gap.
+
+    Deterministic under its work limit (NOTE [ Deterministic CP-SAT ]): the
+    same graph and budget give the same plan on a busy machine;
+    ``time_limit_s`` is only a safety net (NOTE [ One deadline ]).
+
+    Args:
+        time_limit_s: wall-clock safety net.
+        work_limit: CP-SAT's deterministic work limit; None: the clock only.
+        workers: search workers.
+        seed: CP-SAT's random seed.
+        gap_limit: stop once the relative gap is at most this.
+        warm_start: hint the search with the cheapest fitting plan of the fast solvers.
+
+    Returns:
+        ``optimal``, or ``feasible`` with ``bound``; ``findings`` say how it ended.
+
+    Raises:
+        InfeasibleBudget: carrying the least peak of any interval plan.
+        IlpTimeout: no plan within the time limit.
+        MissingDependency: OR-Tools is not installed.
+    """
+    return solve_within(graph, budget_bytes, Deadline(time_limit_s), work_limit=work_limit, workers=workers,
+                        seed=seed, gap_limit=gap_limit, warm_start_=warm_start)
