@@ -7,7 +7,8 @@ NOTE [ Solver contract ]
     ``gap``; or raises :class:`~solvers.errors.InfeasibleBudget` carrying the
     least budget for which it *would* find a plan. :func:`solve` then costs
     every plan the same way, with :func:`~solvers.simulate.simulate` (the one
-    cost model): it fills ``peak_bytes``, ``recompute_flops``, the budget, the
+    cost model): it fills ``peak_bytes``, ``recompute_flops``, ``recompute_cost``,
+    ``recompute_time_s``, the budget, the
     fingerprint and the solve time, and refuses a plan that does not fit.
 """
 
@@ -110,6 +111,7 @@ def finalize(graph: Graph, plan: Plan, budget_bytes: int, solver: str, options: 
         peak_bytes=sim.peak_bytes,
         recompute_flops=sim.recompute_flops,
         recompute_cost=sim.recompute_cost,
+        recompute_time_s=sim.recompute_time_s,
         gap=gap,
         solve_time_s=elapsed,
         graph_name=graph.name,

@@ -154,7 +154,7 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
             else:
                 fake_inputs.append(v)
     counter = FlopCounterMode(display=False)
-    watch = OpWatch(param_keys | set(trainable), state_keys)
+    watch = OpWatch(param_keys | set(trainable), state_keys, counter)
     rec = Recorder(gm, fake, counter, watch, set(state_keys) | input_keys, strip_module)
     with stateless._reparametrize_module(gm, state, tie_weights=True), torch.enable_grad():
         with fake, counter, watch:

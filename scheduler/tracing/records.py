@@ -46,6 +46,12 @@ class OpRecord:
             including the sum the engine makes when it adds the node's
             contribution into a parameter gradient that another node's
             backward already started (NOTE [ Shared parameter gradients ]).
+        kernels: per ATen op the node's forward runs that does work (views and
+            bare allocations left out), ``(dtype, FLOPs, bytes moved)``: the
+            roofline's inputs (NOTE [ Roofline costs ] in
+            ``scheduler.tracing.roofline``).
+        fwd_cost: the node's recompute cost in FLOP-equivalents, set by a
+            cost model (``roofline``, ``time``); None: ``fwd_flops``.
     """
 
     name: str
@@ -74,6 +80,13 @@ class OpRecord:
     writes: tuple[int, ...] = ()  # records owning the storages its ops write in place
     direct: tuple[int, ...] = ()  # records whose values it takes as arguments (``inputs`` without the owners)
     calls: tuple[tuple[str, str], ...] = ()  # (call id, class) of the submodule calls it runs in (tracing.spans)
+    kernels: tuple[tuple[str, int, int], ...] = ()
+    fwd_cost: int | None = None
+
+    @property
+    def cost(self) -> int:
+        """The recompute objective: ``fwd_cost`` when a cost model set it, else ``fwd_flops``."""
+        return self.fwd_flops if self.fwd_cost is None else self.fwd_cost
 
     @property
     def estimated_flops(self) -> int:

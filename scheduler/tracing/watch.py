@@ -17,16 +17,57 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .records import storage_bytes, storage_key
 from .workspaces import conv_signature
 
-__all__ = ["OpWatch"]
+__all__ = ["OpWatch", "kernel_of"]
+
+
+#: ATen ops that allocate without writing, or only relabel storage (not views by their schema): no kernel.
+_NO_KERNEL = frozenset(("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view",
+                        "lift_fresh", "resize_", "set_"))
+
+
+def kernel_of(func, args: tuple, kwargs: dict, out: object, flops: int) -> tuple[str, int, int] | None:  # noqa: ANN001
+    """``(dtype, FLOPs, bytes moved)`` of one ATen op, or None for a view or bare allocation.
+
+    Bytes moved: every distinct tensor argument read (at most its storage's
+    size: an expanded tensor is read once) plus every tensor returned
+    (written). The dtype is the first floating-point output's (else
+    input's), which picks the peak FLOP rate.
+    """
+    schema = getattr(func, "_schema", None)
+    if schema is None or getattr(func, "is_view", False) or schema.name.split("::")[-1] in _NO_KERNEL:
+        return None
+    outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if not outs:
+        return None
+    seen: set[int] = set()
+    nbytes = 0
+    ins = []
+    for t in pytree.tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor) and id(t) not in seen:
+            seen.add(id(t))
+            ins.append(t)
+            nbytes += min(t.numel() * t.element_size(), storage_bytes(t))
+    nbytes += sum(t.numel() * t.element_size() for t in {id(t): t for t in outs}.values())
+    floating = [t.dtype for t in outs + ins if t.is_floating_point()]
+    dtype = str(floating[0]).replace("torch.", "") if floating else "float32"
+    return dtype, int(flops), int(nbytes)
 
 
 class OpWatch(TorchDispatchMode):
-    """Sees every aten op: random ops, parameters touched, state written."""
+    """Sees every aten op: random ops, parameters touched, state written, kernels run.
 
-    def __init__(self, param_keys: set[int], state_keys: set[int]):
+    Args:
+        param_keys, state_keys: storage keys of the parameters (and watched
+            inputs) and of every parameter and buffer.
+        counter: the ``FlopCounterMode`` running below this mode; each
+            kernel's FLOPs are its total's growth across the op.
+    """
+
+    def __init__(self, param_keys: set[int], state_keys: set[int], counter=None):  # noqa: ANN001
         super().__init__()
         self.param_keys = param_keys
         self.state_keys = state_keys
+        self.counter = counter
         self.reset()
 
         self.live = 0  # bytes of storages created under the mode and still alive
@@ -44,6 +85,7 @@ class OpWatch(TorchDispatchMode):
         self.convs: list[tuple] = []
         self.touched: dict[int, None] = {}
         self.written: dict[int, None] = {}  # storage keys written in place (aten schema: Tensor(a!))
+        self.kernels: list[tuple[str, int, int]] = []  # (dtype, FLOPs, bytes moved) per kernel run
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
@@ -73,7 +115,12 @@ class OpWatch(TorchDispatchMode):
                             if storage_key(t) in self.state_keys:
                                 self.stateful = True
                             self.written[storage_key(t)] = None
+        f0 = self.counter.get_total_flops() if self.counter is not None else 0
         out = func(*args, **kwargs)
+        flops = self.counter.get_total_flops() - f0 if self.counter is not None else 0
+        kernel = kernel_of(func, args, kwargs, out, flops)
+        if kernel is not None:
+            self.kernels.append(kernel)
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 k = storage_key(t)
