@@ -47,7 +47,8 @@ class OpRecord:
             contribution into a parameter gradient that another node's
             backward already started (NOTE [ Shared parameter gradients ]).
         kernels: per ATen op the node's forward runs that does work (views and
-            bare allocations left out), ``(dtype, FLOPs, bytes moved)``: the
+            bare allocations left out), ``(dtype, FLOPs, bytes moved, random
+            numbers drawn)``: the
             roofline's inputs (NOTE [ Roofline costs ] in
             ``scheduler.tracing.roofline``).
         fwd_cost: the node's recompute cost in FLOP-equivalents, set by a
@@ -80,7 +81,7 @@ class OpRecord:
     writes: tuple[int, ...] = ()  # records owning the storages its ops write in place
     direct: tuple[int, ...] = ()  # records whose values it takes as arguments (``inputs`` without the owners)
     calls: tuple[tuple[str, str], ...] = ()  # (call id, class) of the submodule calls it runs in (tracing.spans)
-    kernels: tuple[tuple[str, int, int], ...] = ()
+    kernels: tuple[tuple[str, int, int, int], ...] = ()
     fwd_cost: int | None = None
 
     @property

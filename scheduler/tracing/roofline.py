@@ -11,13 +11,20 @@ NOTE [ Roofline costs ]
     So each traced node is priced by a roofline of the device it will run on
     (:class:`DevicePeaks`). The tracer records, per ATen kernel the node's
     forward runs (``OpRecord.kernels``; views and bare allocations run no
-    kernel and are left out), its dtype, its FLOPs (``FlopCounterMode``) and
+    kernel and are left out), its dtype, its FLOPs (``FlopCounterMode``),
     the bytes it moves: every tensor it reads (activations, parameters,
     buffers) plus every tensor it writes (outputs, its own saved buffers such
-    as dropout's mask or layer norm's mean and rstd). A kernel takes
+    as dropout's mask or layer norm's mean and rstd), and the random numbers
+    it draws. A kernel takes
 
-        max(FLOPs / peak FLOP/s[dtype], bytes / bandwidth) + op_overhead_s
+        max(FLOPs / peak FLOP/s[dtype], bytes / bandwidth,
+            random numbers / random_per_s) + op_overhead_s
 
+    The third roof is the CPU's: drawing dropout's mask there is slower than
+    moving it (``bernoulli_`` measured at about 13 ns per element where an
+    ``add`` takes 0.5 ns), so by bytes alone dropout came out 16 times too
+    cheap; a GPU draws Philox numbers far faster than it moves them, so the
+    named GPUs leave ``random_per_s`` unset (no such roof).
     and a node the sum over its kernels (for the usual node, one kernel:
     ``max(...) + op_overhead_s``; a node of views only costs nothing). The
     time is written as ``Node.fwd_cost`` in *FLOP-equivalents*: seconds times
@@ -62,6 +69,7 @@ DEFAULT_DEVICE = "H100"
 #: Environment variable overriding the cache folder of the measured CPU peaks.
 CACHE_ENV = "CKPT_CACHE_DIR"
 _CACHE_FILE = "cpu_peaks.json"
+_CALIBRATION = 3  # part of the cache key: entries of an older calibration are measured again
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -84,6 +92,8 @@ class DevicePeaks:
         bytes_per_s: memory bandwidth (bytes read plus written per second).
         op_overhead_s: fixed time of one kernel (launch and dispatch).
         source: where the numbers come from.
+        random_per_s: random numbers drawn per second, when drawing them
+            can be slower than moving them (the CPU); None: no such roof.
     """
 
     name: str
@@ -91,6 +101,7 @@ class DevicePeaks:
     bytes_per_s: float
     op_overhead_s: float
     source: str = ""
+    random_per_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops_per_s", dict(self.flops_per_s))
@@ -99,6 +110,8 @@ class DevicePeaks:
             raise ValueError(f"device {self.name!r}: peaks must be finite and positive, with a float32 entry")
         if not (math.isfinite(self.op_overhead_s) and self.op_overhead_s >= 0):
             raise ValueError(f"device {self.name!r}: op_overhead_s must be finite and >= 0")
+        if self.random_per_s is not None and not _positive(self.random_per_s):
+            raise ValueError(f"device {self.name!r}: random_per_s must be finite and positive, or None")
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype`` (``float32``'s for a dtype the table lacks)."""
@@ -112,7 +125,8 @@ class DevicePeaks:
         """Inverse of :meth:`to_dict`. Raises ValueError/TypeError/KeyError on a malformed entry."""
         return cls(name=str(d["name"]), flops_per_s={str(k): float(v) for k, v in dict(d["flops_per_s"]).items()},
                    bytes_per_s=float(d["bytes_per_s"]), op_overhead_s=float(d["op_overhead_s"]),
-                   source=str(d.get("source", "")))
+                   source=str(d.get("source", "")),
+                   random_per_s=None if d.get("random_per_s") is None else float(d["random_per_s"]))
 
 
 def _gpu(name: str, fp32: float, half: float, tb_per_s: float, source: str) -> DevicePeaks:
@@ -202,7 +216,7 @@ def _cpu_model() -> str:
 
 
 def _cpu_key() -> str:
-    return f"{_cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    return f"{_cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads | v{_CALIBRATION}"
 
 
 def _best_s(fn: Callable[[], Any], repeats: int) -> float:
@@ -216,24 +230,33 @@ def _best_s(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def _measure_cpu() -> dict[str, Any]:
-    """Measure this CPU (well under two seconds): matmuls, a large copy, a tiny op."""
+    """Measure this CPU (well under two seconds): matmuls, a large copy, random draws, a tiny op.
+
+    The copy (64 MiB each way) is larger than the caches. The tiny op is a
+    module call on four elements with autograd recording, as a recompute
+    runs it: what eager PyTorch spends per op beyond the work.
+    """
     flops: dict[str, float] = {}
     for dtype, n in (("float32", 512), ("bfloat16", 256), ("float16", 256)):
         a = torch.randn(n, n).to(getattr(torch, dtype))
         b = torch.randn(n, n).to(getattr(torch, dtype))
         flops[dtype] = 2 * n ** 3 / _best_s(lambda: torch.mm(a, b), 3)
-    src = torch.empty(8 << 20)  # 32 MiB of float32
+    src = torch.ones(16 << 20)  # 64 MiB of float32
     dst = torch.empty_like(src)
     bandwidth = 2 * src.numel() * src.element_size() / _best_s(lambda: dst.copy_(src), 3)
-    x, y = torch.ones(4), torch.ones(4)
+    draws = torch.empty(1 << 20)
+    # At dropout's usual keep probability: on a CPU a draw near 0.5 takes twice as long (branches).
+    random_per_s = draws.numel() / _best_s(lambda: draws.bernoulli_(0.9), 3)
+    x = torch.ones(4, requires_grad=True)
+    relu = torch.nn.ReLU()
     calls = 200
 
     def tiny() -> None:
         for _ in range(calls):
-            torch.add(x, y)
+            relu(x)
 
     overhead = _best_s(tiny, 3) / calls
-    return {"flops_per_s": flops, "bytes_per_s": bandwidth, "op_overhead_s": overhead}
+    return {"flops_per_s": flops, "bytes_per_s": bandwidth, "op_overhead_s": overhead, "random_per_s": random_per_s}
 
 
 def cpu_peaks(*, cache: str | os.PathLike | None = None, refresh: bool = False) -> DevicePeaks:
@@ -282,14 +305,20 @@ def cpu_peaks(*, cache: str | os.PathLike | None = None, refresh: bool = False) 
 
 
 # ------------------------------------------------------------------ pricing
-def kernel_time_s(flops: int, nbytes: int, dtype: str, peaks: DevicePeaks) -> float:
-    """One kernel's roofline time (NOTE [ Roofline costs ])."""
-    return max(flops / peaks.peak(dtype), nbytes / peaks.bytes_per_s) + peaks.op_overhead_s
+def kernel_time_s(flops: int, nbytes: int, dtype: str, peaks: DevicePeaks, randoms: int = 0) -> float:
+    """One kernel's roofline time (NOTE [ Roofline costs ]).
+
+    Args:
+        flops: its FLOPs; nbytes: bytes read plus written; dtype: picks the
+        peak FLOP/s; peaks: the device; randoms: random numbers it draws.
+    """
+    draw = randoms / peaks.random_per_s if peaks.random_per_s else 0.0
+    return max(flops / peaks.peak(dtype), nbytes / peaks.bytes_per_s, draw) + peaks.op_overhead_s
 
 
 def record_time_s(record: OpRecord, peaks: DevicePeaks) -> float:
     """A traced node's roofline time: the sum over the kernels it runs (0 for views)."""
-    return sum(kernel_time_s(f, b, dt, peaks) for dt, f, b in record.kernels)
+    return sum(kernel_time_s(f, b, dt, peaks, r) for dt, f, b, r in record.kernels)
 
 
 def roofline_records(records: Sequence[OpRecord], peaks: DevicePeaks, dtype: str

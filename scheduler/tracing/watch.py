@@ -25,13 +25,16 @@ _NO_KERNEL = frozenset(("empty", "empty_like", "empty_strided", "new_empty", "ne
                         "lift_fresh", "resize_", "set_"))
 
 
-def kernel_of(func, args: tuple, kwargs: dict, out: object, flops: int) -> tuple[str, int, int] | None:  # noqa: ANN001
-    """``(dtype, FLOPs, bytes moved)`` of one ATen op, or None for a view or bare allocation.
+def kernel_of(func, args: tuple, kwargs: dict, out: object, flops: int  # noqa: ANN001
+              ) -> tuple[str, int, int, int] | None:
+    """``(dtype, FLOPs, bytes moved, random numbers drawn)`` of one ATen op, or None for a view or bare allocation.
 
     Bytes moved: every distinct tensor argument read (at most its storage's
     size: an expanded tensor is read once) plus every tensor returned
     (written). The dtype is the first floating-point output's (else
-    input's), which picks the peak FLOP rate.
+    input's), which picks the peak FLOP rate. Random numbers: the elements
+    a random op (``nondeterministic_seeded``: ``bernoulli_``, ``rand``...)
+    returns.
     """
     schema = getattr(func, "_schema", None)
     if schema is None or getattr(func, "is_view", False) or schema.name.split("::")[-1] in _NO_KERNEL:
@@ -50,7 +53,8 @@ def kernel_of(func, args: tuple, kwargs: dict, out: object, flops: int) -> tuple
     nbytes += sum(t.numel() * t.element_size() for t in {id(t): t for t in outs}.values())
     floating = [t.dtype for t in outs + ins if t.is_floating_point()]
     dtype = str(floating[0]).replace("torch.", "") if floating else "float32"
-    return dtype, int(flops), int(nbytes)
+    randoms = sum(t.numel() for t in outs) if torch.Tag.nondeterministic_seeded in func.tags else 0
+    return dtype, int(flops), int(nbytes), int(randoms)
 
 
 class OpWatch(TorchDispatchMode):
@@ -85,7 +89,7 @@ class OpWatch(TorchDispatchMode):
         self.convs: list[tuple] = []
         self.touched: dict[int, None] = {}
         self.written: dict[int, None] = {}  # storage keys written in place (aten schema: Tensor(a!))
-        self.kernels: list[tuple[str, int, int]] = []  # (dtype, FLOPs, bytes moved) per kernel run
+        self.kernels: list[tuple[str, int, int, int]] = []  # (dtype, FLOPs, bytes, random numbers) per kernel
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
