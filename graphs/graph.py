@@ -88,6 +88,15 @@ class Node:
             Every name must belong to an earlier node.
         out_bytes: bytes of the output tensor(s).
         fwd_flops: forward FLOPs.
+        fwd_cost: what recomputing the node costs, the solvers' objective
+            (:meth:`Graph.recompute_costs`), in FLOP-equivalents: its
+            estimated forward time times a FLOP rate (``meta["costs"]`` says
+            which model and rate, NOTE [ Roofline costs ] in
+            ``scheduler.tracing.roofline``), so totals stay comparable with
+            FLOPs. ``None`` when building (and absent from JSON) means
+            ``fwd_flops``; it is an int once built. ``dataclasses.replace``
+            keeps it: pass ``fwd_cost=None`` with a new ``fwd_flops`` to
+            make it follow.
         bwd_flops: backward FLOPs; default ``2 * fwd_flops`` (the usual
             matmul-dominated ratio) when absent from JSON.
         op: operator name (``aten.mm``, ``linear``, ``block``...), informative.
@@ -127,6 +136,7 @@ class Node:
     out_bytes: int = 0
     fwd_flops: int = 0
     bwd_flops: int = 0
+    fwd_cost: int | None = None
     op: str = ""
     saves_inputs: tuple[str, ...] | None = None
     saves_output: bool = False
@@ -144,7 +154,7 @@ class Node:
     dispatch: tuple[str, ...] = ()
     sac_op: int = -1
 
-    _INT_FIELDS = ("out_bytes", "fwd_flops", "bwd_flops", "saved_bytes", "workspace_bytes", "param_bytes",
+    _INT_FIELDS = ("out_bytes", "fwd_flops", "bwd_flops", "fwd_cost", "saved_bytes", "workspace_bytes", "param_bytes",
                    "state_bytes")
     _BOOL_FIELDS = ("saves_output", "stochastic", "stateful", "recomputable", "requires_grad", "grad_views")
 
@@ -154,6 +164,8 @@ class Node:
         object.__setattr__(self, "saves_inputs", saves)
         object.__setattr__(self, "members", tuple(self.members))
         object.__setattr__(self, "dispatch", tuple(self.dispatch))
+        if self.fwd_cost is None:
+            object.__setattr__(self, "fwd_cost", self.fwd_flops)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -281,7 +293,7 @@ class Graph:
             index[node.name] = i
         nbytes = 2 * self.param_bytes + self.input_bytes + sum(
             nd.out_bytes + nd.saved_bytes + nd.workspace_bytes + nd.param_bytes + nd.state_bytes for nd in self.nodes)
-        nflops = sum(nd.fwd_flops + nd.bwd_flops for nd in self.nodes)
+        nflops = sum(nd.fwd_flops + nd.bwd_flops + nd.fwd_cost for nd in self.nodes)
         for what, total in (("byte", nbytes), ("FLOP", nflops)):
             if total >= MAX_COUNT:
                 raise GraphError(f"the graph's {what} counts add up to {total:.4g}, not below 2**62; "
@@ -373,9 +385,10 @@ class Graph:
     def recompute_costs(self) -> list[int]:
         """What recomputing each node costs, the quantity every solver minimises.
 
-        The one place the objective is read from (FLOPs today).
+        The one place the objective is read from: each node's ``fwd_cost``
+        (its FLOPs unless the tracer priced it otherwise, ``meta["costs"]``).
         """
-        return [nd.fwd_flops for nd in self.nodes]
+        return [nd.fwd_cost for nd in self.nodes]
 
     @property
     def saveable(self) -> list[bool]:
@@ -393,7 +406,7 @@ class Graph:
 
         Two traces of the same model with the same input shapes and dtype give
         the same fingerprint; a different model, shape or dtype does not. The
-        costs (``fwd_flops``, ``bwd_flops`` and ``meta["costs"]``) and the
+        costs (``fwd_flops``, ``bwd_flops``, ``fwd_cost`` and ``meta["costs"]``) and the
         kernel workspaces (``workspace_bytes``, ``meta["workspaces"]``: measured
         only on request) are left out: they change which plan is cheapest or
         fits, not what a plan does, and measurements differ from one trace to
@@ -405,7 +418,7 @@ class Graph:
         d["meta"].pop(WORKSPACES_META, None)
         d["meta"].pop(BUILD_META, None)
         for nd in d["nodes"]:
-            del nd["fwd_flops"], nd["bwd_flops"], nd["workspace_bytes"]
+            del nd["fwd_flops"], nd["bwd_flops"], nd["fwd_cost"], nd["workspace_bytes"]
             del nd["dispatch"], nd["sac_op"]  # how a kept output is lowered, not what the plan does
         payload = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]

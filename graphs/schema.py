@@ -79,6 +79,7 @@ def node_from_dict(cls: type["Node"], d: Any, where: str) -> "Node":
             kw[key] = count(d[key], key, where)
     if "bwd_flops" not in d:
         kw["bwd_flops"] = 2 * kw["fwd_flops"]
+    # "fwd_cost" absent (graphs written before it existed): Node makes it fwd_flops.
     for key in cls._BOOL_FIELDS:
         if key in d:
             if not isinstance(d[key], bool):

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from graphs import Graph
 from solvers import Plan, Simulation, format_bytes
 
-__all__ = ["table", "plan_summary", "simulation_summary", "ratio"]
+__all__ = ["table", "plan_summary", "simulation_summary", "ratio", "format_seconds", "recompute_line", "cost_model"]
 
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
@@ -23,6 +23,34 @@ def ratio(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def format_seconds(s: float) -> str:
+    """``0.0123`` -> ``12.3 ms`` (s, ms or us, three significant digits)."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-6:.3g} us"
+
+
+def cost_model(graph: Graph) -> str:
+    """How the graph's recompute costs were made, e.g. ``roofline on H100`` ("" when unknown)."""
+    costs = graph.meta.get("costs")
+    if not isinstance(costs, dict) or "model" not in costs:
+        return ""
+    device = costs.get("device")
+    return f"{costs['model']} on {device}" if device else str(costs["model"])
+
+
+def recompute_line(graph: Graph, flops: int, time_s: float | None) -> str:
+    """``recompute F FLOPs = X% overhead, predicted T (roofline on DEVICE)``."""
+    step = graph.total_fwd_flops() + graph.total_bwd_flops()
+    line = f"recompute {flops:.3e} FLOPs = {ratio(flops / step if step else 0)} of the step's FLOPs"
+    if time_s is not None:
+        line += f", predicted recompute time {format_seconds(time_s)}"
+        model = cost_model(graph)
+        line += f" ({model})" if model else ""
+    return line
+
+
 def simulation_summary(graph: Graph, sim: Simulation, budget_bytes: int | None = None) -> str:
     """The peak, where it happens and what it is made of."""
     node = graph.nodes[graph.index[sim.peak_node]]
@@ -35,13 +63,12 @@ def simulation_summary(graph: Graph, sim: Simulation, budget_bytes: int | None =
         lines.append(f"budget: {format_bytes(budget_bytes)}: {verdict}")
     rows = [(k, format_bytes(v)) for k, v in sim.breakdown.items()]
     lines.append(table(rows, ["at the peak", "bytes"]))
-    lines.append(f"recompute: {sim.recompute_flops:.3e} FLOPs = {ratio(sim.recompute_ratio)} of the step's FLOPs")
+    lines.append(recompute_line(graph, sim.recompute_flops, sim.recompute_time_s))
     return "\n".join(lines)
 
 
 def plan_summary(graph: Graph, plan: Plan) -> str:
     """Regions, predicted peak vs budget, overhead, solve time, status."""
-    step = graph.total_fwd_flops() + graph.total_bwd_flops()
     method = plan.findings.get("method")
     lines = [f"solver {plan.solver}" + (f" ({method})" if method and method != plan.solver else "") + f": status {plan.status}"
              + (f" (gap {ratio(plan.gap)})" if plan.gap not in (None, 0.0) else "")
@@ -50,7 +77,7 @@ def plan_summary(graph: Graph, plan: Plan) -> str:
         budget = f" / budget {format_bytes(plan.budget_bytes)}" if plan.budget_bytes else ""
         lines.append(f"predicted peak {format_bytes(plan.peak_bytes)}{budget}")
     if plan.recompute_flops is not None:
-        lines.append(f"recompute {plan.recompute_flops:.3e} FLOPs = {ratio(plan.recompute_flops / step if step else 0)} overhead")
+        lines.append(recompute_line(graph, plan.recompute_flops, plan.recompute_time_s))
     if plan.regions:
         rows = [(f"[{a}, {b}]", graph.nodes[a].name, graph.nodes[b].name, b - a + 1) for a, b in plan.regions]
         lines.append(table(rows, ["region", "first", "last", "nodes"]))

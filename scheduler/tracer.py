@@ -12,8 +12,9 @@ The module is named ``tracer`` so that the package attribute
 How: the model (with the loss, when ``loss=`` is given) is traced with
 ``torch.fx.symbolic_trace``, or with ``torch.export.export`` (training IR) when
 fx fails (every HuggingFace model); the graph is checked against an eager run;
-then every fx node is run on fake tensors and measured (``scheduler.tracing.costs``)
-and the nodes are grouped at the requested granularity
+then every fx node is run on fake tensors and measured (``scheduler.tracing.costs``),
+priced for the device it will run on (NOTE [ Roofline costs ] in
+``scheduler.tracing.roofline``), and the nodes are grouped at the requested granularity
 (NOTE [ Merging nodes ] in ``scheduler.tracing.build``).
 
 Models on the ``meta`` device: build the model under ``torch.device("meta")``
@@ -64,6 +65,7 @@ from .tracing.build import attribute_params, build_nodes, group_records
 from .tracing.spans import MODULES_META, module_spans, sequential_children
 from .tracing.capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .tracing.costs import OpRecord, measure_ops
+from .tracing.roofline import UnknownDevice, choose_peaks, model_dtype, roofline_records
 from .tracing.timing import COST_MODELS, measure_node_times, time_records
 
 __all__ = ["Traced", "capture", "capture_for_plan", "trace", "TraceError", "TraceMismatch", "AUTO_MAX_NODES"]
@@ -132,8 +134,8 @@ class Traced:
 
 def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[str, Any] | None = None, *,
             loss: Callable[[Any], torch.Tensor] | None = None, granularity: str | int = "auto",
-            method: str = "auto", check: bool = True, name: str | None = None, costs: str = "flops",
-            time_repeats: int = 5, workspaces: str = "auto") -> Traced:
+            method: str = "auto", check: bool = True, name: str | None = None, costs: str = "roofline",
+            cost_device: str | None = None, time_repeats: int = 5, workspaces: str = "auto") -> Traced:
     """Trace ``model`` on example inputs and measure its cost graph.
 
     Args:
@@ -150,12 +152,19 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         method: ``"auto"`` (fx, then export), ``"fx"`` or ``"export"``.
         check: compare the traced graph with an eager run before trusting it.
         name: the graph's name (default: the model's class name).
-        costs: ``"flops"`` (counted FLOPs, the default; works on ``meta``)
-            or ``"time"``: each node's measured forward time, in
-            FLOP-equivalents (NOTE [ Time costs ] in
-            ``scheduler.tracing.timing``); what to use when the plan must be
-            fast on *this* machine, e.g. a CPU, where memory-bound ops cost
-            far more than their FLOPs say.
+        costs: what recomputing a node costs (``Node.fwd_cost``, the
+            solvers' objective): ``"roofline"`` (default; works on ``meta``),
+            its forward time on the device by a roofline of FLOPs and bytes
+            moved per kernel (NOTE [ Roofline costs ] in
+            ``scheduler.tracing.roofline``); ``"time"``, its measured forward
+            time on this machine (NOTE [ Time costs ] in
+            ``scheduler.tracing.timing``: calibration); ``"flops"``, its
+            counted FLOPs (the objective before roofline costs). Times are
+            in FLOP-equivalents; ``meta["costs"]`` has the rate.
+        cost_device: the device to price for (a name of
+            ``scheduler.tracing.roofline.DEVICES`` or ``"cpu"``); default:
+            where the model is (its CUDA device's name, the measured CPU,
+            ``H100`` for ``meta``).
         time_repeats: forward runs measured with ``costs="time"`` (median).
         workspaces: ``"measure"``: run each distinct convolution's backward
             once on the model's device (the CPU for a ``meta`` model) and count
@@ -177,6 +186,8 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         args = (args,)
     if costs not in COST_MODELS:
         raise TraceError(f"costs={costs!r} is not one of {', '.join(COST_MODELS)}")
+    if cost_device is not None and costs == "time":
+        raise TraceError("cost_device prices a roofline or FLOP trace; costs='time' measures this machine")
     if workspaces not in ("none", "measure", "auto"):
         raise TraceError(f"workspaces={workspaces!r} is not one of 'auto', 'none', 'measure'")
     args = tuple(args)
@@ -192,12 +203,7 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         raise TraceError(f"{type(model).__name__} traced to a graph without operations; nothing to plan")
     name = name or type(model).__name__
     meta = _describe(model, name, args, kwargs, used)
-    if costs == "time":
-        try:
-            times = measure_node_times(gm, flat, repeats=time_repeats)
-        except ValueError as exc:
-            raise TraceError(str(exc)) from None
-        records, meta[COSTS_META] = time_records(records, times)
+    records, meta[COSTS_META] = _price(records, costs, cost_device, model, gm, flat, time_repeats)
     if workspaces == "auto":
         on_meta = any(t.device.type == "meta" for t in list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)])
         workspaces = "measure" if any(r.convs for r in records) and not on_meta else "none"
@@ -255,6 +261,27 @@ def capture_for_plan(model: nn.Module, plan: Any, args: Any, kwargs: Mapping[str
 
 
 # --------------------------------------------------------------------- helpers
+def _price(records: list[OpRecord], costs: str, cost_device: str | None, model: nn.Module,
+           gm: torch.fx.GraphModule, flat: list[Any], time_repeats: int) -> tuple[list[OpRecord], dict]:
+    """``records`` with the chosen cost model's ``fwd_cost``, and ``meta["costs"]``."""
+    if costs == "time":
+        try:
+            times = measure_node_times(gm, flat, repeats=time_repeats)
+        except ValueError as exc:
+            raise TraceError(str(exc)) from None
+        return time_records(records, times)
+    tensors = list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)]
+    device = next((t.device for t in tensors), torch.device("cpu"))
+    try:
+        peaks = choose_peaks(device, cost_device)
+    except UnknownDevice as exc:
+        raise TraceError(str(exc)) from None
+    dtype = model_dtype(list(model.parameters()) or tensors)
+    if costs == "roofline":
+        return roofline_records(records, peaks, dtype)
+    return list(records), {"model": "flops", "device": peaks.name, "dtype": dtype, "flops_per_s": peaks.peak(dtype)}
+
+
 def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[str, Any], name: str,
               meta: dict, sequentials: Mapping[str, int], extras: Mapping[str, int]
               ) -> tuple[Graph, tuple[tuple[str, ...], ...], str | int]:

@@ -165,9 +165,9 @@ def _node_hashes(graph: Any) -> np.ndarray:
     out = np.empty(len(graph), dtype=np.int64)
     for k, nd in enumerate(graph.nodes):
         saved = tuple(i for i, x in enumerate(nd.inputs) if x in nd.saves_inputs)
-        out[k] = hash((nd.out_bytes, nd.fwd_flops, nd.bwd_flops, nd.saved_bytes, nd.workspace_bytes, nd.param_bytes,
-                       nd.state_bytes, nd.saves_output, nd.requires_grad, nd.recomputable, nd.grad_views,
-                       nd.stochastic, nd.stateful, len(nd.inputs), saved, len(succs[k])))
+        out[k] = hash((nd.out_bytes, nd.fwd_flops, nd.fwd_cost, nd.bwd_flops, nd.saved_bytes, nd.workspace_bytes,
+                       nd.param_bytes, nd.state_bytes, nd.saves_output, nd.requires_grad, nd.recomputable,
+                       nd.grad_views, nd.stochastic, nd.stateful, len(nd.inputs), saved, len(succs[k])))
     return out
 
 

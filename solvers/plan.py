@@ -54,6 +54,9 @@ class Plan:
         recompute_cost: the solvers' objective recomputed by the plan
             (``Graph.recompute_costs``; equals ``recompute_flops`` on a graph
             costed in FLOPs).
+        recompute_time_s: the predicted recompute time: ``recompute_cost`` at
+            the graph's rate (``solvers.simulate.cost_seconds``); None when
+            the graph has none.
         bound: a proven lower bound on ``recompute_cost`` (None if unknown).
         gap: ``(recompute_cost - bound) / max(recompute_cost, 1)`` when known.
         solve_time_s: wall time of the solver.
@@ -91,6 +94,7 @@ class Plan:
     peak_bytes: int | None = None
     recompute_flops: int | None = None
     recompute_cost: int | None = None
+    recompute_time_s: float | None = None
     bound: float | None = None
     gap: float | None = None
     solve_time_s: float = 0.0
@@ -281,7 +285,7 @@ class Plan:
         for key in ("budget_bytes", "peak_bytes", "recompute_flops", "recompute_cost"):
             if d.get(key) is not None:
                 kw[key] = count(d[key], key, "plan", PlanError)
-        for key in ("bound", "gap", "solve_time_s"):
+        for key in ("bound", "gap", "solve_time_s", "recompute_time_s"):
             if d.get(key) is not None:
                 v = d[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:

@@ -9,7 +9,8 @@ NOTE [ Solver contract ]
     for which it *would* find a plan. :func:`solve` checks the options first
     (NOTE [ Solver options ] in ``solvers.options``), then costs every plan
     the same way, with :func:`~solvers.simulate.simulate` (the one cost
-    model): it fills ``peak_bytes``, ``recompute_flops``, the budget, the
+    model): it fills ``peak_bytes``, ``recompute_flops``, ``recompute_cost``,
+    ``recompute_time_s``, the budget, the
     fingerprint, the solve time and ``options`` (as the caller asked them;
     never what the solver found), and refuses a plan that does not fit.
 """
@@ -204,6 +205,7 @@ def finalize(graph: Graph, plan: Plan, budget_bytes: int, solver: str, options: 
         peak_bytes=sim.peak_bytes,
         recompute_flops=sim.recompute_flops,
         recompute_cost=sim.recompute_cost,
+        recompute_time_s=sim.recompute_time_s,
         gap=gap,
         solve_time_s=elapsed,
         graph_name=graph.name,

@@ -57,9 +57,11 @@ NOTE [ Execution model ]
     added to every step of that region's recompute, as activations (like the
     snapshots above); not to the forward, nor for a region that is no span.
 
-    The recompute cost of a plan is the forward FLOPs of every node in a
-    region (each region is recomputed exactly once), less those of the
-    nodes it keeps (NOTE [ Selective recompute ]).
+    The recompute cost of a plan is the ``fwd_cost`` (``Graph.recompute_costs``)
+    of every node in a region (each region is recomputed exactly once), less
+    those of the nodes it keeps (NOTE [ Selective recompute ]), beside their
+    forward FLOPs; at the graph's rate (``meta["costs"]["flops_per_s"]``) the
+    cost is the predicted recompute time.
 
 NOTE [ Selective recompute ]
     ``plan.saved`` lists nodes inside regions whose outputs a selective
@@ -99,13 +101,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from graphs import Graph
+from graphs import COSTS_META, Graph
 
 from .errors import SolverInputError
 from .gradients import GradientWalk
 from .plan import Plan
 
-__all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "GradientWalk"]
+__all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "GradientWalk", "cost_seconds"]
 
 FORWARD, RECOMPUTE, BACKWARD = "forward", "recompute", "backward"
 
@@ -130,6 +132,8 @@ class Simulation:
             summed over the recomputed nodes; equals ``recompute_flops`` on a
             graph costed in FLOPs.
         step_flops: FLOPs of the step without checkpointing (forward + backward).
+        recompute_time_s: ``recompute_cost`` in seconds (:func:`cost_seconds`);
+            None when the graph has no rate (graphs costed before rates).
         activation_peak_bytes: highest live bytes excluding parameters, inputs
             and parameter gradients (the quantity a fraction budget refers to).
     """
@@ -146,6 +150,7 @@ class Simulation:
     recompute_cost: int
     activation_peak_bytes: int
     persistent_bytes: int = field(default=0)
+    recompute_time_s: float | None = None
 
     @property
     def recompute_ratio(self) -> float:
@@ -389,7 +394,17 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
         recompute_cost=recompute_cost,
         activation_peak_bytes=act_peak,
         persistent_bytes=base + params,
+        recompute_time_s=cost_seconds(graph, recompute_cost),
     )
+
+
+def cost_seconds(graph: Graph, cost: int) -> float | None:
+    """``cost`` (FLOP-equivalents) in seconds at ``graph.meta["costs"]["flops_per_s"]``; None without a rate."""
+    costs = graph.meta.get(COSTS_META)
+    rate = costs.get("flops_per_s") if isinstance(costs, Mapping) else None
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+        return None
+    return cost / rate
 
 
 def store_all_peak(graph: Graph) -> Simulation:

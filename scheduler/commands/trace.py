@@ -7,14 +7,17 @@ from typing import Any
 
 from graphs import BUILD_META, save
 
+from ..report import format_seconds
 from ..sizing.budget import format_bytes
+from ..tracing.roofline import DEFAULT_DEVICE, DEVICES
 from .common import add_model_arguments, check_outputs, granularity, model_options
 
 NAME = "trace"
-HELP = "trace a model into a cost graph (FLOPs, bytes autograd saves) and write it as JSON"
+HELP = "trace a model into a cost graph (recompute costs, bytes autograd saves) and write it as JSON"
 DESCRIPTION = """Trace MODEL on example inputs into a cost graph: FLOPs per node
-(FlopCounterMode), output bytes, the bytes autograd saves (saved_tensors_hooks),
-stochastic/stateful flags. The model's training step (forward + loss) is traced.
+(FlopCounterMode), a recompute cost per node (--costs), output bytes, the bytes
+autograd saves (saved_tensors_hooks), stochastic/stateful flags. The model's
+training step (forward + loss) is traced.
 
 MODEL: a built-in example (see `ckpt models`), hf:NAME, or package.module:factory.
 With --device meta nothing is allocated: plan for a GPU you do not have.
@@ -23,14 +26,19 @@ example:
   ckpt trace gpt --layers 2 --width 256 --heads 4 --seq 128 -o graph.json
   ckpt trace hf:llama-7b --device meta --seq 4096 --dtype bfloat16 -o llama.json"""
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--granularity", default="auto", type=granularity,
                    help="op, fold, auto, or a module depth (int); default auto")
     p.add_argument("--method", default="auto", choices=["auto", "fx", "export"], help="tracer (default: fx, then export)")
-    p.add_argument("--costs", choices=["flops", "time"], default="flops",
-                   help="node costs: counted FLOPs (default) or measured forward time in FLOP-equivalents "
-                        "(plans that are fast on this machine; not on the meta device)")
+    p.add_argument("--costs", choices=["roofline", "time", "flops"], default="roofline",
+                   help="what the solvers minimise per node: roofline (default) prices each kernel's FLOPs and "
+                        "bytes moved on the device; time measures the forward on this machine (not on meta); "
+                        "flops counts FLOPs only")
+    p.add_argument("--cost-device", default=None, metavar="NAME",
+                   help=f"price the roofline for this device: {', '.join(DEVICES)} or cpu (measured); default: the "
+                        f"model's device (a meta model: {DEFAULT_DEVICE})")
     p.add_argument("--workspaces", choices=["auto", "none", "measure"], default="auto",
                    help="measure each convolution's backward once on the model's device and count the buffers it "
                         "holds inside the op (what the allocator sees on conv nets); default auto: when the model "
@@ -47,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     ex = build(args.model, **model_options(args))
     with phase(f"tracing {args.model}"):
         traced = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity=args.granularity,
-                         method=args.method, name=args.model, costs=args.costs, workspaces=args.workspaces)
+                         method=args.method, name=args.model, costs=args.costs, cost_device=args.cost_device,
+                         workspaces=args.workspaces)
     g = traced.graph
     g = g.with_nodes(g.nodes, meta={**g.meta, BUILD_META: {"model": args.model, "options": _json_safe(model_options(args))}})
     print(f"{args.model}: traced with {traced.method}, {len(traced.records)} fx nodes -> {len(g)} graph nodes "
@@ -57,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
     from solvers import store_all_peak
 
     print(f"store-all peak (simulated): {format_bytes(store_all_peak(g).peak_bytes)}")
+    costs = g.meta.get("costs", {})
+    if costs.get("flops_per_s"):
+        forward_s = sum(g.recompute_costs()) / costs["flops_per_s"]
+        print(f"recompute costs: {costs['model']} on {costs.get('device', '?')}, whole forward {format_seconds(forward_s)}")
     if args.output:
         save(g, args.output)
         print(f"graph written to {args.output}")

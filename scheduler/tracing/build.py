@@ -23,7 +23,7 @@ NOTE [ Merging nodes ]
     * ``grad_views`` (the backward hands inputs views of the output's
       gradient, as ``cat`` does) only when the one member that creates
       storage has it;
-    * FLOPs add up; flags are "any member"; ``param_bytes`` are the
+    * FLOPs and costs (``fwd_cost``) add up; flags are "any member"; ``param_bytes`` are the
       parameters whose last forward user is in ``G`` (their gradient is
       created when the backward reaches that user).
 
@@ -149,6 +149,7 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
             inputs=tuple(names[k] for k in ext_in),
             out_bytes=out_bytes,
             fwd_flops=sum(r.fwd_flops for r in rs),
+            fwd_cost=sum(r.cost for r in rs),
             bwd_flops=sum(r.bwd_flops for r in rs) if rg else 0,
             op=rs[0].op if len(rs) == 1 else _group_op(rs),
             saves_inputs=tuple(names[k] for k in saved_ext) if rg else (),

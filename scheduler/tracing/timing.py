@@ -8,14 +8,18 @@ NOTE [ Time costs ]
     FLOPs then recomputes dropouts and activations "for free" and the step is
     slower than a plan that recomputes more FLOPs.
 
-    With ``costs="time"`` the graph module is run forward with real tensors
+    The default cost model prices that without running anything (NOTE
+    [ Roofline costs ] in ``scheduler.tracing.roofline``); ``costs="time"``
+    measures it instead, to calibrate the roofline or to plan for exactly
+    this machine. The graph module is run forward with real tensors
     (gradients recorded, as a checkpoint's recompute does), ``repeats`` times
     after ``warmup`` runs, and each fx node's median wall time becomes its
-    cost. Times are written in *FLOP-equivalents*: scaled by the counted
-    forward FLOPs over the measured forward time, so the totals (and overhead
-    ratios against ``bwd_flops``, still counted) stay comparable with a FLOP
-    graph. ``meta["costs"]`` says so and keeps the measured nanoseconds.
-    Plans stay interchangeable: costs are not part of the fingerprint.
+    cost, ``fwd_cost`` (``fwd_flops`` stay the counted FLOPs). Times are
+    written in *FLOP-equivalents*: scaled by the counted forward FLOPs over
+    the measured forward time, so the totals stay comparable with a FLOP
+    graph. ``meta["costs"]`` says so, keeps the measured nanoseconds and the
+    rate (``flops_per_s``) that turns a cost back into seconds. Plans stay
+    interchangeable: costs are not part of the fingerprint.
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ __all__ = ["measure_node_times", "time_records", "COST_MODELS"]
 
 log = logging.getLogger(__name__)
 
-#: The values ``capture(costs=...)`` accepts.
-COST_MODELS = ("flops", "time")
+#: The values ``capture(costs=...)`` accepts; the first is the default.
+COST_MODELS = ("roofline", "time", "flops")
 
 
 class _Timer(torch.fx.Interpreter):
@@ -67,7 +71,7 @@ def measure_node_times(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, 
     for v in flat_inputs:
         if isinstance(v, torch.Tensor) and v.device.type == "meta":
             raise ValueError("costs='time' measures real forward passes: the model is on the meta device; "
-                             "use costs='flops' there")
+                             "use costs='roofline' (priced for a named device) or costs='flops' there")
     samples: dict[str, list[int]] = {}
     rng = torch.get_rng_state()
     try:
@@ -84,7 +88,7 @@ def measure_node_times(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, 
 
 
 def time_records(records: Sequence[OpRecord], times_ns: dict[str, int]) -> tuple[list[OpRecord], dict[str, Any]]:
-    """``records`` with ``fwd_flops`` replaced by their measured time in FLOP-equivalents.
+    """``records`` with ``fwd_cost`` set to their measured time in FLOP-equivalents.
 
     Returns:
         ``(records, meta)``: ``meta`` is what goes in ``Graph.meta["costs"]``.
@@ -95,8 +99,9 @@ def time_records(records: Sequence[OpRecord], times_ns: dict[str, int]) -> tuple
     if total_ns <= 0:
         return list(records), {"model": "flops", "why": "no forward time measured"}
     rate = max(flops, 1) / total_ns  # FLOP-equivalents per nanosecond
-    out = [dataclasses.replace(r, fwd_flops=max(1, round(t * rate)))
+    out = [dataclasses.replace(r, fwd_cost=max(1, round(t * rate)))
            for r, t in zip(records, ns)]
-    meta = {"model": "time", "forward_ns": total_ns, "flops_per_ns": rate, "counted_fwd_flops": flops}
+    meta = {"model": "time", "device": "this machine (measured)", "forward_ns": total_ns, "flops_per_ns": rate,
+            "flops_per_s": rate * 1e9, "counted_fwd_flops": flops}
     log.info("time costs: forward %.1f ms measured, %.3g FLOP-equivalents per ns", total_ns / 1e6, rate)
     return out, meta

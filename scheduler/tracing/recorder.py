@@ -1,0 +1,257 @@
+"""Runs the graph module node by node on fake tensors and records each node (``measure_ops``'s engine).
+
+NOTE [ Ops without a FLOP formula ], [ Shared parameter gradients ] and
+[ Gradients of model inputs ] in ``scheduler.tracing.costs`` state what the
+recorder attributes to whom.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from .records import OpRecord, storage_bytes, storage_key
+from .watch import OpWatch
+
+__all__ = ["Recorder", "module_path", "module_calls"]
+
+
+def _printable(node: torch.fx.Node) -> str:
+    t = node.target
+    if isinstance(t, str):
+        return t
+    if isinstance(t, torch._ops.OpOverload):
+        return f"aten.{t.__name__}" if t.namespace == "aten" else str(t)
+    return getattr(t, "__name__", str(t))
+
+
+def module_path(node: torch.fx.Node, strip: str = "") -> str:
+    """The innermost module a node belongs to, as a dotted path."""
+    path = ""
+    if node.op == "call_module":
+        path = str(node.target)
+    else:
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            path = str(list(stack.values())[-1][0])
+    if strip and (path == strip.rstrip(".") or path.startswith(strip)):
+        path = path[len(strip):] if path.startswith(strip) else ""
+    return path
+
+
+def module_calls(node: torch.fx.Node, strip: str = "") -> tuple[tuple[str, str], ...]:
+    """The submodule calls a node runs inside, outermost first: ``(call id, class name)``.
+
+    A call id is the module's dotted path, with ``@k`` appended for its
+    ``k``-th call after the first (the tracers' ``nn_module_stack`` keys say
+    which call it is). The root module (and the loss wrapper's ``strip``
+    prefix) is left out.
+    """
+    out = []
+    for key, value in (node.meta.get("nn_module_stack") or {}).items():
+        path, cls = value[0], value[1] if len(value) > 1 else ""
+        path = str(path)
+        if strip:
+            if path == strip.rstrip(".") or not path:
+                continue
+            if not path.startswith(strip):
+                continue
+            path = path[len(strip):]
+        if not path:
+            continue
+        k = str(key).rsplit("@", 1)[1] if "@" in str(key) else "0"
+        cname = cls.__qualname__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1].strip("'>")
+        out.append((path if k == "0" else f"{path}@{k}", cname))
+    return tuple(out)
+
+
+class Recorder(torch.fx.Interpreter):
+    def __init__(self, gm: torch.fx.GraphModule, fake: FakeTensorMode, counter: FlopCounterMode, watch: OpWatch,
+                 free_keys: set[int], strip: str):
+        super().__init__(gm, garbage_collect_values=False)
+        self.fake = fake
+        self.counter = counter
+        self.watch = watch
+        self.free_keys = free_keys  # params, buffers, inputs, constants
+        self.strip = strip
+        self.owner: dict[int, int] = {}  # storage key -> record position
+        self.keep: list[torch.Tensor] = []  # keeps storages alive (keys stay unique)
+        self.records: list[OpRecord] = []
+        self.pending_attrs: list[str] = []
+        self.record_of: dict[str, int] = {}  # fx node name -> record position
+        self.grad_owner: dict[Any, int] = {}  # autograd node -> record position
+        self.bwd_flops: dict[int, int] = {}
+        self.bwd_estimated: dict[int, int] = {}
+        self.grad_views: set[int] = set()  # record positions whose backward returned views of its gradient
+        self._bw_start = 0
+        self._bw_pos = -1
+        self._bw_base = 0
+        self._bw_out: list[tuple[int, Any]] = []  # (storage key, weakref) of the output gradient in backward
+        self.bwd_peak: dict[int, int] = {}  # record position -> most bytes its backward had allocated at once
+        self._fed: set[Any] = set()  # AccumulateGrad nodes that already received a gradient in this backward
+        self._tail = -1  # record position whose window stays open until the next pre-hook (shared parameter)
+
+    def fetch_attr(self, target: str) -> Any:
+        value = super().fetch_attr(target)
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch._subclasses.FakeTensor):
+            value = self.fake.from_tensor(value)
+            k = storage_key(value)
+            if k is not None:
+                self.free_keys.add(k)
+                self.keep.append(value)
+        return value
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if n.op in ("placeholder", "output"):
+            return super().run_node(n)
+        if n.op == "get_attr":
+            self.pending_attrs.append(n.name)
+            return super().run_node(n)
+        saved: list[torch.Tensor] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved.append(t)
+            return t
+
+        self.watch.reset()
+        f0 = self.counter.get_total_flops()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            result = getattr(self, n.op)(n.target, args, kwargs)
+        fwd = self.counter.get_total_flops() - f0
+        estimated = 0
+        pos = len(self.records)
+        # Inputs: direct producers, and owners of storages read.
+        direct: dict[int, None] = {}
+        for a in n.all_input_nodes:
+            if a.name in self.record_of:
+                direct[self.record_of[a.name]] = None
+        in_tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        owners: dict[int, None] = {}
+        for t in in_tensors:
+            o = self.owner.get(storage_key(t))
+            if o is not None:
+                owners[o] = None
+        # Outputs: new storages are owned by this node.
+        out_tensors = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+        out_bytes = 0
+        aliases: dict[int, None] = {}
+        for t in out_tensors:
+            k = storage_key(t)
+            if k is not None and k in self.owner:
+                aliases[self.owner[k]] = None  # a view of (or the very) storage an earlier node made
+            if k is None or k in self.free_keys or k in self.owner:
+                continue
+            self.owner[k] = pos
+            self.keep.append(t)
+            out_bytes += storage_bytes(t)
+            if fwd == 0:
+                estimated += t.numel()  # NOTE [ Ops without a FLOP formula ]
+        # Saved tensors, by storage.
+        saves: dict[int, None] = {}
+        own_keys: dict[int, int] = {}
+        for t in saved:
+            k = storage_key(t)
+            if k is None or k in self.free_keys:
+                continue
+            o = self.owner.get(k)
+            if o is None:
+                own_keys[k] = storage_bytes(t)
+            else:
+                saves[o] = None
+                if o != pos:
+                    owners[o] = None
+        inputs = dict(direct)
+        inputs.update(owners)
+        requires_grad = any(t.requires_grad for t in out_tensors)
+        self._claim_grad_fns(pos, out_tensors)
+        members = tuple(self.pending_attrs) + (n.name,)
+        self.pending_attrs = []
+        self.record_of[n.name] = pos
+        self.records.append(OpRecord(
+            name=n.name, members=members, op=_printable(n), module=module_path(n, self.strip),
+            calls=module_calls(n, self.strip),
+            inputs=tuple(sorted(i for i in inputs if i != pos)), owners=tuple(sorted(i for i in owners if i != pos)),
+            out_bytes=out_bytes, saves=tuple(sorted(saves)), own_saved_bytes=sum(own_keys.values()),
+            fwd_flops=int(fwd + estimated), bwd_flops=0, param_keys=tuple(self.watch.touched),
+            requires_grad=requires_grad, stochastic=self.watch.stochastic, stateful=self.watch.stateful,
+            returned=False, estimated_fwd_flops=estimated, convs=tuple(self.watch.convs), kernels=tuple(self.watch.kernels),
+            state_bytes=sum(self.watch.state_read.values()) if self.watch.stateful else 0,
+            aliases=tuple(sorted(aliases)), direct=tuple(sorted(i for i in direct if i != pos)),
+            writes=tuple(sorted({self.owner[k] for k in self.watch.written if k in self.owner})),
+        ))
+        return result
+
+    def _claim_grad_fns(self, pos: int, outs: Sequence[torch.Tensor]) -> None:
+        """Mark the autograd nodes this fx node created (reachable from its outputs, not yet claimed)."""
+        stack = [t.grad_fn for t in outs if t.grad_fn is not None]
+        while stack:
+            fn = stack.pop()
+            if fn is None or fn in self.grad_owner:
+                continue
+            self.grad_owner[fn] = pos
+            fn.register_prehook(functools.partial(self._bw_pre, pos))
+            fn.register_hook(functools.partial(self._bw_post, pos, fn))
+            stack.extend(f for f, _ in fn.next_functions)
+
+    def _bw_pre(self, pos: int, grad_outputs: Any) -> None:
+        self._close_tail()
+        self._bw_start = self.counter.get_total_flops()
+        if pos != self._bw_pos:  # a new run of this node's backward: measure from here
+            self._bw_pos = pos
+            self._bw_base = self.watch.live
+            self.watch.peak = self.watch.live
+            # The first autograd function of the node receives its output's gradient.
+            # Weak references: a key only means that storage while its tensor lives (addresses are reused).
+            self._bw_out = [(storage_key(g), weakref.ref(g)) for g in grad_outputs
+                            if isinstance(g, torch.Tensor) and storage_key(g) is not None]
+
+    def _bw_post(self, pos: int, fn: Any, grad_inputs: Any, grad_outputs: Any) -> None:
+        counted = self.counter.get_total_flops() - self._bw_start
+        if counted == 0 and self.records[pos].out_bytes > 0:
+            # NOTE [ Ops without a FLOP formula ]: one per element of the gradients produced (views stay free)
+            counted = sum(g.numel() for g in grad_inputs if isinstance(g, torch.Tensor))
+            self.bwd_estimated[pos] = self.bwd_estimated.get(pos, 0) + counted
+        self.bwd_flops[pos] = self.bwd_flops.get(pos, 0) + counted
+        self.bwd_peak[pos] = max(self.bwd_peak.get(pos, 0), self.watch.peak - self._bw_base)
+        # grad_views: a gradient this node hands to another node's output is a view of the
+        # node's own output gradient (cat). Views made inside the node (a linear's reshapes
+        # around addmm) do not count: the gradient leaving it is a new tensor.
+        nxt = fn.next_functions
+        for i, g in enumerate(grad_inputs):
+            if not isinstance(g, torch.Tensor) or i >= len(nxt) or nxt[i][0] is None:
+                continue
+            to = nxt[i][0]
+            if type(to).__name__ == "AccumulateGrad":
+                if to in self._fed:  # NOTE [ Shared parameter gradients ]
+                    self._tail = pos
+                self._fed.add(to)
+                continue
+            if self.grad_owner.get(to, -1) == pos:
+                continue
+            k = storage_key(g)
+            if any(k == key and ref() is not None for key, ref in self._bw_out):
+                self.grad_views.add(pos)
+
+    def _close_tail(self) -> None:
+        """End the window kept open past a post-hook: what the engine allocated meanwhile is that node's."""
+        pos, self._tail = self._tail, -1
+        if pos >= 0:
+            self.bwd_peak[pos] = max(self.bwd_peak.get(pos, 0), self.watch.peak - self._bw_base)
+
+    def run_backward(self, result: Any) -> None:
+        """One backward from the graph's outputs, attributing FLOPs to the fx nodes."""
+        outs = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and t.requires_grad
+                and (t.is_floating_point() or t.is_complex())]
+        if not outs:
+            return
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        self._close_tail()
+

@@ -1,0 +1,110 @@
+"""What the tracer measures per compute fx node (:class:`OpRecord`), and storage identity.
+
+The measuring itself is ``scheduler.tracing.costs.measure_ops``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["OpRecord", "storage_key", "storage_bytes"]
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """Costs of one compute fx node (plus the ``get_attr`` nodes folded before it).
+
+    Attributes:
+        name: the fx node's name.
+        members: fx node names covered (``get_attr`` nodes first, then ``name``).
+        op: the fx target, printable.
+        module: dotted module path ("" at the top level).
+        inputs: positions (in the record list) of the records this one reads:
+            direct producers and the owners of storages it reads through views.
+        owners: the subset of ``inputs`` that own storage this node reads.
+        out_bytes: bytes of the storages this node creates and returns.
+        saves: positions of records whose output this node saves (may include
+            its own position).
+        own_saved_bytes: bytes of saved tensors owned by nobody else.
+        fwd_flops, bwd_flops: counted FLOPs (NOTE [ Ops without a FLOP formula ]).
+        grad_views: the backward returned views of its output's gradient for
+            its inputs (``cat``): measured in the backward hooks.
+        estimated_fwd_flops, estimated_bwd_flops: the part of ``fwd_flops``
+            and ``bwd_flops`` counted as one per element rather than by
+            ``FlopCounterMode``.
+        param_keys: storage keys of the parameters the node touched.
+        requires_grad, stochastic, stateful: flags.
+        state_bytes: bytes of the buffers a stateful node reads or writes (all
+            of a BatchNorm's: ``native_batch_norm`` updates the running
+            statistics without declaring the write; ``num_batches_tracked``
+            is what marks it stateful).
+        returned: the graph's output returns this node's value.
+        bwd_peak_bytes: the most bytes the node's backward had allocated at
+            once (gradients of its inputs and parameters, and temporaries),
+            including the sum the engine makes when it adds the node's
+            contribution into a parameter gradient that another node's
+            backward already started (NOTE [ Shared parameter gradients ]).
+        kernels: per ATen op the node's forward runs that does work (views and
+            bare allocations left out), ``(dtype, FLOPs, bytes moved, random
+            numbers drawn)``: the
+            roofline's inputs (NOTE [ Roofline costs ] in
+            ``scheduler.tracing.roofline``).
+        fwd_cost: the node's recompute cost in FLOP-equivalents, set by a
+            cost model (``roofline``, ``time``); None: ``fwd_flops``.
+    """
+
+    name: str
+    members: tuple[str, ...]
+    op: str
+    module: str
+    inputs: tuple[int, ...]
+    owners: tuple[int, ...]
+    out_bytes: int
+    saves: tuple[int, ...]
+    own_saved_bytes: int
+    fwd_flops: int
+    bwd_flops: int
+    param_keys: tuple[int, ...]
+    requires_grad: bool
+    stochastic: bool
+    stateful: bool
+    returned: bool
+    bwd_peak_bytes: int = 0
+    estimated_fwd_flops: int = 0
+    estimated_bwd_flops: int = 0
+    grad_views: bool = False
+    state_bytes: int = 0
+    convs: tuple = ()  # signatures of the convolutions the node ran (scheduler.tracing.workspaces)
+    aliases: tuple[int, ...] = ()  # records owning the storages its outputs view (NOTE [ Views of written storages ])
+    writes: tuple[int, ...] = ()  # records owning the storages its ops write in place
+    direct: tuple[int, ...] = ()  # records whose values it takes as arguments (``inputs`` without the owners)
+    calls: tuple[tuple[str, str], ...] = ()  # (call id, class) of the submodule calls it runs in (tracing.spans)
+    kernels: tuple[tuple[str, int, int, int], ...] = ()
+    fwd_cost: int | None = None
+
+    @property
+    def cost(self) -> int:
+        """The recompute objective: ``fwd_cost`` when a cost model set it, else ``fwd_flops``."""
+        return self.fwd_flops if self.fwd_cost is None else self.fwd_cost
+
+    @property
+    def estimated_flops(self) -> int:
+        return self.estimated_fwd_flops + self.estimated_bwd_flops
+
+
+def storage_key(t: torch.Tensor) -> int | None:
+    """An id of the storage behind ``t`` (views share it); None without storage."""
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def storage_bytes(t: torch.Tensor) -> int:
+    try:
+        return int(t.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):
+        return t.numel() * t.element_size()
+

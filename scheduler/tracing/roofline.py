@@ -1,0 +1,393 @@
+"""Roofline recompute costs (``capture(..., costs="roofline")``, the default).
+
+NOTE [ Roofline costs ]
+    FLOPs price a recompute badly wherever memory-bound ops matter: dropout,
+    GELU, layer norm, softmax, BatchNorm and copies count almost no FLOPs yet
+    take a large share of the time (NOTE [ Time costs ] in
+    ``scheduler.tracing.timing``: on a CPU, dropout is 0.1 % of the built-in
+    GPT's forward FLOPs and 28 % of its time). A solver minimising FLOPs then
+    recomputes exactly the ops that cost time.
+
+    So each traced node is priced by a roofline of the device it will run on
+    (:class:`DevicePeaks`). The tracer records, per ATen kernel the node's
+    forward runs (``OpRecord.kernels``; views and bare allocations run no
+    kernel and are left out), its dtype, its FLOPs (``FlopCounterMode``),
+    the bytes it moves: every tensor it reads (activations, parameters,
+    buffers) plus every tensor it writes (outputs, its own saved buffers such
+    as dropout's mask or layer norm's mean and rstd), and the random numbers
+    it draws. A kernel takes
+
+        max(FLOPs / peak FLOP/s[dtype], bytes / bandwidth,
+            random numbers / random_per_s) + op_overhead_s
+
+    The third roof is the CPU's: drawing dropout's mask there is slower than
+    moving it (``bernoulli_`` measured at about 13 ns per element where an
+    ``add`` takes 0.5 ns), so by bytes alone dropout came out 16 times too
+    cheap; a GPU draws Philox numbers far faster than it moves them, so the
+    named GPUs leave ``random_per_s`` unset (no such roof).
+    and a node the sum over its kernels (for the usual node, one kernel:
+    ``max(...) + op_overhead_s``; a node of views only costs nothing). The
+    time is written as ``Node.fwd_cost`` in *FLOP-equivalents*: seconds times
+    the peak FLOP/s of the model's dtype, so a compute-bound matmul costs about
+    its FLOPs and totals stay comparable with FLOP graphs. ``meta["costs"]``
+    records the model, the device and its peaks, and ``flops_per_s``, the rate
+    that turns a cost back into seconds (``solvers.simulate`` reports
+    ``recompute_time_s`` with it). Costs are not part of the fingerprint.
+
+    Devices: named GPUs come from their datasheets (:data:`DEVICES`); the CPU
+    is measured once (a matmul per dtype, a large copy, a tiny op) and cached
+    per CPU model, torch version and thread count (:func:`cpu_peaks`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from typing import TYPE_CHECKING
+
+from graphs import CkptError
+from graphs.files import write_text_atomic
+
+if TYPE_CHECKING:  # torch is imported where measured: the CLI's help lists DEVICES without it
+    import torch
+
+    from .records import OpRecord
+
+__all__ = ["DevicePeaks", "DEVICES", "DEFAULT_DEVICE", "CACHE_ENV", "UnknownDevice", "lookup_device", "device_peaks",
+           "cpu_peaks", "cache_dir", "kernel_time_s", "record_time_s", "roofline_records", "choose_peaks",
+           "model_dtype"]
+
+log = logging.getLogger(__name__)
+
+#: The device assumed for a ``meta`` model, or a GPU missing from :data:`DEVICES`.
+DEFAULT_DEVICE = "H100"
+#: Environment variable overriding the cache folder of the measured CPU peaks.
+CACHE_ENV = "CKPT_CACHE_DIR"
+_CACHE_FILE = "cpu_peaks.json"
+_CALIBRATION = 3  # part of the cache key: entries of an older calibration are measured again
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+class UnknownDevice(CkptError, ValueError):
+    """A device name that is not in the table (the message lists the names)."""
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    """What one device can do at best: the roofline's parameters.
+
+    Attributes:
+        name: the table's name (``H100``) or ``cpu (MODEL, N threads)``.
+        flops_per_s: dense peak FLOP/s per dtype (``float32``, ``bfloat16``,
+            ``float16``); other dtypes use ``float32``'s.
+        bytes_per_s: memory bandwidth (bytes read plus written per second).
+        op_overhead_s: fixed time of one kernel (launch and dispatch).
+        source: where the numbers come from.
+        random_per_s: random numbers drawn per second, when drawing them
+            can be slower than moving them (the CPU); None: no such roof.
+    """
+
+    name: str
+    flops_per_s: Mapping[str, float]
+    bytes_per_s: float
+    op_overhead_s: float
+    source: str = ""
+    random_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flops_per_s", dict(self.flops_per_s))
+        rates = list(self.flops_per_s.values()) + [self.bytes_per_s]
+        if "float32" not in self.flops_per_s or not all(_positive(v) for v in rates):
+            raise ValueError(f"device {self.name!r}: peaks must be finite and positive, with a float32 entry")
+        if not (math.isfinite(self.op_overhead_s) and self.op_overhead_s >= 0):
+            raise ValueError(f"device {self.name!r}: op_overhead_s must be finite and >= 0")
+        if self.random_per_s is not None and not _positive(self.random_per_s):
+            raise ValueError(f"device {self.name!r}: random_per_s must be finite and positive, or None")
+
+    def peak(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype`` (``float32``'s for a dtype the table lacks)."""
+        return float(self.flops_per_s.get(dtype, self.flops_per_s["float32"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "DevicePeaks":
+        """Inverse of :meth:`to_dict`. Raises ValueError/TypeError/KeyError on a malformed entry."""
+        return cls(name=str(d["name"]), flops_per_s={str(k): float(v) for k, v in dict(d["flops_per_s"]).items()},
+                   bytes_per_s=float(d["bytes_per_s"]), op_overhead_s=float(d["op_overhead_s"]),
+                   source=str(d.get("source", "")),
+                   random_per_s=None if d.get("random_per_s") is None else float(d["random_per_s"]))
+
+
+def _gpu(name: str, fp32: float, half: float, tb_per_s: float, source: str) -> DevicePeaks:
+    # Eager PyTorch spends a few microseconds per kernel on launch and dispatch (no datasheet
+    # states it); 5 us is our estimate for every GPU.
+    return DevicePeaks(name, {"float32": fp32 * 1e12, "bfloat16": half * 1e12, "float16": half * 1e12},
+                       tb_per_s * 1e12, 5e-6, source)
+
+
+#: Named GPUs: float32 (no tensor cores: PyTorch's default for float32 matmuls), bfloat16/float16
+#: dense tensor-core peaks (without sparsity; FP32 accumulate on GeForce cards), memory bandwidth.
+DEVICES: Mapping[str, DevicePeaks] = {d.name: d for d in (
+    _gpu("A100-40GB", 19.5, 312, 1.555, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB)"),
+    _gpu("A100-80GB", 19.5, 312, 2.039, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB)"),
+    _gpu("H100", 67, 989, 3.35, "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM)"),
+    _gpu("H200", 67, 989, 4.8, "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)"),
+    _gpu("L4", 30.3, 121, 0.3, "NVIDIA L4 Tensor Core GPU datasheet"),
+    _gpu("RTX4090", 82.6, 165.2, 1.008, "NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090)"),
+    _gpu("RTX3090", 35.6, 71, 0.936, "NVIDIA Ampere GA102 GPU architecture whitepaper (GeForce RTX 3090)"),
+)}
+
+
+def _normal(name: str) -> str:
+    text = name.lower().replace("nvidia", "").replace("geforce", "")
+    return "".join(c for c in text if c.isalnum())
+
+
+def lookup_device(name: str) -> DevicePeaks | None:
+    """The table's entry for a device name, or None.
+
+    Accepts the table's names in any case and spelling (``h100``, ``RTX 4090``)
+    and what ``torch.cuda.get_device_name`` reports (``NVIDIA A100-SXM4-40GB``,
+    ``NVIDIA H100 80GB HBM3``, ``NVIDIA GeForce RTX 3090``).
+    """
+    n = _normal(name)
+    if not n:
+        return None
+    for key, peaks in DEVICES.items():
+        if n == _normal(key):
+            return peaks
+    if "a100" in n:
+        return DEVICES["A100-40GB" if "40gb" in n else "A100-80GB"]
+    for key in ("H200", "H100", "RTX4090", "RTX3090"):
+        if _normal(key).replace("rtx", "") in n:
+            return DEVICES[key]
+    if n in ("l4", "l4tensorcoregpu"):
+        return DEVICES["L4"]
+    return None
+
+
+def device_peaks(name: str, *, cache: str | os.PathLike | None = None) -> DevicePeaks:
+    """The peaks of a named device: a table name, or ``cpu`` (this machine's CPU, measured).
+
+    Raises:
+        UnknownDevice: the name is neither, naming the table's devices.
+    """
+    if name.strip().lower() == "cpu":
+        return cpu_peaks(cache=cache)
+    peaks = lookup_device(name)
+    if peaks is None:
+        raise UnknownDevice(f"no peaks known for device {name!r}; known devices: {', '.join(DEVICES)}, or cpu "
+                            "(this machine's CPU, measured)")
+    return peaks
+
+
+# ------------------------------------------------------------------- the CPU
+def cache_dir(cache: str | os.PathLike | None = None) -> str:
+    """Where the measured CPU peaks are cached: ``cache``, else ``$CKPT_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/ckpt``, else ``~/.cache/ckpt``."""
+    if cache is not None:
+        return os.fspath(cache)
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ckpt")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def _cpu_key() -> str:
+    import torch
+
+    return f"{_cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads | v{_CALIBRATION}"
+
+
+def _best_s(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm-up
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9)
+
+
+def _measure_cpu() -> dict[str, Any]:
+    """Measure this CPU (well under two seconds): matmuls, a large copy, random draws, a tiny op.
+
+    The copy (64 MiB each way) is larger than the caches. The tiny op is a
+    module call on four elements with autograd recording, as a recompute
+    runs it: what eager PyTorch spends per op beyond the work.
+    """
+    import torch
+
+    flops: dict[str, float] = {}
+    for dtype, n in (("float32", 512), ("bfloat16", 256), ("float16", 256)):
+        a = torch.randn(n, n).to(getattr(torch, dtype))
+        b = torch.randn(n, n).to(getattr(torch, dtype))
+        flops[dtype] = 2 * n ** 3 / _best_s(lambda: torch.mm(a, b), 3)
+    src = torch.ones(16 << 20)  # 64 MiB of float32
+    dst = torch.empty_like(src)
+    bandwidth = 2 * src.numel() * src.element_size() / _best_s(lambda: dst.copy_(src), 3)
+    draws = torch.empty(1 << 20)
+    # At dropout's usual keep probability: on a CPU a draw near 0.5 takes twice as long (branches).
+    random_per_s = draws.numel() / _best_s(lambda: draws.bernoulli_(0.9), 3)
+    x = torch.ones(4, requires_grad=True)
+    relu = torch.nn.ReLU()
+    calls = 200
+
+    def tiny() -> None:
+        for _ in range(calls):
+            relu(x)
+
+    overhead = _best_s(tiny, 3) / calls
+    return {"flops_per_s": flops, "bytes_per_s": bandwidth, "op_overhead_s": overhead, "random_per_s": random_per_s}
+
+
+def cpu_peaks(*, cache: str | os.PathLike | None = None, refresh: bool = False) -> DevicePeaks:
+    """This machine's CPU peaks: measured once, then read from the cache file.
+
+    The file (``cpu_peaks.json`` in :func:`cache_dir`) maps a key of CPU
+    model, torch version and thread count to the measured peaks, so another
+    torch or thread count measures afresh. A missing, corrupt or
+    unreadable entry is measured again and written atomically; a cache that
+    cannot be written only logs a warning.
+
+    Args:
+        cache: the cache folder (default: :func:`cache_dir`).
+        refresh: measure even when the cache has an entry.
+    """
+    import torch
+
+    folder = cache_dir(cache)
+    path = os.path.join(folder, _CACHE_FILE)
+    key = _cpu_key()
+    name = f"cpu ({_cpu_model()}, {torch.get_num_threads()} threads)"
+    entries: dict[str, Any] = {}
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                entries = json.load(fh)
+            if not isinstance(entries, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as exc:
+            log.warning("CPU peaks cache %s is unreadable (%s); measuring again", path, exc)
+            entries = {}
+    if not refresh and key in entries:
+        try:
+            return DevicePeaks.from_dict({**entries[key], "name": name})
+        except (TypeError, ValueError, KeyError) as exc:
+            log.warning("CPU peaks cache %s has a malformed entry (%s); measuring again", path, exc)
+    measured = _measure_cpu()
+    peaks = DevicePeaks(name=name, source=f"measured on this machine ({key})", **measured)
+    entries[key] = {k: v for k, v in peaks.to_dict().items() if k != "name"}
+    try:
+        os.makedirs(folder, exist_ok=True)
+        write_text_atomic(path, json.dumps(entries, indent=1, sort_keys=True) + "\n")
+    except (OSError, CkptError) as exc:
+        log.warning("could not cache the CPU peaks in %s: %s", path, exc)
+    log.info("measured %s: %.3g float32 FLOP/s, %.3g B/s, %.2g s per op", name, peaks.peak("float32"),
+             peaks.bytes_per_s, peaks.op_overhead_s)
+    return peaks
+
+
+# ------------------------------------------------------------------ pricing
+def kernel_time_s(flops: int, nbytes: int, dtype: str, peaks: DevicePeaks, randoms: int = 0) -> float:
+    """One kernel's roofline time (NOTE [ Roofline costs ]).
+
+    Args:
+        flops: its FLOPs; nbytes: bytes read plus written; dtype: picks the
+        peak FLOP/s; peaks: the device; randoms: random numbers it draws.
+    """
+    draw = randoms / peaks.random_per_s if peaks.random_per_s else 0.0
+    return max(flops / peaks.peak(dtype), nbytes / peaks.bytes_per_s, draw) + peaks.op_overhead_s
+
+
+def record_time_s(record: OpRecord, peaks: DevicePeaks) -> float:
+    """A traced node's roofline time: the sum over the kernels it runs (0 for views)."""
+    return sum(kernel_time_s(f, b, dt, peaks, r) for dt, f, b, r in record.kernels)
+
+
+def roofline_records(records: Sequence[OpRecord], peaks: DevicePeaks, dtype: str
+                     ) -> tuple[list[OpRecord], dict[str, Any]]:
+    """``records`` with ``fwd_cost`` set to their roofline time in FLOP-equivalents.
+
+    Args:
+        records: the measured nodes (with ``kernels``).
+        peaks: the device priced for.
+        dtype: the model's dtype; its peak FLOP/s converts seconds to FLOP-equivalents.
+
+    Returns:
+        ``(records, meta)``: ``meta`` is what goes in ``Graph.meta["costs"]``.
+    """
+    rate = peaks.peak(dtype)
+    times = [record_time_s(r, peaks) for r in records]
+    out = [dataclasses.replace(r, fwd_cost=int(round(t * rate))) for r, t in zip(records, times)]
+    meta = {"model": "roofline", "device": peaks.name, "peaks": peaks.to_dict(), "dtype": dtype,
+            "flops_per_s": rate, "forward_s": sum(times)}
+    log.info("roofline costs on %s: forward %.3g ms predicted", peaks.name, 1e3 * sum(times))
+    return out, meta
+
+
+def choose_peaks(device: torch.device, cost_device: str | None = None) -> DevicePeaks:
+    """The device to price a trace for.
+
+    ``cost_device`` when given (a table name, or ``cpu``); else by where the
+    model is: a CUDA device's name looked up in the table (else
+    :data:`DEFAULT_DEVICE`, with a warning), ``meta`` -> :data:`DEFAULT_DEVICE`,
+    the CPU -> its measured peaks.
+
+    Raises:
+        UnknownDevice: ``cost_device`` is not a known device.
+    """
+    import torch
+
+    if cost_device is not None:
+        return device_peaks(cost_device)
+    if device.type == "cpu":
+        return cpu_peaks()
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+        peaks = lookup_device(gpu)
+        if peaks is None:
+            log.warning("no peaks known for GPU %r; costing for %s (pass cost_device= to choose)", gpu, DEFAULT_DEVICE)
+            return DEVICES[DEFAULT_DEVICE]
+        return peaks
+    if device.type != "meta":
+        log.warning("no peaks known for device type %r; costing for %s", device.type, DEFAULT_DEVICE)
+    return DEVICES[DEFAULT_DEVICE]
+
+
+def model_dtype(tensors: Sequence[torch.Tensor]) -> str:
+    """The floating dtype holding the most bytes among ``tensors`` (``float32`` when none is floating)."""
+    import torch
+
+    size: dict[str, int] = {}
+    for t in tensors:
+        if t.is_floating_point():
+            k = str(t.dtype).replace("torch.", "")
+            size[k] = size.get(k, 0) + t.numel() * t.element_size()
+    return max(size, key=lambda k: size[k]) if size else "float32"
+

@@ -1,0 +1,139 @@
+"""The dispatch mode that watches every ATen op a node runs while it is measured.
+
+It sees what the fx level cannot: random ops, which parameters and buffers
+are touched or written, the convolutions run, the bytes allocated (for the
+backward peaks), and each kernel's FLOPs and bytes moved (the roofline's
+inputs, NOTE [ Roofline costs ] in ``scheduler.tracing.roofline``).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .records import storage_bytes, storage_key
+from .workspaces import conv_signature
+
+__all__ = ["OpWatch", "kernel_of"]
+
+
+#: ATen ops that allocate without writing, or only relabel storage (not views by their schema): no kernel.
+_NO_KERNEL = frozenset(("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view",
+                        "lift_fresh", "resize_", "set_"))
+
+
+def kernel_of(func, args: tuple, kwargs: dict, out: object, flops: int  # noqa: ANN001
+              ) -> tuple[str, int, int, int] | None:
+    """``(dtype, FLOPs, bytes moved, random numbers drawn)`` of one ATen op, or None for a view or bare allocation.
+
+    Bytes moved: every distinct tensor argument read (at most its storage's
+    size: an expanded tensor is read once) plus every tensor returned
+    (written). The dtype is the first floating-point output's (else
+    input's), which picks the peak FLOP rate. Random numbers: the elements
+    a random op (``nondeterministic_seeded``: ``bernoulli_``, ``rand``...)
+    returns.
+    """
+    schema = getattr(func, "_schema", None)
+    if schema is None or getattr(func, "is_view", False) or schema.name.split("::")[-1] in _NO_KERNEL:
+        return None
+    outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if not outs:
+        return None
+    seen: set[int] = set()
+    nbytes = 0
+    ins = []
+    for t in pytree.tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor) and id(t) not in seen:
+            seen.add(id(t))
+            ins.append(t)
+            nbytes += min(t.numel() * t.element_size(), storage_bytes(t))
+    nbytes += sum(t.numel() * t.element_size() for t in {id(t): t for t in outs}.values())
+    floating = [t.dtype for t in outs + ins if t.is_floating_point()]
+    dtype = str(floating[0]).replace("torch.", "") if floating else "float32"
+    randoms = sum(t.numel() for t in outs) if torch.Tag.nondeterministic_seeded in func.tags else 0
+    return dtype, int(flops), int(nbytes), int(randoms)
+
+
+class OpWatch(TorchDispatchMode):
+    """Sees every aten op: random ops, parameters touched, state written, kernels run.
+
+    Args:
+        param_keys, state_keys: storage keys of the parameters (and watched
+            inputs) and of every parameter and buffer.
+        counter: the ``FlopCounterMode`` running below this mode; each
+            kernel's FLOPs are its total's growth across the op.
+    """
+
+    def __init__(self, param_keys: set[int], state_keys: set[int], counter=None):  # noqa: ANN001
+        super().__init__()
+        self.param_keys = param_keys
+        self.state_keys = state_keys
+        self.counter = counter
+        self.reset()
+
+        self.live = 0  # bytes of storages created under the mode and still alive
+        self.peak = 0
+        self.tracking: set[int] = set()
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        self.live -= nbytes
+        self.tracking.discard(key)
+
+    def reset(self) -> None:
+        self.stochastic = False
+        self.stateful = False
+        self.state_read: dict[int, int] = {}  # storage key -> bytes, buffers the node's ops read or wrote
+        self.convs: list[tuple] = []
+        self.touched: dict[int, None] = {}
+        self.written: dict[int, None] = {}  # storage keys written in place (aten schema: Tensor(a!))
+        self.kernels: list[tuple[str, int, int, int]] = []  # (dtype, FLOPs, bytes, random numbers) per kernel
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.stochastic = True
+        for t in pytree.tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor):
+                k = storage_key(t)
+                if k in self.param_keys:
+                    self.touched[k] = None
+                elif k in self.state_keys:
+                    self.state_read[k] = storage_bytes(t)
+        if func is torch.ops.aten.convolution.default:
+            self.convs.append(conv_signature(args))
+        if func is torch.ops.aten.native_batch_norm.default and len(args) > 5 and args[5]:
+            # training mode updates running_mean/var in place without declaring the write
+            for t in args[3:5]:
+                if isinstance(t, torch.Tensor) and storage_key(t) in self.state_keys:
+                    self.stateful = True
+        schema = func._schema
+        if schema.is_mutable:
+            for i, a in enumerate(schema.arguments):
+                if a.alias_info is not None and a.alias_info.is_write:
+                    v = args[i] if i < len(args) else kwargs.get(a.name)
+                    for t in pytree.tree_leaves(v):
+                        if isinstance(t, torch.Tensor):
+                            if storage_key(t) in self.state_keys:
+                                self.stateful = True
+                            self.written[storage_key(t)] = None
+        f0 = self.counter.get_total_flops() if self.counter is not None else 0
+        out = func(*args, **kwargs)
+        flops = self.counter.get_total_flops() - f0 if self.counter is not None else 0
+        kernel = kernel_of(func, args, kwargs, out, flops)
+        if kernel is not None:
+            self.kernels.append(kernel)
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                k = storage_key(t)
+                if k is not None and k not in self.tracking and k not in self.param_keys:
+                    st = t.untyped_storage()
+                    nbytes = int(st.nbytes())
+                    self.tracking.add(k)
+                    self.live += nbytes
+                    weakref.finalize(st, self._freed, k, nbytes)
+        self.peak = max(self.peak, self.live)
+        return out
+

@@ -1,0 +1,256 @@
+"""Roofline recompute costs (NOTE [ Roofline costs ] in ``scheduler.tracing.roofline``) and ``Node.fwd_cost``."""
+
+import dataclasses
+import json
+import logging
+import os
+
+import pytest
+import torch
+
+import solvers
+from graphs import Graph, GraphError, Node, synthetic
+from scheduler.models import build
+from scheduler.tracer import TraceError, capture
+from scheduler.tracing import roofline
+from scheduler.tracing.costs import measure_ops
+from scheduler.tracing.roofline import (CACHE_ENV, DEVICES, DevicePeaks, UnknownDevice, choose_peaks, cpu_peaks,
+                                        device_peaks, kernel_time_s, lookup_device, record_time_s, roofline_records)
+from solvers import Plan, activation_budget_bytes
+
+FAKE_CPU = {"flops_per_s": {"float32": 1e11, "bfloat16": 2e11, "float16": 2e11}, "bytes_per_s": 2e10,
+            "op_overhead_s": 3e-6, "random_per_s": 1e8}
+
+
+@pytest.fixture(autouse=True)
+def fake_cpu(monkeypatch, tmp_path):
+    """No test measures this machine or writes into the user's cache: a counting stand-in, a private folder."""
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return json.loads(json.dumps(FAKE_CPU))
+
+    monkeypatch.setattr(roofline, "_measure_cpu", measure)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    return calls
+
+
+# ------------------------------------------------------------------ the table
+@pytest.mark.parametrize("reported, name", [
+    ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+    ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"), ("NVIDIA L4", "L4"),
+    ("NVIDIA GeForce RTX 4090", "RTX4090"), ("NVIDIA GeForce RTX 3090", "RTX3090"),
+    ("h100", "H100"), ("rtx 4090", "RTX4090"), ("A100-40GB", "A100-40GB"),
+])
+def test_device_names_as_cuda_reports_them_find_the_table_entry(reported, name):
+    assert lookup_device(reported).name == name
+
+
+def test_unknown_devices():
+    assert lookup_device("NVIDIA L40S") is None  # not the L4
+    assert lookup_device("") is None
+    with pytest.raises(UnknownDevice, match="H200.*or cpu"):
+        device_peaks("TPU v5")
+
+
+def test_table_peaks_are_dense_datasheet_numbers():
+    h100 = DEVICES["H100"]
+    assert h100.peak("bfloat16") == pytest.approx(989e12) and h100.peak("float32") == pytest.approx(67e12)
+    assert h100.peak("float64") == h100.peak("float32")  # a dtype the table lacks: float32's
+    assert DEVICES["H200"].bytes_per_s > h100.bytes_per_s
+    assert all(d.random_per_s is None for d in DEVICES.values())
+
+
+def test_which_device_a_trace_is_priced_for(monkeypatch, caplog, fake_cpu):
+    assert choose_peaks(torch.device("meta")).name == "H100"
+    assert choose_peaks(torch.device("meta"), "L4").name == "L4"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 3090")
+    assert choose_peaks(torch.device("cuda", 0)).name == "RTX3090"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Imaginary GPU 9000")
+    with caplog.at_level(logging.WARNING, logger="scheduler.tracing.roofline"):
+        assert choose_peaks(torch.device("cuda", 0)).name == "H100"
+    assert "Imaginary GPU 9000" in caplog.text
+    assert choose_peaks(torch.device("cpu")).name.startswith("cpu")
+    assert fake_cpu == [1]
+
+
+# ---------------------------------------------------------------- the formula
+def test_kernel_time_is_the_higher_roof_plus_the_overhead():
+    h100 = DEVICES["H100"]
+    n = 4096
+    mm = kernel_time_s(2 * n ** 3, 3 * n * n * 2, "bfloat16", h100)
+    assert mm == pytest.approx(2 * n ** 3 / 989e12 + 5e-6)  # compute-bound
+    gelu = kernel_time_s(0, 2 * n * n * 2, "bfloat16", h100)
+    assert gelu == pytest.approx(2 * n * n * 2 / 3.35e12 + 5e-6)  # memory-bound
+    cpu = DevicePeaks("cpu", FAKE_CPU["flops_per_s"], 2e10, 3e-6, random_per_s=1e8)
+    drop = kernel_time_s(0, 9 * 10**6, "float32", cpu, randoms=10**6)
+    assert drop == pytest.approx(10**6 / 1e8 + 3e-6)  # drawing the mask is the roof on this CPU
+    with pytest.raises(ValueError, match="positive"):
+        DevicePeaks("bad", {"float32": -1.0}, 1.0, 0.0)
+
+
+class _Ops(torch.nn.Module):
+    def forward(self, a, b):
+        c = a @ b
+        d = torch.nn.functional.gelu(c)
+        return d.t()
+
+
+def test_traced_kernels_matmul_compute_bound_elementwise_memory_bound_view_free():
+    n = 2048
+    gm = torch.fx.symbolic_trace(_Ops())
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    records, _ = measure_ops(gm, [a, b])
+    ops = {r.op.split(".")[-1] if "." in r.op else r.op: r for r in records}
+    mm, gelu, view = ops["matmul"], ops["gelu"], ops["t"]
+    assert [k[1] for k in mm.kernels] == [2 * n ** 3]
+    assert mm.kernels[0][2] == 3 * n * n * 4  # reads a and b, writes c
+    assert gelu.kernels == (("float32", 0, 2 * n * n * 4, 0),)
+    assert view.kernels == ()
+    h100 = DEVICES["H100"]
+    priced, meta = roofline_records(records, h100, "float32")
+    cost = {r.op: r.fwd_cost for r in priced}
+    assert record_time_s(mm, h100) == pytest.approx(2 * n ** 3 / 67e12 + 5e-6)
+    assert record_time_s(gelu, h100) == pytest.approx(2 * n * n * 4 / 3.35e12 + 5e-6)
+    assert cost[view.op] == 0
+    # FLOP-equivalents at the float32 peak: a compute-bound matmul costs about its FLOPs
+    assert cost[mm.op] == pytest.approx(2 * n ** 3, rel=0.05)
+    assert cost[gelu.op] > 100 * n * n  # far above its one "FLOP" per element
+    assert meta["model"] == "roofline" and meta["device"] == "H100" and meta["flops_per_s"] == 67e12
+
+
+# ----------------------------------------------------------- CPU calibration
+def test_cpu_peaks_are_measured_once_then_read_from_the_cache(tmp_path, fake_cpu):
+    first = cpu_peaks()
+    second = cpu_peaks()
+    assert fake_cpu == [1]  # the second call read the file
+    assert first == second and first.peak("float32") == 1e11 and first.random_per_s == 1e8
+    path = tmp_path / "cache" / "cpu_peaks.json"
+    entries = json.loads(path.read_text())
+    (key,) = entries
+    assert torch.__version__ in key and f"{torch.get_num_threads()} threads" in key
+    cpu_peaks(refresh=True)
+    assert fake_cpu == [1, 1]
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", "CORRUPT_ENTRY"])
+def test_a_corrupt_cache_is_measured_again_and_rewritten(tmp_path, fake_cpu, content):
+    path = tmp_path / "cache" / "cpu_peaks.json"
+    cpu_peaks()
+    if content == "CORRUPT_ENTRY":
+        entries = json.loads(path.read_text())
+        for v in entries.values():
+            v["bytes_per_s"] = -5
+        content = json.dumps(entries)
+    path.write_text(content)
+    assert cpu_peaks().bytes_per_s == 2e10
+    assert fake_cpu == [1, 1]
+    assert cpu_peaks().bytes_per_s == 2e10 and fake_cpu == [1, 1]  # the rewritten file is good
+
+
+def test_cache_folder_argument_environment_and_xdg(tmp_path, monkeypatch, fake_cpu):
+    cpu_peaks(cache=tmp_path / "mine")
+    assert (tmp_path / "mine" / "cpu_peaks.json").exists()
+    assert roofline.cache_dir() == str(tmp_path / "cache")
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert roofline.cache_dir() == os.path.join(str(tmp_path / "xdg"), "ckpt")
+
+
+# ------------------------------------------------------------- traced models
+GPT = dict(layers=2, width=128, heads=4, vocab=512, batch=2, seq=64)
+
+
+@pytest.fixture(scope="module")
+def gpt_graphs():
+    torch.manual_seed(0)
+    ex = build("gpt", **GPT)
+    ex.model.train()
+    roof = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity="op", cost_device="H100").graph
+    flops = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity="op", costs="flops",
+                    cost_device="H100").graph
+    return roof, flops
+
+
+def _share(graph, word, costs):
+    picked = sum(c for c, nd in zip(costs, graph.nodes) if word in nd.op)
+    return picked / sum(costs)
+
+
+@pytest.mark.parametrize("op", ["dropout", "gelu", "layer_norm"])
+def test_memory_bound_ops_are_no_longer_free(gpt_graphs, op):
+    roof, flops = gpt_graphs
+    by_flops = _share(flops, op, flops.recompute_costs())
+    by_time = _share(roof, op, roof.recompute_costs())
+    assert by_time > 10 * by_flops
+    matmuls = _share(roof, "linear", roof.recompute_costs())
+    assert matmuls < _share(flops, "linear", flops.recompute_costs())
+
+
+def test_roofline_is_the_default_and_keeps_the_fingerprint(gpt_graphs):
+    roof, flops = gpt_graphs
+    assert roof.meta["costs"]["model"] == "roofline" and roof.meta["costs"]["device"] == "H100"
+    assert roof.meta["costs"]["flops_per_s"] == DEVICES["H100"].peak("float32")
+    assert roof.meta["costs"]["peaks"]["bytes_per_s"] == DEVICES["H100"].bytes_per_s
+    assert flops.meta["costs"]["model"] == "flops"
+    assert [nd.fwd_cost for nd in flops.nodes] == [nd.fwd_flops for nd in flops.nodes]
+    assert [nd.fwd_flops for nd in roof.nodes] == [nd.fwd_flops for nd in flops.nodes]
+    assert roof.fingerprint() == flops.fingerprint()
+    assert roof.content_hash() != flops.content_hash()
+
+
+def test_predicted_recompute_time_is_the_cost_at_the_graph_rate(gpt_graphs, tmp_path):
+    roof, _ = gpt_graphs
+    with pytest.raises(solvers.InfeasibleBudget) as floor:
+        solvers.solve(roof, 0, solver="ilp", time_limit_s=20)
+    plan = solvers.solve(roof, floor.value.min_feasible_bytes, solver="ilp", time_limit_s=20)
+    assert plan.regions and plan.recompute_time_s > 0
+    assert plan.recompute_time_s == pytest.approx(plan.recompute_cost / 67e12)
+    sim = solvers.simulate(roof, plan, record=False)
+    assert sim.recompute_time_s == pytest.approx(plan.recompute_time_s)
+    plan.save(tmp_path / "plan.json")
+    assert solvers.load_plan(tmp_path / "plan.json").recompute_time_s == plan.recompute_time_s
+    with pytest.raises(solvers.PlanError, match="recompute_time_s"):
+        Plan.from_dict({**plan.to_dict(), "recompute_time_s": -1.0})
+
+
+def test_graphs_without_a_rate_predict_no_time():
+    g = synthetic.make("chain", 12, seed=0)
+    plan = solvers.solve(g, activation_budget_bytes(g, 0.9), solver="dp")
+    assert plan.regions and plan.recompute_time_s is None and solvers.simulate(g, plan).recompute_time_s is None
+
+
+def test_a_meta_model_is_priced_for_a_named_device():
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+    x = torch.randn(8, 64, device="meta")
+    assert capture(model, (x,)).graph.meta["costs"]["device"] == "H100"
+    assert capture(model, (x,), cost_device="A100-80GB").graph.meta["costs"]["device"] == "A100-80GB"
+    with pytest.raises(TraceError, match="known devices"):
+        capture(model, (x,), cost_device="abacus")
+
+
+def test_a_cpu_model_is_priced_for_the_measured_cpu(fake_cpu):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
+    graph = capture(model, (torch.randn(4, 16),)).graph
+    assert graph.meta["costs"]["device"].startswith("cpu") and graph.meta["costs"]["flops_per_s"] == 1e11
+    assert fake_cpu == [1]
+
+
+# --------------------------------------------------------------- the field
+def test_fwd_cost_defaults_to_fwd_flops_and_round_trips():
+    old = Graph.from_dict({"nodes": [{"name": "a", "inputs": [], "out_bytes": 4, "fwd_flops": 7}]})
+    assert old.nodes[0].fwd_cost == 7 and old.recompute_costs() == [7]
+    g = old.with_nodes([dataclasses.replace(old.nodes[0], fwd_cost=99)])
+    back = Graph.from_dict(json.loads(json.dumps(g.to_dict())))
+    assert back == g and back.recompute_costs() == [99]
+    assert g.fingerprint() == old.fingerprint() and g.content_hash() != old.content_hash()
+    follows = dataclasses.replace(g.nodes[0], fwd_flops=5, fwd_cost=None)
+    assert follows.fwd_cost == 5
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "many", True, 2**62])
+def test_fwd_cost_is_loaded_strictly(value):
+    with pytest.raises(GraphError, match="fwd_cost"):
+        Graph.from_dict({"nodes": [{"name": "a", "inputs": [], "out_bytes": 4, "fwd_flops": 7, "fwd_cost": value}]})
