@@ -56,7 +56,7 @@ def _answers(g, budgets):
         try:
             plan = solvers.solve(g, b, solver="ilp", time_limit_s=120)
             assert plan.status == "optimal"
-            costs.append(plan.recompute_flops)
+            costs.append(plan.recompute_cost)
         except InfeasibleBudget as exc:
             assert exc.min_feasible_bytes == least > b
             costs.append(None)

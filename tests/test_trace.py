@@ -219,10 +219,11 @@ def test_measure_peak_counts_storages_once_and_frees_them():
 # ------------------------------------------------------------ determinism
 def _trace_dict(name: str, device: str, **options) -> dict:
     """The traced graph without what only a real device measures (convolution workspaces, the eager
-    lifetimes behind ``Span.extra_bytes``): those are left out of the fingerprint too."""
+    lifetimes behind ``Span.extra_bytes``): those are left out of the fingerprint too. Costs are priced for
+    one named device: by default a meta trace prices for the default GPU and a CPU trace for this CPU."""
     torch.manual_seed(0)
     ex = build(name, device=device, **options)
-    d = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, workspaces="none").graph.to_dict()
+    d = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, workspaces="none", cost_device="h100").graph.to_dict()
     d["spans"] = [sp[:3] for sp in d.get("spans", [])]
     return d
 
