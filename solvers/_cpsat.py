@@ -27,7 +27,7 @@ def run_cp_sat(solver: cp_model.CpSolver, model: cp_model.CpModel,
         ``stop_search`` and the interrupt re-raised: no result of an
         interrupted search is ever returned. The SIGINT handler found on entry
         is put back on the way out, whatever OR-Tools did to it.
-        ``tests/test_bad_inputs.py::test_sigint_stops_cp_sat`` sends a real
+        ``tests/scheduler/test_bad_inputs.py::test_sigint_stops_cp_sat`` sends a real
         SIGINT to a running solve.
 
     Returns:
