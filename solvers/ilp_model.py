@@ -15,11 +15,11 @@ from .dp_model import node_arrays
 from .ilp_cuts import memory_cuts
 from .ilp_same import SameLiterals
 from .spans import SpanIndex
+from .terms import INF, terms_of
 
 __all__ = ["CheckpointModel", "ModelResult"]
 
 log = logging.getLogger(__name__)
-_INF = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -144,14 +144,10 @@ class CheckpointModel:
         out = [int(v) for v in na.out]
         own = [int(v) for v in na.own]
         cur = [int(v) for v in na.cur]
-        lc = [int(v) for v in na.lc]
-        fs = [int(v) for v in na.fs]
-        savers = [[] for _ in range(n)]  # consumers with requires_grad that save j
-        for k, nd in enumerate(nodes):
-            if nd.requires_grad:
-                for j in dict.fromkeys(g.index[s] for s in nd.saves_inputs):
-                    savers[j].append(k)
-        selfsave = [bool(nd.requires_grad and nd.saves_output) for nd in nodes]
+        terms = terms_of(g)
+        lc, fs = terms.last_reader, terms.first_saver
+        savers = terms.savers  # consumers with requires_grad that save j
+        selfsave = terms.self_save
         total = sum(out) * 4 + sum(cur) + sum(own) + int(na.state.sum()) + int(max(na.gb.max(), na.gr.max())) + 1
         total += sum(g.span_extra_bytes().values())
         const = g.param_bytes + g.input_bytes
@@ -202,7 +198,7 @@ class CheckpointModel:
         hb, sx, s_, ow, e_ = [], [], [], [], [None] * n
         by_saver = [[] for _ in range(n + 1)]
         for j in range(n):
-            if fs[j] < _INF and fs[j] > j:
+            if fs[j] < INF and fs[j] > j:
                 by_saver[fs[j]].append(j)
         for k in range(n):
             v = m.NewIntVar(0, hi, f"hb{k}")  # sum of out[j] held[j], j <= k, lc[j] <= k
@@ -256,9 +252,7 @@ class CheckpointModel:
                     m.Add(v == 0)
                 sr[k] = v
             snap = [sl[k] + sr[k] for k in range(n)]
-        sinks_after = [0] * (n + 1)
-        for k in range(n - 1, -1, -1):
-            sinks_after[k] = sinks_after[k + 1] + (out[k] if lc[k] < 0 else 0)
+        sinks_after = terms.sink_bytes_after
         open_fwd = [0] * n  # sum of out[j], j < k <= lc[j]
         for j in range(n):
             for k in range(j + 1, lc[j] + 1):

@@ -106,6 +106,7 @@ from graphs import COSTS_META, Graph
 from .errors import SolverInputError
 from .gradients import GradientWalk
 from .plan import Plan
+from .terms import terms_of
 
 __all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "GradientWalk", "cost_seconds"]
 
@@ -185,22 +186,11 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
             region_of[i] = r
     preds = graph.preds
     succs = graph.succs
-    idx = graph.index
+    terms = terms_of(graph)
+    saves = terms.saves  # distinct tensors each node saves (as node positions)
     rg = [nd.requires_grad for nd in nodes]
     out_b = [nd.out_bytes for nd in nodes]
     own_b = [nd.saved_bytes if nd.requires_grad else 0 for nd in nodes]
-    # Distinct tensors each node saves (as node positions).
-    saves = []
-    for i, nd in enumerate(nodes):
-        s = []
-        if rg[i]:
-            for name in nd.saves_inputs:
-                j = idx[name]
-                if j not in s:
-                    s.append(j)
-            if nd.saves_output and i not in s:
-                s.append(i)
-        saves.append(s)
 
     # ------------------------------------------------------------- holders
     # hold[j]: number of holders of the forward copy of tensor j.
@@ -223,7 +213,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
     for k in range(n):
         if kept[k]:
             hold[k] += 1  # the region's cache (NOTE [ Selective recompute ])
-    caller = [not succs[j] for j in range(n)]  # sinks are held by the caller to the end
+    caller = terms.sinks  # sinks are held by the caller to the end
 
     params = graph.param_bytes
     inputs = graph.input_bytes
@@ -329,7 +319,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
                         rec_node_holds[k].append(j)
             # The region's outputs (read after it, or by the caller) stay
             # referenced by the running region until its recompute ends.
-            outs = [caller[k] or succs[k][-1] > b for k in range(a, b + 1)]
+            outs = [caller[k] or terms.last_reader[k] > b for k in range(a, b + 1)]
             snapshot = sum(nodes[k].state_bytes for k in range(a, b + 1))  # buffers copied around the recompute
             snapshot += span_extra.get((a, b), 0)  # what the call's eager locals hold (eager lifetimes)
             act += snapshot
