@@ -4,7 +4,7 @@ NOTE [ One table of terms ]
     ``simulate``, the DP's node arrays, the CP-SAT model and the floor
     explanation all ask the same questions of a graph before they cost a
     plan: which tensors does each node save for its backward (NOTE [ What a
-    node saves ] in ``graphs.graph``), which later nodes save a given tensor,
+    node saves ] in ``graphs.node``), which later nodes save a given tensor,
     who reads a tensor last, which outputs nobody reads (sinks, held by the
     caller to the end of the step). :func:`terms_of` answers them here, for
     all of them, and keeps the answer on the graph, so a solver that builds
