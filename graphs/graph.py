@@ -19,7 +19,7 @@ import hashlib
 import json
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .node import Node
 
@@ -184,37 +184,41 @@ class Graph:
     def __len__(self) -> int:
         return len(self.nodes)
 
+    def cached(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()``, computed on the first call with ``key`` and kept on this graph.
+
+        For tables derived from the graph alone (positions, edges, the
+        solvers' execution-model terms): a graph is immutable, and
+        ``dataclasses.replace`` builds a new one that derives its own.
+        """
+        value = self.__dict__.get(key)
+        if value is None:
+            value = make()
+            object.__setattr__(self, key, value)
+        return value
+
     @property
     def index(self) -> dict[str, int]:
         """Node name -> position in the topological order."""
-        cached = self.__dict__.get("_index")
-        if cached is None:
-            cached = {n.name: i for i, n in enumerate(self.nodes)}
-            object.__setattr__(self, "_index", cached)
-        return cached
+        return self.cached("_index", lambda: {n.name: i for i, n in enumerate(self.nodes)})
 
     @property
     def preds(self) -> tuple[tuple[int, ...], ...]:
         """For each node, the positions of its inputs."""
-        cached = self.__dict__.get("_preds")
-        if cached is None:
-            idx = self.index
-            cached = tuple(tuple(idx[s] for s in n.inputs) for n in self.nodes)
-            object.__setattr__(self, "_preds", cached)
-        return cached
+        idx = self.index
+        return self.cached("_preds", lambda: tuple(tuple(idx[s] for s in n.inputs) for n in self.nodes))
 
     @property
     def succs(self) -> tuple[tuple[int, ...], ...]:
         """For each node, the positions of its consumers (ascending)."""
-        cached = self.__dict__.get("_succs")
-        if cached is None:
-            out: list[list[int]] = [[] for _ in self.nodes]
-            for i, ps in enumerate(self.preds):
-                for p in dict.fromkeys(ps):
-                    out[p].append(i)
-            cached = tuple(tuple(s) for s in out)
-            object.__setattr__(self, "_succs", cached)
-        return cached
+        return self.cached("_succs", self._consumers)
+
+    def _consumers(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in self.nodes]
+        for i, ps in enumerate(self.preds):
+            for p in dict.fromkeys(ps):
+                out[p].append(i)
+        return tuple(tuple(s) for s in out)
 
     @property
     def aligned(self) -> bool:
@@ -225,28 +229,18 @@ class Graph:
         """The ``(first, last)`` intervals a plan may use, or None for any interval."""
         if not self.spans:
             return None
-        cached = self.__dict__.get("_allowed")
-        if cached is None:
-            cached = frozenset((sp.first, sp.last) for sp in self.spans)
-            object.__setattr__(self, "_allowed", cached)
-        return cached
+        return self.cached("_allowed", lambda: frozenset((sp.first, sp.last) for sp in self.spans))
 
     def span_module(self, region: Sequence[int]) -> str:
         """The module path of the span equal to ``region``, or "" when none is."""
-        cached = self.__dict__.get("_span_names")
-        if cached is None:
-            cached = {(sp.first, sp.last): sp.module for sp in self.spans}
-            object.__setattr__(self, "_span_names", cached)
-        return cached.get((int(region[0]), int(region[1])), "")
+        names = self.cached("_span_names", lambda: {(sp.first, sp.last): sp.module for sp in self.spans})
+        return names.get((int(region[0]), int(region[1])), "")
 
     def span_extra_bytes(self) -> Mapping[tuple[int, int], int]:
         """``(first, last) -> extra_bytes`` of the spans whose ``extra_bytes`` are
         positive: a region equal to one holds them during its recompute (:class:`Span`)."""
-        cached = self.__dict__.get("_span_extra")
-        if cached is None:
-            cached = {(sp.first, sp.last): sp.extra_bytes for sp in self.spans if sp.extra_bytes}
-            object.__setattr__(self, "_span_extra", cached)
-        return cached
+        return self.cached("_span_extra", lambda: {(sp.first, sp.last): sp.extra_bytes
+                                                   for sp in self.spans if sp.extra_bytes})
 
     def unaligned(self) -> "Graph":
         """The same graph with no span restriction: plans may use any interval."""

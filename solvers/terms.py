@@ -58,11 +58,7 @@ class Terms:
 
 def terms_of(graph: Graph) -> Terms:
     """The :class:`Terms` of ``graph``, computed on first use and kept on it (NOTE [ One table of terms ])."""
-    cached = graph.__dict__.get(_CACHE_KEY)
-    if cached is None:
-        cached = _derive(graph)
-        object.__setattr__(graph, _CACHE_KEY, cached)  # a frozen Graph caches its derived tables the same way
-    return cached
+    return graph.cached(_CACHE_KEY, lambda: _derive(graph))
 
 
 def _derive(graph: Graph) -> Terms:
