@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from .graph import MAX_COUNT, CkptError, GraphError
 
 if TYPE_CHECKING:
-    from .graph import Graph, Node
+    from .graph import Graph
+    from .node import Node
 
 __all__ = ["MAX_COUNT", "count", "reject_unknown", "node_from_dict", "graph_from_dict", "toposort", "GRAPH_KEYS"]
 
@@ -62,7 +63,7 @@ def reject_unknown(data: Mapping[str, Any], known: Iterable[str], where: str,
 
 
 def node_from_dict(cls: type["Node"], d: Any, where: str) -> "Node":
-    """A :class:`~graphs.graph.Node` from JSON, defaults filled (see ``Node.from_dict``)."""
+    """A :class:`~graphs.node.Node` from JSON, defaults filled (see ``Node.from_dict``)."""
     if not isinstance(d, Mapping):
         raise GraphError(f"{where}: expected an object, got {type(d).__name__}")
     for key in ("name", "out_bytes", "fwd_flops", "inputs"):
@@ -115,7 +116,8 @@ def node_from_dict(cls: type["Node"], d: Any, where: str) -> "Node":
 
 def graph_from_dict(cls: type["Graph"], d: Any) -> "Graph":
     """A :class:`~graphs.graph.Graph` from JSON (see ``Graph.from_dict``)."""
-    from .graph import FORMAT_VERSION, Node, Span
+    from .graph import FORMAT_VERSION, Span
+    from .node import Node
 
     if not isinstance(d, Mapping):
         raise GraphError(f"a graph must be a JSON object with a 'nodes' list, got {type(d).__name__}")

@@ -31,7 +31,8 @@ import dataclasses
 import random
 from typing import Callable
 
-from .graph import Graph, Node
+from .graph import Graph
+from .node import Node
 
 __all__ = [
     "chain",

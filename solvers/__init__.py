@@ -12,6 +12,7 @@ from .deadline import Deadline
 from .options import Option
 from .plan import PLAN_FORMAT_VERSION, Plan, Status, load_plan
 from .simulate import Simulation, activation_budget_bytes, simulate, store_all_peak
+from .terms import INF, Terms, terms_of
 from .brute_force import brute_force, enumerate_plans, pareto_frontier
 from .registry import SolverInfo, available_solvers, exact_solvers, get_solver, register, solve, solver_info
 from . import baselines  # noqa: F401  (registers store-all, uniform, per-module)
@@ -23,7 +24,7 @@ __all__ = [
     "CkptError", "InfeasibleBudget", "MissingDependency", "PlanError", "PlanMismatch", "SolverBug",
     "SolverInputError", "SolverOptionError", "UnknownOption", "UnknownSolver", "format_bytes", "Deadline", "Option",
     "PLAN_FORMAT_VERSION", "Plan", "Status", "load_plan",
-    "Simulation", "simulate", "store_all_peak", "activation_budget_bytes",
+    "Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "INF", "Terms", "terms_of",
     "brute_force", "enumerate_plans", "pareto_frontier",
     "SolverInfo", "available_solvers", "exact_solvers", "get_solver", "register", "solve", "solver_info",
     "DPTable", "dp_table", "Stages", "stages",

@@ -67,7 +67,7 @@ def _choose_cache() -> bool:
         function; if it fails, numba is pointed at a folder under the
         system's temporary directory, and if even that fails the kernel is
         compiled without a cache (slower first call in every process, same
-        answers). ``tests/test_bad_inputs.py`` runs ``dp`` with every usual
+        answers). ``tests/scheduler/test_bad_inputs.py`` runs ``dp`` with every usual
         cache location unwritable.
     """
     try:

@@ -48,12 +48,13 @@ from graphs import Graph
 
 from .gradients import GradientWalk
 from .stages import Stages
+from .terms import INF, terms_of
 
 __all__ = ["NodeArrays", "node_arrays", "stored_profile", "step_rows", "region_profiles", "NEG"]
 
 #: Stands for "no step" in max-reductions.
 NEG = -(1 << 62)
-_INF = 1 << 40
+_INF = INF  # the name solvers.dp_selective imports
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,8 @@ class NodeArrays:
         lc: position of the last consumer, -1 for none.
         sink: no consumer: the caller holds the output to the end.
         fs: first node that saves the output for its backward (itself or a
-            consumer, with requires_grad), ``_INF`` for none.
-        cs: first *consumer* that saves it, ``_INF`` for none.
+            consumer, with requires_grad), ``INF`` for none.
+        cs: first *consumer* that saves it, ``INF`` for none.
         rg: requires_grad.
         gb: gradient + parameter-gradient + transient bytes at the node's
             backward step (plan independent).
@@ -115,26 +116,16 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
     """Compute :class:`NodeArrays` for ``graph`` (one pass, plan independent)."""
     nodes = graph.nodes
     n = len(nodes)
-    idx = graph.index
-    preds, succs = graph.preds, graph.succs
     rg = np.array([nd.requires_grad for nd in nodes], dtype=bool)
     real_out = [nd.out_bytes for nd in nodes]
     out = np.array([0 if i in common else nd.out_bytes for i, nd in enumerate(nodes)], dtype=np.int64)
     own = np.array([nd.saved_bytes if nd.requires_grad else 0 for nd in nodes], dtype=np.int64)
     cur = out + np.array([nd.saved_bytes + nd.workspace_bytes for nd in nodes], dtype=np.int64)
-    lc = np.array([max(s) if s else -1 for s in succs], dtype=np.int64)
-    sink = lc < 0
-    fs = np.full(n, _INF, dtype=np.int64)
-    cs = np.full(n, _INF, dtype=np.int64)
-    for k, nd in enumerate(nodes):
-        if not nd.requires_grad:
-            continue
-        for name in nd.saves_inputs:
-            j = idx[name]
-            fs[j] = min(fs[j], k)
-            cs[j] = min(cs[j], k)
-        if nd.saves_output:
-            fs[k] = min(fs[k], k)
+    terms = terms_of(graph)
+    lc = np.array(terms.last_reader, dtype=np.int64)
+    sink = np.array(terms.sinks, dtype=bool)
+    fs = np.array(terms.first_saver, dtype=np.int64)
+    cs = np.array(terms.first_consumer_saver, dtype=np.int64)
     # Gradients: the same walk as simulate's backward, without activations.
     gb = np.full(n, NEG, dtype=np.int64)
     gr = np.zeros(n, dtype=np.int64)
@@ -149,7 +140,7 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
         pgrad += nodes[i].param_bytes
         gb[i] = grads.bytes + pgrad + transient
         grads.node_done(i)
-    sa = fs < _INF
+    sa = fs < INF
     # open_all[k]: sum of out[j], j < k <= lc[j]; u_all: the same for unsaved j;
     # v_all[k]: sum of out[j], j <= k < fs[j] < INF.
     d_open = np.zeros(n + 2, dtype=np.int64)
@@ -195,14 +186,14 @@ def stored_profile(na: NodeArrays, a: int, b: int, lh: int, p: int | None = None
     retained = int(na.p_as[b + 1] - na.p_as[a] - na.v_all[b])
     if a > 0:
         op = int(na.out[p])
-        sa_p = bool(na.fs[p] < _INF)
+        sa_p = bool(na.fs[p] < INF)
         fwd = fwd - op * ((na.lc[p] >= k) & (not sa_p))
         bwd = bwd + op * ((k < na.fs[p]) & sa_p)
-        retained += op * int(b < na.fs[p] < _INF)
+        retained += op * int(b < na.fs[p] < INF)
         if has_p:
-            fwd = fwd + op * ((na.lc[p] >= k) | bool(na.cs[p] < _INF))
+            fwd = fwd + op * ((na.lc[p] >= k) | bool(na.cs[p] < INF))
             bwd = bwd + op * (na.cs[p] <= k)
-            retained += op * int(na.cs[p] < _INF)
+            retained += op * int(na.cs[p] < INF)
     bwd = np.where(na.rg[k], bwd, NEG)
     local = max(int(fwd.max()), int(bwd.max()))
     lh_next = int(bool(na.sink[q]) or bool(na.fs[q] <= b) or bool(na.out[q] == 0))
@@ -231,7 +222,7 @@ def step_rows(na: NodeArrays, starts: np.ndarray, bnd: np.ndarray) -> tuple[np.n
     has_p = a > 0
     op = np.where(has_p, na.out[p], 0)
     f = na.p_sink[k] + na.open_all[k] - op * (na.lc[p] >= k) + na.cur[k]
-    sa_p = na.fs[p] < _INF
+    sa_p = na.fs[p] < INF
     # Recomputed sinks stay referenced by the running region (its outputs) until it ends.
     rc = ((na.p_a[k] - na.p_a[a]) + (na.p_sink[k] - na.p_sink[a]) + na.u_all[k] - op * (~sa_p & (na.lc[p] >= k))
           + na.cur[k])

@@ -15,7 +15,7 @@ NOTE [ Deterministic CP-SAT ]
     timm ResNet-50 at 0.5 came back at +23.3 % recompute (gap 88 %) on a
     loaded machine where the optimum is +3.0 %. When the clock does stop it
     first, the plan says so (``findings["cp_sat_stopped_by"] == "time limit"``).
-    ``tests/test_solver_options.py::test_work_limit_gives_the_same_plan_twice``
+    ``tests/solvers/test_solver_options.py::test_work_limit_gives_the_same_plan_twice``
     guards it.
 """
 

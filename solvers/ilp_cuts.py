@@ -20,6 +20,7 @@ import numpy as np
 from graphs import Graph
 
 from .simulate import simulate
+from .terms import terms_of
 
 __all__ = ["memory_cuts"]
 
@@ -35,13 +36,9 @@ def memory_cuts(graph: Graph, budget_bytes: int) -> tuple[list[tuple[list[int], 
     """
     g = graph
     n = len(g)
-    free = []
-    for nd in g.nodes:
-        if not nd.requires_grad:
-            free.append(0)
-            continue
-        saved = set(nd.saves_inputs) | ({nd.name} if nd.saves_output else set())
-        free.append(int(nd.saved_bytes) + sum(g.nodes[g.index[x]].out_bytes for x in saved))
+    saves = terms_of(g).saves  # () for a node without grad
+    free = [int(nd.saved_bytes) + sum(g.nodes[j].out_bytes for j in saves[c]) if nd.requires_grad else 0
+            for c, nd in enumerate(g.nodes)]
     sim = simulate(g, None, record=True)
     need = [0] * (n + 1)  # need[L]: bytes the nodes c < L must free
     for (phase, i), live in zip(sim.steps, sim.live_bytes):

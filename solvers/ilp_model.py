@@ -10,16 +10,16 @@ from ortools.sat.python import cp_model
 
 from graphs import Graph
 
-from ._cpsat import run_cp_sat
+from ._cpsat import Progress, new_solver, run_cp_sat
 from .dp_model import node_arrays
 from .ilp_cuts import memory_cuts
 from .ilp_same import SameLiterals
 from .spans import SpanIndex
+from .terms import INF, terms_of
 
 __all__ = ["CheckpointModel", "ModelResult"]
 
 log = logging.getLogger(__name__)
-_INF = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -42,20 +42,6 @@ class ModelResult:
     bound: float
     wall_s: float
     work: float = 0.0
-
-
-class _Progress(cp_model.CpSolverSolutionCallback):
-    """Logs every incumbent with the bound, as CP-SAT finds them."""
-
-    def __init__(self, unit: int = 1) -> None:
-        super().__init__()
-        self.count = 0
-        self.unit = unit
-
-    def on_solution_callback(self) -> None:
-        self.count += 1
-        log.info("ilp incumbent %d: objective %.6g, bound %.6g, %.2fs",
-                 self.count, self.ObjectiveValue() * self.unit, self.BestObjectiveBound() * self.unit, self.WallTime())
 
 
 class CheckpointModel:
@@ -137,72 +123,83 @@ class CheckpointModel:
 
     # ----------------------------------------------------------- constraints
     def _constraints(self, budget_bytes: int | None) -> None:
-        g, m, na = self.graph, self.m, self._na
-        n = len(g)
-        nodes = g.nodes
-        succs = g.succs
-        out = [int(v) for v in na.out]
-        own = [int(v) for v in na.own]
-        cur = [int(v) for v in na.cur]
-        lc = [int(v) for v in na.lc]
-        fs = [int(v) for v in na.fs]
-        savers = [[] for _ in range(n)]  # consumers with requires_grad that save j
-        for k, nd in enumerate(nodes):
-            if nd.requires_grad:
-                for j in dict.fromkeys(g.index[s] for s in nd.saves_inputs):
-                    savers[j].append(k)
-        selfsave = [bool(nd.requires_grad and nd.saves_output) for nd in nodes]
-        total = sum(out) * 4 + sum(cur) + sum(own) + int(na.state.sum()) + int(max(na.gb.max(), na.gr.max())) + 1
+        """The budget at every step of ``simulate``, built in phases: the
+        capacity, which forward copies stay held, the running sums along a
+        region, the snapshots, then one row per forward, recompute and
+        backward step."""
+        na = self._na
+        self._out = [int(v) for v in na.out]
+        self._own = [int(v) for v in na.own]
+        self._cur = [int(v) for v in na.cur]
+        self._terms = terms_of(self.graph)
+        self._capacity(budget_bytes)
+        self._held()
+        self._running_sums()
+        self._snapshots()
+        self._recomputed_unsaved()
+        self._step_rows()
+
+    def _capacity(self, budget_bytes: int | None) -> None:
+        """``cap``: the bytes left for activations (a variable when the peak is minimised);
+        ``hi``: a bound on every sum below."""
+        g, na = self.graph, self._na
+        total = (sum(self._out) * 4 + sum(self._cur) + sum(self._own) + int(na.state.sum())
+                 + int(max(na.gb.max(), na.gr.max())) + 1)
         total += sum(g.span_extra_bytes().values())
         const = g.param_bytes + g.input_bytes
         if budget_bytes is None:
-            self.cap = m.NewIntVar(0, total, "peak")
+            self.cap = self.m.NewIntVar(0, total, "peak")
         else:
             self.cap = budget_bytes - const
-        x, cont = self.x, self.cont
-        hi = total
+        self._hi = total
 
-        def notx(k):
-            return x[k].Not()
-
-        # held[j]: the forward copy is held after its last forward consumer.
-        held = []
-        for j in range(n):
-            if lc[j] < 0:
-                held.append(m.NewConstant(1))
+    def _held(self) -> None:
+        """``held[j]``: the forward copy of ``j`` is held after its last forward consumer."""
+        m, x, t = self.m, self.x, self._terms
+        self._held_after: list = []
+        for j in range(len(self.graph)):
+            if t.last_reader[j] < 0:
+                self._held_after.append(m.NewConstant(1))
                 continue
             h = m.NewBoolVar(f"held{j}")
-            if selfsave[j]:
-                m.AddImplication(notx(j), h)
-            for c in savers[j]:
-                m.AddImplication(notx(c), h)
-            for c in succs[j]:
+            if t.self_save[j]:
+                m.AddImplication(x[j].Not(), h)
+            for c in t.savers[j]:
+                m.AddImplication(x[c].Not(), h)
+            for c in self.graph.succs[j]:
                 m.AddBoolOr([x[c].Not(), self.same(j, c), h])  # a region reading j, without j
-            held.append(h)
+            self._held_after.append(h)
 
-        def forward_alive(j: int, k: int):
-            """The forward copy of j (j <= k < lc[j]) at k's recompute/backward."""
-            f = m.NewBoolVar(f"fa{j}_{k}")
-            if selfsave[j]:
-                m.AddImplication(notx(j), f)
-            for c in savers[j]:
-                if c <= k:
-                    m.AddImplication(notx(c), f)
-            for c in succs[j]:
-                if c <= k:
-                    m.AddBoolOr([x[c].Not(), self.same(j, c), f])
-                else:
-                    m.AddBoolOr([self.same(k, c).Not(), self.same(j, c), f])
-            return f
+    def _forward_alive(self, j: int, k: int):
+        """The forward copy of j (j <= k < lc[j]) at k's recompute/backward."""
+        m, x, t = self.m, self.x, self._terms
+        f = m.NewBoolVar(f"fa{j}_{k}")
+        if t.self_save[j]:
+            m.AddImplication(x[j].Not(), f)
+        for c in t.savers[j]:
+            if c <= k:
+                m.AddImplication(x[c].Not(), f)
+        for c in self.graph.succs[j]:
+            if c <= k:
+                m.AddBoolOr([x[c].Not(), self.same(j, c), f])
+            else:
+                m.AddBoolOr([self.same(k, c).Not(), self.same(j, c), f])
+        return f
 
-        # Running sums.
+    def _running_sums(self) -> None:
+        """Sums carried along the order: ``hb`` (held forward copies), ``sx`` (own
+        buffers of stored nodes), ``s_``/``ow`` (recomputed saved copies and own
+        buffers earlier in k's region), ``e_`` (gradients at the end of k's region)."""
+        m, n, hi, cont, na = self.m, len(self.graph), self._hi, self.cont, self._na
+        out, own, x = self._out, self._own, self.x
+        lc, fs, held = self._terms.last_reader, self._terms.first_saver, self._held_after
         enter = [[] for _ in range(n)]
         for j in range(n):
             enter[max(j, lc[j])].append(j)
         hb, sx, s_, ow, e_ = [], [], [], [], [None] * n
         by_saver = [[] for _ in range(n + 1)]
         for j in range(n):
-            if fs[j] < _INF and fs[j] > j:
+            if fs[j] < INF and fs[j] > j:
                 by_saver[fs[j]].append(j)
         for k in range(n):
             v = m.NewIntVar(0, hi, f"hb{k}")  # sum of out[j] held[j], j <= k, lc[j] <= k
@@ -233,9 +230,13 @@ class CheckpointModel:
             else:
                 m.Add(v == int(na.gr[k]))
             e_[k] = v
-        # Buffers of stateful nodes, snapshotted for a region's whole recompute:
-        # sl[k] (those at or before k in k's region) + sr[k] (after k in it).
-        state = [int(v) for v in na.state]
+        self._hb, self._sx, self._s, self._ow, self._e = hb, sx, s_, ow, e_
+
+    def _snapshots(self) -> None:
+        """Buffers of stateful nodes, snapshotted for a region's whole recompute:
+        ``snap[k] = sl[k]`` (those at or before k in k's region) ``+ sr[k]`` (after k in it)."""
+        m, n, hi, cont = self.m, len(self.graph), self._hi, self.cont
+        state = [int(v) for v in self._na.state]
         snap: list = [0] * n
         if any(state):
             sl, sr = [None] * n, [None] * n
@@ -256,23 +257,19 @@ class CheckpointModel:
                     m.Add(v == 0)
                 sr[k] = v
             snap = [sl[k] + sr[k] for k in range(n)]
-        sinks_after = [0] * (n + 1)
-        for k in range(n - 1, -1, -1):
-            sinks_after[k] = sinks_after[k + 1] + (out[k] if lc[k] < 0 else 0)
-        open_fwd = [0] * n  # sum of out[j], j < k <= lc[j]
-        for j in range(n):
-            for k in range(j + 1, lc[j] + 1):
-                open_fwd[k] += out[j]
-        spans = [[] for _ in range(n)]  # j <= k < lc[j]
-        for j in range(n):
-            for k in range(j, lc[j]):
-                spans[k].append(j)
-        # q[k]: recomputed copies of j < k not yet saved at k, in k's region. Such
-        # a copy is alive at k's recompute exactly when j is in k's region while
-        # a reader or saver at or after k needs it, or (that reader outside the
-        # region) the region still references it as an output; sinks are
-        # outputs to the end. So j counts for k in (j, last[j]], and a running
-        # sum along the region drops it after last[j] (one ``same`` per j).
+        self._snap = snap
+
+    def _recomputed_unsaved(self) -> None:
+        """``q[k]``: recomputed copies of j < k not yet saved at k, in k's region.
+
+        Such a copy is alive at k's recompute exactly when j is in k's region
+        while a reader or saver at or after k needs it, or (that reader outside
+        the region) the region still references it as an output; sinks are
+        outputs to the end. So j counts for k in (j, last[j]], and a running
+        sum along the region drops it after last[j] (one ``same`` per j).
+        """
+        m, n, hi, cont, out = self.m, len(self.graph), self._hi, self.cont, self._out
+        lc, fs = self._terms.last_reader, self._terms.first_saver
         last = [min(lc[j] if lc[j] >= 0 else n - 1, fs[j] - 1) for j in range(n)]
         leaving = [[] for _ in range(n + 1)]
         for j in range(n):
@@ -289,11 +286,27 @@ class CheckpointModel:
                 m.Add(v == q[-1] - gone + enters).OnlyEnforceIf(cont[k])
                 m.Add(v == 0).OnlyEnforceIf(cont[k].Not())
             q.append(v)
+        self._q = q
 
+    def _step_rows(self) -> None:
+        """One row per step of ``simulate``: the forward of k, its recompute (when
+        ``x[k]``) and its backward (when it requires grad), each within ``cap``."""
+        g, m, n, na, x = self.graph, self.m, len(self.graph), self._na, self.x
+        out, own, cur, t = self._out, self._own, self._cur, self._terms
+        lc, sinks_after = t.last_reader, t.sink_bytes_after
+        hb, sx, s_, ow, e_, q, snap = self._hb, self._sx, self._s, self._ow, self._e, self._q, self._snap
+        open_fwd = [0] * n  # sum of out[j], j < k <= lc[j]
+        for j in range(n):
+            for k in range(j + 1, lc[j] + 1):
+                open_fwd[k] += out[j]
+        spans = [[] for _ in range(n)]  # j <= k < lc[j]
+        for j in range(n):
+            for k in range(j, lc[j]):
+                spans[k].append(j)
         for k in range(n):
             # Forward step k.
             m.Add(open_fwd[k] + (hb[k - 1] if k else 0) + (sx[k - 1] if k else 0) + cur[k] <= self.cap)
-            fa = sum(out[j] * forward_alive(j, k) for j in spans[k])
+            fa = sum(out[j] * self._forward_alive(j, k) for j in spans[k])
             # Recompute step k (exists when x[k]).
             rc = s_[k] + q[k]
             if self.held_extra[k]:  # eager lifetimes: the extra bytes of the one chosen span holding k
@@ -301,8 +314,8 @@ class CheckpointModel:
             m.Add(hb[k] + fa + sinks_after[k + 1] + e_[k] + rc + sx[k] + ow[k] + cur[k] + snap[k]
                   <= self.cap).OnlyEnforceIf(x[k])
             # Backward step k.
-            if nodes[k].requires_grad:
-                a = s_[k] + (out[k] * x[k] if selfsave[k] else 0)
+            if g.nodes[k].requires_grad:
+                a = s_[k] + (out[k] * x[k] if t.self_save[k] else 0)
                 m.Add(hb[k] + fa + sinks_after[k + 1] + int(na.gb[k]) + a + sx[k] + ow[k] + own[k] * x[k]
                       <= self.cap)
 
@@ -401,28 +414,10 @@ class CheckpointModel:
                 schedule (NOTE [ Deterministic CP-SAT ] in ``solvers.ilp_cpsat``); None: the wall clock only.
             seed: CP-SAT's ``random_seed``.
         """
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = float(time_limit_s)
-        solver.parameters.random_seed = int(seed)
-        if work_limit is not None:
-            solver.parameters.max_deterministic_time = float(work_limit)
-            solver.parameters.interleave_search = True
-        if gap_limit > 0:
-            solver.parameters.relative_gap_limit = float(gap_limit)
-        solver.parameters.num_workers = int(workers)
-        # NOTE [ CP-SAT's LP ]: the default full-problem worker linearises only
-        # linear constraints; the clauses that tie a tensor's lifetime to the
-        # region variables (``held``, ``same``) stay out of its LP, whose bound
-        # then sits near zero (99.9 % gap on a 100-node residual graph after
-        # 10 s). ``max_lp`` (linearization level 2) puts them in: the same
-        # graph is proven optimal in 0.4 s. With few workers it must be asked
-        # for by name; the other workers run neighbourhood search.
-        if workers == 1:
-            solver.parameters.linearization_level = 2
-        elif workers < 8:
-            solver.parameters.subsolvers.extend(["max_lp"] + ["quick_restart", "default_lp", "core"][:max(0, workers - 2)])
+        solver = new_solver(time_limit_s=time_limit_s, workers=workers, gap_limit=gap_limit,
+                            work_limit=work_limit, seed=seed)
         log.info("ilp: CP-SAT searching (%d nodes, %.0f s at most)", len(self.graph), time_limit_s)
-        status = run_cp_sat(solver, self.m, _Progress(self.unit))
+        status = run_cp_sat(solver, self.m, Progress(self.unit))
         name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
                 cp_model.INFEASIBLE: "infeasible"}.get(status, "unknown")
         log.info("ilp %s: status %s, objective %s, bound %s, %.2fs", self.graph.name, name,

@@ -12,7 +12,7 @@ NOTE [ Execution model ]
       * its output ``out(i)`` and its own saved buffers (``saved_bytes``) are
         allocated, plus ``workspace_bytes`` for the duration of the step;
       * outside a region, autograd keeps what the node saves (NOTE [ What a
-        node saves ] in ``graphs.graph``); inside a region nothing is saved:
+        node saves ] in ``graphs.node``); inside a region nothing is saved:
         own buffers are freed at once and tensors die after their last
         forward consumer;
       * a region holds its *inputs* (tensors produced before the region, or in
@@ -106,6 +106,7 @@ from graphs import COSTS_META, Graph
 from .errors import SolverInputError
 from .gradients import GradientWalk
 from .plan import Plan
+from .terms import terms_of
 
 __all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "GradientWalk", "cost_seconds"]
 
@@ -171,231 +172,249 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
         A :class:`Simulation` with the peak, where it happens, its breakdown,
         the timeline and the recompute cost.
     """
-    nodes = graph.nodes
-    n = len(nodes)
-    regions = plan.regions if plan is not None else ()
     if plan is not None:
         plan.validate(graph)
-    kept = [False] * n  # NOTE [ Selective recompute ]
-    for k in (plan.saved if plan is not None else ()):
-        kept[k] = True
-    region_of = [-1] * n
-    for r, (a, b) in enumerate(regions):
-        for i in range(a, b + 1):
-            region_of[i] = r
-    preds = graph.preds
-    succs = graph.succs
-    idx = graph.index
-    rg = [nd.requires_grad for nd in nodes]
-    out_b = [nd.out_bytes for nd in nodes]
-    own_b = [nd.saved_bytes if nd.requires_grad else 0 for nd in nodes]
-    # Distinct tensors each node saves (as node positions).
-    saves = []
-    for i, nd in enumerate(nodes):
-        s = []
-        if rg[i]:
-            for name in nd.saves_inputs:
-                j = idx[name]
-                if j not in s:
-                    s.append(j)
-            if nd.saves_output and i not in s:
-                s.append(i)
-        saves.append(s)
+    walk = _Walk(graph, plan, record)
+    walk.forward()
+    walk.backward()
+    return walk.result()
 
-    # ------------------------------------------------------------- holders
-    # hold[j]: number of holders of the forward copy of tensor j.
-    # node_holds[k]: tensors (forward copies) node k releases after its backward.
-    # region_holds[r]: tensors region r releases after its backward.
-    hold = [0] * n
-    node_holds: list[list[int]] = [[] for _ in range(n)]
-    region_holds: list[list[int]] = [[] for _ in regions]
-    for k in range(n):
-        if region_of[k] == -1:
-            for j in saves[k]:
-                hold[j] += 1
-                node_holds[k].append(j)
-        else:
-            r = region_of[k]
-            for j in dict.fromkeys(preds[k]):
-                if region_of[j] != r and j not in region_holds[r]:
-                    region_holds[r].append(j)
-                    hold[j] += 1
-    for k in range(n):
-        if kept[k]:
-            hold[k] += 1  # the region's cache (NOTE [ Selective recompute ])
-    caller = [not succs[j] for j in range(n)]  # sinks are held by the caller to the end
 
-    params = graph.param_bytes
-    inputs = graph.input_bytes
-    base = params + inputs
-    attributed = sum(nd.param_bytes for nd in nodes)
-    unattributed_pgrad = max(0, params - attributed)
+class _Meter:
+    """The timeline and the peak: every step's live bytes, by category at the highest."""
 
-    act = 0  # activations (outputs, saved buffers, recomputed copies)
-    agrad = 0  # gradients of activations
-    pgrad = 0  # gradients of parameters
+    def __init__(self, graph: Graph, record: bool) -> None:
+        self.params = graph.param_bytes
+        self.inputs = graph.input_bytes
+        self.base = self.params + self.inputs
+        self.record = record
+        self.steps: list[tuple[str, int]] = []
+        self.live: list[int] = []
+        self.best = -1
+        self.best_step = 0
+        self.best_break: dict[str, int] = {}
+        self.best_at: tuple[str, int] = (FORWARD, 0)
+        self.act_peak = 0
 
-    steps: list[tuple[str, int]] = []
-    live: list[int] = []
-    best = -1
-    best_step = 0
-    best_break: dict[str, int] = {}
-    act_peak = 0
-
-    def record_step(phase: str, i: int, transient: int) -> None:
-        nonlocal best, best_step, best_break, act_peak
-        total = base + act + agrad + pgrad + transient
+    def step(self, phase: str, i: int, act: int, agrad: int, pgrad: int, transient: int) -> None:
+        total = self.base + act + agrad + pgrad + transient
         a_only = act + agrad + transient
-        if a_only > act_peak:
-            act_peak = a_only
-        if total > best:
-            best = total
-            best_step = len(live) if record else 0
-            best_break = {
-                "params": params, "inputs": inputs, "activations": act, "activation_grads": agrad,
-                "param_grads": pgrad, "workspace": transient, "_phase": phase, "_node": i,  # type: ignore[dict-item]
-            }
-        if record:
-            steps.append((phase, i))
-            live.append(total)
+        if a_only > self.act_peak:
+            self.act_peak = a_only
+        if total > self.best:
+            self.best = total
+            self.best_step = len(self.live) if self.record else 0
+            self.best_break = {"params": self.params, "inputs": self.inputs, "activations": act,
+                               "activation_grads": agrad, "param_grads": pgrad, "workspace": transient}
+            self.best_at = (phase, i)
+        if self.record:
+            self.steps.append((phase, i))
+            self.live.append(total)
+
+
+class _Walk:
+    """One walk of NOTE [ Execution model ], in its phases: who holds what
+    (``__init__``), the forward, the backward with each region's recompute."""
+
+    def __init__(self, graph: Graph, plan: Plan | None, record: bool) -> None:
+        self.graph = graph
+        nodes = self.nodes = graph.nodes
+        n = len(nodes)
+        regions = self.regions = plan.regions if plan is not None else ()
+        kept = self.kept = [False] * n  # NOTE [ Selective recompute ]
+        for k in (plan.saved if plan is not None else ()):
+            kept[k] = True
+        region_of = self.region_of = [-1] * n
+        for r, (a, b) in enumerate(regions):
+            for i in range(a, b + 1):
+                region_of[i] = r
+        self.terms = terms_of(graph)
+        self.rg = [nd.requires_grad for nd in nodes]
+        self.out_b = [nd.out_bytes for nd in nodes]
+        self.caller = self.terms.sinks  # sinks are held by the caller to the end
+        self._holders()
+        self.meter = _Meter(graph, record)
+        self.act = 0  # activations (outputs, saved buffers, recomputed copies)
+        self.agrad = 0  # gradients of activations
+        self.pgrad = 0  # gradients of parameters
+        self.alive = [False] * n
+        self.recompute_flops = 0
+        self.recompute_cost = 0
+
+    def _holders(self) -> None:
+        """hold[j]: number of holders of the forward copy of tensor j;
+        node_holds[k]: tensors (forward copies) node k releases after its backward;
+        region_holds[r]: tensors region r releases after its backward."""
+        n, preds, saves, region_of = len(self.nodes), self.graph.preds, self.terms.saves, self.region_of
+        hold = self.hold = [0] * n
+        node_holds: list[list[int]] = [[] for _ in range(n)]
+        region_holds: list[list[int]] = [[] for _ in self.regions]
+        for k in range(n):
+            if region_of[k] == -1:
+                for j in saves[k]:
+                    hold[j] += 1
+                    node_holds[k].append(j)
+            else:
+                r = region_of[k]
+                for j in dict.fromkeys(preds[k]):
+                    if region_of[j] != r and j not in region_holds[r]:
+                        region_holds[r].append(j)
+                        hold[j] += 1
+        for k in range(n):
+            if self.kept[k]:
+                hold[k] += 1  # the region's cache (NOTE [ Selective recompute ])
+        self.node_holds, self.region_holds = node_holds, region_holds
 
     # ------------------------------------------------------------- forward
-    remaining = [len(succs[j]) for j in range(n)]
-    alive = [False] * n
-    for i in range(n):
-        nd = nodes[i]
-        act += out_b[i] + nd.saved_bytes
-        alive[i] = True
-        record_step(FORWARD, i, nd.workspace_bytes)
-        if (region_of[i] != -1 or not rg[i]) and not kept[i]:
-            act -= nd.saved_bytes  # own buffers not kept
-        for j in dict.fromkeys(preds[i]):
-            remaining[j] -= 1
-            if remaining[j] == 0 and hold[j] == 0 and not caller[j]:
-                act -= out_b[j]
-                alive[j] = False
-        if remaining[i] == 0 and hold[i] == 0 and not caller[i]:
-            act -= out_b[i]  # nothing reads or keeps it
-            alive[i] = False
+    def forward(self) -> None:
+        nodes, preds, succs = self.nodes, self.graph.preds, self.graph.succs
+        out_b, hold, caller, alive, kept, rg, region_of = (self.out_b, self.hold, self.caller, self.alive, self.kept,
+                                                            self.rg, self.region_of)
+        step = self.meter.step
+        act = self.act
+        remaining = [len(s) for s in succs]
+        for i in range(len(nodes)):
+            nd = nodes[i]
+            act += out_b[i] + nd.saved_bytes
+            alive[i] = True
+            step(FORWARD, i, act, self.agrad, self.pgrad, nd.workspace_bytes)
+            if (region_of[i] != -1 or not rg[i]) and not kept[i]:
+                act -= nd.saved_bytes  # own buffers not kept
+            for j in dict.fromkeys(preds[i]):
+                remaining[j] -= 1
+                if remaining[j] == 0 and hold[j] == 0 and not caller[j]:
+                    act -= out_b[j]
+                    alive[j] = False
+            if remaining[i] == 0 and hold[i] == 0 and not caller[i]:
+                act -= out_b[i]  # nothing reads or keeps it
+                alive[i] = False
+        self.act = act
 
     # ------------------------------------------------------------ backward
-    pgrad += unattributed_pgrad
-    grads = GradientWalk(graph)
-    grads.start()
-    agrad = grads.bytes
-    region_last = {b: r for r, (a, b) in enumerate(regions)}
-    span_extra = graph.span_extra_bytes()
-    region_first = {a: r for r, (a, b) in enumerate(regions)}
-    rec_hold = [0] * n  # holders of recomputed copies
-    rec_node_holds: list[list[int]] = [[] for _ in range(n)]
-    recompute_flops = 0
-    recompute_cost = 0
-    costs = graph.recompute_costs()
+    def backward(self) -> None:
+        graph, n = self.graph, len(self.nodes)
+        self.pgrad += max(0, graph.param_bytes - sum(nd.param_bytes for nd in self.nodes))  # not attributed to a node
+        grads = self.grads = GradientWalk(graph)
+        grads.start()
+        self.agrad = grads.bytes
+        regions = self.regions
+        region_last = {b: r for r, (a, b) in enumerate(regions)}
+        region_first = {a: r for r, (a, b) in enumerate(regions)}
+        self.span_extra = graph.span_extra_bytes()
+        self.costs = graph.recompute_costs()
+        self.rec_hold = [0] * n  # holders of recomputed copies
+        self.rec_node_holds: list[list[int]] = [[] for _ in range(n)]
+        # shared[k]: k's recomputed copy is its forward copy's storage, counted
+        # once under the forward copy (NOTE [ Selective recompute ]).
+        self.shared = [False] * n
+        for i in range(n - 1, -1, -1):
+            if i in region_last:
+                self._recompute(*regions[region_last[i]])
+            if self.rg[i]:
+                self._node_backward(i)
+            if i in region_first:
+                for j in self.region_holds[region_first[i]]:
+                    self._release(j)
 
-    # shared[k]: k's recomputed copy is its forward copy's storage, counted
-    # once under the forward copy (NOTE [ Selective recompute ]).
-    shared = [False] * n
-
-    def release(j: int) -> None:
-        nonlocal act
-        hold[j] -= 1
-        if hold[j] == 0 and alive[j] and not caller[j]:
-            alive[j] = False
-            if shared[j]:
-                shared[j] = False  # the recomputed copy owns the storage now
+    def _release(self, j: int) -> None:
+        """One holder of the forward copy of ``j`` lets go."""
+        self.hold[j] -= 1
+        if self.hold[j] == 0 and self.alive[j] and not self.caller[j]:
+            self.alive[j] = False
+            if self.shared[j]:
+                self.shared[j] = False  # the recomputed copy owns the storage now
             else:
-                act -= out_b[j]
+                self.act -= self.out_b[j]
 
-    def drop_recomputed(j: int) -> None:
-        nonlocal act
-        if shared[j]:
-            shared[j] = False  # the forward copy still holds the storage
+    def _drop_recomputed(self, j: int) -> None:
+        if self.shared[j]:
+            self.shared[j] = False  # the forward copy still holds the storage
         else:
-            act -= out_b[j]
+            self.act -= self.out_b[j]
 
-    for i in range(n - 1, -1, -1):
-        if i in region_last:
-            r = region_last[i]
-            a, b = regions[r]
-            # Recompute the region from its inputs.
-            rem = [0] * (b - a + 1)
-            for k in range(a, b + 1):
-                for j in dict.fromkeys(preds[k]):
-                    if a <= j <= b:
-                        rem[j - a] += 1
-                for j in saves[k]:
-                    if a <= j <= b:
-                        rec_hold[j] += 1
-                        rec_node_holds[k].append(j)
-            # The region's outputs (read after it, or by the caller) stay
-            # referenced by the running region until its recompute ends.
-            outs = [caller[k] or succs[k][-1] > b for k in range(a, b + 1)]
-            snapshot = sum(nodes[k].state_bytes for k in range(a, b + 1))  # buffers copied around the recompute
-            snapshot += span_extra.get((a, b), 0)  # what the call's eager locals hold (eager lifetimes)
-            act += snapshot
-            for k in range(a, b + 1):
-                nd = nodes[k]
-                if kept[k]:  # NOTE [ Selective recompute ]: the cache's tensors become the copy
-                    hold[k] -= 1
-                    if hold[k] == 0 and not caller[k]:
-                        alive[k] = False  # its storage passes to the recomputed copy
-                    else:
-                        shared[k] = True
-                    record_step(RECOMPUTE, k, 0)
+    def _recompute(self, a: int, b: int) -> None:
+        """Region ``[a, b]`` recomputed from its inputs when the backward reaches ``b``."""
+        nodes, preds, saves, caller, kept = self.nodes, self.graph.preds, self.terms.saves, self.caller, self.kept
+        rec_hold, hold = self.rec_hold, self.hold
+        step = self.meter.step
+        rem = [0] * (b - a + 1)
+        for k in range(a, b + 1):
+            for j in dict.fromkeys(preds[k]):
+                if a <= j <= b:
+                    rem[j - a] += 1
+            for j in saves[k]:
+                if a <= j <= b:
+                    rec_hold[j] += 1
+                    self.rec_node_holds[k].append(j)
+        # The region's outputs (read after it, or by the caller) stay
+        # referenced by the running region until its recompute ends.
+        outs = [caller[k] or self.terms.last_reader[k] > b for k in range(a, b + 1)]
+        snapshot = sum(nodes[k].state_bytes for k in range(a, b + 1))  # buffers copied around the recompute
+        snapshot += self.span_extra.get((a, b), 0)  # what the call's eager locals hold (eager lifetimes)
+        self.act += snapshot
+        for k in range(a, b + 1):
+            nd = nodes[k]
+            if kept[k]:  # NOTE [ Selective recompute ]: the cache's tensors become the copy
+                hold[k] -= 1
+                if hold[k] == 0 and not caller[k]:
+                    self.alive[k] = False  # its storage passes to the recomputed copy
                 else:
-                    recompute_flops += nd.fwd_flops
-                    recompute_cost += costs[k]
-                    act += out_b[k] + nd.saved_bytes
-                    record_step(RECOMPUTE, k, nd.workspace_bytes)
-                if not rg[k]:
-                    act -= nd.saved_bytes
-                for j in dict.fromkeys(preds[k]):
-                    if a <= j <= b:
-                        rem[j - a] -= 1
-                        if rem[j - a] == 0 and rec_hold[j] == 0 and not outs[j - a]:
-                            drop_recomputed(j)
-                if rem[k - a] == 0 and rec_hold[k] == 0 and not outs[k - a]:
-                    drop_recomputed(k)
-            for k in range(a, b + 1):
-                if outs[k - a] and rec_hold[k] == 0:
-                    drop_recomputed(k)
-            act -= snapshot
-        if rg[i]:
-            nd = nodes[i]
-            transient = grads.node_backward(i)
-            agrad = grads.bytes
-            pgrad += nd.param_bytes
-            record_step(BACKWARD, i, transient)
-            grads.node_done(i)
-            agrad = grads.bytes
-            act -= own_b[i]  # own saved buffers (kept whether in a region or not)
-            for j in node_holds[i]:
-                release(j)
-            for j in rec_node_holds[i]:
-                rec_hold[j] -= 1
-                if rec_hold[j] == 0:
-                    drop_recomputed(j)
-        if i in region_first:
-            for j in region_holds[region_first[i]]:
-                release(j)
+                    self.shared[k] = True
+                step(RECOMPUTE, k, self.act, self.agrad, self.pgrad, 0)
+            else:
+                self.recompute_flops += nd.fwd_flops
+                self.recompute_cost += self.costs[k]
+                self.act += self.out_b[k] + nd.saved_bytes
+                step(RECOMPUTE, k, self.act, self.agrad, self.pgrad, nd.workspace_bytes)
+            if not self.rg[k]:
+                self.act -= nd.saved_bytes
+            for j in dict.fromkeys(preds[k]):
+                if a <= j <= b:
+                    rem[j - a] -= 1
+                    if rem[j - a] == 0 and rec_hold[j] == 0 and not outs[j - a]:
+                        self._drop_recomputed(j)
+            if rem[k - a] == 0 and rec_hold[k] == 0 and not outs[k - a]:
+                self._drop_recomputed(k)
+        for k in range(a, b + 1):
+            if outs[k - a] and rec_hold[k] == 0:
+                self._drop_recomputed(k)
+        self.act -= snapshot
 
-    phase = best_break.pop("_phase")  # type: ignore[arg-type]
-    node_i = best_break.pop("_node")  # type: ignore[arg-type]
-    return Simulation(
-        peak_bytes=best,
-        peak_step=best_step,
-        peak_phase=phase,  # type: ignore[arg-type]
-        peak_node=nodes[node_i].name,  # type: ignore[index]
-        breakdown=best_break,
-        steps=tuple(steps),
-        live_bytes=tuple(live),
-        recompute_flops=recompute_flops,
-        step_flops=graph.total_fwd_flops() + graph.total_bwd_flops(),
-        recompute_cost=recompute_cost,
-        activation_peak_bytes=act_peak,
-        persistent_bytes=base + params,
-        recompute_time_s=cost_seconds(graph, recompute_cost),
-    )
+    def _node_backward(self, i: int) -> None:
+        nd, grads = self.nodes[i], self.grads
+        transient = grads.node_backward(i)
+        self.agrad = grads.bytes
+        self.pgrad += nd.param_bytes
+        self.meter.step(BACKWARD, i, self.act, self.agrad, self.pgrad, transient)
+        grads.node_done(i)
+        self.agrad = grads.bytes
+        self.act -= nd.saved_bytes  # own saved buffers (kept whether in a region or not; rg here)
+        for j in self.node_holds[i]:
+            self._release(j)
+        for j in self.rec_node_holds[i]:
+            self.rec_hold[j] -= 1
+            if self.rec_hold[j] == 0:
+                self._drop_recomputed(j)
+
+    # -------------------------------------------------------------- result
+    def result(self) -> Simulation:
+        graph, meter = self.graph, self.meter
+        phase, node_i = meter.best_at
+        return Simulation(
+            peak_bytes=meter.best,
+            peak_step=meter.best_step,
+            peak_phase=phase,
+            peak_node=self.nodes[node_i].name,
+            breakdown=meter.best_break,
+            steps=tuple(meter.steps),
+            live_bytes=tuple(meter.live),
+            recompute_flops=self.recompute_flops,
+            step_flops=graph.total_fwd_flops() + graph.total_bwd_flops(),
+            recompute_cost=self.recompute_cost,
+            activation_peak_bytes=meter.act_peak,
+            persistent_bytes=meter.base + meter.params,
+            recompute_time_s=cost_seconds(graph, self.recompute_cost),
+        )
 
 
 def cost_seconds(graph: Graph, cost: int) -> float | None:

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 from graphs import Graph
 
+from .terms import terms_of
+
 __all__ = ["Stages", "stages", "common_tensors", "articulation_cuts"]
 
 
@@ -49,7 +51,7 @@ def _cuts_and_boundaries(graph: Graph, common: frozenset[int]) -> tuple[list[int
     """Cuts and, for each, the position of its boundary tensor (``c - 1`` when
     no tensor crosses)."""
     n = len(graph)
-    last = [max(s) if s else -1 for s in graph.succs]
+    last = terms_of(graph).last_reader
     # crossing[c]: non-common tensors j < c with last consumer >= c; xor of
     # their positions identifies the single one when the count is 1.
     delta = [0] * (n + 1)

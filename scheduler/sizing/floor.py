@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from graphs import Graph
-from solvers import Plan, Simulation, format_bytes, simulate
+from solvers import Plan, Simulation, format_bytes, simulate, terms_of
 
 __all__ = ["NodeFloor", "Floor", "node_floors", "explain_floor"]
 
@@ -69,6 +69,7 @@ def node_floors(graph: Graph) -> list[NodeFloor]:
     """A lower bound per node and phase on the peak of every plan."""
     nodes = graph.nodes
     idx = graph.index
+    saves = terms_of(graph).saves
     base = graph.param_bytes + graph.input_bytes
     unattributed = max(0, graph.param_bytes - sum(n.param_bytes for n in nodes))
     out: list[NodeFloor] = []
@@ -84,13 +85,12 @@ def node_floors(graph: Graph) -> list[NodeFloor]:
         out.append(NodeFloor(nd.name, "forward", sum(fwd.values()), fwd))
         if not nd.requires_grad:
             continue
-        saved = set(nd.saves_inputs) | ({nd.name} if nd.saves_output else set())
         bwd = {
             "params+inputs": base,
             "param grads": unattributed + pgrad_after[i],
             "grad of output": nd.out_bytes if (i == last or any(nodes[k].requires_grad for k in succs[i])) else 0,
             "grads of inputs": sum(nodes[idx[j]].out_bytes for j in ins if nodes[idx[j]].requires_grad),
-            "saved tensors": sum(nodes[idx[j]].out_bytes for j in saved) + nd.saved_bytes,
+            "saved tensors": sum(nodes[j].out_bytes for j in saves[i]) + nd.saved_bytes,
             "workspace": nd.workspace_bytes,
         }
         out.append(NodeFloor(nd.name, "backward", sum(bwd.values()), bwd))

@@ -125,7 +125,7 @@ def opaque_torch_modules(gm: torch.fx.GraphModule) -> list[str]:
         traces them to their ops. So with ``method="auto"`` a graph that
         calls one of them is traced again with ``torch.export``; with
         ``method="fx"`` a warning names them and the way out.
-        ``tests/test_trace.py::test_transformer_encoder_is_traced_through``.
+        ``tests/scheduler/tracing/test_trace.py::test_transformer_encoder_is_traced_through``.
     """
     out = []
     for node in gm.graph.nodes:

@@ -25,54 +25,7 @@ from solvers.brute_force import best_from_frontier
 from solvers.dp import DPTable
 from solvers.frontier import FrontierDP
 from solvers.ilp import IlpSolver
-from test_optimality import random_graph
-
-
-def random_spans(n: int, rng: random.Random, *, laminar: bool) -> list[Span]:
-    """A random module tree over ``0..n-1`` (children are consecutive runs of
-    their parent, named ``<parent>.<i>``); unless ``laminar``, also runs of
-    consecutive children (``<parent>[i:j]``, as ``nn.Sequential`` slices) and
-    a few random intervals, which overlap the tree."""
-    spans: list[Span] = []
-    runs: list[tuple[str, list[tuple[int, int]]]] = []
-
-    def grow(a: int, b: int, name: str, depth: int) -> None:
-        if b == a or depth == 3 or rng.random() < 0.1:
-            return
-        cuts = sorted(rng.sample(range(a + 1, b + 1), min(b - a, rng.randint(1, 3))))
-        kids = list(zip([a] + cuts, [c - 1 for c in cuts] + [b]))
-        runs.append((name, kids))
-        for i, (x, y) in enumerate(kids):
-            if rng.random() < 0.9:
-                spans.append(Span(x, y, f"{name}.{i}"))
-            grow(x, y, f"{name}.{i}", depth + 1)
-
-    if rng.random() < 0.5:
-        spans.append(Span(0, n - 1, "m"))  # the whole model as one call
-    grow(0, n - 1, "m", 0)
-    spans += [Span(k, k, f"leaf{k}") for k in range(n) if rng.random() < 0.3]
-    if not laminar:
-        for name, kids in runs:
-            for _ in range(rng.randint(0, 2)):
-                i = rng.randrange(len(kids))
-                j = rng.randrange(i, len(kids))
-                spans.append(Span(kids[i][0], kids[j][1], f"{name}[{i}:{j + 1}]"))
-        for _ in range(rng.randint(1, 3)):
-            a = rng.randrange(n)
-            spans.append(Span(a, rng.randrange(a, n), f"x{a}"))
-    return spans or [Span(0, n - 1, "m")]
-
-
-def random_extra_bytes(g: Graph, spans: list[Span], rng: random.Random) -> list[Span]:
-    """The spans with random ``extra_bytes`` (eager lifetimes in a recompute, NOTE
-    [ Execution model ]): none on a fifth of the graphs; else 0 on some spans
-    and, on the others, from a tenth of the mean output to twice the largest."""
-    if rng.random() < 0.2:
-        return spans
-    mean = sum(nd.out_bytes for nd in g.nodes) // len(g)
-    top = max(nd.out_bytes for nd in g.nodes)
-    return [dataclasses.replace(sp, extra_bytes=rng.choice([0, rng.randint(max(1, mean // 10), 2 * top)]))
-            for sp in spans]
+from random_graphs import random_extra_bytes, random_graph, random_spans
 
 
 def _with_spans(g: Graph, seed: int) -> tuple[str, Graph]:

@@ -23,8 +23,7 @@ from solvers import InfeasibleBudget, Plan, PlanError, enumerate_plans, pareto_f
 from solvers.brute_force import best_from_frontier, brute_force, count_selective, enumerate_selective
 from solvers.dp import DPTable, dp
 from solvers.selective import variants
-from test_aligned import random_spans
-from test_optimality import random_graph
+from random_graphs import random_graph, random_spans
 
 
 def _keepable(nd: Node) -> Node:
@@ -42,7 +41,7 @@ def chain3() -> Graph:
 
 # Plans on chain3 and their timelines, by hand. The caller holds grad c (the seed)
 # through the backward. Without keeping, region (0, 1) gives
-# [10, 20, 20, 40, 40, 50, 50, 30] (tests/test_simulate.py).
+# [10, 20, 20, 40, 40, 50, 50, 30] (tests/solvers/test_simulate.py).
 CHAIN3_KEPT = {
     # keep a: the cache holds a after b's forward (fwd c: a, b, c = 30); bwd c: 30 + grad c, grad b;
     # b released by c: 20; the recompute reaches a (no allocation): a, c + grads = 40;

@@ -13,45 +13,13 @@ import random
 import pytest
 
 import solvers
-from graphs import Graph, Node, synthetic
+from graphs import synthetic
 from solvers import InfeasibleBudget, pareto_frontier, simulate
 from solvers.brute_force import best_from_frontier
 from solvers.dp import DPTable
 from solvers.frontier import FrontierDP
 from solvers.ilp import IlpSolver
-
-
-def random_graph(seed: int, *, chain: bool) -> Graph:
-    """A small random graph: random edges, save patterns, buffers, workspace,
-    parameters, requires_grad, recomputable and grad_views flags, state buffers."""
-    rng = random.Random(seed)
-    n = rng.randint(4, 9)
-    nodes = []
-    for i in range(n):
-        if i == 0:
-            inputs: tuple[str, ...] = ()
-        elif chain:
-            inputs = (f"n{i - 1}",)
-        else:
-            ins = [f"n{i - 1}"] if rng.random() < 0.8 else []
-            ins += [f"n{j}" for j in range(i - 1) if rng.random() < 0.25]
-            inputs = tuple(ins or [f"n{rng.randrange(i)}"])
-        nodes.append(Node(
-            name=f"n{i}", inputs=inputs, saves_inputs=tuple(x for x in inputs if rng.random() < 0.6),
-            saves_output=rng.random() < 0.3, out_bytes=rng.randint(1, 20) * 100,
-            saved_bytes=rng.choice([0, 0, rng.randint(1, 10) * 10]),
-            workspace_bytes=rng.choice([0, 0, rng.randint(1, 10) * 10]),
-            param_bytes=rng.choice([0, rng.randint(1, 5) * 10]),
-            fwd_flops=rng.randint(0, 50), bwd_flops=rng.randint(0, 100),
-            requires_grad=i == 0 or rng.random() < 0.9, recomputable=rng.random() < 0.95,
-            # cat-like backward (input gradients are views of the output's), drawn apart so the
-            # other fields keep their seeds
-            grad_views=bool(inputs) and random.Random(seed * 7919 + i).random() < 0.25,
-            # buffers a region snapshots while it recomputes (BatchNorm's statistics)
-            state_bytes=random.Random(seed * 104729 + i).choice([0, 0, 0, 40, 300]),
-        ))
-    return Graph(nodes=tuple(nodes), param_bytes=rng.randint(0, 500), input_bytes=rng.randint(0, 100),
-                 name=f"random{seed}")
+from random_graphs import random_graph
 
 
 def _cases():

@@ -29,7 +29,7 @@ from scheduler.sizing.budget import BudgetError, parse_budget
 from scheduler.cli import main
 from solvers import InfeasibleBudget, Plan, PlanError, PlanMismatch, UnknownOption
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SENTINEL = b'{"an": "existing output file"}\n'
 
 

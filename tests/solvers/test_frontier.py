@@ -1,6 +1,6 @@
 """The frontier program (NOTE [ The frontier DP ]): ilp's exact method on narrow graphs.
 
-Brute force checks it on 240 small graphs (tests/test_optimality.py); here it
+Brute force checks it on 240 small graphs (tests/solvers/test_optimality.py); here it
 is checked against the CP-SAT model on graphs too big for brute force, and
 its limits (width, time) are checked to hand over to CP-SAT or say so.
 """
@@ -114,7 +114,7 @@ def test_bounded_free_heuristic_always_fits_and_is_exact_when_it_bounds_nothing(
     """``max_free=k`` counts all but k unheld open tensors as held: its plans
     must fit per simulate at every k, cost no less than the optimum, and equal
     it once k reaches the graph's width."""
-    from test_optimality import random_graph
+    from random_graphs import random_graph
 
     seen_worse = 0
     for seed in range(100, 160):
@@ -147,11 +147,11 @@ def test_ilp_warm_starts_wide_graphs_from_the_heuristic():
 
 # ------------------------------------------------ width, decided in linear time
 def _zero_byte_variant(seed: int):
-    """A random small graph (tests/test_optimality.py) where some tensors are views of zero bytes."""
+    """A random small graph (tests/solvers/test_optimality.py) where some tensors are views of zero bytes."""
     import dataclasses
     import random
 
-    from test_optimality import random_graph
+    from random_graphs import random_graph
 
     g = random_graph(seed, chain=seed % 2 == 0)
     rng = random.Random(seed)

@@ -21,7 +21,7 @@ from solvers import ilp as ilp_mod
 from solvers import ilp_cpsat
 from solvers.ilp_cpsat import IlpTimeout
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = synthetic.make("transformer", 28, seed=4)
 WIDE = synthetic.make("unet", 100)  # 17 tensors open at once: too wide for the frontier program
 

@@ -1,0 +1,145 @@
+"""One node of the cost graph: an operation and what autograd keeps for it.
+
+NOTE [ What a node saves ]
+    Autograd does not keep "each node's output". For node ``i`` the saved set is
+
+    * ``out(j)`` for every ``j`` in ``saves_inputs`` (a subset of ``inputs``:
+      a linear layer saves its input, an ``add`` saves nothing);
+    * ``out(i)`` itself when ``saves_output`` is true (ReLU, softmax, tanh,
+      sigmoid keep what they produced);
+    * ``saved_bytes`` of buffers the op allocates for its own backward and that
+      are neither an input nor the output: dropout's mask, layer norm's mean and
+      rstd, max-pool's indices, attention's logsumexp. Parameters and views of
+      other tensors are *not* counted here: parameters are always live and a
+      view shares its base's storage.
+
+    A tensor therefore stays alive after the forward when its producer or any
+    of its consumers saves it; a tensor saved by several nodes is one tensor
+    (counted once). ``scheduler.trace`` measures these fields with
+    ``torch.autograd.graph.saved_tensors_hooks`` and ``solvers.simulate``
+    consumes them: the two agree on this definition and on nothing else.
+
+Nodes whose output does not require grad (attention masks, position ids,
+integer index arithmetic) have ``requires_grad=False``: autograd records no
+backward for them and they save nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = ["Node"]
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operation (or a group of fused operations) of the compute graph.
+
+    Only ``name``, ``out_bytes``, ``fwd_flops`` and ``inputs`` are required in
+    JSON; every other field has the default shown here.
+
+    Attributes:
+        name: unique name (the fx node name when traced).
+        inputs: names of the nodes whose outputs this node consumes (the edges).
+            Every name must belong to an earlier node.
+        out_bytes: bytes of the output tensor(s).
+        fwd_flops: forward FLOPs.
+        fwd_cost: what recomputing the node costs, the solvers' objective
+            (:meth:`Graph.recompute_costs`), in FLOP-equivalents: its
+            estimated forward time times a FLOP rate (``meta["costs"]`` says
+            which model and rate, NOTE [ Roofline costs ] in
+            ``scheduler.tracing.roofline``), so totals stay comparable with
+            FLOPs. ``None`` when building (and absent from JSON) means
+            ``fwd_flops``; it is an int once built. ``dataclasses.replace``
+            keeps it: pass ``fwd_cost=None`` with a new ``fwd_flops`` to
+            make it follow.
+        bwd_flops: backward FLOPs; default ``2 * fwd_flops`` (the usual
+            matmul-dominated ratio) when absent from JSON.
+        op: operator name (``aten.mm``, ``linear``, ``block``...), informative.
+        saves_inputs: which of ``inputs`` autograd keeps for this node's
+            backward; default (``None``) all of them. See NOTE [ What a node saves ].
+        saves_output: whether autograd keeps this node's own output.
+        saved_bytes: bytes of the node's own saved buffers (neither an input
+            nor the output).
+        workspace_bytes: transient bytes that exist only while the node's
+            forward (or backward) runs.
+        param_bytes: bytes of the parameters this node is the first to use;
+            their gradients are created during its backward.
+        module: dotted path in the module tree ("" when unknown).
+        stochastic: draws random numbers (dropout); recompute must replay RNG.
+        stateful: updates state in the forward (BatchNorm running stats).
+        state_bytes: bytes of the buffers the node updates in its forward; a
+            region holding it snapshots them while it recomputes (NOTE
+            [ Stateful ops under recompute ] in ``scheduler.applying.modules``).
+        recomputable: False forbids any plan from putting the node in a region.
+        requires_grad: whether the output requires grad (has a backward).
+        grad_views: the backward hands its inputs *views* of its output's
+            gradient instead of new tensors (``cat``, ``stack``): that
+            gradient's storage then lives until the last such input's
+            backward is done.
+        members: names of the finer-grained nodes merged into this one (when a
+            tracer coarsens the graph); empty means just ``name``.
+        dispatch: the ATen overloads the node runs below autograd, in order
+            (what a selective-checkpoint policy sees); empty when unknown.
+        sac_op: position in ``dispatch`` of the one op that creates every
+            storage the node owns (its output and own saved buffers), so a
+            selective-checkpoint policy can keep them (NOTE [ Selective
+            recompute ] in ``solvers.simulate``); -1: the node cannot be kept so.
+    """
+
+    name: str
+    inputs: tuple[str, ...] = ()
+    out_bytes: int = 0
+    fwd_flops: int = 0
+    bwd_flops: int = 0
+    fwd_cost: int | None = None
+    op: str = ""
+    saves_inputs: tuple[str, ...] | None = None
+    saves_output: bool = False
+    saved_bytes: int = 0
+    workspace_bytes: int = 0
+    param_bytes: int = 0
+    module: str = ""
+    stochastic: bool = False
+    stateful: bool = False
+    state_bytes: int = 0
+    recomputable: bool = True
+    requires_grad: bool = True
+    grad_views: bool = False
+    members: tuple[str, ...] = ()
+    dispatch: tuple[str, ...] = ()
+    sac_op: int = -1
+
+    _INT_FIELDS = ("out_bytes", "fwd_flops", "bwd_flops", "fwd_cost", "saved_bytes", "workspace_bytes", "param_bytes",
+                   "state_bytes")
+    _BOOL_FIELDS = ("saves_output", "stochastic", "stateful", "recomputable", "requires_grad", "grad_views")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        saves = self.inputs if self.saves_inputs is None else tuple(self.saves_inputs)
+        object.__setattr__(self, "saves_inputs", saves)
+        object.__setattr__(self, "members", tuple(self.members))
+        object.__setattr__(self, "dispatch", tuple(self.dispatch))
+        if self.fwd_cost is None:
+            object.__setattr__(self, "fwd_cost", self.fwd_flops)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for key in ("inputs", "saves_inputs", "members", "dispatch"):
+            d[key] = list(d[key])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, where: str = "node") -> "Node":
+        """Build a node from JSON, filling documented defaults (NOTE [ Strict loading ] in ``graphs.schema``).
+
+        Raises:
+            GraphError: a required field is missing, an unknown field (naming
+                the nearest known one), a field of the wrong type, or a
+                byte/FLOP count that is no finite integer in ``[0, 2**62)``.
+        """
+        from .schema import node_from_dict
+
+        return node_from_dict(cls, d, where)
