@@ -221,23 +221,48 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
         plan = IlpSolver(graph, budget_bytes, deadline=deadline, work_limit=work_limit, workers=workers, seed=seed,
                          gap_limit=gap_limit, lower_bound=bound, incumbent=inc).solve()
     except InfeasibleBudget as exc:
-        if selective:  # a plan keeping nodes might still fit
+        if selective:  # a plan keeping nodes might still fit: dp's, else the least over plans keeping none
+            kept = _dp_selective(graph, budget_bytes, None)
+            if kept is not None:
+                return kept
             raise exc.replace(time_limit_s=deadline.limit_s, scope="the plans that keep no node (the frontier "
                               "program could not run; CP-SAT has no kept nodes)") from None
         if exc.proven:
             raise
         raise exc.replace(time_limit_s=deadline.limit_s) from None  # the limit the caller gave
-    return _without_kept_nodes(plan) if selective else plan
+    return _without_kept_nodes(graph, budget_bytes, plan) if selective else plan
 
 
-def _without_kept_nodes(plan: Plan) -> Plan:
+_NOT_SEARCHED = "not searched: the graph was too wide or slow for the frontier program, and CP-SAT has no kept nodes"
+
+
+def _without_kept_nodes(graph: Graph, budget_bytes: int, plan: Plan) -> Plan:
     """A CP-SAT plan where ``selective`` was asked: it fits, but its optimality and bound hold only over
-    plans that keep no node (the program could not run), and ``findings`` say so."""
-    log.warning("ilp: selective recompute asked, but the frontier program could not run; CP-SAT's plan keeps no "
-                "node and is not proven optimal over selective plans")
-    findings = dict(plan.findings, selective="not searched: the graph was too wide or slow for the frontier program, "
-                    "and the CP-SAT model has no kept nodes")
+    plans that keep no node (the program could not run), and ``findings`` say so; ``dp``'s selective
+    plan instead where it fits and costs less."""
+    log.warning("ilp: selective recompute asked, but the frontier program could not run; the plan is not proven "
+                "optimal over selective plans")
+    cost = simulate(graph, plan, record=False).recompute_cost
+    kept = _dp_selective(graph, budget_bytes, cost)
+    if kept is not None:
+        return kept
+    findings = dict(plan.findings, selective=_NOT_SEARCHED)
     return dataclasses.replace(plan, status=Status.FEASIBLE, bound=None, gap=None, findings=findings)
+
+
+def _dp_selective(graph: Graph, budget_bytes: int, below: int | None) -> Plan | None:
+    """``dp``'s plan with kept nodes when it fits and costs less than ``below`` (None: any cost), as ``feasible``."""
+    from .dp import dp
+
+    try:
+        plan = dp(graph, budget_bytes)
+    except InfeasibleBudget:
+        return None
+    sim = simulate(graph, plan, record=False)
+    if not plan.saved or sim.peak_bytes > budget_bytes or (below is not None and sim.recompute_cost >= below):
+        return None
+    return Plan(regions=plan.regions, saved=plan.saved, status=Status.FEASIBLE,
+                findings={"method": "warm start", "incumbent": "dp (selective)", "selective": _NOT_SEARCHED})
 
 
 ILP_OPTIONS = CP_SAT_OPTIONS + (
@@ -294,8 +319,9 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, work_lim
             [ The menu of kept sets ] in ``solvers.selective``): the frontier
             program is then exact over ``(region, menu entry)`` pairs (NOTE
             [ Kept nodes in the frontier DP ]; it walks every node: blocks are
-            not composed). Where it cannot run (too wide, out of time) CP-SAT
-            answers without kept nodes, ``feasible`` with no bound and a
+            not composed). Where it cannot run (too wide, out of time) the
+            answer is the cheaper of CP-SAT's plan (no kept nodes) and
+            ``dp``'s selective plan, ``feasible`` with no bound and a
             ``findings["selective"]`` saying so; ``method="cp-sat"`` refuses it.
             False (the default): regions only.
 

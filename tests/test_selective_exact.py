@@ -29,7 +29,8 @@ from graphs import Graph, Node, synthetic
 from solvers import InfeasibleBudget, Plan, SolverOptionError, simulate
 from solvers.brute_force import best_from_frontier, count_selective, enumerate_plans, enumerate_selective, pareto_frontier
 from solvers.dp import DPTable
-from solvers.frontier import MAX_WIDTH, FrontierDP, width
+from solvers import ilp as ilp_mod
+from solvers.frontier import MAX_WIDTH, FrontierDP, TooWide, width
 from solvers.ilp import keepable
 from solvers.selective import variants
 from test_aligned import random_spans
@@ -177,3 +178,26 @@ def test_ilp_on_a_graph_too_wide_for_the_program_says_selective_was_not_searched
     assert plan.peak_bytes <= budget and plan.recompute_cost > 0
     with pytest.raises(InfeasibleBudget, match="keep no node"):  # the least is over those plans only
         solvers.solve(graph, least - 1, solver="ilp", selective=True, time_limit_s=30)
+
+
+def test_ilp_falls_back_to_dps_kept_plan_where_it_is_cheaper(monkeypatch):
+    # Where the program cannot run, ilp returns dp's selective plan when it beats CP-SAT's (feasible, said so).
+    def too_wide(graph, **_):
+        raise TooWide(99, MAX_WIDTH, 0)
+
+    monkeypatch.setattr(ilp_mod, "frontier_program", too_wide)
+    checked = 0
+    for _, graph in CASES:
+        if not _is_chain(graph):
+            continue
+        for peak, cost, _ in pareto_frontier(graph):
+            plain = solvers.solve(graph, peak, solver="cp-sat", time_limit_s=30)
+            if plain.recompute_cost <= cost:
+                continue  # keeping nodes does not pay here
+            plan = solvers.solve(graph, peak, solver="ilp", selective=True, time_limit_s=30)
+            assert plan.status == "feasible" and plan.saved and plan.recompute_cost == cost  # dp is exact on chains
+            assert plan.findings["incumbent"] == "dp (selective)" and "not searched" in plan.findings["selective"]
+            checked += 1
+        if checked >= 3:
+            return
+    pytest.fail("no chain where keeping nodes pays")
