@@ -46,6 +46,9 @@ NOTE [ The frontier DP ]
     repeated blocks ]) is crossed one block at a time: at a block's first
     node the program applies the block's own Pareto front, computed once for
     every bit pattern it is entered with, instead of walking its nodes.
+    With ``selective`` each region is also tried once per entry of its menu
+    of kept sets (NOTE [ Kept nodes in the frontier DP ] in
+    ``solvers.frontier_kept``), and blocks are walked node by node.
 """
 
 from __future__ import annotations

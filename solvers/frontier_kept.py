@@ -130,34 +130,40 @@ class KeptRegions:
         m = int(over[0]) if len(over) else len(fwdm)
         first_reader = {j: next((c for c in prog.readers[j] if c >= p), _INF) for j in prog.opens[p]}
         opens_p = prog.opens[p]
+        ks = np.arange(p, p + m)
+        fas: dict[frozenset, np.ndarray] = {}  # per held open tensors: their bytes at each step of the region
         for b in range(p, p + m):
             menu = self.menus.of(p, b)  # b grows for one p, as GrowingMenus asks
             if len(menu) == 1 or (endok is not None and not endok[b - p]):
                 continue
             size = b - p + 1
-            ks = np.arange(p, b + 1)
             read = frozenset(j for j in opens_p if first_reader[j] <= b)
+            effs = {key: frozenset(key) | read for key in fr.keys}
+            for eff in set(effs.values()) - set(fas):
+                fa = np.zeros(m, np.int64)
+                for j in eff:
+                    fa += prog.out[j] * (ks < prog.lc[j])
+                fas[eff] = fa
             for kept in menu[1:]:
                 df, dr, db, dA, saved_cost, held = self.deltas(p, b, kept)
                 f = int((fwd[:size] + df).max())
                 bw = bwd[:size]
                 bw = np.where(bw > NEG, bw + db, NEG)
-                fas: dict[frozenset, np.ndarray] = {}
+                rk = rc[:size] + dr
+                tail = int(gr[size - 1]) + int(held_b[size - 1])
+                nkeys: dict[frozenset, tuple[int, ...]] = {}
                 for key, (a, o, *_rest) in fr.keys.items():
-                    eff = frozenset(key) | read
-                    fa = fas.get(eff)
-                    if fa is None:
-                        fa = np.zeros(size, np.int64)
-                        for j in eff:
-                            fa += prog.out[j] * (ks < prog.lc[j])
-                        fas[eff] = fa
-                    local = max(f, int((bw + fa).max()), int((rc[:size] + dr + fa).max()) + int(gr[size - 1])
-                                + int(held_b[size - 1]))
+                    eff = effs[key]
+                    fa = fas[eff][:size]
+                    local = max(f, int((bw + fa).max()), int((rk + fa).max()) + tail)
                     cut = int(np.searchsorted(a, cap - local, side="right"))
                     if not cut:
                         continue
-                    nkey = tuple(j for j in prog.opens[b + 1] if (j < p and j in eff) or j in held)
-                    if max_free is not None:
-                        nkey = prog._round_up(nkey, prog.opens[b + 1], max_free)
+                    nkey = nkeys.get(eff)
+                    if nkey is None:
+                        nkey = tuple(j for j in prog.opens[b + 1] if (j < p and j in eff) or j in held)
+                        if max_free is not None:
+                            nkey = prog._round_up(nkey, prog.opens[b + 1], max_free)
+                        nkeys[eff] = nkey
                     fronts[b + 1].add(nkey, a, o, cut, int(cA[size - 1]) + dA, int(cost[size - 1]) - saved_cost,
                                       local, (p, key, KeptStep(b, kept)))
