@@ -46,6 +46,9 @@ NOTE [ The frontier DP ]
     repeated blocks ]) is crossed one block at a time: at a block's first
     node the program applies the block's own Pareto front, computed once for
     every bit pattern it is entered with, instead of walking its nodes.
+    With ``selective`` each region is also tried once per entry of its menu
+    of kept sets (NOTE [ Kept nodes in the frontier DP ] in
+    ``solvers.frontier_kept``), and blocks are walked node by node.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ from graphs import CkptError, Graph
 from .dp_model import NEG, node_arrays
 from .errors import SolverBug, SolverOptionError
 from .block_front import BlockFrontTooLarge
-from .frontier_front import Front
+from .frontier_front import Front, TooWide, _open_sets, open_counts, trace_back, width
+from .frontier_kept import KeptRegions
 from .spans import SpanIndex
 
 __all__ = ["FrontierDP", "FrontierResult", "FrontierTimeout", "width", "open_counts", "MAX_WIDTH", "TooWide"]
@@ -74,52 +78,8 @@ _INF = 1 << 40
 MAX_WIDTH = 12
 
 
-class TooWide(CkptError, ValueError):
-    """The graph has more open tensors at some position than the program allows.
-
-    Attributes:
-        width: the most tensors (of non-zero bytes) open at one boundary.
-        max_width: the limit.
-        position: a boundary where ``width`` tensors are open.
-    """
-
-    def __init__(self, width: int, max_width: int, position: int, *, prefix: str = "",
-                 advice: str = "solve with 'ilp' or 'cp-sat', which take any graph") -> None:
-        super().__init__(f"{prefix}{width} tensors are open at one position (before node {position}), more than the "
-                         f"frontier program's max_width {max_width} (its states grow as 2**width); {advice}")
-        self.width, self.max_width, self.position = width, max_width, position
-
-
 class FrontierTimeout(CkptError, TimeoutError):
     """The program did not finish within its time limit."""
-
-
-def open_counts(out: np.ndarray, lc: np.ndarray) -> np.ndarray:
-    """``counts[p]``: tensors of non-zero bytes with ``j < p <= lc[j]``, for ``p`` in ``0..n`` (linear time)."""
-    n = len(lc)
-    j = np.arange(n)
-    live = (lc > j) & (out > 0)
-    d = np.zeros(n + 2, dtype=np.int64)
-    np.add.at(d, j[live] + 1, 1)
-    np.add.at(d, lc[live] + 1, -1)
-    return np.cumsum(d)[:n + 1]
-
-
-def _open_sets(out: np.ndarray, lc: np.ndarray) -> list[list[int]]:
-    """``opens[p]``: tensors of non-zero bytes with ``j < p <= lc[j]`` (open at the boundary before ``p``)."""
-    n = len(lc)
-    opens: list[list[int]] = [[] for _ in range(n + 1)]
-    for j in np.nonzero((lc > np.arange(n)) & (out > 0))[0].tolist():
-        for p in range(j + 1, int(lc[j]) + 1):
-            opens[p].append(j)
-    return opens
-
-
-def width(graph: Graph) -> int:
-    """The most tensors of non-zero bytes open at any boundary of the topological order (linear time)."""
-    out = np.array([nd.out_bytes for nd in graph.nodes], dtype=np.int64)
-    lc = np.array([max(s) if s else -1 for s in graph.succs], dtype=np.int64)
-    return int(open_counts(out, lc).max())
 
 
 @dataclass(frozen=True)
@@ -131,6 +91,7 @@ class FrontierResult:
     states: int
     wall_s: float
     blocks: int = 0  #: blocks crossed by their own front (NOTE [ Composing repeated blocks ])
+    saved: tuple[int, ...] = ()  #: kept nodes (NOTE [ Kept nodes in the frontier DP ])
 
 
 class FrontierDP:
@@ -143,9 +104,13 @@ class FrontierDP:
             ``max_free`` runs). Decided in linear time, before anything else.
         blocks: cross a chain of identical blocks by the blocks' own fronts
             (``solvers.blocks``) where the graph has one; exact either way.
+        selective: regions may also keep nodes (selective recompute): exact
+            over ``(region, menu entry)`` pairs (NOTE [ Kept nodes in the
+            frontier DP ]); blocks are then not composed where a node may be kept.
     """
 
-    def __init__(self, graph: Graph, *, max_width: int | None = MAX_WIDTH, blocks: bool = True) -> None:
+    def __init__(self, graph: Graph, *, max_width: int | None = MAX_WIDTH, blocks: bool = True,
+                 selective: bool = False) -> None:
         self.graph = graph
         na = node_arrays(graph, frozenset())
         self.na = na
@@ -182,8 +147,11 @@ class FrontierDP:
         self.span_extra_from: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         for (a, b), extra in graph.span_extra_bytes().items():
             self.span_extra_from[a].append((b, extra))
+        self.kept = KeptRegions(self) if selective else None  # NOTE [ Kept nodes in the frontier DP ]
+        if self.kept is not None and not self.kept.any:
+            self.kept = None
         self.chain: Any = None
-        if blocks:
+        if blocks and self.kept is None:
             from .blocks import find_chain  # the blocks build on this program's steps
 
             self.chain = find_chain(self)
@@ -241,28 +209,30 @@ class FrontierDP:
         bwd = cA + self.sinks_after[p + 1:kmax + 2] + na.gb[p:kmax + 1] + s + out[p:kmax + 1] * self.selfsave[p:kmax + 1] + ow + own
         bwd = np.where(self.rg[p:kmax + 1], bwd, NEG)
         rc = cA + self.sinks_after[p + 1:kmax + 2] + s + q + ow + cur
-        return np.maximum.accumulate(fwd), bwd, rc, cA
+        return fwd, bwd, rc, cA
 
     def region_terms(self, p: int, kmax: int) -> tuple:
         """The bit-independent arrays of regions ``[p, b]``, ``b <= kmax``:
-        ``(fwdm, bwd, rc, cA, snap, gr, cost, held)``, indexed by ``b - p``; ``held``
+        ``(fwdm, bwd, rc, cA, snap, gr, cost, held, fwd)``, indexed by ``b - p``; ``held``
         is what the whole recompute of ``[p, b]`` holds: the snapshots, and the
         extra bytes of span ``(p, b)`` (eager lifetimes, NOTE [ Execution model ]),
-        which the reach bound leaves out (it stays monotone in ``b``)."""
-        fwdm, bwd, rc, cA = self._region_arrays(p, kmax)
+        which the reach bound leaves out (it stays monotone in ``b``); ``fwd`` the
+        forward steps one by one (``fwdm`` their running maximum)."""
+        fwd, bwd, rc, cA = self._region_arrays(p, kmax)
         snap = self.pstate[p + 1:kmax + 2] - self.pstate[p]
         held = snap.copy()
         for b, extra in self.span_extra_from[p]:
             if b <= kmax:
                 held[b - p] += extra
-        return (fwdm, bwd, rc, cA, snap, self.na.gr[p:kmax + 1], self.pflops[p + 1:kmax + 2] - self.pflops[p], held)
+        return (np.maximum.accumulate(fwd), bwd, rc, cA, snap, self.na.gr[p:kmax + 1],
+                self.pflops[p + 1:kmax + 2] - self.pflops[p], held, fwd)
 
     def region_maxima(self, terms: tuple, eff: frozenset, p: int, m: int):
         """``(lf, lb, mono)`` of regions ``[p, p + i]``, ``i < m``, whose held open tensors are ``eff``:
         the largest live bytes less the retained bytes before the region in
         its forward steps (``lf``) and in its recompute and backward steps
         (``lb``), and ``max(lf, backward steps)``, which only grows with the region."""
-        fwdm, bwd, rc, _, _, gr, _, held = terms
+        fwdm, bwd, rc, _, _, gr, _, held = terms[:8]
         ks = np.arange(p, p + m)
         fa = np.zeros(m, dtype=np.int64)
         for j in eff:
@@ -322,37 +292,21 @@ class FrontierDP:
             raise SolverOptionError(f"frontier program: objective must be 'flops' or 'peak', not {objective!r}")
         t0 = time.perf_counter()
         peak = objective == "peak"
-        n, out, lc, na = self.n, self.out, self.lc, self.na
+        n = self.n
         cap = (int(budget_bytes) - self.const) if budget_bytes is not None else (1 << 62)
         if peak and upper is not None:
             upper = int(upper) - self.const
         if cap < 0:
             return None
-        # a_max[p]: a prefix with more A fails a later step whatever follows (plan-independent
-        # lower bounds of the steps k >= p: forward copies awaiting consumers, gradients, sinks).
-        sinkcum = na.p_sink  # sinkcum[k]: sinks before k
-        total_sinks = int(sinkcum[-1])
-        need = np.maximum(self.open_fwd + na.cur + sinkcum[:-1],
-                          np.where(self.rg, na.gb + total_sinks, NEG))
-        suffix = np.maximum.accumulate(need[::-1])[::-1]
-        a_max = [int(cap + sinkcum[p] - suffix[p]) for p in range(n)] + [1 << 62]
+        a_max = self._a_max(cap)
         fronts = [Front(peak) for _ in range(n + 1)]
         zero = np.zeros(1, dtype=np.int64)
         fronts[0].pending[()] = [(zero, zero, np.full(1, -1, dtype=np.int64), zero)]
         fronts[0].metas.append((-1, None, -1))
-        states = 0
-        crossed = 0
+        states = crossed = 0
         report = max(1, n // 10)
         for p in range(n):
-            if p and p % report == 0:
-                elapsed = time.perf_counter() - t0
-                log.info("frontier %s: node %d of %d, %d states, %.1fs", self.graph.name, p, n, states, elapsed)
-                # The fronts grow along the order: the whole run takes roughly (n/p)^2 times the time so far.
-                if time_limit_s is not None and elapsed * (n / p) ** 2 > 1.5 * time_limit_s:
-                    raise FrontierTimeout(f"the frontier program would need about {elapsed * (n / p) ** 2:.0f}s "
-                                          f"(node {p} of {n} after {elapsed:.1f}s; limit {time_limit_s:g}s)")
-            if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
-                raise FrontierTimeout(f"the frontier program reached node {p} of {n} in {time_limit_s:g}s")
+            self._check_time(p, t0, time_limit_s, states, report)
             if p:
                 fronts[p - 1].release()  # its entries were all extended
             fr = fronts[p]
@@ -366,73 +320,12 @@ class FrontierDP:
             states += sum(len(v[0]) for v in fr.keys.values())
             block_end = -1
             if chain is not None and p in chain.seams:
-                # ---- a whole block by its own front; then only regions [p, b] past its end.
+                # a whole block by its own front; then only regions [p, b] past its end
                 block_end = chain.cross(self, p, fr, fronts[chain.seams[p] + 1], cap)
                 crossed += 1
             else:
-                # ---- node p stored.
-                for key, (a, o, *_rest) in fr.keys.items():
-                    dA, lf, lb, nkey = self.stored_step(p, key)
-                    local = max(lf, lb)
-                    cut = int(np.searchsorted(a, cap - local, side="right"))
-                    if cut:
-                        if max_free is not None:
-                            nkey = self._round_up(nkey, self.opens[p + 1], max_free)
-                        fronts[p + 1].add(nkey, a, o, cut, dA, 0, local, (p, key, -1))
-            # ---- a region [p, b].
-            if not self.recomputable[p]:
-                continue
-            kmax = p
-            while kmax + 1 < n and self.recomputable[kmax + 1]:
-                kmax += 1
-            endok = None  # which ends b of [p, b] are allowed: all, or (spans) a mask over [p, kmax]
-            if self.span_ends is not None:
-                allowed = self.span_ends[p]  # usable spans: all nodes recomputable, so <= kmax
-                allowed = allowed[allowed > block_end]
-                if not len(allowed):
-                    continue
-                kmax = int(allowed[-1])
-                endok = np.zeros(kmax - p + 1, dtype=bool)
-                endok[allowed - p] = True
-            amin = min(int(v[0][0]) for v in fr.keys.values())
-            terms = self.region_terms(p, kmax)
-            fwdm, bwd, rc, cA, snap, gr, cost, _ = terms
-            # With no open tensor alive the local peak only grows with b (but for gr): it bounds the reach.
-            reach = np.maximum(fwdm, np.maximum(np.maximum.accumulate(bwd), np.maximum.accumulate(rc) + snap))
-            over = np.nonzero(reach > cap - amin)[0]
-            m = int(over[0]) if len(over) else kmax - p + 1
-            if m == 0:
-                continue
-            first_reader, bounds = self.reader_bounds(p, m)
-            cache: dict[frozenset, tuple[np.ndarray, np.ndarray]] = {}
-            nkeys: dict[tuple[frozenset, int], tuple[int, ...]] = {}
-            opens = self.opens[p]
-            for key, (a, o, *_rest) in fr.keys.items():
-                held = frozenset(key)
-                room = cap - int(a[0])
-                for lo, hi in zip(bounds[:-1], bounds[1:]):
-                    eff = held | frozenset(j for j in opens if first_reader[j] <= lo)
-                    if eff not in cache:
-                        lf, lb, mono = self.region_maxima(terms, eff, p, m)
-                        cache[eff] = (mono, np.maximum(lf, lb))
-                    mono, local = cache[eff]
-                    over = np.nonzero(mono[lo - p:hi - p] > room)[0]
-                    end = lo + int(over[0]) if len(over) else hi  # mono grows with b: longer regions fail too
-                    cuts = np.searchsorted(a, cap - local[lo - p:end - p], side="right")
-                    if endok is not None:
-                        cuts = cuts * endok[lo - p:end - p]
-                    for off in np.nonzero(cuts)[0].tolist():
-                        b = lo + off
-                        i = b - p
-                        nkey = nkeys.get((eff, b))
-                        if nkey is None:
-                            nkey = self.region_nkey(eff, p, b)
-                            if max_free is not None:
-                                nkey = self._round_up(nkey, self.opens[b + 1], max_free)
-                            nkeys[(eff, b)] = nkey
-                        fronts[b + 1].add(nkey, a, o, int(cuts[off]), int(cA[i]), int(cost[i]), int(local[i]), (p, key, b))
-                    if end < hi:
-                        break
+                self._extend_stored(p, fr, fronts[p + 1], cap, max_free)
+            self._extend_regions(p, fr, fronts, cap, max_free, block_end)
         last = fronts[n]
         last.settle(upper, a_max[n])
         if not last.keys:
@@ -440,18 +333,111 @@ class FrontierDP:
         key = min(last.keys, key=lambda k: int(last.keys[k][1].min()))
         idx = int(np.argmin(last.keys[key][1]))
         best = int(last.keys[key][1][idx])
-        regions: list[tuple[int, int]] = []
-        pos = n
-        while pos > 0:
-            _, _, si, mi = fronts[pos].keys[key]
-            src_pos, src_key, step = fronts[pos].metas[int(mi[idx])]
-            if isinstance(step, tuple):  # a block's plan
-                regions.extend(reversed(step))
-            elif step >= 0:
-                regions.append((src_pos, step))
-            pos, key, idx = src_pos, src_key, int(si[idx])
-        regions.reverse()
+        regions, saved = trace_back(fronts, n, key, idx)
         value = best + self.const if peak else best
         log.info("frontier %s: %s %d over %d states in %.2fs%s", self.graph.name, objective, value, states,
                  time.perf_counter() - t0, f" ({crossed} blocks by their fronts)" if crossed else "")
-        return FrontierResult(tuple(regions), value, states, time.perf_counter() - t0, crossed)
+        return FrontierResult(regions, value, states, time.perf_counter() - t0, crossed, saved)
+
+    # ------------------------------------------------------- solve's phases
+    def _a_max(self, cap: int) -> list[int]:
+        """``a_max[p]``: a prefix with more ``A`` fails a later step whatever follows (plan-independent
+        lower bounds of the steps ``k >= p``: forward copies awaiting consumers, gradients, sinks)."""
+        na = self.na
+        sinkcum = na.p_sink  # sinkcum[k]: sinks before k
+        need = np.maximum(self.open_fwd + na.cur + sinkcum[:-1], np.where(self.rg, na.gb + int(sinkcum[-1]), NEG))
+        suffix = np.maximum.accumulate(need[::-1])[::-1]
+        return [int(cap + sinkcum[p] - suffix[p]) for p in range(self.n)] + [1 << 62]
+
+    def _check_time(self, p: int, t0: float, time_limit_s: float | None, states: int, report: int) -> None:
+        """Log progress; raise :class:`FrontierTimeout` past the limit, or when the run would overrun it."""
+        n = self.n
+        elapsed = time.perf_counter() - t0
+        if p and p % report == 0:
+            log.info("frontier %s: node %d of %d, %d states, %.1fs", self.graph.name, p, n, states, elapsed)
+            # The fronts grow along the order: the whole run takes roughly (n/p)^2 times the time so far.
+            if time_limit_s is not None and elapsed * (n / p) ** 2 > 1.5 * time_limit_s:
+                raise FrontierTimeout(f"the frontier program would need about {elapsed * (n / p) ** 2:.0f}s "
+                                      f"(node {p} of {n} after {elapsed:.1f}s; limit {time_limit_s:g}s)")
+        if time_limit_s is not None and elapsed > time_limit_s:
+            raise FrontierTimeout(f"the frontier program reached node {p} of {n} in {time_limit_s:g}s")
+
+    def _extend_stored(self, p: int, fr: Front, target: Front, cap: int, max_free: int | None) -> None:
+        """Carry the front at ``p`` over node ``p`` stored."""
+        for key, (a, o, *_rest) in fr.keys.items():
+            dA, lf, lb, nkey = self.stored_step(p, key)
+            local = max(lf, lb)
+            cut = int(np.searchsorted(a, cap - local, side="right"))
+            if cut:
+                if max_free is not None:
+                    nkey = self._round_up(nkey, self.opens[p + 1], max_free)
+                target.add(nkey, a, o, cut, dA, 0, local, (p, key, -1))
+
+    def _region_ends(self, p: int, block_end: int) -> tuple[int, np.ndarray | None] | None:
+        """``(kmax, endok)``: the farthest end of a region ``[p, b]`` (recomputable nodes,
+        spans) and which ends are allowed (None: all); None when no region starts at ``p``."""
+        if not self.recomputable[p]:
+            return None
+        kmax = p
+        while kmax + 1 < self.n and self.recomputable[kmax + 1]:
+            kmax += 1
+        if self.span_ends is None:
+            return kmax, None
+        allowed = self.span_ends[p]  # usable spans: all nodes recomputable, so <= kmax
+        allowed = allowed[allowed > block_end]
+        if not len(allowed):
+            return None
+        kmax = int(allowed[-1])
+        endok = np.zeros(kmax - p + 1, dtype=bool)
+        endok[allowed - p] = True
+        return kmax, endok
+
+    def _extend_regions(self, p: int, fr: Front, fronts: list[Front], cap: int, max_free: int | None,
+                        block_end: int) -> None:
+        """Carry the front at ``p`` over every region ``[p, b]`` that fits (and, with ``selective``,
+        every menu entry it may keep: NOTE [ Kept nodes in the frontier DP ])."""
+        ends = self._region_ends(p, block_end)
+        if ends is None:
+            return
+        kmax, endok = ends
+        terms = self.region_terms(p, kmax)
+        if self.kept is not None:
+            self.kept.extend(p, fr, fronts, terms, cap, endok, max_free)
+        fwdm, bwd, rc, cA, snap, gr, cost, _, _ = terms
+        amin = min(int(v[0][0]) for v in fr.keys.values())
+        # With no open tensor alive the local peak only grows with b (but for gr): it bounds the reach.
+        reach = np.maximum(fwdm, np.maximum(np.maximum.accumulate(bwd), np.maximum.accumulate(rc) + snap))
+        over = np.nonzero(reach > cap - amin)[0]
+        m = int(over[0]) if len(over) else kmax - p + 1
+        if m == 0:
+            return
+        first_reader, bounds = self.reader_bounds(p, m)
+        cache: dict[frozenset, tuple[np.ndarray, np.ndarray]] = {}
+        nkeys: dict[tuple[frozenset, int], tuple[int, ...]] = {}
+        opens = self.opens[p]
+        for key, (a, o, *_rest) in fr.keys.items():
+            held = frozenset(key)
+            room = cap - int(a[0])
+            for lo, hi in zip(bounds[:-1], bounds[1:]):
+                eff = held | frozenset(j for j in opens if first_reader[j] <= lo)
+                if eff not in cache:
+                    lf, lb, mono = self.region_maxima(terms, eff, p, m)
+                    cache[eff] = (mono, np.maximum(lf, lb))
+                mono, local = cache[eff]
+                over = np.nonzero(mono[lo - p:hi - p] > room)[0]
+                end = lo + int(over[0]) if len(over) else hi  # mono grows with b: longer regions fail too
+                cuts = np.searchsorted(a, cap - local[lo - p:end - p], side="right")
+                if endok is not None:
+                    cuts = cuts * endok[lo - p:end - p]
+                for off in np.nonzero(cuts)[0].tolist():
+                    b = lo + off
+                    i = b - p
+                    nkey = nkeys.get((eff, b))
+                    if nkey is None:
+                        nkey = self.region_nkey(eff, p, b)
+                        if max_free is not None:
+                            nkey = self._round_up(nkey, self.opens[b + 1], max_free)
+                        nkeys[(eff, b)] = nkey
+                    fronts[b + 1].add(nkey, a, o, int(cuts[off]), int(cA[i]), int(cost[i]), int(local[i]), (p, key, b))
+                if end < hi:
+                    break

@@ -1,10 +1,19 @@
-"""The Pareto fronts the frontier program keeps per boundary and bit pattern (NOTE [ The frontier DP ])."""
+"""The frontier program's bookkeeping (NOTE [ The frontier DP ] in ``solvers.frontier``).
+
+The Pareto fronts it keeps per boundary and bit pattern, the open tensors
+that make its bits (and the width that bounds their number), and the read-out
+of a plan by the fronts' back pointers.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Front", "pareto"]
+from graphs import CkptError, Graph
+
+from .frontier_kept import KeptStep
+
+__all__ = ["Front", "pareto", "open_counts", "width", "TooWide", "trace_back"]
 
 
 def pareto(a, o, si, mi):
@@ -92,3 +101,74 @@ class Front:
     def release(self) -> None:
         """Keep only the back pointers once the boundary is processed."""
         self.keys = {k: (None, None, v[2], v[3]) for k, v in self.keys.items()}
+
+
+# ------------------------------------------------------------ open tensors
+class TooWide(CkptError, ValueError):
+    """The graph has more open tensors at some position than the program allows.
+
+    Attributes:
+        width: the most tensors (of non-zero bytes) open at one boundary.
+        max_width: the limit.
+        position: a boundary where ``width`` tensors are open.
+    """
+
+    def __init__(self, width: int, max_width: int, position: int, *, prefix: str = "",
+                 advice: str = "solve with 'ilp' or 'cp-sat', which take any graph") -> None:
+        super().__init__(f"{prefix}{width} tensors are open at one position (before node {position}), more than the "
+                         f"frontier program's max_width {max_width} (its states grow as 2**width); {advice}")
+        self.width, self.max_width, self.position = width, max_width, position
+
+
+def open_counts(out: np.ndarray, lc: np.ndarray) -> np.ndarray:
+    """``counts[p]``: tensors of non-zero bytes with ``j < p <= lc[j]``, for ``p`` in ``0..n`` (linear time)."""
+    n = len(lc)
+    j = np.arange(n)
+    live = (lc > j) & (out > 0)
+    d = np.zeros(n + 2, dtype=np.int64)
+    np.add.at(d, j[live] + 1, 1)
+    np.add.at(d, lc[live] + 1, -1)
+    return np.cumsum(d)[:n + 1]
+
+
+def _open_sets(out: np.ndarray, lc: np.ndarray) -> list[list[int]]:
+    """``opens[p]``: tensors of non-zero bytes with ``j < p <= lc[j]`` (open at the boundary before ``p``),
+    ascending: a front's key lists the held ones in this order."""
+    n = len(lc)
+    opens: list[list[int]] = [[] for _ in range(n + 1)]
+    for j in np.nonzero((lc > np.arange(n)) & (out > 0))[0].tolist():
+        for p in range(j + 1, int(lc[j]) + 1):
+            opens[p].append(j)
+    return opens
+
+
+def width(graph: Graph) -> int:
+    """The most tensors of non-zero bytes open at any boundary of the topological order (linear time)."""
+    out = np.array([nd.out_bytes for nd in graph.nodes], dtype=np.int64)
+    lc = np.array([max(s) if s else -1 for s in graph.succs], dtype=np.int64)
+    return int(open_counts(out, lc).max())
+
+
+# ---------------------------------------------------------------- read-out
+def trace_back(fronts: list[Front], n: int, key: tuple[int, ...], idx: int) -> tuple[tuple, tuple[int, ...]]:
+    """The plan of entry ``idx`` of key ``key`` at boundary ``n``, by its back pointers.
+
+    Returns:
+        ``(regions, saved)``: the regions in order, and the kept nodes (sorted).
+    """
+    regions: list[tuple[int, int]] = []
+    saved: list[int] = []
+    pos = n
+    while pos > 0:
+        _, _, si, mi = fronts[pos].keys[key]
+        src_pos, src_key, step = fronts[pos].metas[int(mi[idx])]
+        if isinstance(step, KeptStep):
+            regions.append((src_pos, step.last))
+            saved.extend(step.kept)
+        elif isinstance(step, tuple):  # a block's plan
+            regions.extend(reversed(step))
+        elif step >= 0:
+            regions.append((src_pos, step))
+        pos, key, idx = src_pos, src_key, int(si[idx])
+    regions.reverse()
+    return tuple(regions), tuple(sorted(saved))

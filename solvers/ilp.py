@@ -50,6 +50,7 @@ NOTE [ An exact model of simulate ]
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from typing import Any
@@ -60,7 +61,7 @@ from .deadline import Deadline
 from .errors import InfeasibleBudget, SolverBug
 from .frontier import MAX_WIDTH, FrontierDP, FrontierTimeout, TooWide
 from .ilp_cpsat import (CP_SAT_OPTIONS, DEFAULT_WORK_LIMIT, WARM_SOLVERS, IlpSolver, IlpTimeout, Incumbent,
-                        simple_peaks, warm_start as _warm_start)
+                        refuse_selective, simple_peaks, warm_start as _warm_start)
 from .options import Option
 from .plan import Plan, Status
 from .registry import register
@@ -78,21 +79,22 @@ CP_SAT_SHARE = 0.2
 #: The share of the time limit the bounded-width heuristic may take (wide graphs, no warm start).
 HEURISTIC_SHARE = 0.1
 
-_PROGRAMS: dict[tuple[int, int | None, bool], tuple[Any, FrontierDP]] = {}
+_PROGRAMS: dict[tuple[int, int | None, bool, bool], tuple[Any, FrontierDP]] = {}
 
 
-def frontier_program(graph: Graph, *, max_width: int | None = MAX_WIDTH, blocks: bool = True) -> FrontierDP:
+def frontier_program(graph: Graph, *, max_width: int | None = MAX_WIDTH, blocks: bool = True,
+                     selective: bool = False) -> FrontierDP:
     """The frontier program of ``graph``, kept for the next call on the same graph object
     (a chain's block fronts do not depend on the budget: a sweep builds them once).
 
     Raises:
         TooWide: more than ``max_width`` tensors open at one position (decided in linear time).
     """
-    key = (id(graph), max_width, blocks)
+    key = (id(graph), max_width, blocks, selective)
     got = _PROGRAMS.get(key)
     if got is not None and got[0]() is graph:
         return got[1]
-    program = FrontierDP(graph, max_width=max_width, blocks=blocks)
+    program = FrontierDP(graph, max_width=max_width, blocks=blocks, selective=selective)
     if len(_PROGRAMS) >= 4:
         _PROGRAMS.pop(next(iter(_PROGRAMS)))
     _PROGRAMS[key] = (weakref.ref(graph), program)
@@ -128,16 +130,16 @@ def _by_frontier(graph: Graph, budget_bytes: int, inc: Incumbent | None, deadlin
     if res is None:
         log.error("ilp frontier program rejects the %s plan that simulate says fits", inc.source)
         return None
-    sim = simulate(graph, Plan(regions=res.regions), record=False)
+    sim = simulate(graph, Plan(regions=res.regions, saved=res.saved), record=False)
     if sim.peak_bytes > budget_bytes or sim.recompute_cost != res.objective:
-        log.error("ilp frontier program predicted %d FLOPs under %d for %s; simulate says %d FLOPs at %d",
-                  res.objective, budget_bytes, res.regions, sim.recompute_cost, sim.peak_bytes)
+        log.error("ilp frontier program predicted %d FLOPs under %d for %s keeping %s; simulate says %d FLOPs at %d",
+                  res.objective, budget_bytes, res.regions, res.saved, sim.recompute_cost, sim.peak_bytes)
         return None
-    regions = res.regions if inc is None or res.objective < inc.flops else inc.regions
+    regions, saved = (res.regions, res.saved) if inc is None or res.objective < inc.flops else (inc.regions, ())
     findings: dict[str, Any] = {"method": "frontier", "frontier_states": res.states}
     if res.blocks:
         findings["blocks_composed"] = res.blocks  # NOTE [ Composing repeated blocks ]
-    return Plan(regions=regions, status=Status.OPTIMAL, bound=float(res.objective), findings=findings)
+    return Plan(regions=regions, saved=saved, status=Status.OPTIMAL, bound=float(res.objective), findings=findings)
 
 
 def _frontier_heuristic(graph: Graph, budget_bytes: int, time_limit_s: float) -> Incumbent | None:
@@ -165,19 +167,27 @@ def _frontier_heuristic(graph: Graph, budget_bytes: int, time_limit_s: float) ->
     return best
 
 
+def keepable(graph: Graph) -> bool:
+    """Some node may be kept by a selective plan (saveable, of positive recompute cost)."""
+    return any(s and c > 0 for s, c in zip(graph.saveable, graph.recompute_costs()))
+
+
 def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_limit: float | None = DEFAULT_WORK_LIMIT,
                  workers: int = 2, seed: int = 0, warm_start: bool = True, gap_limit: float = 0.0,
-                 method: str = "auto", blocks: bool = True) -> Plan:
+                 method: str = "auto", blocks: bool = True, selective: bool = False) -> Plan:
     """``ilp`` against a given deadline (the solver's body, NOTE [ One deadline ]; tests pass a fake clock).
 
     Args and Returns: as :func:`ilp`.
     """
     if method not in METHODS:  # solve() checks it already; a direct call is checked here
         next(o for o in ILP_OPTIONS if o.name == "method").check(method, "ilp", ILP_OPTIONS)
+    if selective and method == "cp-sat":
+        refuse_selective("ilp with method 'cp-sat'")
+    selective = selective and keepable(graph)  # nothing to keep: the plain search is the same search
     program = None
     if method != "cp-sat":
         try:
-            program = frontier_program(graph, blocks=blocks)
+            program = frontier_program(graph, blocks=blocks, selective=selective)
         except TooWide as exc:
             if method == "frontier":
                 raise TooWide(exc.width, exc.max_width, exc.position, prefix="ilp method 'frontier' needs a narrow "
@@ -191,6 +201,8 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
         if plan is not None:
             return plan
     inc, bound = _warm_start(graph, budget_bytes, deadline) if warm_start else (None, None)
+    if selective:
+        bound = None  # dp's bound is over plans without kept nodes
     if inc is not None and (inc.flops == 0 or (bound is not None and inc.flops <= bound)):
         return Plan(regions=inc.regions, status=Status.OPTIMAL, bound=float(inc.flops),
                     findings={"method": "warm start", "incumbent": inc.source})
@@ -206,25 +218,66 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
         if inc is not None:
             log.info("ilp warm start: %s, %d FLOPs", inc.source, inc.flops)
     try:
-        return IlpSolver(graph, budget_bytes, deadline=deadline, work_limit=work_limit, workers=workers, seed=seed,
+        plan = IlpSolver(graph, budget_bytes, deadline=deadline, work_limit=work_limit, workers=workers, seed=seed,
                          gap_limit=gap_limit, lower_bound=bound, incumbent=inc).solve()
     except InfeasibleBudget as exc:
+        if selective:  # a plan keeping nodes might still fit: dp's, else the least over plans keeping none
+            kept = _dp_selective(graph, budget_bytes, None)
+            if kept is not None:
+                return kept
+            raise exc.replace(time_limit_s=deadline.limit_s, scope="the plans that keep no node (the frontier "
+                              "program could not run; CP-SAT has no kept nodes)") from None
         if exc.proven:
             raise
         raise exc.replace(time_limit_s=deadline.limit_s) from None  # the limit the caller gave
+    return _without_kept_nodes(graph, budget_bytes, plan) if selective else plan
+
+
+_NOT_SEARCHED = "not searched: the graph was too wide or slow for the frontier program, and CP-SAT has no kept nodes"
+
+
+def _without_kept_nodes(graph: Graph, budget_bytes: int, plan: Plan) -> Plan:
+    """A CP-SAT plan where ``selective`` was asked: it fits, but its optimality and bound hold only over
+    plans that keep no node (the program could not run), and ``findings`` say so; ``dp``'s selective
+    plan instead where it fits and costs less."""
+    log.warning("ilp: selective recompute asked, but the frontier program could not run; the plan is not proven "
+                "optimal over selective plans")
+    cost = simulate(graph, plan, record=False).recompute_cost
+    kept = _dp_selective(graph, budget_bytes, cost)
+    if kept is not None:
+        return kept
+    findings = dict(plan.findings, selective=_NOT_SEARCHED)
+    return dataclasses.replace(plan, status=Status.FEASIBLE, bound=None, gap=None, findings=findings)
+
+
+def _dp_selective(graph: Graph, budget_bytes: int, below: int | None) -> Plan | None:
+    """``dp``'s plan with kept nodes when it fits and costs less than ``below`` (None: any cost), as ``feasible``."""
+    from .dp import dp
+
+    try:
+        plan = dp(graph, budget_bytes)
+    except InfeasibleBudget:
+        return None
+    sim = simulate(graph, plan, record=False)
+    if not plan.saved or sim.peak_bytes > budget_bytes or (below is not None and sim.recompute_cost >= below):
+        return None
+    return Plan(regions=plan.regions, saved=plan.saved, status=Status.FEASIBLE,
+                findings={"method": "warm start", "incumbent": "dp (selective)", "selective": _NOT_SEARCHED})
 
 
 ILP_OPTIONS = CP_SAT_OPTIONS + (
     Option("method", str, "auto (the frontier program where the graph is narrow, then CP-SAT), frontier or cp-sat",
            choices=METHODS),
     Option("blocks", bool, "let the frontier program compose repeated blocks (False: walk every node; same optimum)"),
+    Option("selective", bool, "regions may keep op outputs (NOTE [ The menu of kept sets ]): exact by the frontier "
+           "program; where only CP-SAT can run the plan keeps none and is only feasible; cp-sat refuses it"),
 )
 
 
 @register("ilp", options=ILP_OPTIONS, exact=True)
 def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, work_limit: float | None = DEFAULT_WORK_LIMIT,
         workers: int = 2, seed: int = 0, gap_limit: float = 0.0, warm_start: bool = True, method: str = "auto",
-        blocks: bool = True) -> Plan:
+        blocks: bool = True, selective: bool = False) -> Plan:
     """Least-recompute interval plan under ``budget_bytes``, proven optimal.
 
     Two exact methods over the same set of plans: the frontier program
@@ -262,6 +315,15 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, work_lim
             ``frontier`` or ``cp-sat``.
         blocks: let the frontier program compose repeated blocks (False:
             walk every node; the same optimum, for comparisons).
+        selective: regions may also keep nodes (selective recompute, NOTE
+            [ The menu of kept sets ] in ``solvers.selective``): the frontier
+            program is then exact over ``(region, menu entry)`` pairs (NOTE
+            [ Kept nodes in the frontier DP ]; it walks every node: blocks are
+            not composed). Where it cannot run (too wide, out of time) the
+            answer is the cheaper of CP-SAT's plan (no kept nodes) and
+            ``dp``'s selective plan, ``feasible`` with no bound and a
+            ``findings["selective"]`` saying so; ``method="cp-sat"`` refuses it.
+            False (the default): regions only.
 
     Returns:
         ``optimal``, or ``feasible`` with ``bound`` (and so ``gap``) set;
@@ -275,7 +337,7 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, work_lim
         MissingDependency: CP-SAT must run and OR-Tools is not installed.
     """
     return solve_within(graph, budget_bytes, Deadline(time_limit_s), work_limit=work_limit, workers=workers, seed=seed,
-                        warm_start=warm_start, gap_limit=gap_limit, method=method, blocks=blocks)
+                        warm_start=warm_start, gap_limit=gap_limit, method=method, blocks=blocks, selective=selective)
 
 
 @register("frontier", options=(
@@ -283,12 +345,16 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, work_lim
     Option("max_width", int, "refuse graphs with more tensors open at one position (the states grow as 2**width)",
            minimum=0),
     Option("blocks", bool, "compose repeated blocks by their own fronts (False: walk every node; same optimum)"),
+    Option("selective", bool, "regions may keep op outputs (NOTE [ Kept nodes in the frontier DP ]): exact over "
+           "(region, menu entry) pairs; blocks are then walked node by node"),
 ), exact=True, part_of="ilp")
 def frontier(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, max_width: int = MAX_WIDTH,
-             blocks: bool = True) -> Plan:
+             blocks: bool = True, selective: bool = False) -> Plan:
     """The exact frontier program alone (NOTE [ The frontier DP ]): graphs where few tensors cross any position.
 
     No warm start and no OR-Tools; deterministic when it finishes in time.
+    With ``selective`` its regions may keep nodes (the plan's ``saved``),
+    optimal over ``(region, menu entry)`` pairs.
 
     Returns:
         An ``optimal`` plan; ``findings`` carry the states explored and the blocks composed.
@@ -299,7 +365,7 @@ def frontier(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, max
         InfeasibleBudget: carrying the least peak of any interval plan.
         IlpTimeout: the program did not finish within ``time_limit_s``.
     """
-    program = frontier_program(graph, max_width=max_width, blocks=blocks)
+    program = frontier_program(graph, max_width=max_width, blocks=blocks, selective=selective and keepable(graph))
     plan = _by_frontier(graph, budget_bytes, None, Deadline(time_limit_s), 0.0, True, program)
     if plan is None:  # a disagreement with simulate, already logged as the bug it is
         raise SolverBug("the frontier program's answer disagrees with simulate (see the log); please report this "

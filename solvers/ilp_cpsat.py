@@ -29,10 +29,10 @@ from typing import Any
 from graphs import CkptError, Graph
 
 from .deadline import Deadline
-from .errors import InfeasibleBudget, MissingDependency, SolverBug
+from .errors import InfeasibleBudget, MissingDependency, SolverBug, SolverOptionError
 from .options import Option
 from .plan import Plan, Status
-from .registry import get_solver, register
+from .registry import available_solvers, get_solver, register, solver_info
 from .simulate import simulate
 from .spans import SpanIndex
 
@@ -268,6 +268,8 @@ def warm_start(graph: Graph, budget_bytes: int, deadline: Deadline | None = None
             break
         try:
             plan = get_solver(name)(graph, budget_bytes)
+            if plan.saved:  # an incumbent is regions only: dp's best plan that keeps no node
+                plan = get_solver(name)(graph, budget_bytes, selective=False)
         except CkptError:
             continue
         if plan.unaligned_regions(graph):  # NOTE [ Module-aligned regions ]: never a hint ilp may not return
@@ -300,10 +302,25 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
         raise exc.replace(time_limit_s=deadline.limit_s) from None  # the limit the caller gave
 
 
-@register("cp-sat", options=CP_SAT_OPTIONS, exact=True, part_of="ilp")
+def refuse_selective(solver: str) -> None:
+    """Raise the error for ``selective=True`` where CP-SAT must answer (its model has no kept nodes).
+
+    Raises:
+        SolverOptionError: naming the solvers that optimise over selective recompute.
+    """
+    takes = [n for n in available_solvers(methods=True) if n != "cp-sat"
+             and any(o.name == "selective" for o in solver_info(n).options)]
+    raise SolverOptionError(f"solver {solver}: the CP-SAT model (NOTE [ An exact model of simulate ]) has no kept "
+                            "nodes, so it cannot optimise over selective recompute (selective=True); solvers that "
+                            f"can: {', '.join(takes)} (ilp with method 'auto' or 'frontier'), or pass selective=False")
+
+
+@register("cp-sat", options=CP_SAT_OPTIONS + (
+    Option("selective", bool, "must be False: the model has no kept nodes (True names the solvers that have them)"),
+), exact=True, part_of="ilp")
 def cp_sat(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
            work_limit: float | None = DEFAULT_WORK_LIMIT, workers: int = 2, seed: int = 0, gap_limit: float = 0.0,
-           warm_start: bool = True) -> Plan:
+           warm_start: bool = True, selective: bool = False) -> Plan:
     """The CP-SAT model alone (NOTE [ An exact model of simulate ]): any DAG, a proven bound and gap.
 
     Deterministic under its work limit (NOTE [ Deterministic CP-SAT ]): the
@@ -317,6 +334,7 @@ def cp_sat(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
         seed: CP-SAT's random seed.
         gap_limit: stop once the relative gap is at most this.
         warm_start: hint the search with the cheapest fitting plan of the fast solvers.
+        selective: must be False (regions recompute all of themselves).
 
     Returns:
         ``optimal``, or ``feasible`` with ``bound``; ``findings`` say how it ended.
@@ -325,6 +343,9 @@ def cp_sat(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
         InfeasibleBudget: carrying the least peak of any interval plan.
         IlpTimeout: no plan within the time limit.
         MissingDependency: OR-Tools is not installed.
+        SolverOptionError: ``selective=True``, naming the solvers that take it.
     """
+    if selective:
+        refuse_selective("cp-sat")
     return solve_within(graph, budget_bytes, Deadline(time_limit_s), work_limit=work_limit, workers=workers,
                         seed=seed, gap_limit=gap_limit, warm_start_=warm_start)
