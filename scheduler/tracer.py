@@ -199,6 +199,7 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         check_against_eager(target, gm, args, kwargs)
     flat = _flatten(gm, used, target, args, kwargs)
     records, totals = measure_ops(gm, flat, strip_module=strip)
+    totals["rng_state_bytes"] = _rng_state_bytes(model, flat)  # type: ignore[assignment]
     if not records:
         raise TraceError(f"{type(model).__name__} traced to a graph without operations; nothing to plan")
     name = name or type(model).__name__
@@ -304,8 +305,18 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     meta[MODULES_META] = modules
     graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]),
                   input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]), name=name, meta=meta,
-                  spans=tuple(spans))
+                  spans=tuple(spans), rng_state_bytes=int(totals.get("rng_state_bytes", 0)))
     return graph, tuple(nd.members for nd in nodes), chosen
+
+
+def _rng_state_bytes(model: nn.Module, flat: Sequence[Any]) -> int:
+    """Bytes of the generator state a stochastic region stores (NOTE [ RNG state per region ] in
+    ``solvers.simulate``), in the budget's memory: the CPU generator's state for a model on the CPU;
+    0 on an accelerator or ``meta`` (the states are host tensors, outside the device's memory)."""
+    tensors = list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)]
+    if any(t.device.type != "cpu" for t in tensors):
+        return 0
+    return int(torch.get_rng_state().numel())
 
 
 def _flatten(gm: torch.fx.GraphModule, method: str, module: nn.Module, args: tuple, kwargs: Mapping[str, Any]

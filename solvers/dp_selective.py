@@ -36,7 +36,7 @@ import numpy as np
 
 from graphs import Graph
 
-from .dp_model import NEG, NodeArrays, _INF, step_rows
+from .dp_model import NEG, NodeArrays, _INF, region_rng, step_rows
 from .selective import DEFAULT_LIMIT, GrowingMenus
 from .stages import Stages
 
@@ -147,8 +147,9 @@ class KeptRuns:
             bw = np.where(bw > NEG, bw + np.cumsum(db)[:size], NEG)
         sinks = int(na.p_sink[-1])
         snapshot = int(self._pst[b + 1] - self._pst[a]) + int(self.span_extra.get((a, b), 0))
-        local = max(int(f.max()), int(rc.max()) + sinks + int(na.gr[b]) + snapshot)
+        rng = int(region_rng(na, a, b))  # NOTE [ RNG state per region ]: held throughout, twice in the recompute
+        local = max(int(f.max()) + rng, int(rc.max()) + sinks + int(na.gr[b]) + snapshot + 2 * rng)
         bm = int(bw.max())
         if bm > NEG:
-            local = max(local, bm + sinks)
-        return local, int(keep.sum())
+            local = max(local, bm + sinks + rng)
+        return local, int(keep.sum()) + rng

@@ -174,6 +174,9 @@ class FrontierDP:
         self.last = np.minimum(np.where(lc >= 0, lc, n - 1), fs - 1)
         self.pflops = np.concatenate(([0], np.cumsum(na.flops)))
         self.pstate = np.concatenate(([0], np.cumsum(na.state)))
+        # NOTE [ RNG state per region ] in solvers.simulate: a region with a stochastic node stores the state.
+        self.rng = int(graph.rng_state_bytes)
+        self.pstoch = np.concatenate(([0], np.cumsum([bool(nd.stochastic) for nd in nodes]))).astype(np.int64)
         self.const = int(graph.param_bytes + graph.input_bytes)
         self.rg = rg
         # NOTE [ Module-aligned regions ]: on a graph with spans, the regions [p, b] are spans only.
@@ -255,19 +258,28 @@ class FrontierDP:
         for b, extra in self.span_extra_from[p]:
             if b <= kmax:
                 held[b - p] += extra
-        return (fwdm, bwd, rc, cA, snap, self.na.gr[p:kmax + 1], self.pflops[p + 1:kmax + 2] - self.pflops[p], held)
+        # The generator state a stochastic [p, b] stores: held at all its steps and retained with its
+        # inputs; once more (fork_rng's copy) while it recomputes. Grows with b, like the reach.
+        rng = self.rng * ((self.pstoch[p + 1:kmax + 2] - self.pstoch[p]) > 0)
+        if self.rng:
+            fwdm = fwdm + rng
+            cA = cA + rng
+            snap = snap + 2 * rng
+            held = held + 2 * rng
+        return (fwdm, bwd, rc, cA, snap, self.na.gr[p:kmax + 1], self.pflops[p + 1:kmax + 2] - self.pflops[p], held,
+                rng)
 
     def region_maxima(self, terms: tuple, eff: frozenset, p: int, m: int):
         """``(lf, lb, mono)`` of regions ``[p, p + i]``, ``i < m``, whose held open tensors are ``eff``:
         the largest live bytes less the retained bytes before the region in
         its forward steps (``lf``) and in its recompute and backward steps
         (``lb``), and ``max(lf, backward steps)``, which only grows with the region."""
-        fwdm, bwd, rc, _, _, gr, _, held = terms
+        fwdm, bwd, rc, _, _, gr, _, held, rng = terms
         ks = np.arange(p, p + m)
         fa = np.zeros(m, dtype=np.int64)
         for j in eff:
             fa += self.out[j] * (ks < self.lc[j])
-        lbw = np.maximum.accumulate(bwd[:m] + fa)
+        lbw = np.maximum.accumulate(bwd[:m] + fa) + rng[:m]
         lb = np.maximum(lbw, np.maximum.accumulate(rc[:m] + fa) + gr[:m] + held[:m])
         return fwdm[:m], lb, np.maximum(fwdm[:m], lbw)
 
@@ -396,9 +408,9 @@ class FrontierDP:
                 endok[allowed - p] = True
             amin = min(int(v[0][0]) for v in fr.keys.values())
             terms = self.region_terms(p, kmax)
-            fwdm, bwd, rc, cA, snap, gr, cost, _ = terms
+            fwdm, bwd, rc, cA, snap, gr, cost, _, rng = terms
             # With no open tensor alive the local peak only grows with b (but for gr): it bounds the reach.
-            reach = np.maximum(fwdm, np.maximum(np.maximum.accumulate(bwd), np.maximum.accumulate(rc) + snap))
+            reach = np.maximum(fwdm, np.maximum(np.maximum.accumulate(bwd) + rng, np.maximum.accumulate(rc) + snap))
             over = np.nonzero(reach > cap - amin)[0]
             m = int(over[0]) if len(over) else kmax - p + 1
             if m == 0:

@@ -154,6 +154,8 @@ class CheckpointModel:
         selfsave = [bool(nd.requires_grad and nd.saves_output) for nd in nodes]
         total = sum(out) * 4 + sum(cur) + sum(own) + int(na.state.sum()) + int(max(na.gb.max(), na.gr.max())) + 1
         total += sum(g.span_extra_bytes().values())
+        rng = int(g.rng_state_bytes) if any(nd.stochastic for nd in nodes) else 0
+        total += rng * (n + 2)
         const = g.param_bytes + g.input_bytes
         if budget_bytes is None:
             self.cap = m.NewIntVar(0, total, "peak")
@@ -290,21 +292,48 @@ class CheckpointModel:
                 m.Add(v == 0).OnlyEnforceIf(cont[k].Not())
             q.append(v)
 
+        # NOTE [ RNG state per region ] (solvers.simulate): a region with a stochastic node stores the
+        # generator state from its first forward step to its first node's backward, after every later
+        # step, so at step k all such regions started at or before k hold it (rs[k] of them); its own
+        # recompute holds a second copy (sr[k]). The bools are only forced up (they only add bytes).
+        rs: list = [0] * n
+        sr: list = [0] * n
+        if rng:
+            down = [None] * (n + 1)  # k is in a region with a stochastic node at or after k
+            for k in range(n - 1, -1, -1):
+                d = m.NewBoolVar(f"rngd{k}")
+                if nodes[k].stochastic:
+                    m.AddImplication(x[k], d)
+                if k + 1 < n:
+                    m.AddBoolOr([cont[k + 1].Not(), down[k + 1].Not(), d])
+                down[k] = d
+            for k in range(n):
+                st = m.NewBoolVar(f"rngs{k}")  # a stochastic region starts at k
+                m.AddBoolOr([self.y[k].Not(), down[k].Not(), st])
+                r = m.NewBoolVar(f"rngr{k}")  # k's region is stochastic
+                m.AddImplication(st, r)
+                if k:
+                    m.AddBoolOr([cont[k].Not(), sr[k - 1].Not(), r])
+                sr[k] = r
+                v = m.NewIntVar(0, n, f"rngn{k}")
+                m.Add(v == (rs[k - 1] if k else 0) + st)
+                rs[k] = v
         for k in range(n):
             # Forward step k.
-            m.Add(open_fwd[k] + (hb[k - 1] if k else 0) + (sx[k - 1] if k else 0) + cur[k] <= self.cap)
+            m.Add(open_fwd[k] + (hb[k - 1] if k else 0) + (sx[k - 1] if k else 0) + cur[k] + rng * rs[k]
+                  <= self.cap)
             fa = sum(out[j] * forward_alive(j, k) for j in spans[k])
             # Recompute step k (exists when x[k]).
             rc = s_[k] + q[k]
             if self.held_extra[k]:  # eager lifetimes: the extra bytes of the one chosen span holding k
                 rc = rc + sum(self.held_extra[k])
             m.Add(hb[k] + fa + sinks_after[k + 1] + e_[k] + rc + sx[k] + ow[k] + cur[k] + snap[k]
-                  <= self.cap).OnlyEnforceIf(x[k])
+                  + rng * rs[k] + rng * sr[k] <= self.cap).OnlyEnforceIf(x[k])
             # Backward step k.
             if nodes[k].requires_grad:
                 a = s_[k] + (out[k] * x[k] if selfsave[k] else 0)
                 m.Add(hb[k] + fa + sinks_after[k + 1] + int(na.gb[k]) + a + sx[k] + ow[k] + own[k] * x[k]
-                      <= self.cap)
+                      + rng * rs[k] <= self.cap)
 
     # ------------------------------------------------------------- objective
     def _objective(self, budget_bytes: int | None) -> None:

@@ -63,6 +63,22 @@ NOTE [ Execution model ]
     forward FLOPs; at the graph's rate (``meta["costs"]["flops_per_s"]``) the
     cost is the predicted recompute time.
 
+NOTE [ RNG state per region ]
+    A region that draws random numbers (a node ``stochastic``) is
+    checkpointed with ``preserve_rng_state=True``: before its forward runs,
+    checkpoint stores the generator state (``torch.get_rng_state()``, a
+    tensor of ``graph.rng_state_bytes``) in the region's frame, beside its
+    inputs, so it lives exactly as long as they do: from the forward step of
+    the region's first node to the backward of that node. Its recompute runs
+    under ``torch.random.fork_rng``, which saves the generator's current
+    state once more for the recompute's duration. So for such a region
+    ``rng_state_bytes`` joins the activations at its first forward step,
+    again for every step of its recompute, and leaves with its inputs.
+    Regions without a stochastic node store nothing (the appliers pass
+    ``preserve_rng_state=False``). The generator states of CUDA devices are
+    host tensors too: a trace on a GPU records ``rng_state_bytes=0`` for the
+    device's budget.
+
 NOTE [ Selective recompute ]
     ``plan.saved`` lists nodes inside regions whose outputs a selective
     checkpoint policy keeps (``CheckpointPolicy.MUST_SAVE`` for the node's
@@ -107,7 +123,8 @@ from .errors import SolverInputError
 from .gradients import GradientWalk
 from .plan import Plan
 
-__all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "GradientWalk", "cost_seconds"]
+__all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "GradientWalk", "cost_seconds",
+           "region_rng_bytes"]
 
 FORWARD, RECOMPUTE, BACKWARD = "forward", "recompute", "backward"
 
@@ -183,6 +200,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
     for r, (a, b) in enumerate(regions):
         for i in range(a, b + 1):
             region_of[i] = r
+    rng_of = region_rng_bytes(graph, regions)  # NOTE [ RNG state per region ]
     preds = graph.preds
     succs = graph.succs
     idx = graph.index
@@ -264,6 +282,8 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
     alive = [False] * n
     for i in range(n):
         nd = nodes[i]
+        if region_of[i] != -1 and regions[region_of[i]][0] == i:
+            act += rng_of[region_of[i]]  # stored before the region runs, kept with its inputs
         act += out_b[i] + nd.saved_bytes
         alive[i] = True
         record_step(FORWARD, i, nd.workspace_bytes)
@@ -332,6 +352,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
             outs = [caller[k] or succs[k][-1] > b for k in range(a, b + 1)]
             snapshot = sum(nodes[k].state_bytes for k in range(a, b + 1))  # buffers copied around the recompute
             snapshot += span_extra.get((a, b), 0)  # what the call's eager locals hold (eager lifetimes)
+            snapshot += rng_of[r]  # fork_rng's copy of the current generator state
             act += snapshot
             for k in range(a, b + 1):
                 nd = nodes[k]
@@ -376,6 +397,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
                 if rec_hold[j] == 0:
                     drop_recomputed(j)
         if i in region_first:
+            act -= rng_of[region_first[i]]
             for j in region_holds[region_first[i]]:
                 release(j)
 
@@ -396,6 +418,16 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
         persistent_bytes=base + params,
         recompute_time_s=cost_seconds(graph, recompute_cost),
     )
+
+
+def region_rng_bytes(graph: Graph, regions) -> list[int]:  # noqa: ANN001
+    """Per region, the generator state it stores: ``graph.rng_state_bytes`` when a node in it is
+    stochastic, else 0 (NOTE [ RNG state per region ])."""
+    rng = graph.rng_state_bytes
+    if not rng:
+        return [0] * len(regions)
+    nodes = graph.nodes
+    return [rng if any(nodes[k].stochastic for k in range(a, b + 1)) else 0 for a, b in regions]
 
 
 def cost_seconds(graph: Graph, cost: int) -> float | None:
