@@ -60,7 +60,7 @@ FORMAT_VERSION = 1
 COSTS_META = "costs"
 #: Exclusive upper limit of every byte and FLOP count (NOTE [ Strict loading ] in ``graphs.schema``).
 MAX_COUNT = 1 << 62
-#: ``meta`` key naming the device convolution workspaces were measured on (when they were).
+#: ``meta`` key naming the device op workspaces were measured on (when they were).
 WORKSPACES_META = "workspaces"
 #: ``meta`` key: how the CLI built the model (``{"model": NAME, "options": {...}}``), so that
 #: ``ckpt apply PLAN`` rebuilds it without retyping; provenance, not part of the fingerprint.
