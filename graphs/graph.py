@@ -42,7 +42,7 @@ FORMAT_VERSION = 1
 COSTS_META = "costs"
 #: Exclusive upper limit of every byte and FLOP count (NOTE [ Strict loading ] in ``graphs.schema``).
 MAX_COUNT = 1 << 62
-#: ``meta`` key naming the device convolution workspaces were measured on (when they were).
+#: ``meta`` key naming the device op workspaces were measured on (when they were).
 WORKSPACES_META = "workspaces"
 #: ``meta`` key: how the CLI built the model (``{"model": NAME, "options": {...}}``), so that
 #: ``ckpt apply PLAN`` rebuilds it without retyping; provenance, not part of the fingerprint.
@@ -113,11 +113,19 @@ class Graph:
             user's module (NOTE [ Module-aligned regions ]); empty: any
             interval. Sorted by ``(first, -last)``, one span per interval
             (the outermost module when several calls cover the same nodes).
+        rng_state_bytes: bytes of the generator state a checkpoint region
+            that draws random numbers stores (``preserve_rng_state``: the CPU
+            generator's state, and each CUDA device's in use), held from the
+            region's forward until its backward is done, and once more while
+            it recomputes (NOTE [ RNG state per region ] in
+            ``solvers.simulate``); 0 (the default, and in files without the
+            field): not counted.
     """
 
     nodes: tuple[Node, ...]
     param_bytes: int = 0
     input_bytes: int = 0
+    rng_state_bytes: int = 0
     name: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict)
     spans: tuple[Span, ...] = ()
@@ -137,7 +145,7 @@ class Graph:
         """
         if not self.nodes:
             raise GraphError("graph has no nodes; a graph needs at least one node")
-        for key in ("param_bytes", "input_bytes"):
+        for key in ("param_bytes", "input_bytes", "rng_state_bytes"):
             v = getattr(self, key)
             if not _is_count(v):
                 raise GraphError(f"graph field {key!r} must be an integer in [0, 2**62), got {v!r}")
@@ -278,6 +286,7 @@ class Graph:
         """
         d = self.to_dict()
         d.pop("spans", None)  # which regions can be lowered onto modules, not what a plan does
+        d.pop("rng_state_bytes", None)  # memory accounting, like the workspaces: not what a plan does
         d["meta"].pop(COSTS_META, None)
         d["meta"].pop(WORKSPACES_META, None)
         d["meta"].pop(BUILD_META, None)
@@ -302,6 +311,8 @@ class Graph:
             "meta": dict(self.meta),
             "nodes": [n.to_dict() for n in self.nodes],
         }
+        if self.rng_state_bytes:  # written only when set: files without it read as before
+            d["rng_state_bytes"] = self.rng_state_bytes
         if self.spans:
             d["spans"] = [sp.to_list() for sp in self.spans]
         return d

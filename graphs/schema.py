@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_COUNT", "count", "reject_unknown", "node_from_dict", "graph_from_dict", "toposort", "GRAPH_KEYS"]
 
 #: Top-level keys of a graph's JSON form.
-GRAPH_KEYS = ("format", "name", "param_bytes", "input_bytes", "meta", "nodes", "spans")
+GRAPH_KEYS = ("format", "name", "param_bytes", "input_bytes", "rng_state_bytes", "meta", "nodes", "spans")
 
 
 def count(value: Any, key: str, where: str, error: type[CkptError] = GraphError) -> int:
@@ -136,7 +136,7 @@ def graph_from_dict(cls: type["Graph"], d: Any) -> "Graph":
     nodes = [Node.from_dict(x, where=f"nodes[{i}]") for i, x in enumerate(raw)]
     ordered = toposort(nodes)
     kw: dict[str, Any] = {}
-    for key in ("param_bytes", "input_bytes"):
+    for key in ("param_bytes", "input_bytes", "rng_state_bytes"):  # rng_state_bytes: absent in older files (0)
         if key in d:
             kw[key] = count(d[key], key, "graph")
     if "name" in d:

@@ -166,13 +166,15 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             where the model is (its CUDA device's name, the measured CPU,
             ``H100`` for ``meta``).
         time_repeats: forward runs measured with ``costs="time"`` (median).
-        workspaces: ``"measure"``: run each distinct convolution's backward
-            once on the model's device (the CPU for a ``meta`` model) and count
-            the buffers it holds inside the op (NOTE [ Convolution workspaces ]
-            in ``scheduler.tracing.workspaces``); ``"none"``: do not; ``"auto"``
-            (default): measure when the model has convolutions and is not on
-            the ``meta`` device (the allocator's peak of a conv net is above
-            what its tensors alone say, so plans would not fit without it).
+        workspaces: ``"measure"``: run each distinct ATen call that may
+            hold buffers inside the op (forward and backward: convolutions,
+            attention, normalisations...) once on real tensors of the model's
+            device (the CPU for a ``meta`` model) and count what it allocates
+            beyond the tensors the trace sees (NOTE [ Op workspaces ] in
+            ``scheduler.tracing.workspaces``); ``"none"``: do not; ``"auto"``
+            (default): measure unless the model is on the ``meta`` device
+            (the allocator's peak is above what the tensors alone say, so
+            plans would not fit without it).
 
     Returns:
         A :class:`Traced` (NOTE [ Traced contract ]).
@@ -198,22 +200,23 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
     if check:
         check_against_eager(target, gm, args, kwargs)
     flat = _flatten(gm, used, target, args, kwargs)
-    records, totals = measure_ops(gm, flat, strip_module=strip)
+    located = list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)]
+    on_meta = any(t.device.type == "meta" for t in located)
+    if workspaces == "auto":  # NOTE [ Op workspaces ]: measured where the kernels are real
+        workspaces = "none" if on_meta else "measure"
+    ws_device = None
+    if workspaces == "measure":
+        ws_device = next((t.device for t in located), torch.device("cpu"))
+        ws_device = torch.device("cpu") if ws_device.type == "meta" else ws_device
+    records, totals = measure_ops(gm, flat, strip_module=strip, workspaces=ws_device)
+    totals["rng_state_bytes"] = _rng_state_bytes(model, flat)  # type: ignore[assignment]
     if not records:
         raise TraceError(f"{type(model).__name__} traced to a graph without operations; nothing to plan")
     name = name or type(model).__name__
     meta = _describe(model, name, args, kwargs, used)
     records, meta[COSTS_META] = _price(records, costs, cost_device, model, gm, flat, time_repeats)
-    if workspaces == "auto":
-        on_meta = any(t.device.type == "meta" for t in list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)])
-        workspaces = "measure" if any(r.convs for r in records) and not on_meta else "none"
-    if workspaces == "measure":
-        from .tracing.workspaces import measure_conv_workspaces
-
-        device = next((t.device for t in list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)]),
-                      torch.device("cpu"))
-        records = measure_conv_workspaces(records, device)
-        meta[WORKSPACES_META] = "cpu" if device.type == "meta" else str(device)
+    if ws_device is not None:
+        meta[WORKSPACES_META] = str(ws_device)
     sequentials = sequential_children(model)
     graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, {})
     extras: dict[str, int] = {}
@@ -304,8 +307,18 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     meta[MODULES_META] = modules
     graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]),
                   input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]), name=name, meta=meta,
-                  spans=tuple(spans))
+                  spans=tuple(spans), rng_state_bytes=int(totals.get("rng_state_bytes", 0)))
     return graph, tuple(nd.members for nd in nodes), chosen
+
+
+def _rng_state_bytes(model: nn.Module, flat: Sequence[Any]) -> int:
+    """Bytes of the generator state a stochastic region stores (NOTE [ RNG state per region ] in
+    ``solvers.simulate``), in the budget's memory: the CPU generator's state for a model on the CPU;
+    0 on an accelerator or ``meta`` (the states are host tensors, outside the device's memory)."""
+    tensors = list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)]
+    if any(t.device.type != "cpu" for t in tensors):
+        return 0
+    return int(torch.get_rng_state().numel())
 
 
 def _flatten(gm: torch.fx.GraphModule, method: str, module: nn.Module, args: tuple, kwargs: Mapping[str, Any]

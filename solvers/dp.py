@@ -42,7 +42,7 @@ import numpy as np
 
 from graphs import Graph
 
-from .dp_model import NodeArrays, node_arrays, region_profiles, stored_profile
+from .dp_model import NodeArrays, node_arrays, region_profiles, region_rng, stored_profile
 from .dp_selective import KeptRuns
 from .errors import InfeasibleBudget
 from .options import Option
@@ -160,6 +160,8 @@ class DPTable:
                                if (j := stage_of_end.get(b, -1)) >= i and j <= jmax], dtype=np.int64)
                 floor, run_cost = np.ascontiguousarray(l0[i, js]), np.ascontiguousarray(cost[i, js])
             segs, ret, code = js, no_ret[:len(js)], js
+            if na.rng:  # NOTE [ RNG state per region ]: a stochastic region retains the generator state
+                ret = np.ascontiguousarray(region_rng(na, st.starts[i], np.asarray(ends, dtype=np.int64)[js]))
             if kept is not None:  # the same regions keeping each entry of their menus, after the plain ones
                 k_segs, k_floor, k_cost, k_ret, k_code = kept.runs(i, js, cost[i])
                 if len(k_segs):

@@ -50,11 +50,10 @@ from .gradients import GradientWalk
 from .stages import Stages
 from .terms import INF, terms_of
 
-__all__ = ["NodeArrays", "node_arrays", "stored_profile", "step_rows", "region_profiles", "NEG"]
+__all__ = ["NodeArrays", "node_arrays", "stored_profile", "step_rows", "region_profiles", "region_rng", "NEG"]
 
 #: Stands for "no step" in max-reductions.
 NEG = -(1 << 62)
-_INF = INF  # the name solvers.dp_selective imports
 
 
 @dataclass(frozen=True)
@@ -106,6 +105,8 @@ class NodeArrays:
     v_all: np.ndarray
     buf: np.ndarray
     ws: np.ndarray
+    p_sto: np.ndarray | None = None  # prefix count of stochastic nodes (length n + 1)
+    rng: int = 0  # Graph.rng_state_bytes: what a stochastic region stores (NOTE [ RNG state per region ])
 
 
 def _prefix(x: np.ndarray) -> np.ndarray:
@@ -165,7 +166,17 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
         open_all=np.cumsum(d_open)[:n], u_all=np.cumsum(d_u)[:n], v_all=np.cumsum(d_v)[:n],
         buf=np.array([nd.saved_bytes for nd in nodes], dtype=np.int64),
         ws=np.array([nd.workspace_bytes for nd in nodes], dtype=np.int64),
+        p_sto=_prefix(np.array([bool(nd.stochastic) for nd in nodes], dtype=np.int64)),
+        rng=int(graph.rng_state_bytes),
     )
+
+
+def region_rng(na: NodeArrays, a: np.ndarray | int, b: np.ndarray | int) -> np.ndarray | int:
+    """Generator-state bytes a region ``[a, b]`` (node positions, broadcast) stores: ``na.rng`` when
+    a node in it is stochastic (NOTE [ RNG state per region ] in ``solvers.simulate``)."""
+    if not na.rng or na.p_sto is None:
+        return np.zeros(np.broadcast(a, b).shape, dtype=np.int64) if np.ndim(a) or np.ndim(b) else 0
+    return na.rng * ((na.p_sto[np.asarray(b) + 1] - na.p_sto[np.asarray(a)]) > 0).astype(np.int64)
 
 
 def stored_profile(na: NodeArrays, a: int, b: int, lh: int, p: int | None = None,
@@ -246,7 +257,9 @@ def region_profiles(na: NodeArrays, st: Stages, span_extra: Mapping[tuple[int, i
         ``(L0, cost, inp)``: ``L0[i, j]`` the local peak of the region
         without its input (add ``inp[i]`` when ``lh == 0``), ``cost[i, j]`` its
         recompute FLOPs, ``inp[i]`` the bytes of the boundary tensor it holds.
-        Entries with ``j < i`` are meaningless.
+        Entries with ``j < i`` are meaningless. A stochastic region's stored
+        generator state (:func:`region_rng`) is in ``L0``; what it retains
+        for later segments is the caller's to add.
     """
     starts = np.array(st.starts, dtype=np.int64)
     ends = np.array(st.ends, dtype=np.int64)
@@ -264,8 +277,12 @@ def region_profiles(na: NodeArrays, st: Stages, span_extra: Mapping[tuple[int, i
         for (a, b), extra in span_extra.items():
             if a in first and b in last:
                 snapshot[first[a], last[b]] += extra
-    rm = np.where(rm > NEG, rm + sinks + gr_end + snapshot, NEG)
-    bm = np.where(bm > NEG, bm + sinks, NEG)
+    # NOTE [ RNG state per region ]: a stochastic region holds the generator state at all its steps
+    # (it is also retained: ``rng`` below), and once more while it recomputes.
+    rng = region_rng(na, starts[:, None], ends[None, :])
+    fm = np.where(fm > NEG, fm + rng, NEG)
+    rm = np.where(rm > NEG, rm + sinks + gr_end + snapshot + 2 * rng, NEG)
+    bm = np.where(bm > NEG, bm + sinks + rng, NEG)
     l0 = np.maximum(fm, np.maximum(rm, bm))
     pf = _prefix(na.flops)
     cost = pf[ends + 1][None, :] - pf[starts][:, None]

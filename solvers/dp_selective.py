@@ -36,7 +36,7 @@ import numpy as np
 
 from graphs import Graph
 
-from .dp_model import NEG, NodeArrays, _INF, step_rows
+from .dp_model import NEG, NodeArrays, INF, region_rng, step_rows
 from .selective import DEFAULT_LIMIT, GrowingMenus
 from .stages import Stages
 
@@ -63,7 +63,7 @@ class KeptRuns:
         self.saveable = graph.saveable
         cand = [s and c > 0 for s, c in zip(self.saveable, self.costs)]
         self._pc = np.concatenate(([0], np.cumsum(cand))).astype(np.int64)
-        self._sa = na.fs < _INF
+        self._sa = na.fs < INF
         self._pst = np.concatenate(([0], np.cumsum(na.state))).astype(np.int64)
         self._bnd_in = np.array(st.boundary if st.boundary else [s - 1 for s in st.starts], dtype=np.int64)
         self._menus = GrowingMenus(graph, limit=limit, costs=self.costs)  # variants(), for growing regions
@@ -147,8 +147,9 @@ class KeptRuns:
             bw = np.where(bw > NEG, bw + np.cumsum(db)[:size], NEG)
         sinks = int(na.p_sink[-1])
         snapshot = int(self._pst[b + 1] - self._pst[a]) + int(self.span_extra.get((a, b), 0))
-        local = max(int(f.max()), int(rc.max()) + sinks + int(na.gr[b]) + snapshot)
+        rng = int(region_rng(na, a, b))  # NOTE [ RNG state per region ]: held throughout, twice in the recompute
+        local = max(int(f.max()) + rng, int(rc.max()) + sinks + int(na.gr[b]) + snapshot + 2 * rng)
         bm = int(bw.max())
         if bm > NEG:
-            local = max(local, bm + sinks)
-        return local, int(keep.sum())
+            local = max(local, bm + sinks + rng)
+        return local, int(keep.sum()) + rng

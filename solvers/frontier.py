@@ -65,14 +65,14 @@ from graphs import CkptError, Graph
 from .dp_model import NEG, node_arrays
 from .errors import SolverBug, SolverOptionError
 from .block_front import BlockFrontTooLarge
-from .frontier_front import Front, TooWide, _open_sets, open_counts, trace_back, width
+from .frontier_front import Front, TooWide, _open_sets, open_counts, round_up, trace_back, width
 from .frontier_kept import KeptRegions
 from .spans import SpanIndex
+from .terms import INF, terms_of
 
 __all__ = ["FrontierDP", "FrontierResult", "FrontierTimeout", "width", "open_counts", "MAX_WIDTH", "TooWide"]
 
 log = logging.getLogger(__name__)
-_INF = 1 << 40
 
 #: Widest graph (most tensors of non-zero bytes open at one position) the program is run on by default.
 MAX_WIDTH = 12
@@ -125,20 +125,20 @@ class FrontierDP:
         self.width = w
         self.opens = _open_sets(na.out, na.lc)
         rg = na.rg
-        self.selfsave = np.array([bool(nd.requires_grad and nd.saves_output) for nd in nodes])
-        self.savers: list[set[int]] = [set() for _ in range(n)]
-        for k, nd in enumerate(nodes):
-            if nd.requires_grad:
-                for name in nd.saves_inputs:
-                    self.savers[graph.index[name]].add(k)
-        self.readers = [sorted(s) for s in graph.succs]
+        terms = terms_of(graph)  # NOTE [ One table of terms ]
+        self.selfsave = np.array(terms.self_save, dtype=bool)
+        self.savers = [frozenset(c) for c in terms.savers]
+        self.readers = graph.succs  # ascending
         self.recomputable = np.array([nd.recomputable for nd in nodes])
         lc, fs = na.lc, na.fs
-        self.sinks_after = na.p_sink[-1] - na.p_sink  # sinks_after[k]: outputs nobody reads, produced at k or later
+        self.sinks_after = np.array(terms.sink_bytes_after, dtype=np.int64)  # sinks produced at k or later
         self.open_fwd = na.open_all  # forward copies awaiting a consumer at k (j < k <= lc[j])
         self.last = np.minimum(np.where(lc >= 0, lc, n - 1), fs - 1)
         self.pflops = np.concatenate(([0], np.cumsum(na.flops)))
         self.pstate = np.concatenate(([0], np.cumsum(na.state)))
+        # NOTE [ RNG state per region ] in solvers.simulate: a region with a stochastic node stores the state.
+        self.rng = int(graph.rng_state_bytes)
+        self.pstoch = np.concatenate(([0], np.cumsum([bool(nd.stochastic) for nd in graph.nodes]))).astype(np.int64)
         self.const = int(graph.param_bytes + graph.input_bytes)
         self.rg = rg
         # NOTE [ Module-aligned regions ]: on a graph with spans, the regions [p, b] are spans only.
@@ -213,52 +213,54 @@ class FrontierDP:
 
     def region_terms(self, p: int, kmax: int) -> tuple:
         """The bit-independent arrays of regions ``[p, b]``, ``b <= kmax``:
-        ``(fwdm, bwd, rc, cA, snap, gr, cost, held, fwd)``, indexed by ``b - p``; ``held``
+        ``(fwdm, bwd, rc, cA, snap, gr, cost, held, fwd, rng)``, indexed by ``b - p``; ``held``
         is what the whole recompute of ``[p, b]`` holds: the snapshots, and the
         extra bytes of span ``(p, b)`` (eager lifetimes, NOTE [ Execution model ]),
         which the reach bound leaves out (it stays monotone in ``b``); ``fwd`` the
-        forward steps one by one (``fwdm`` their running maximum)."""
+        forward steps one by one (``fwdm`` their running maximum, plus ``rng``); ``rng`` the
+        generator state region ``[p, b]`` stores, already in ``fwdm``, ``cA``, ``snap`` and ``held``."""
         fwd, bwd, rc, cA = self._region_arrays(p, kmax)
         snap = self.pstate[p + 1:kmax + 2] - self.pstate[p]
         held = snap.copy()
         for b, extra in self.span_extra_from[p]:
             if b <= kmax:
                 held[b - p] += extra
-        return (np.maximum.accumulate(fwd), bwd, rc, cA, snap, self.na.gr[p:kmax + 1],
-                self.pflops[p + 1:kmax + 2] - self.pflops[p], held, fwd)
+        fwdm = np.maximum.accumulate(fwd)
+        # The generator state a stochastic [p, b] stores: held at all its steps and retained with its
+        # inputs; once more (fork_rng's copy) while it recomputes. Grows with b, like the reach.
+        rng = self.rng * ((self.pstoch[p + 1:kmax + 2] - self.pstoch[p]) > 0)
+        if self.rng:
+            fwdm = fwdm + rng
+            cA = cA + rng
+            snap = snap + 2 * rng
+            held = held + 2 * rng
+        return (fwdm, bwd, rc, cA, snap, self.na.gr[p:kmax + 1],
+                self.pflops[p + 1:kmax + 2] - self.pflops[p], held, fwd, rng)
 
     def region_maxima(self, terms: tuple, eff: frozenset, p: int, m: int):
         """``(lf, lb, mono)`` of regions ``[p, p + i]``, ``i < m``, whose held open tensors are ``eff``:
         the largest live bytes less the retained bytes before the region in
         its forward steps (``lf``) and in its recompute and backward steps
         (``lb``), and ``max(lf, backward steps)``, which only grows with the region."""
-        fwdm, bwd, rc, _, _, gr, _, held = terms[:8]
+        fwdm, bwd, rc, _, _, gr, _, held, _, rng = terms
         ks = np.arange(p, p + m)
         fa = np.zeros(m, dtype=np.int64)
         for j in eff:
             fa += self.out[j] * (ks < self.lc[j])
-        lbw = np.maximum.accumulate(bwd[:m] + fa)
+        lbw = np.maximum.accumulate(bwd[:m] + fa) + rng[:m]
         lb = np.maximum(lbw, np.maximum.accumulate(rc[:m] + fa) + gr[:m] + held[:m])
         return fwdm[:m], lb, np.maximum(fwdm[:m], lbw)
 
     def reader_bounds(self, p: int, m: int) -> tuple[dict[int, int], list[int]]:
         """The first reader at or after ``p`` of each open tensor, and the ends
         ``p + i`` (``i < m``) where the set of open tensors a region reads grows."""
-        first_reader = {j: next((c for c in self.readers[j] if c >= p), _INF) for j in self.opens[p]}
+        first_reader = {j: next((c for c in self.readers[j] if c >= p), INF) for j in self.opens[p]}
         bounds = sorted({p, p + m} | {f for f in first_reader.values() if p < f < p + m})
         return first_reader, bounds
 
     def region_nkey(self, eff: frozenset, p: int, b: int) -> tuple[int, ...]:
         """The held open tensors after a region ``[p, b]`` that read (or held) ``eff``."""
         return tuple(j for j in self.opens[b + 1] if j < p and j in eff)
-
-    def _round_up(self, key: tuple[int, ...], opens: list[int], max_free: int) -> tuple[int, ...]:
-        """``key`` with all but the ``max_free`` largest unheld open tensors counted as held."""
-        free = [j for j in opens if j not in key]
-        if len(free) <= max_free:
-            return key
-        keep = set(sorted(free, key=lambda j: -int(self.out[j]))[:max_free])
-        return tuple(j for j in opens if j in key or j not in keep)
 
     # --------------------------------------------------------------- solve
     def solve(self, budget_bytes: int | None, *, objective: str = "flops",
@@ -370,7 +372,7 @@ class FrontierDP:
             cut = int(np.searchsorted(a, cap - local, side="right"))
             if cut:
                 if max_free is not None:
-                    nkey = self._round_up(nkey, self.opens[p + 1], max_free)
+                    nkey = round_up(nkey, self.opens[p + 1], max_free, self.out)
                 target.add(nkey, a, o, cut, dA, 0, local, (p, key, -1))
 
     def _region_ends(self, p: int, block_end: int) -> tuple[int, np.ndarray | None] | None:
@@ -403,10 +405,10 @@ class FrontierDP:
         terms = self.region_terms(p, kmax)
         if self.kept is not None:
             self.kept.extend(p, fr, fronts, terms, cap, endok, max_free)
-        fwdm, bwd, rc, cA, snap, gr, cost, _, _ = terms
+        fwdm, bwd, rc, cA, snap, gr, cost, _, _, rng = terms
         amin = min(int(v[0][0]) for v in fr.keys.values())
         # With no open tensor alive the local peak only grows with b (but for gr): it bounds the reach.
-        reach = np.maximum(fwdm, np.maximum(np.maximum.accumulate(bwd), np.maximum.accumulate(rc) + snap))
+        reach = np.maximum(fwdm, np.maximum(np.maximum.accumulate(bwd) + rng, np.maximum.accumulate(rc) + snap))
         over = np.nonzero(reach > cap - amin)[0]
         m = int(over[0]) if len(over) else kmax - p + 1
         if m == 0:
@@ -436,7 +438,7 @@ class FrontierDP:
                     if nkey is None:
                         nkey = self.region_nkey(eff, p, b)
                         if max_free is not None:
-                            nkey = self._round_up(nkey, self.opens[b + 1], max_free)
+                            nkey = round_up(nkey, self.opens[b + 1], max_free, self.out)
                         nkeys[(eff, b)] = nkey
                     fronts[b + 1].add(nkey, a, o, int(cuts[off]), int(cA[i]), int(cost[i]), int(local[i]), (p, key, b))
                 if end < hi:

@@ -13,7 +13,7 @@ from graphs import CkptError, Graph
 
 from .frontier_kept import KeptStep
 
-__all__ = ["Front", "pareto", "open_counts", "width", "TooWide", "trace_back"]
+__all__ = ["Front", "pareto", "open_counts", "width", "TooWide", "trace_back", "round_up"]
 
 
 def pareto(a, o, si, mi):
@@ -172,3 +172,12 @@ def trace_back(fronts: list[Front], n: int, key: tuple[int, ...], idx: int) -> t
         pos, key, idx = src_pos, src_key, int(si[idx])
     regions.reverse()
     return tuple(regions), tuple(sorted(saved))
+
+
+def round_up(key: tuple[int, ...], opens: list[int], max_free: int, out: np.ndarray) -> tuple[int, ...]:
+    """``key`` with all but the ``max_free`` largest unheld open tensors (bytes ``out``) counted as held."""
+    free = [j for j in opens if j not in key]
+    if len(free) <= max_free:
+        return key
+    keep = set(sorted(free, key=lambda j: -int(out[j]))[:max_free])
+    return tuple(j for j in opens if j in key or j not in keep)

@@ -44,7 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from .dp_model import NEG, _INF
+from .dp_model import NEG
+from .terms import INF
 from .selective import DEFAULT_LIMIT, GrowingMenus
 
 __all__ = ["KeptStep", "KeptRegions"]
@@ -71,7 +72,7 @@ class KeptRegions:
         self.costs = program.graph.recompute_costs()
         self.menus = GrowingMenus(program.graph, limit=limit, costs=self.costs)
         na = program.na
-        self.shared = na.sink & (na.fs < _INF)  # a kept sink's copy is the caller's, saved for the backward
+        self.shared = na.sink & (na.fs < INF)  # a kept sink's copy is the caller's, saved for the backward
 
     @property
     def any(self) -> bool:
@@ -123,12 +124,14 @@ class KeptRegions:
             endok: which ends are allowed (spans), or None for all.
             max_free: as for :meth:`~solvers.frontier.FrontierDP.solve`.
         """
+        from .frontier_front import round_up  # frontier_front imports this module
+
         prog = self.prog
-        fwdm, bwd, rc, cA, _, gr, cost, held_b, fwd = terms
+        fwdm, bwd, rc, cA, _, gr, cost, held_b, fwd, rng = terms
         amin = min(int(v[0][0]) for v in fr.keys.values())
         over = np.nonzero(fwdm > cap - amin)[0]
         m = int(over[0]) if len(over) else len(fwdm)
-        first_reader = {j: next((c for c in prog.readers[j] if c >= p), _INF) for j in prog.opens[p]}
+        first_reader = {j: next((c for c in prog.readers[j] if c >= p), INF) for j in prog.opens[p]}
         opens_p = prog.opens[p]
         ks = np.arange(p, p + m)
         fas: dict[frozenset, np.ndarray] = {}  # per held open tensors: their bytes at each step of the region
@@ -146,7 +149,8 @@ class KeptRegions:
                 fas[eff] = fa
             for kept in menu[1:]:
                 df, dr, db, dA, saved_cost, held = self.deltas(p, b, kept)
-                f = int((fwd[:size] + df).max())
+                r = int(rng[size - 1])  # the generator state of a stochastic [p, b], at every step
+                f = int((fwd[:size] + df).max()) + r
                 bw = bwd[:size]
                 bw = np.where(bw > NEG, bw + db, NEG)
                 rk = rc[:size] + dr
@@ -155,7 +159,7 @@ class KeptRegions:
                 for key, (a, o, *_rest) in fr.keys.items():
                     eff = effs[key]
                     fa = fas[eff][:size]
-                    local = max(f, int((bw + fa).max()), int((rk + fa).max()) + tail)
+                    local = max(f, int((bw + fa).max()) + r, int((rk + fa).max()) + tail)
                     cut = int(np.searchsorted(a, cap - local, side="right"))
                     if not cut:
                         continue
@@ -163,7 +167,7 @@ class KeptRegions:
                     if nkey is None:
                         nkey = tuple(j for j in prog.opens[b + 1] if (j < p and j in eff) or j in held)
                         if max_free is not None:
-                            nkey = prog._round_up(nkey, prog.opens[b + 1], max_free)
+                            nkey = round_up(nkey, prog.opens[b + 1], max_free, prog.out)
                         nkeys[eff] = nkey
                     fronts[b + 1].add(nkey, a, o, cut, int(cA[size - 1]) + dA, int(cost[size - 1]) - saved_cost,
                                       local, (p, key, KeptStep(b, kept)))

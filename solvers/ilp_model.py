@@ -13,6 +13,7 @@ from graphs import Graph
 from ._cpsat import Progress, new_solver, run_cp_sat
 from .dp_model import node_arrays
 from .ilp_cuts import memory_cuts
+from .ilp_rng import rng_counts
 from .ilp_same import SameLiterals
 from .spans import SpanIndex
 from .terms import INF, terms_of
@@ -146,6 +147,8 @@ class CheckpointModel:
         total = (sum(self._out) * 4 + sum(self._cur) + sum(self._own) + int(na.state.sum())
                  + int(max(na.gb.max(), na.gr.max())) + 1)
         total += sum(g.span_extra_bytes().values())
+        if any(nd.stochastic for nd in g.nodes):
+            total += int(g.rng_state_bytes) * (len(g) + 2)  # NOTE [ RNG state per region ]
         const = g.param_bytes + g.input_bytes
         if budget_bytes is None:
             self.cap = self.m.NewIntVar(0, total, "peak")
@@ -303,21 +306,23 @@ class CheckpointModel:
         for j in range(n):
             for k in range(j, lc[j]):
                 spans[k].append(j)
+        rng, rs, sr = rng_counts(self)  # NOTE [ RNG state per region ]
         for k in range(n):
             # Forward step k.
-            m.Add(open_fwd[k] + (hb[k - 1] if k else 0) + (sx[k - 1] if k else 0) + cur[k] <= self.cap)
+            m.Add(open_fwd[k] + (hb[k - 1] if k else 0) + (sx[k - 1] if k else 0) + cur[k] + rng * rs[k]
+                  <= self.cap)
             fa = sum(out[j] * self._forward_alive(j, k) for j in spans[k])
             # Recompute step k (exists when x[k]).
             rc = s_[k] + q[k]
             if self.held_extra[k]:  # eager lifetimes: the extra bytes of the one chosen span holding k
                 rc = rc + sum(self.held_extra[k])
             m.Add(hb[k] + fa + sinks_after[k + 1] + e_[k] + rc + sx[k] + ow[k] + cur[k] + snap[k]
-                  <= self.cap).OnlyEnforceIf(x[k])
+                  + rng * rs[k] + rng * sr[k] <= self.cap).OnlyEnforceIf(x[k])
             # Backward step k.
             if g.nodes[k].requires_grad:
                 a = s_[k] + (out[k] * x[k] if t.self_save[k] else 0)
                 m.Add(hb[k] + fa + sinks_after[k + 1] + int(na.gb[k]) + a + sx[k] + ow[k] + own[k] * x[k]
-                      <= self.cap)
+                      + rng * rs[k] <= self.cap)
 
     # ------------------------------------------------------------- objective
     def _objective(self, budget_bytes: int | None) -> None:

@@ -63,6 +63,22 @@ NOTE [ Execution model ]
     forward FLOPs; at the graph's rate (``meta["costs"]["flops_per_s"]``) the
     cost is the predicted recompute time.
 
+NOTE [ RNG state per region ]
+    A region that draws random numbers (a node ``stochastic``) is
+    checkpointed with ``preserve_rng_state=True``: before its forward runs,
+    checkpoint stores the generator state (``torch.get_rng_state()``, a
+    tensor of ``graph.rng_state_bytes``) in the region's frame, beside its
+    inputs, so it lives exactly as long as they do: from the forward step of
+    the region's first node to the backward of that node. Its recompute runs
+    under ``torch.random.fork_rng``, which saves the generator's current
+    state once more for the recompute's duration. So for such a region
+    ``rng_state_bytes`` joins the activations at its first forward step,
+    again for every step of its recompute, and leaves with its inputs.
+    Regions without a stochastic node store nothing (the appliers pass
+    ``preserve_rng_state=False``). The generator states of CUDA devices are
+    host tensors too: a trace on a GPU records ``rng_state_bytes=0`` for the
+    device's budget.
+
 NOTE [ Selective recompute ]
     ``plan.saved`` lists nodes inside regions whose outputs a selective
     checkpoint policy keeps (``CheckpointPolicy.MUST_SAVE`` for the node's
@@ -108,7 +124,8 @@ from .gradients import GradientWalk
 from .plan import Plan
 from .terms import terms_of
 
-__all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "GradientWalk", "cost_seconds"]
+__all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "GradientWalk", "cost_seconds",
+           "region_rng_bytes"]
 
 FORWARD, RECOMPUTE, BACKWARD = "forward", "recompute", "backward"
 
@@ -229,6 +246,8 @@ class _Walk:
             for i in range(a, b + 1):
                 region_of[i] = r
         self.terms = terms_of(graph)
+        # a stochastic region's first node -> the generator state it stores (NOTE [ RNG state per region ])
+        self.rng_at = {a: rng for (a, _), rng in zip(regions, region_rng_bytes(graph, regions)) if rng}
         self.rg = [nd.requires_grad for nd in nodes]
         self.out_b = [nd.out_bytes for nd in nodes]
         self.caller = self.terms.sinks  # sinks are held by the caller to the end
@@ -275,6 +294,7 @@ class _Walk:
         remaining = [len(s) for s in succs]
         for i in range(len(nodes)):
             nd = nodes[i]
+            act += self.rng_at.get(i, 0)  # stored before the region runs, kept with its inputs
             act += out_b[i] + nd.saved_bytes
             alive[i] = True
             step(FORWARD, i, act, self.agrad, self.pgrad, nd.workspace_bytes)
@@ -313,6 +333,7 @@ class _Walk:
             if self.rg[i]:
                 self._node_backward(i)
             if i in region_first:
+                self.act -= self.rng_at.get(i, 0)
                 for j in self.region_holds[region_first[i]]:
                     self._release(j)
 
@@ -351,6 +372,7 @@ class _Walk:
         outs = [caller[k] or self.terms.last_reader[k] > b for k in range(a, b + 1)]
         snapshot = sum(nodes[k].state_bytes for k in range(a, b + 1))  # buffers copied around the recompute
         snapshot += self.span_extra.get((a, b), 0)  # what the call's eager locals hold (eager lifetimes)
+        snapshot += self.rng_at.get(a, 0)  # fork_rng's copy of the current generator state
         self.act += snapshot
         for k in range(a, b + 1):
             nd = nodes[k]
@@ -415,6 +437,16 @@ class _Walk:
             persistent_bytes=meter.base + meter.params,
             recompute_time_s=cost_seconds(graph, self.recompute_cost),
         )
+
+
+def region_rng_bytes(graph: Graph, regions) -> list[int]:  # noqa: ANN001
+    """Per region, the generator state it stores: ``graph.rng_state_bytes`` when a node in it is
+    stochastic, else 0 (NOTE [ RNG state per region ])."""
+    rng = graph.rng_state_bytes
+    if not rng:
+        return [0] * len(regions)
+    nodes = graph.nodes
+    return [rng if any(nodes[k].stochastic for k in range(a, b + 1)) else 0 for a, b in regions]
 
 
 def cost_seconds(graph: Graph, cost: int) -> float | None:

@@ -5,9 +5,10 @@ tracer that built the plan's graph), refuses a plan solved for another model,
 shape or dtype, cuts the fx graph with ``torch.fx.passes.split_module`` into
 consecutive partitions (one per region, one per stretch of nodes between
 regions) and wraps every region partition in
-``torch.utils.checkpoint.checkpoint(..., use_reentrant=False,
-preserve_rng_state=True)``, which is the execution model ``solvers.simulate``
-costs (NOTE [ Execution model ]).
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``, the RNG
+state preserved for regions that draw random numbers, which is the execution
+model ``solvers.simulate`` costs (NOTE [ Execution model ], NOTE [ RNG state
+per region ]).
 
 This is the fallback applier (``scheduler.apply(..., lower="graph")``); the
 default lowering onto the user's module is ``scheduler.applying``. Both follow
@@ -78,10 +79,11 @@ class CheckpointRegion(nn.Module):
     See NOTE [ Stateful ops under recompute ] for ``stateful``.
     """
 
-    def __init__(self, body: nn.Module, *, stateful: bool) -> None:
+    def __init__(self, body: nn.Module, *, stateful: bool, stochastic: bool = True) -> None:
         super().__init__()
         self.body = body
         self.stateful = stateful
+        self.stochastic = stochastic  # NOTE [ RNG state per region ] in solvers.simulate
         self.recomputes = 0  # how many recomputes ran (for tests and verify)
 
     def forward(self, *args: Any) -> Any:
@@ -109,7 +111,7 @@ class CheckpointRegion(nn.Module):
                     for b, s in zip(buffers, saved):
                         b.copy_(s)
 
-        out = checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True)
+        out = checkpoint(run, *args, use_reentrant=False, preserve_rng_state=self.stochastic)
         probe = probes.pop()  # the checkpoint holds run(): the probe must not stay there (NOTE above)
         outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
         if outs:
@@ -255,7 +257,8 @@ def cut(traced: Any, plan: Plan) -> tuple[torch.fx.GraphModule, list[RegionInfo]
         a, b = plan.regions[r]
         stateful = any(graph.nodes[i].stateful for i in range(a, b + 1)) or any(
             isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats for m in body.modules())
-        setattr(split, name, CheckpointRegion(body, stateful=stateful))
+        stochastic = any(graph.nodes[i].stochastic for i in range(a, b + 1))
+        setattr(split, name, CheckpointRegion(body, stateful=stateful, stochastic=stochastic))
         infos.append(RegionInfo(region=(a, b), submodule=name, fx_nodes=count[pid], stateful=stateful))
     _inline_stretches(split, {info.submodule for info in infos})
     _copy_inputs_written_later(split, {info.submodule for info in infos})

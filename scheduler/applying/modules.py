@@ -49,12 +49,15 @@ NOTE [ Stateful ops under recompute ]
     statistics after a step equal those without checkpointing. The copies
     are the node's ``state_bytes`` in ``simulate``.
 
-NOTE [ RNG state per region ]
+NOTE [ RNG state per region (applying) ]
     ``preserve_rng_state=True`` stores the CPU generator's state (5,056 bytes
-    on CPU; a CUDA generator's is 16 bytes) with each region until its
-    recompute, so that dropout draws the same mask twice. Regions whose
-    modules draw no random numbers (``Plan.stochastic`` says which, from the
-    traced graph) skip it: they need no replay and keep no state.
+    on this CPU build: ``torch.get_rng_state().numel()``) with each region
+    until its backward, so that dropout draws the same mask twice. Regions
+    whose modules draw no random numbers (``Plan.stochastic`` says which, from
+    the traced graph) skip it: they need no replay and keep no state. What a
+    stored state costs is ``Graph.rng_state_bytes``, counted by ``simulate``
+    and the exact solvers (NOTE [ RNG state per region ] in
+    ``solvers.simulate``).
 
 NOTE [ Caches under recompute ]
     A key/value cache passed into a checkpointed call would be written twice

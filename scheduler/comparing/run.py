@@ -225,7 +225,7 @@ def trace_graph(wl: Workload, costs: str = "flops", workspaces: str = "auto") ->
     """The workload's cost graph (``scheduler.trace``), leaving buffers and RNG as they were.
 
     ``workspaces="none"`` for comparisons with the storage count (``scheduler.measuring.storages``),
-    which does not see convolution workspaces."""
+    which does not see op workspaces (NOTE [ Op workspaces ])."""
     model = wl.model
     buffers = list(model.buffers())
     saved = [b.detach().clone() for b in buffers]

@@ -9,7 +9,7 @@ and random seed:
 * runs one step without and one with the plan and compares the loss, every
   parameter gradient and every buffer (BatchNorm statistics);
 * measures the peak memory of a step of each by the allocator (CPU: the
-  profiler's memory events, which see convolution workspaces and RNG
+  profiler's memory events, which see op workspaces and RNG
   states; CUDA: ``max_memory_allocated``) and by live tensor storages, and
   sets them beside ``simulate``'s prediction and the budget ("fits" is the
   allocator's number);

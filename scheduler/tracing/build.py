@@ -17,9 +17,11 @@ NOTE [ Merging nodes ]
     * internal tensors (read only inside ``G``) that a member saves become
       ``saved_bytes``, as do the members' own buffers (dropout masks...);
     * internal tensors nobody saves are temporaries: the most of them alive at
-      once during ``G``'s forward, or the bytes its backward holds beyond the
-      gradients simulate allocates (measured per fx node, plus the largest
-      internal gradient in a group), whichever is larger, is ``workspace_bytes``;
+      once during ``G``'s forward (with, at each member, the workspace its
+      calls measured above its end state, NOTE [ Op workspaces ]), or the
+      bytes its backward holds beyond the gradients simulate allocates
+      (measured per fx node, plus the largest internal gradient in a group),
+      whichever is larger, is ``workspace_bytes``;
     * ``grad_views`` (the backward hands inputs views of the output's
       gradient, as ``cat`` does) only when the one member that creates
       storage has it;
@@ -247,7 +249,7 @@ def _temporaries_peak(records: Sequence[OpRecord], members: Sequence[int], kept:
         if m not in kept and records[m].out_bytes:
             alive += records[m].out_bytes
             dying[last_use[m]] = dying.get(last_use[m], 0) + records[m].out_bytes
-        peak = max(peak, alive)
+        peak = max(peak, alive + records[m].fwd_workspace_bytes)  # NOTE [ Op workspaces ]
         alive -= dying.pop(k, 0)
     return peak
 

@@ -87,14 +87,16 @@ __all__ = ["OpRecord", "measure_ops", "storage_key", "storage_bytes", "module_pa
 log = logging.getLogger(__name__)
 
 
-def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_module: str = ""
-                ) -> tuple[list[OpRecord], dict[str, int]]:
+def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_module: str = "",
+                workspaces: torch.device | None = None) -> tuple[list[OpRecord], dict[str, int]]:
     """Run ``gm`` on fake copies of its state and inputs and measure every node.
 
     Args:
         gm: a normalised graph module (see ``capture.capture_graph_module``).
         flat_inputs: one value per placeholder, real or meta tensors.
         strip_module: prefix removed from module paths (a wrapper's child name).
+        workspaces: a device to measure the ops' workspaces on (NOTE [ Op
+            workspaces ] in ``scheduler.tracing.workspaces``); None: not measured.
 
     Returns:
         ``(records, totals)``: one :class:`OpRecord` per compute node in graph
@@ -154,13 +156,31 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
             else:
                 fake_inputs.append(v)
     counter = FlopCounterMode(display=False)
-    watch = OpWatch(param_keys | set(trainable), state_keys, counter)
+    probe = None
+    if workspaces is not None:
+        from .workspaces import WorkspaceProbe
+
+        probe = WorkspaceProbe()
+    watch = OpWatch(param_keys | set(trainable), state_keys, counter, probe)
     rec = Recorder(gm, fake, counter, watch, set(state_keys) | input_keys, strip_module)
     with stateless._reparametrize_module(gm, state, tie_weights=True), torch.enable_grad():
         with fake, counter, watch:
             result = rec.run(*fake_inputs)
             rec.run_backward(result)
+    fwd_ws: dict[int, int] = {}
+    if probe is not None and watch.calls:  # NOTE [ Op workspaces ]: each call's real peak, at its place
+        deltas = probe.measure(workspaces)
+        fwd_reach: dict[int, tuple[int, int]] = {}
+        for (kind, pos, base), sig, before in watch.calls:
+            reach = before - base + deltas.get(sig, 0)
+            if kind == "f":
+                fwd_reach[pos] = (max(fwd_reach.get(pos, (0, base))[0], reach), base)
+            else:
+                rec.bwd_peak[pos] = max(rec.bwd_peak.get(pos, 0), reach)
+        for pos, (reach, base) in fwd_reach.items():
+            fwd_ws[pos] = max(0, reach - (rec.fwd_end.get(pos, base) - base))
     records = [dataclasses.replace(r, bwd_flops=int(rec.bwd_flops.get(i, 0)), bwd_peak_bytes=int(rec.bwd_peak.get(i, 0)),
+                                   fwd_workspace_bytes=fwd_ws.get(i, 0),
                         estimated_bwd_flops=int(rec.bwd_estimated.get(i, 0)),
                         grad_views=i in rec.grad_views and r.out_bytes > 0)
                for i, r in enumerate(rec.records)]

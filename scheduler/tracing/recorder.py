@@ -95,6 +95,7 @@ class Recorder(torch.fx.Interpreter):
         self._bw_base = 0
         self._bw_out: list[tuple[int, Any]] = []  # (storage key, weakref) of the output gradient in backward
         self.bwd_peak: dict[int, int] = {}  # record position -> most bytes its backward had allocated at once
+        self.fwd_end: dict[int, int] = {}  # record position -> watched bytes live when its forward ended
         self._fed: set[Any] = set()  # AccumulateGrad nodes that already received a gradient in this backward
         self._tail = -1  # record position whose window stays open until the next pre-hook (shared parameter)
 
@@ -122,12 +123,14 @@ class Recorder(torch.fx.Interpreter):
 
         self.watch.reset()
         f0 = self.counter.get_total_flops()
+        pos = len(self.records)
+        self.watch.context = ("f", pos, self.watch.live)  # NOTE [ Op workspaces ]
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             result = getattr(self, n.op)(n.target, args, kwargs)
+        self.watch.context = None
         fwd = self.counter.get_total_flops() - f0
         estimated = 0
-        pos = len(self.records)
         # Inputs: direct producers, and owners of storages read.
         direct: dict[int, None] = {}
         for a in n.all_input_nodes:
@@ -170,11 +173,16 @@ class Recorder(torch.fx.Interpreter):
                     owners[o] = None
         inputs = dict(direct)
         inputs.update(owners)
-        requires_grad = any(t.requires_grad for t in out_tensors)
-        self._claim_grad_fns(pos, out_tensors)
+        claimed = self._claim_grad_fns(pos, out_tensors)
+        # NOTE [ Identity nodes ]: an op that returns its very input and records no autograd node
+        # (dropout with p=0, contiguous() of a contiguous tensor) has no backward: the gradient of its
+        # output *is* its input's, made by its consumers' backward (they read the input's storage).
+        identity = bool(out_tensors) and not claimed and all(any(o is t for t in in_tensors) for o in out_tensors)
+        requires_grad = any(t.requires_grad for t in out_tensors) and not identity
         members = tuple(self.pending_attrs) + (n.name,)
         self.pending_attrs = []
         self.record_of[n.name] = pos
+        self.fwd_end[pos] = self.watch.live
         self.records.append(OpRecord(
             name=n.name, members=members, op=_printable(n), module=module_path(n, self.strip),
             calls=module_calls(n, self.strip),
@@ -182,24 +190,27 @@ class Recorder(torch.fx.Interpreter):
             out_bytes=out_bytes, saves=tuple(sorted(saves)), own_saved_bytes=sum(own_keys.values()),
             fwd_flops=int(fwd + estimated), bwd_flops=0, param_keys=tuple(self.watch.touched),
             requires_grad=requires_grad, stochastic=self.watch.stochastic, stateful=self.watch.stateful,
-            returned=False, estimated_fwd_flops=estimated, convs=tuple(self.watch.convs), kernels=tuple(self.watch.kernels),
+            returned=False, estimated_fwd_flops=estimated, kernels=tuple(self.watch.kernels),
             state_bytes=sum(self.watch.state_read.values()) if self.watch.stateful else 0,
             aliases=tuple(sorted(aliases)), direct=tuple(sorted(i for i in direct if i != pos)),
             writes=tuple(sorted({self.owner[k] for k in self.watch.written if k in self.owner})),
         ))
         return result
 
-    def _claim_grad_fns(self, pos: int, outs: Sequence[torch.Tensor]) -> None:
-        """Mark the autograd nodes this fx node created (reachable from its outputs, not yet claimed)."""
+    def _claim_grad_fns(self, pos: int, outs: Sequence[torch.Tensor]) -> int:
+        """Mark the autograd nodes this fx node created (reachable from its outputs, not yet claimed); how many."""
         stack = [t.grad_fn for t in outs if t.grad_fn is not None]
+        claimed = 0
         while stack:
             fn = stack.pop()
             if fn is None or fn in self.grad_owner:
                 continue
+            claimed += 1
             self.grad_owner[fn] = pos
             fn.register_prehook(functools.partial(self._bw_pre, pos))
             fn.register_hook(functools.partial(self._bw_post, pos, fn))
             stack.extend(f for f, _ in fn.next_functions)
+        return claimed
 
     def _bw_pre(self, pos: int, grad_outputs: Any) -> None:
         self._close_tail()
@@ -212,6 +223,7 @@ class Recorder(torch.fx.Interpreter):
             # Weak references: a key only means that storage while its tensor lives (addresses are reused).
             self._bw_out = [(storage_key(g), weakref.ref(g)) for g in grad_outputs
                             if isinstance(g, torch.Tensor) and storage_key(g) is not None]
+            self.watch.context = ("b", pos, self._bw_base)  # NOTE [ Op workspaces ]
 
     def _bw_post(self, pos: int, fn: Any, grad_inputs: Any, grad_outputs: Any) -> None:
         counted = self.counter.get_total_flops() - self._bw_start
@@ -254,4 +266,5 @@ class Recorder(torch.fx.Interpreter):
             return
         torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
         self._close_tail()
+        self.watch.context = None
 

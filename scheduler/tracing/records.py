@@ -76,7 +76,7 @@ class OpRecord:
     estimated_bwd_flops: int = 0
     grad_views: bool = False
     state_bytes: int = 0
-    convs: tuple = ()  # signatures of the convolutions the node ran (scheduler.tracing.workspaces)
+    fwd_workspace_bytes: int = 0  # measured: the forward's calls above the node's end state (NOTE [ Op workspaces ])
     aliases: tuple[int, ...] = ()  # records owning the storages its outputs view (NOTE [ Views of written storages ])
     writes: tuple[int, ...] = ()  # records owning the storages its ops write in place
     direct: tuple[int, ...] = ()  # records whose values it takes as arguments (``inputs`` without the owners)

@@ -1,9 +1,11 @@
 """The dispatch mode that watches every ATen op a node runs while it is measured.
 
 It sees what the fx level cannot: random ops, which parameters and buffers
-are touched or written, the convolutions run, the bytes allocated (for the
-backward peaks), and each kernel's FLOPs and bytes moved (the roofline's
-inputs, NOTE [ Roofline costs ] in ``scheduler.tracing.roofline``).
+are touched or written, the bytes allocated (for the backward peaks), the
+calls whose workspaces are measured (NOTE [ Op workspaces ] in
+``scheduler.tracing.workspaces``), and each kernel's FLOPs and bytes moved
+(the roofline's inputs, NOTE [ Roofline costs ] in
+``scheduler.tracing.roofline``).
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .records import storage_bytes, storage_key
-from .workspaces import conv_signature
 
-__all__ = ["OpWatch", "kernel_of"]
+__all__ = ["OpWatch", "kernel_of", "draws_random"]
 
 
 #: ATen ops that allocate without writing, or only relabel storage (not views by their schema): no kernel.
@@ -57,6 +58,19 @@ def kernel_of(func, args: tuple, kwargs: dict, out: object, flops: int  # noqa: 
     return dtype, int(flops), int(nbytes), int(randoms)
 
 
+def draws_random(func, args: tuple, kwargs: dict) -> bool:  # noqa: ANN001
+    """Whether the op consumes the generator: tagged ``nondeterministic_seeded``, except attention
+    called with ``dropout_p=0`` (SDPA in a model whose attention dropout is 0, or in eval-style
+    configs), which draws nothing and needs no RNG replay."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == "dropout_p":
+            v = args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
+            return not (isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0)
+    return True
+
+
 class OpWatch(TorchDispatchMode):
     """Sees every aten op: random ops, parameters touched, state written, kernels run.
 
@@ -65,13 +79,20 @@ class OpWatch(TorchDispatchMode):
             inputs) and of every parameter and buffer.
         counter: the ``FlopCounterMode`` running below this mode; each
             kernel's FLOPs are its total's growth across the op.
+        probe: a ``WorkspaceProbe`` noting the calls whose workspaces are
+            measured; each noted call is logged in ``calls`` as
+            ``(context, signature, bytes live before it)``, the context
+            being what the recorder set (which node, forward or backward).
     """
 
-    def __init__(self, param_keys: set[int], state_keys: set[int], counter=None):  # noqa: ANN001
+    def __init__(self, param_keys: set[int], state_keys: set[int], counter=None, probe=None):  # noqa: ANN001
         super().__init__()
         self.param_keys = param_keys
         self.state_keys = state_keys
         self.counter = counter
+        self.probe = probe
+        self.context: tuple | None = None
+        self.calls: list[tuple[tuple, tuple, int]] = []
         self.reset()
 
         self.live = 0  # bytes of storages created under the mode and still alive
@@ -86,14 +107,13 @@ class OpWatch(TorchDispatchMode):
         self.stochastic = False
         self.stateful = False
         self.state_read: dict[int, int] = {}  # storage key -> bytes, buffers the node's ops read or wrote
-        self.convs: list[tuple] = []
         self.touched: dict[int, None] = {}
         self.written: dict[int, None] = {}  # storage keys written in place (aten schema: Tensor(a!))
         self.kernels: list[tuple[str, int, int, int]] = []  # (dtype, FLOPs, bytes, random numbers) per kernel
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if draws_random(func, args, kwargs):
             self.stochastic = True
         for t in pytree.tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
@@ -102,8 +122,6 @@ class OpWatch(TorchDispatchMode):
                     self.touched[k] = None
                 elif k in self.state_keys:
                     self.state_read[k] = storage_bytes(t)
-        if func is torch.ops.aten.convolution.default:
-            self.convs.append(conv_signature(args))
         if func is torch.ops.aten.native_batch_norm.default and len(args) > 5 and args[5]:
             # training mode updates running_mean/var in place without declaring the write
             for t in args[3:5]:
@@ -120,7 +138,12 @@ class OpWatch(TorchDispatchMode):
                                 self.stateful = True
                             self.written[storage_key(t)] = None
         f0 = self.counter.get_total_flops() if self.counter is not None else 0
+        live_before = self.live
         out = func(*args, **kwargs)
+        if self.probe is not None and self.context is not None:
+            sig = self.probe.note(func, args, kwargs)
+            if sig is not None:
+                self.calls.append((self.context, sig, live_before))
         flops = self.counter.get_total_flops() - f0 if self.counter is not None else 0
         kernel = kernel_of(func, args, kwargs, out, flops)
         if kernel is not None:

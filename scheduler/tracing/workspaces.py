@@ -1,95 +1,194 @@
-"""Measured backward workspaces of convolutions (``capture(..., workspaces="measure")``).
+"""Measured workspaces of ATen ops (``capture(..., workspaces="measure")``, and ``"auto"`` off ``meta``).
 
-NOTE [ Convolution workspaces ]
-    A convolution's backward allocates buffers that exist only inside the op
-    and are no tensor the tracer can see: on this project's CPU build one
-    3x3 convolution at VGG-19's first shape (384x16x64x64) peaks at 288 MiB
-    allocated for a 96 MiB input gradient. Such buffers set the allocator's
-    peak of conv nets (VGG-19 at batch 384: 320 MiB of tensors, 512 MiB
-    allocated). With ``workspaces="measure"`` every distinct convolution of
-    the graph (shapes, dtype, strides, which inputs need a gradient) is run
-    once, forward then backward, on real tensors of the target device, and
-    the backward's peak beyond the gradients it leaves behind is added to the
-    node's backward transient (``Node.workspace_bytes``). On the CPU the
-    profiler's allocator events give the peak, on CUDA
-    ``torch.cuda.max_memory_allocated``. A graph traced on the ``meta``
-    device is measured on the CPU (the kernels, and so the workspaces, of
-    another device can differ). Off by default: it allocates real memory of
-    the size of the largest convolution, and the storage count of
-    ``scheduler.measuring.storages`` does not see these buffers either.
+NOTE [ Op workspaces ]
+    Many ATen kernels allocate buffers that exist only inside the call and
+    are no tensor the tracer can see: a convolution's backward (on this
+    project's CPU build one 3x3 convolution at VGG-19's first shape,
+    384x16x64x64, peaks at 288 MiB allocated for a 96 MiB input gradient), a
+    depthwise convolution's forward (ConvNeXt's 7x7: its input and weight
+    reordered for the kernel), SDPA's CPU backward, layer and group norm...
+    Such buffers set the allocator's peak above what the tensors alone say.
+
+    So while the tracer runs the graph on fake tensors (forward and
+    backward), :class:`WorkspaceProbe` notes every ATen call that may hold
+    such buffers (not views, bare allocations, copies, or ops tagged
+    pointwise) by a signature: the op, and per argument its shape, strides,
+    dtype and layout, or its value. Afterwards each distinct signature is
+    run once more, twice in fact (the first call warms the kernel's caches,
+    the second is measured), on real tensors of the target device (random
+    floats, zero integers), and what the call allocates at its peak
+    (outputs included) is its *peak delta*: on the CPU from the profiler's
+    memory events inside a ``record_function`` range (all signatures in one
+    profiler session), on CUDA from ``torch.cuda.max_memory_allocated``.
+
+    The recorder knows the fake bytes live before each call, so a call's
+    real peak is ``live before + peak delta``. In a node's backward that
+    raises the measured backward peak (``OpRecord.bwd_peak_bytes``, hence
+    the node's ``workspace_bytes``); in its forward, what the node's calls
+    reach above the bytes live when the node ends (its outputs and buffers)
+    is ``OpRecord.fwd_workspace_bytes``, which the graph builder adds at
+    that node's step of the group's temporaries (NOTE [ Merging nodes ]),
+    and ``simulate`` holds it for the node's forward and recompute steps.
+
+    A graph traced on the ``meta`` device is measured on the CPU with
+    ``"measure"`` (the kernels, and so the workspaces, of another device can
+    differ), and not at all with ``"auto"``. ``graph.meta["workspaces"]``
+    names the device measured on. Workspaces are no part of the fingerprint.
+    ``scheduler.measuring.storages``'s storage count does not see these
+    buffers (they are no tensors): compare it with a ``workspaces="none"``
+    trace.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Callable
 
 import torch
+import torch.utils._pytree as pytree
 
-if TYPE_CHECKING:  # costs imports conv_signature from here
-    from .costs import OpRecord
-
-__all__ = ["conv_signature", "measure_conv_workspaces", "conv_backward_workspace"]
+__all__ = ["WorkspaceProbe"]
 
 log = logging.getLogger(__name__)
 
+#: Ops whose only allocations are their outputs (copies, fills, allocations) or that are no kernels.
+_NO_WORKSPACE = frozenset((
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view", "lift_fresh",
+    "lift_fresh_copy", "resize_", "set_", "clone", "_to_copy", "copy_", "detach", "alias", "zeros_like",
+    "ones_like", "full_like", "fill_", "zero_", "zeros", "ones", "full", "scalar_tensor", "_local_scalar_dense",
+    "new_zeros", "new_ones", "new_full", "arange", "randn", "rand", "randint", "randn_like", "rand_like",
+))
 
-def conv_signature(args: Sequence[Any]) -> tuple:
-    """What decides a convolution's kernels: shapes, dtype, geometry, which inputs need grad."""
-    x, w, b = args[0], args[1], args[2]
-    return (tuple(x.shape), str(x.dtype), bool(x.requires_grad), tuple(w.shape), bool(w.requires_grad),
-            None if b is None else (tuple(b.shape), bool(b.requires_grad)),
-            tuple(args[3]), tuple(args[4]), tuple(args[5]), bool(args[6]), tuple(args[7]), int(args[8]))
+
+class _Spec:
+    """A tensor argument to rebuild: shape, strides, dtype (and the layout, always strided here)."""
+
+    __slots__ = ("shape", "stride", "dtype")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape = tuple(int(s) for s in t.shape)
+        self.stride = tuple(int(s) for s in t.stride())
+        self.dtype = t.dtype
+
+    def key(self) -> tuple:
+        return ("T", self.shape, self.stride, str(self.dtype))
+
+    def build(self, device: torch.device) -> torch.Tensor:
+        t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
+        if t.is_floating_point() or t.is_complex():
+            t.normal_()
+        else:
+            t.zero_()
+        return t
 
 
-def conv_backward_workspace(sig: tuple, device: torch.device) -> int:
-    """Bytes the backward of one convolution holds beyond the gradients it leaves."""
-    shape, dtype, x_rg, w_shape, w_rg, bias, stride, padding, dilation, transposed, out_pad, groups = sig
-    dt = getattr(torch, dtype.split(".")[-1])
-    x = torch.randn(shape, dtype=dt, device=device, requires_grad=x_rg)
-    w = torch.randn(w_shape, dtype=dt, device=device, requires_grad=w_rg)
-    b = None if bias is None else torch.randn(bias[0], dtype=dt, device=device, requires_grad=bias[1])
-    y = torch.ops.aten.convolution.default(x, w, b, list(stride), list(padding), list(dilation), transposed,
-                                           list(out_pad), groups)
-    if not y.requires_grad:
-        return 0
-    gy = torch.randn_like(y)
-    if device.type == "cuda":
+def _eligible(func: Any) -> bool:
+    schema = getattr(func, "_schema", None)
+    if schema is None or getattr(func, "is_view", False):
+        return False
+    if schema.name.split("::")[-1] in _NO_WORKSPACE:
+        return False
+    return torch.Tag.pointwise not in func.tags
+
+
+class WorkspaceProbe:
+    """Notes the ATen calls of a trace by signature and measures their peak deltas (NOTE [ Op workspaces ])."""
+
+    def __init__(self) -> None:
+        self.specs: dict[tuple, tuple[Any, Any]] = {}  # signature -> (op, spec'd (args, kwargs))
+        self.deltas: dict[tuple, int] = {}
+
+    def note(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
+        """The call's signature when it may hold a workspace (remembered on first sight), else None."""
+        if not _eligible(func):
+            return None
+        leaves, tree = pytree.tree_flatten((args, kwargs))
+        if not any(isinstance(v, torch.Tensor) for v in leaves):
+            return None
+        key: list[Any] = [str(func)]
+        for v in leaves:
+            if isinstance(v, torch.Tensor):
+                if v.layout != torch.strided or v.is_quantized or v.is_nested:
+                    return None
+                key.append(_Spec(v).key())
+            else:
+                key.append((type(v).__name__, repr(v)))
+        sig = (tuple(key), str(tree))
+        if sig not in self.specs:
+            spec = [(_Spec(v) if isinstance(v, torch.Tensor) else v) for v in leaves]
+            self.specs[sig] = (func, (spec, tree))
+        return sig
+
+    def measure(self, device: torch.device) -> dict[tuple, int]:
+        """Peak bytes each noted signature allocates inside the call (outputs included), on ``device``."""
+        device = torch.device("cpu") if device.type == "meta" else device
+        pending = [s for s in self.specs if s not in self.deltas]
+        if not pending:
+            return self.deltas
+        with torch.no_grad():
+            if device.type == "cuda":
+                for sig in pending:
+                    self.deltas[sig] = self._cuda(sig, device)
+            else:
+                self._cpu(pending, device)
+        log.info("measured %d distinct op signature(s) on %s: up to %d bytes above their inputs", len(pending),
+                 device, max((self.deltas.get(s, 0) for s in pending), default=0))
+        return self.deltas
+
+    def _call(self, sig: tuple, device: torch.device) -> Callable[[], Any] | None:
+        func, (spec, tree) = self.specs[sig]
+        try:
+            leaves = [(v.build(device) if isinstance(v, _Spec) else v) for v in spec]
+            args, kwargs = pytree.tree_unflatten(leaves, tree)
+            func(*args, **kwargs)  # warm the kernel's caches
+        except Exception as exc:  # an op that needs real data (indices, probabilities): not measured
+            log.debug("workspace of %s not measured: %s", func, exc)
+            return None
+        return lambda: func(*args, **kwargs)
+
+    def _cuda(self, sig: tuple, device: torch.device) -> int:
+        call = self._call(sig, device)
+        if call is None:
+            return 0
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        y.backward(gy)
+        out = call()
         torch.cuda.synchronize(device)
-        return max(0, torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device))
-    from torch.profiler import ProfilerActivity, profile
+        peak = torch.cuda.max_memory_allocated(device) - before
+        del out
+        return max(0, int(peak))
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        y.backward(gy)
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return max(0, peak - live)
+    def _cpu(self, pending: list[tuple], device: torch.device) -> None:
+        from torch.profiler import ProfilerActivity, profile, record_function
 
-
-def measure_conv_workspaces(records: Sequence[OpRecord], device: torch.device) -> list[OpRecord]:
-    """``records`` with each convolution's measured backward workspace added to its backward peak."""
-    device = torch.device("cpu") if device.type == "meta" else device
-    cache: dict[tuple, int] = {}
-    out = []
-    for r in records:
-        if not r.convs or not r.requires_grad:
-            out.append(r)
-            continue
-        extra = 0
-        for sig in r.convs:
-            if sig not in cache:
-                cache[sig] = conv_backward_workspace(sig, device)
-            extra += cache[sig]
-        out.append(replace(r, bwd_peak_bytes=r.bwd_peak_bytes + extra) if extra else r)
-    log.info("measured %d distinct convolution backward(s) on %s: up to %d bytes of workspace", len(cache),
-             device, max(cache.values(), default=0))
-    return out
+        names: dict[str, tuple] = {}
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            for k, sig in enumerate(pending):
+                call = self._call(sig, device)
+                if call is None:
+                    self.deltas[sig] = 0
+                    continue
+                name = f"ckpt-workspace#{k}"
+                names[name] = sig
+                with record_function(name):
+                    out = call()
+                del out, call
+        ranges, mem = [], []
+        for e in prof.profiler.kineto_results.events():
+            if e.name() == "[memory]":
+                mem.append((e.start_ns(), e.nbytes()))
+            elif e.name() in names:
+                ranges.append((e.start_ns(), e.start_ns() + e.duration_ns(), names[e.name()]))
+        mem.sort()
+        times = [t for t, _ in mem]
+        live = [0]
+        for _, nbytes in mem:
+            live.append(live[-1] + nbytes)
+        for start, end, sig in ranges:
+            i, j = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
+            base = live[i]
+            self.deltas[sig] = max(0, max(live[i:j + 1]) - base)
+        for sig in names.values():
+            self.deltas.setdefault(sig, 0)
