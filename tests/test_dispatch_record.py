@@ -79,6 +79,10 @@ def test_save_ops_count_calls_from_the_region_start(graph):
     assert len(keep) == 2
     plan = Plan.from_regions(graph, [(0, len(graph) - 1)], saved=(keep[1],))
     assert plan.save_ops == ((("aten.addmm.default", 1),),)
+    assert plan.save_op_calls == ((("aten.addmm.default", 2),),)
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again.save_ops == plan.save_ops and again.save_op_calls == plan.save_op_calls
+    assert "save_op_calls" not in Plan.from_regions(graph, [(0, 1)]).to_dict()  # plain plans read as before
 
 
 # ------------------------------------------------------------------- the menu's reach
@@ -119,3 +123,9 @@ def test_policy_counts_per_overload_and_pauses():
     pol(None, mm)
     with pytest.raises(SaveOpsMismatch, match=r"region 'blocks.0'.*call 1.*aten.mm.default.*1 time"):
         pol.check()
+    counted = RegionPolicy("blocks.0", [("aten.mm.default", 0)], [("aten.mm.default", 2)])
+    counted.reset()
+    for _ in range(3):
+        counted(None, mm)
+    with pytest.raises(SaveOpsMismatch, match=r"calls aten.mm.default 2 time.*called it 3 time"):
+        counted.check()

@@ -101,6 +101,21 @@ def test_a_call_the_region_never_makes_is_refused(bad):
         scheduler.remove(ex.model)
 
 
+def test_a_shifted_call_count_is_refused():
+    ex, graph, plan = setup("gpt")
+    r = next(i for i, ops in enumerate(plan.save_ops) if ops)
+    assert plan.save_op_calls[r], "the plan carries the traced calls of its kept overloads"
+    calls = list(plan.save_op_calls)
+    op, n = calls[r][0]
+    calls[r] = ((op, n + 1),) + calls[r][1:]
+    scheduler.apply(ex.model, dataclasses.replace(plan, save_op_calls=tuple(calls)))
+    try:
+        with pytest.raises(SaveOpsMismatch, match=rf"calls {op} {n + 1} time.*called it {n} time"):
+            step(ex)
+    finally:
+        scheduler.remove(ex.model)
+
+
 def test_a_plan_without_save_ops_installs_no_policy():
     ex, graph, plan = setup("gpt")
     plain = scheduler.solve(graph, budget=SETUPS["gpt"][1], solver="dp", selective=False)

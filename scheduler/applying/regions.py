@@ -165,13 +165,13 @@ class RegionForward:
     """
 
     def __init__(self, module: nn.Module, path: str, *, stochastic: bool, previous: Any = None,
-                 save_ops: Sequence[tuple[str, int]] = ()) -> None:
+                 save_ops: Sequence[tuple[str, int]] = (), save_op_calls: Sequence[tuple[str, int]] = ()) -> None:
         self.module = module
         self.path = path
         self.stochastic = stochastic
         self.previous = previous
         self.recomputes = 0
-        self.policy = RegionPolicy(path, save_ops) if save_ops else None
+        self.policy = RegionPolicy(path, save_ops, save_op_calls) if save_ops else None
 
     def original(self) -> Callable[..., Any]:
         if self.previous is not None:
@@ -196,16 +196,18 @@ class SequentialRuns:
 
     The children run in order, as ``nn.Sequential.forward`` does; each run
     ``i..j`` (inclusive) is one region, as ``checkpoint_sequential`` makes them.
-    ``save_ops`` maps a run's path to the calls its policy keeps.
+    ``save_ops`` maps a run's path to the calls its policy keeps and the traced
+    calls of their overloads (``Plan.save_ops``, ``Plan.save_op_calls``).
     """
 
     def __init__(self, module: nn.Sequential, runs: Sequence[tuple[int, int, str, bool]], *,
-                 previous: Any = None, save_ops: dict[str, Sequence[tuple[str, int]]] | None = None) -> None:
+                 previous: Any = None, save_ops: dict[str, tuple[Sequence[tuple[str, int]], Sequence[tuple[str, int]]]]
+                 | None = None) -> None:
         self.module = module
         self.runs = tuple(sorted(runs))
         self.previous = previous
         self.recomputes = 0
-        self.policies = {path: RegionPolicy(path, ops) for path, ops in (save_ops or {}).items() if ops}
+        self.policies = {path: RegionPolicy(path, ops, calls) for path, (ops, calls) in (save_ops or {}).items() if ops}
 
     @property
     def path(self) -> str:

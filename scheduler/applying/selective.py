@@ -23,12 +23,18 @@ NOTE [ Selective checkpoint policies ]
       snapshot (NOTE [ Stateful ops under recompute ]) is taken and put back
       outside the checkpoint's recompute mode, which would otherwise look the
       ``clone`` up among the forward's calls and fail;
-    * when the region's forward ends, every listed call must have happened.
-      A listed overload called fewer times than the plan says (another
-      torch whose ops decompose differently, a forward that takes another
-      branch at this shape) raises :class:`SaveOpsMismatch`, naming the
-      region and the call, instead of a plan that silently keeps other
-      tensors than the ones it was costed for.
+    * when the region's forward ends, every listed call must have happened,
+      and each listed overload must have been called as many times as in
+      the trace (``Plan.save_op_calls``, when the plan carries it). A count
+      that differs (another torch whose ops decompose differently, a forward
+      that takes another branch at this shape) raises
+      :class:`SaveOpsMismatch`, naming the region and the call, instead of a
+      plan that silently keeps other tensors than the ones it was costed
+      for. Gradients would be right either way (a cached call returns what
+      the forward computed); the memory would not be the predicted one.
+      Overloads the plan keeps no call of are not compared: eager may run
+      calls the trace does not have (transformers' GPT-2 block builds its
+      causal mask with ``ones``/``tril`` in eager only).
 
     Regions without listed calls run exactly as before (no ``context_fn``).
     Under ``torch.compile`` the regions are plain checkpoints: the policy
@@ -60,25 +66,28 @@ class RegionPolicy:
     Args:
         region: the region's module path (for messages).
         save_ops: ``(overload, occurrence)`` pairs, as ``Plan.save_ops`` lists them.
+        calls: ``(overload, traced calls)`` pairs, as ``Plan.save_op_calls`` lists
+            them; empty: only check that the listed calls happen.
 
     Attributes:
         counts: calls of each overload seen in the running forward.
         saved: ``(overload, occurrence)`` pairs saved in the running forward.
     """
 
-    def __init__(self, region: str, save_ops: Iterable[Sequence[Any]]) -> None:
+    def __init__(self, region: str, save_ops: Iterable[Sequence[Any]], calls: Iterable[Sequence[Any]] = ()) -> None:
         self.region = region
         self.save_ops = tuple((str(op), int(k)) for op, k in save_ops)
+        self.calls = tuple((str(op), int(n)) for op, n in calls)
         self._wanted = frozenset(self.save_ops)
         self._names: dict[Any, str] = {}
         self.paused = 0
         self.reset()
 
     def __getstate__(self) -> dict[str, Any]:  # pickle / deepcopy: the counts of no running forward
-        return {"region": self.region, "save_ops": self.save_ops}
+        return {"region": self.region, "save_ops": self.save_ops, "calls": self.calls}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["region"], state["save_ops"])
+        self.__init__(state["region"], state["save_ops"], state.get("calls", ()))
 
     def reset(self) -> None:
         self.counts: dict[str, int] = defaultdict(int)
@@ -107,7 +116,17 @@ class RegionPolicy:
             self.paused -= 1
 
     def check(self) -> None:
-        """Raise :class:`SaveOpsMismatch` when a listed call did not happen in the forward that just ended."""
+        """Raise :class:`SaveOpsMismatch` when a listed call did not happen in the forward that just
+        ended, or a listed overload was called another number of times than traced."""
+        for op, n in self.calls:
+            seen = self.counts.get(op, 0)
+            if seen != n:
+                raise SaveOpsMismatch(
+                    f"region {self.region!r}: the traced region calls {op} {n} time(s) and the plan keeps some of "
+                    f"those calls, but the region's forward called it {seen} time(s), so the kept calls would be "
+                    "other tensors than planned. The module runs other ATen ops than the traced graph recorded "
+                    "(another torch version or device, another branch at this shape); trace and solve again on "
+                    "this setup, or solve with -S selective=false for a plan without kept ops")
         for op, k in self.save_ops:
             seen = self.counts.get(op, 0)
             if seen <= k:
