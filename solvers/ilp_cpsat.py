@@ -267,9 +267,9 @@ def warm_start(graph: Graph, budget_bytes: int, deadline: Deadline | None = None
             log.info("ilp warm start: out of time before %s", name)
             break
         try:
-            plan = get_solver(name)(graph, budget_bytes)
-            if plan.saved:  # an incumbent is regions only: dp's best plan that keeps no node
-                plan = get_solver(name)(graph, budget_bytes, selective=False)
+            # ilp searches plans without kept nodes: a selective dp answer would be an incumbent whose
+            # regions alone cost more than its simulated cost (the kept nodes are not carried over)
+            plan = get_solver(name)(graph, budget_bytes, **({"selective": False} if name == "dp" else {}))
         except CkptError:
             continue
         if plan.unaligned_regions(graph):  # NOTE [ Module-aligned regions ]: never a hint ilp may not return

@@ -83,6 +83,11 @@ class Plan:
             each overload from 0 in the order the region's forward runs them
             (what ``scheduler.apply`` lowers ``saved`` to; filled by
             :meth:`labelled` from the graph's ``dispatch``/``sac_op``).
+        save_op_calls: per region with ``save_ops``, ``(ATen overload,
+            calls)``: how many times the traced region calls each overload
+            it keeps a call of, so the applier can tell a shifted count from
+            the traced one (NOTE [ Selective checkpoint policies ] in
+            ``scheduler.applying.selective``); empty when unknown.
     """
 
     regions: tuple[tuple[int, int], ...]
@@ -105,6 +110,7 @@ class Plan:
     stochastic: tuple[bool, ...] = ()
     saved: tuple[int, ...] = ()
     save_ops: tuple[tuple[tuple[str, int], ...], ...] = ()
+    save_op_calls: tuple[tuple[tuple[str, int], ...], ...] = ()
     findings: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -125,6 +131,10 @@ class Plan:
         object.__setattr__(self, "save_ops", tuple(tuple((str(op), int(k)) for op, k in r) for r in self.save_ops))
         if self.save_ops and len(self.save_ops) != len(self.regions):
             raise PlanError(f"plan lists {len(self.save_ops)} save_ops entries for {len(self.regions)} regions")
+        object.__setattr__(self, "save_op_calls",
+                           tuple(tuple((str(op), int(k)) for op, k in r) for r in self.save_op_calls))
+        if self.save_op_calls and len(self.save_op_calls) != len(self.regions):
+            raise PlanError(f"plan lists {len(self.save_op_calls)} save_op_calls entries for {len(self.regions)} regions")
         if self.stochastic and len(self.stochastic) != len(self.regions):
             raise PlanError(f"plan lists {len(self.stochastic)} stochastic flags for {len(self.regions)} regions")
         if self.modules and len(self.modules) != len(self.regions):
@@ -160,8 +170,9 @@ class Plan:
         modules = tuple(graph.span_module(r) for r in self.regions) if graph.spans else ()
         stochastic = tuple(any(graph.nodes[i].stochastic for i in range(a, b + 1)) for a, b in self.regions)
         save_ops = _save_ops(graph, self.regions, self.saved) if self.saved else ()
+        calls = _save_op_calls(graph, self.regions, save_ops) if save_ops else ()
         return dataclasses.replace(self, node_names=names, modules=modules, stochastic=stochastic,
-                                   save_ops=save_ops)
+                                   save_ops=save_ops, save_op_calls=calls)
 
     def unaligned_regions(self, graph: Graph) -> list[tuple[int, int]]:
         """The regions that are no submodule call of ``graph`` (NOTE [ Module-aligned regions ])."""
@@ -251,6 +262,9 @@ class Plan:
         d["stochastic"] = list(self.stochastic)
         d["saved"] = list(self.saved)
         d["save_ops"] = [[[op, k] for op, k in r] for r in self.save_ops]
+        d["save_op_calls"] = [[[op, k] for op, k in r] for r in self.save_op_calls]
+        if not self.save_op_calls:
+            del d["save_op_calls"]  # plans without kept calls read as before
         return {"format": PLAN_FORMAT_VERSION, **d}
 
     @classmethod
@@ -310,17 +324,18 @@ class Plan:
         if not isinstance(saved, (list, tuple)):
             raise PlanError(f"plan field 'saved' must be a list of node positions, got {_short(saved)}")
         saved = tuple(count(v, "saved", "plan", PlanError) for v in saved)
-        save_ops = d.get("save_ops", ())
-        if not isinstance(save_ops, (list, tuple)) or not all(
-                isinstance(r, (list, tuple)) and all(
-                    isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str)
-                    and isinstance(p[1], int) and not isinstance(p[1], bool) and p[1] >= 0 for p in r)
-                for r in save_ops):
-            raise PlanError("plan field 'save_ops' must list, per region, [ATen op, occurrence] pairs, "
-                            f"got {_short(save_ops)}")
+        pairs = {}
+        for key, what in (("save_ops", "[ATen op, occurrence]"), ("save_op_calls", "[ATen op, calls]")):
+            value = d.get(key, ())
+            if not isinstance(value, (list, tuple)) or not all(
+                    isinstance(r, (list, tuple)) and all(
+                        isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str)
+                        and isinstance(p[1], int) and not isinstance(p[1], bool) and p[1] >= 0 for p in r)
+                    for r in value):
+                raise PlanError(f"plan field {key!r} must list, per region, {what} pairs, got {_short(value)}")
+            pairs[key] = tuple(tuple((p[0], p[1]) for p in r) for r in value)
         return cls(node_names=tuple(tuple(p) for p in node_names), modules=tuple(modules),
-                   stochastic=tuple(stochastic), saved=saved,
-                   save_ops=tuple(tuple((p[0], p[1]) for p in r) for r in save_ops), **kw)
+                   stochastic=tuple(stochastic), saved=saved, **pairs, **kw)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the plan as JSON, atomically (NOTE [ Output files ] in ``graphs.files``).
@@ -377,6 +392,21 @@ def _save_ops(graph: Graph, regions: Sequence[tuple[int, int]],
                     ops.append((op, seen.get(op, 0)))
                 seen[op] = seen.get(op, 0) + 1
         out.append(tuple(ops))
+    return tuple(out)
+
+
+def _save_op_calls(graph: Graph, regions: Sequence[tuple[int, int]],
+                   save_ops: Sequence[Sequence[tuple[str, int]]]) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """Per region, the traced calls of each overload it keeps a call of (see ``Plan.save_op_calls``)."""
+    out = []
+    for (a, b), ops in zip(regions, save_ops):
+        wanted = dict.fromkeys(op for op, _ in ops)
+        calls = {op: 0 for op in wanted}
+        for i in range(a, b + 1):
+            for op in graph.nodes[i].dispatch:
+                if op in calls:
+                    calls[op] += 1
+        out.append(tuple(calls.items()))
     return tuple(out)
 
 

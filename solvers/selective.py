@@ -27,6 +27,16 @@ NOTE [ The menu of kept sets ]
 
     A node of zero cost is never offered: keeping it saves nothing and holds
     its bytes from the forward to the recompute.
+
+    Nor is a node the recompute never reaches. Non-reentrant checkpoint stops
+    a region's recompute as soon as the last tensor the region saved has been
+    saved again (early stop), so nodes after the region's last node that
+    saves something (:func:`last_savers`: requires grad, and saves an input,
+    its output or buffers of its own) never run again: keeping one would save
+    no cost, and its cached copy would stay held until the region's backward
+    ends instead of the step ``solvers.simulate`` frees it at. A node a
+    policy cannot select (``Graph.saveable`` false: NOTE [ Which op a policy
+    keeps ] in ``scheduler.tracing.recorder``) is never offered either.
 """
 
 from __future__ import annotations
@@ -39,10 +49,25 @@ from graphs import Graph
 
 from .errors import SolverInputError
 
-__all__ = ["DEFAULT_LIMIT", "variants", "ranked_saveable", "menu_lengths", "GrowingMenus"]
+__all__ = ["DEFAULT_LIMIT", "variants", "ranked_saveable", "menu_lengths", "GrowingMenus", "last_savers"]
 
 #: Default size of a region's menu, ``()`` included.
 DEFAULT_LIMIT = 4
+
+
+def last_savers(graph: Graph) -> list[int]:
+    """Per position ``b``: the last node at or before ``b`` that saves a tensor for its backward, or -1.
+
+    A region ``first..last``'s recompute reaches the nodes up to
+    ``last_savers(graph)[last]`` (NOTE [ The menu of kept sets ]).
+    """
+    out = []
+    prev = -1
+    for i, nd in enumerate(graph.nodes):
+        if nd.requires_grad and (nd.saves_inputs or nd.saves_output or nd.saved_bytes > 0):
+            prev = i
+        out.append(prev)
+    return out
 
 
 def ranked_saveable(graph: Graph, first: int, last: int, *, costs: Sequence[int] | None = None,
@@ -60,7 +85,8 @@ def ranked_saveable(graph: Graph, first: int, last: int, *, costs: Sequence[int]
     """
     costs = graph.recompute_costs() if costs is None else costs
     saveable = graph.saveable if saveable is None else saveable
-    cands = [k for k in range(first, last + 1) if saveable[k] and costs[k] > 0]
+    reached = last_savers(graph)[last]
+    cands = [k for k in range(first, reached + 1) if saveable[k] and costs[k] > 0]
     return sorted(cands, key=functools.cmp_to_key(_comparator(graph, costs)))
 
 
@@ -139,8 +165,10 @@ class GrowingMenus:
         cands = [k for k, nd in enumerate(graph.nodes) if nd.sac_op >= 0 and costs[k] > 0]
         order = sorted(cands, key=functools.cmp_to_key(_comparator(graph, costs)))
         self.rank = {k: r for r, k in enumerate(order)}
+        self.reach = last_savers(graph)
         self._first = -1
         self._last = -1
+        self._upto = -1
         self._ranks: list[int] = []
 
     def of(self, first: int, last: int) -> list[tuple[int, ...]]:
@@ -153,11 +181,13 @@ class GrowingMenus:
             ``variants(graph, first, last, limit=limit)``.
         """
         if first != self._first or last < self._last:
-            self._first, self._last, self._ranks = first, first - 1, []
-        for k in range(self._last + 1, last + 1):
+            self._first, self._last, self._upto, self._ranks = first, first - 1, first - 1, []
+        upto = self.reach[last]  # the recompute stops after this node (NOTE [ The menu of kept sets ])
+        for k in range(self._upto + 1, upto + 1):
             r = self.rank.get(k)
             if r is not None:
                 bisect.insort(self._ranks, r)
+        self._upto = max(self._upto, upto)
         self._last = last
         order = self.order
         return [()] + [tuple(sorted(order[r] for r in self._ranks[:m]))

@@ -199,6 +199,10 @@ def apply(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, *
         plan.validate(traced.graph)
     split, regions = cut(traced, plan)
     log.info("applied %d regions (%s) to %s", len(regions), plan.solver, traced.graph.name)
+    if plan.saved:
+        log.warning("lower='graph' recomputes every region whole: the plan's %d kept op outputs (save_ops) are "
+                    "applied only by the module lowering (the recompute costs what the regions alone cost)",
+                    len(plan.saved))
     return CheckpointedModule(model, split, traced, plan, regions)
 
 

@@ -122,18 +122,23 @@ def apply(model: nn.Module, plan: Plan, *, check: bool = True) -> nn.Module:
     targets = _resolve(model, plan, check=check)
     remove(model)
     stochastic = _stochastic_flags(plan)
+    save_ops = list(plan.save_ops) if plan.save_ops else [()] * len(targets)  # NOTE [ Selective checkpoint policies ]
+    calls = list(plan.save_op_calls) if plan.save_op_calls else [()] * len(targets)
     runs: dict[str, list[tuple[int, int, str, bool]]] = {}
+    run_ops: dict[str, dict[str, tuple[tuple, tuple]]] = {}
     for r, (path, module) in enumerate(targets):
         parsed = parse_run_path(path)
         if parsed is not None:
             parent, i, j = parsed
             runs.setdefault(parent, []).append((i, j, path, stochastic[r]))
+            run_ops.setdefault(parent, {})[path] = (save_ops[r], calls[r])
             continue
         previous = module.__dict__.get("forward")
-        module.forward = RegionForward(module, path, stochastic=stochastic[r], previous=previous)
+        module.forward = RegionForward(module, path, stochastic=stochastic[r], previous=previous, save_ops=save_ops[r],
+                                       save_op_calls=calls[r])
     for parent, items in runs.items():
         module = model.get_submodule(parent)
-        module.forward = SequentialRuns(module, items, previous=module.__dict__.get("forward"))
+        module.forward = SequentialRuns(module, items, previous=module.__dict__.get("forward"), save_ops=run_ops[parent])
     model.__dict__[_PLAN_ATTR] = plan
     log.info("applied %d checkpoint regions (%s) to %s", len(targets), plan.solver, type(model).__name__)
     return model

@@ -4,11 +4,14 @@
 The rules they follow are the NOTEs of ``scheduler.applying.modules``:
 [ Checkpointing forward, not __call__ ], [ Recompute at the region's end ],
 [ Stateful ops under recompute ], [ RNG state per region ], [ Caches under
-recompute ], and [ Containers passed to a region ] below.
+recompute ], and [ Containers passed to a region ] below; a region that keeps
+some op outputs runs under its selective-checkpoint policy (NOTE [ Selective
+checkpoint policies ] in ``scheduler.applying.selective``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -19,6 +22,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from .selective import RegionPolicy, selective_contexts
 
 __all__ = ["RegionForward", "SequentialRuns", "run_region"]
 
@@ -61,8 +66,9 @@ def _is_fsdp(module: nn.Module) -> bool:
 
 
 def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Sequence[nn.Module],
-               stochastic: bool, counter: "RegionForward | SequentialRuns") -> Any:
-    """``fn(*args, **kwargs)`` as one checkpoint region (the NOTEs of this module)."""
+               stochastic: bool, counter: "RegionForward | SequentialRuns", policy: RegionPolicy | None = None) -> Any:
+    """``fn(*args, **kwargs)`` as one checkpoint region (the NOTEs of this module), under
+    ``policy`` when the region keeps some op outputs (NOTE [ Selective checkpoint policies ])."""
     if torch.compiler.is_compiling():
         # Dynamo turns this call into its checkpoint operator; the probe and
         # the snapshot are eager-mode devices it cannot trace.
@@ -76,16 +82,21 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
     probes: list[_Probe | None] = []
     use_probe = not any(_is_fsdp(m) for m in modules)
     calls = 0
+    options: dict[str, Any] = {}
+    if policy is not None:
+        options["context_fn"] = selective_contexts(policy, stats)  # it snapshots the statistics itself
+    quiet = policy.pause if policy is not None else contextlib.nullcontext
 
     def run(*a: Any) -> Any:
         nonlocal calls
         calls += 1
-        probe = _Probe() if use_probe else None  # the region's first saved tensor, in both runs
+        with quiet():
+            probe = _Probe() if use_probe else None  # the region's first saved tensor, in both runs
         if calls == 1:
             probes.append(probe)
             return fn(*a, **kwargs)
         counter.recomputes += 1
-        if not stats:
+        if not stats or policy is not None:
             return fn(*a, **kwargs)
         saved = [b.detach().clone() for b in stats]
         try:
@@ -95,7 +106,7 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
                 for b, s in zip(stats, saved):
                     b.copy_(s)
 
-    out = checkpoint(run, *args, use_reentrant=False, preserve_rng_state=stochastic)
+    out = checkpoint(run, *args, use_reentrant=False, preserve_rng_state=stochastic, **options)
     probe = probes.pop() if probes else None  # the checkpoint holds run(): the probe must not stay there
     if probe is not None:
         outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -146,17 +157,21 @@ class RegionForward:
         module: the submodule.
         path: its path in the model (the plan's name for the region).
         stochastic: preserve and replay the RNG state (NOTE [ RNG state per region ]).
+        policy: the region's selective-checkpoint policy when the plan keeps
+            some of its op outputs, else None (NOTE [ Selective checkpoint policies ]).
         previous: an instance-level ``forward`` that was there before (else None:
             the class's forward).
         recomputes: how many recomputes ran (tests and ``verify`` read it).
     """
 
-    def __init__(self, module: nn.Module, path: str, *, stochastic: bool, previous: Any = None) -> None:
+    def __init__(self, module: nn.Module, path: str, *, stochastic: bool, previous: Any = None,
+                 save_ops: Sequence[tuple[str, int]] = (), save_op_calls: Sequence[tuple[str, int]] = ()) -> None:
         self.module = module
         self.path = path
         self.stochastic = stochastic
         self.previous = previous
         self.recomputes = 0
+        self.policy = RegionPolicy(path, save_ops, save_op_calls) if save_ops else None
 
     def original(self) -> Callable[..., Any]:
         if self.previous is not None:
@@ -169,7 +184,8 @@ class RegionForward:
             return fwd(*args, **kwargs)
         if not torch.compiler.is_compiling():
             args, kwargs = _without_cache(self.module, args, kwargs)
-        return run_region(fwd, args, kwargs, modules=(self.module,), stochastic=self.stochastic, counter=self)
+        return run_region(fwd, args, kwargs, modules=(self.module,), stochastic=self.stochastic, counter=self,
+                          policy=self.policy)
 
     def __repr__(self) -> str:
         return f"RegionForward({self.path!r})"
@@ -180,14 +196,18 @@ class SequentialRuns:
 
     The children run in order, as ``nn.Sequential.forward`` does; each run
     ``i..j`` (inclusive) is one region, as ``checkpoint_sequential`` makes them.
+    ``save_ops`` maps a run's path to the calls its policy keeps and the traced
+    calls of their overloads (``Plan.save_ops``, ``Plan.save_op_calls``).
     """
 
     def __init__(self, module: nn.Sequential, runs: Sequence[tuple[int, int, str, bool]], *,
-                 previous: Any = None) -> None:
+                 previous: Any = None, save_ops: dict[str, tuple[Sequence[tuple[str, int]], Sequence[tuple[str, int]]]]
+                 | None = None) -> None:
         self.module = module
         self.runs = tuple(sorted(runs))
         self.previous = previous
         self.recomputes = 0
+        self.policies = {path: RegionPolicy(path, ops, calls) for path, (ops, calls) in (save_ops or {}).items() if ops}
 
     @property
     def path(self) -> str:
@@ -202,13 +222,14 @@ class SequentialRuns:
         if not torch.is_grad_enabled():
             return self.original()(input)
         children = list(self.module)
-        starts = {i: (j, stochastic) for i, j, _, stochastic in self.runs}
+        starts = {i: (j, stochastic, path) for i, j, path, stochastic in self.runs}
         k = 0
         while k < len(children):
             if k in starts:
-                j, stochastic = starts[k]
+                j, stochastic, path = starts[k]
                 run = functools.partial(_run_children, tuple(children[k:j + 1]))
-                input = run_region(run, (input,), {}, modules=children[k:j + 1], stochastic=stochastic, counter=self)
+                input = run_region(run, (input,), {}, modules=children[k:j + 1], stochastic=stochastic, counter=self,
+                                   policy=self.policies.get(path))
                 k = j + 1
             else:
                 input = children[k](input)

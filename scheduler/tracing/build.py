@@ -116,6 +116,7 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
                 read_after[i] = True
     names = [_group_name(records, g) for g in groups]
     pinned = _views_written_later(records, group_of)
+    written = {o for r in records for o in r.writes}
     nodes: list[Node] = []
     for g, members in enumerate(groups):
         gset = set(members)
@@ -146,6 +147,7 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
             saved_bytes += sum(records[m].out_bytes for m in saved_outs)
         workspace = max(_temporaries_peak(records, members, set(outs) | internal_saved),
                         _backward_transient(records, members, set(outs)))
+        dispatch, sac_op = _policy_call(records, members, written)
         nodes.append(Node(
             name=names[g],
             inputs=tuple(names[k] for k in ext_in),
@@ -167,8 +169,25 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
             # cat-like backward: only when that op alone creates the group's storage (one op, or folded views)
             grad_views=rg and [r.grad_views for r in rs if r.out_bytes > 0] == [True],
             members=tuple(name for r in rs for name in r.members),
+            dispatch=dispatch,
+            sac_op=sac_op,
         ))
     return nodes
+
+
+def _policy_call(records: Sequence[OpRecord], members: Sequence[int], written: set[int]) -> tuple[tuple[str, ...], int]:
+    """``(dispatch, sac_op)`` of a group: its members' calls in order, and the keeper's call when
+    exactly one member does work, is keepable, and no node writes its storage in place afterwards
+    (NOTE [ Which op a policy keeps ] in ``scheduler.tracing.recorder``)."""
+    dispatch: list[str] = []
+    sac_op = -1
+    working = [m for m in members if not records[m].free_calls]
+    for m in members:
+        r = records[m]
+        if working == [m] and r.sac_op >= 0 and m not in written:
+            sac_op = len(dispatch) + r.sac_op
+        dispatch.extend(r.dispatch)
+    return tuple(dispatch), sac_op
 
 
 def _views_written_later(records: Sequence[OpRecord], group_of: Sequence[int]) -> set[int]:

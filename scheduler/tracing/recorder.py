@@ -3,6 +3,35 @@
 NOTE [ Ops without a FLOP formula ], [ Shared parameter gradients ] and
 [ Gradients of model inputs ] in ``scheduler.tracing.costs`` state what the
 recorder attributes to whom.
+
+NOTE [ Which op a policy keeps ]
+    A plan that keeps a node's output inside a region is lowered to a
+    selective-checkpoint policy (``scheduler.applying.selective``). The
+    policy never sees graph nodes: it is called once per ATen call the
+    region's eager forward runs below autograd, with the overload
+    (``aten.mm.default``) and nothing that says which node the call belongs
+    to. So the tracer records, per fx node, the overloads it runs in that
+    same order (``OpRecord.dispatch``: the ``OpWatch`` dispatch mode sits
+    where the checkpoint's caching mode will, and skips the ops that mode
+    skips, ``detach``), and ``Plan.save_ops`` names a kept node as "the
+    ``k``-th call of overload X counted from the region's first node".
+
+    A node is keepable (``sac_op`` >= 0) only when saving one call saves
+    exactly what the node owns, and nothing else changes:
+
+    * one call returns exactly the storages the node owns (its new outputs
+      and its own saved buffers: layer norm's mean and rstd), and every
+      other call of the node is free (views, ``_unsafe_view``: no kernel,
+      no write), so skipping that call skips the node's whole cost;
+    * the node draws no random numbers: a cached dropout would not advance
+      the generator in the recompute and every later mask would differ;
+    * the node updates no state (BatchNorm: the call also writes the running
+      statistics, and its three outputs are not all the node's);
+    * no later node writes its storage in place (``build_nodes`` checks:
+      the checkpoint refuses a cached tensor that was modified).
+
+    Everything else (several calls creating storage, merged nodes with more
+    than one such member) is ``sac_op = -1``, and the solvers never keep it.
 """
 
 from __future__ import annotations
@@ -70,6 +99,18 @@ def module_calls(node: torch.fx.Node, strip: str = "") -> tuple[tuple[str, str],
         cname = cls.__qualname__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1].strip("'>")
         out.append((path if k == "0" else f"{path}@{k}", cname))
     return tuple(out)
+
+
+def _policy_calls(watch: OpWatch, owned: set[int]) -> tuple[tuple[str, ...], int]:
+    """``(dispatch, sac_op)`` of the node the watch just saw (NOTE [ Which op a policy keeps ])."""
+    calls = watch.policy_calls
+    dispatch = tuple(name for name, _, _ in calls)
+    if not owned:
+        return dispatch, -1
+    hits = [i for i, (_, keys, free) in enumerate(calls) if not free and set(keys) == owned]
+    if len(hits) != 1 or any(not free for j, (_, _, free) in enumerate(calls) if j != hits[0]):
+        return dispatch, -1
+    return dispatch, hits[0]
 
 
 class Recorder(torch.fx.Interpreter):
@@ -146,6 +187,7 @@ class Recorder(torch.fx.Interpreter):
         out_tensors = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
         out_bytes = 0
         aliases: dict[int, None] = {}
+        created: set[int] = set()
         for t in out_tensors:
             k = storage_key(t)
             if k is not None and k in self.owner:
@@ -153,6 +195,7 @@ class Recorder(torch.fx.Interpreter):
             if k is None or k in self.free_keys or k in self.owner:
                 continue
             self.owner[k] = pos
+            created.add(k)
             self.keep.append(t)
             out_bytes += storage_bytes(t)
             if fwd == 0:
@@ -183,6 +226,7 @@ class Recorder(torch.fx.Interpreter):
         self.pending_attrs = []
         self.record_of[n.name] = pos
         self.fwd_end[pos] = self.watch.live
+        dispatch, sac_op = _policy_calls(self.watch, created | set(own_keys))
         self.records.append(OpRecord(
             name=n.name, members=members, op=_printable(n), module=module_path(n, self.strip),
             calls=module_calls(n, self.strip),
@@ -194,6 +238,8 @@ class Recorder(torch.fx.Interpreter):
             state_bytes=sum(self.watch.state_read.values()) if self.watch.stateful else 0,
             aliases=tuple(sorted(aliases)), direct=tuple(sorted(i for i in direct if i != pos)),
             writes=tuple(sorted({self.owner[k] for k in self.watch.written if k in self.owner})),
+            dispatch=dispatch, sac_op=-1 if self.watch.stochastic or self.watch.stateful else sac_op,
+            free_calls=all(free for _, _, free in self.watch.policy_calls),
         ))
         return result
 

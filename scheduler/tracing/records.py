@@ -53,6 +53,13 @@ class OpRecord:
             ``scheduler.tracing.roofline``).
         fwd_cost: the node's recompute cost in FLOP-equivalents, set by a
             cost model (``roofline``, ``time``); None: ``fwd_flops``.
+        dispatch: the ATen overloads the node's forward runs below autograd,
+            in order, as a selective-checkpoint policy counts them.
+        sac_op: position in ``dispatch`` of the one call that creates exactly
+            the storages the node owns, or -1 (NOTE [ Which op a policy keeps ]
+            in ``scheduler.tracing.recorder``).
+        free_calls: every call in ``dispatch`` is free (a view or bare
+            relabelling: no kernel, no write, no random numbers).
     """
 
     name: str
@@ -83,6 +90,9 @@ class OpRecord:
     calls: tuple[tuple[str, str], ...] = ()  # (call id, class) of the submodule calls it runs in (tracing.spans)
     kernels: tuple[tuple[str, int, int, int], ...] = ()
     fwd_cost: int | None = None
+    dispatch: tuple[str, ...] = ()
+    sac_op: int = -1
+    free_calls: bool = False
 
     @property
     def cost(self) -> int:

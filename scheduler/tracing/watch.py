@@ -18,7 +18,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .records import storage_bytes, storage_key
 
-__all__ = ["OpWatch", "kernel_of", "draws_random"]
+__all__ = ["OpWatch", "kernel_of", "draws_random", "sac_ignored"]
+
+
+def sac_ignored(func) -> bool:  # noqa: ANN001
+    """Whether selective checkpointing leaves ``func`` out of its op counts (``SAC_IGNORED_OPS``: ``detach``...)."""
+    try:
+        from torch.utils.checkpoint import SAC_IGNORED_OPS
+    except ImportError:  # an older torch: detach is the one it skips
+        return func is torch.ops.aten.detach.default
+    return func in SAC_IGNORED_OPS
 
 
 #: ATen ops that allocate without writing, or only relabel storage (not views by their schema): no kernel.
@@ -110,6 +119,9 @@ class OpWatch(TorchDispatchMode):
         self.touched: dict[int, None] = {}
         self.written: dict[int, None] = {}  # storage keys written in place (aten schema: Tensor(a!))
         self.kernels: list[tuple[str, int, int, int]] = []  # (dtype, FLOPs, bytes, random numbers) per kernel
+        # (overload, storage keys of its tensor outputs, does no work) per op a selective-checkpoint
+        # policy would see: NOTE [ Which op a policy keeps ] in scheduler.tracing.recorder
+        self.policy_calls: list[tuple[str, tuple[int, ...], bool]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
@@ -148,6 +160,11 @@ class OpWatch(TorchDispatchMode):
         kernel = kernel_of(func, args, kwargs, out, flops)
         if kernel is not None:
             self.kernels.append(kernel)
+        if not sac_ignored(func):
+            keys = tuple(k for k in (storage_key(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+                         if k is not None)
+            free = kernel is None and not schema.is_mutable and torch.Tag.nondeterministic_seeded not in func.tags
+            self.policy_calls.append((str(func), keys, free))
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 k = storage_key(t)

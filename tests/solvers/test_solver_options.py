@@ -152,10 +152,10 @@ def _counting_solvers(monkeypatch, clock: FakeClock, step_s: float) -> list[str]
     real = ilp_cpsat.get_solver
 
     def get(name):
-        def run(graph, budget_bytes):
+        def run(graph, budget_bytes, **options):  # dp gets selective=False (region-only warm start)
             started.append(name)
             clock.t += step_s
-            return real(name)(graph, budget_bytes)
+            return real(name)(graph, budget_bytes, **options)
         return run
 
     monkeypatch.setattr(ilp_cpsat, "get_solver", get)

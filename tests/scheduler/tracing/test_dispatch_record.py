@@ -1,0 +1,131 @@
+"""What the tracer records for selective recompute (NOTE [ Which op a policy keeps ]),
+the menu's reach rule (NOTE [ The menu of kept sets ]) and the policy's counting
+(NOTE [ Selective checkpoint policies ])."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy
+
+import scheduler
+from graphs import Graph, Node
+from scheduler.applying import RegionPolicy, SaveOpsMismatch
+from solvers import Plan
+from solvers.selective import GrowingMenus, last_savers, variants
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.act = nn.ReLU()
+        self.drop = nn.Dropout(0.1)
+        self.bn = nn.BatchNorm1d(32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(self.bn(self.drop(self.act(self.fc1(x))))).sum()
+
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    torch.manual_seed(0)
+    return scheduler.trace(Net(), (torch.randn(8, 16),), granularity="op")
+
+
+def _by_module(graph: Graph, module: str) -> list[Node]:
+    return [nd for nd in graph.nodes if nd.module == module]
+
+
+def test_keepable_nodes_name_their_one_creating_call(graph):
+    fc1 = [nd for nd in _by_module(graph, "fc1") if nd.out_bytes]
+    assert len(fc1) == 1 and fc1[0].sac_op >= 0
+    assert fc1[0].dispatch[fc1[0].sac_op] == "aten.addmm.default"
+    relu = [nd for nd in _by_module(graph, "act") if nd.out_bytes]
+    assert relu[0].dispatch[relu[0].sac_op] == "aten.relu.default"
+    # every keepable node's other calls are views or relabellings
+    for nd in graph.nodes:
+        assert nd.sac_op == -1 or 0 <= nd.sac_op < len(nd.dispatch)
+
+
+def test_random_and_stateful_nodes_are_not_keepable(graph):
+    assert all(nd.sac_op == -1 for nd in graph.nodes if nd.stochastic)
+    assert any(nd.stochastic for nd in graph.nodes)
+    bn = [nd for nd in graph.nodes if nd.stateful]
+    assert bn and all(nd.sac_op == -1 for nd in bn)
+
+
+def test_no_detach_is_recorded(graph):
+    assert all("aten.detach.default" not in nd.dispatch for nd in graph.nodes)
+
+
+def test_graph_json_round_trips_and_old_files_without_the_fields_load(graph, tmp_path):
+    again = Graph.from_dict(json.loads(json.dumps(graph.to_dict())))
+    assert [(n.dispatch, n.sac_op) for n in again.nodes] == [(n.dispatch, n.sac_op) for n in graph.nodes]
+    old = graph.to_dict()
+    for nd in old["nodes"]:
+        del nd["dispatch"], nd["sac_op"]
+    loaded = Graph.from_dict(old)
+    assert all(nd.sac_op == -1 and nd.dispatch == () for nd in loaded.nodes)
+    assert loaded.fingerprint() == graph.fingerprint()
+
+
+def test_save_ops_count_calls_from_the_region_start(graph):
+    keep = [i for i, nd in enumerate(graph.nodes) if nd.sac_op >= 0 and nd.dispatch[nd.sac_op] == "aten.addmm.default"]
+    assert len(keep) == 2
+    plan = Plan.from_regions(graph, [(0, len(graph) - 1)], saved=(keep[1],))
+    assert plan.save_ops == ((("aten.addmm.default", 1),),)
+    assert plan.save_op_calls == ((("aten.addmm.default", 2),),)
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again.save_ops == plan.save_ops and again.save_op_calls == plan.save_op_calls
+    assert "save_op_calls" not in Plan.from_regions(graph, [(0, 1)]).to_dict()  # plain plans read as before
+
+
+# ------------------------------------------------------------------- the menu's reach
+def _chain(saves_last: bool) -> Graph:
+    nodes = [Node("a", out_bytes=10, fwd_flops=5, saves_inputs=()),
+             Node("b", inputs=("a",), out_bytes=10, fwd_flops=5),
+             Node("c", inputs=("b",), out_bytes=10, fwd_flops=5, saves_inputs=("b",) if saves_last else ())]
+    return Graph(nodes=tuple(Node(**{**nd.__dict__, "dispatch": ("op",), "sac_op": 0}) for nd in nodes))
+
+
+def test_menu_offers_only_nodes_the_recompute_reaches():
+    g = _chain(saves_last=False)
+    assert last_savers(g) == [-1, 1, 1]
+    assert variants(g, 0, 2, limit=8) == [(), (0,), (0, 1)]  # c: after the last saving node b, never recomputed
+    assert variants(g, 2, 2) == [()]
+    assert variants(g, 0, 0) == [()]  # a saves nothing: the region is never recomputed at all
+    g2 = _chain(saves_last=True)
+    assert max(len(e) for e in variants(g2, 0, 2, limit=8)) == 3
+    for gr in (g, g2):
+        menus = GrowingMenus(gr, limit=8)
+        for a in range(3):
+            for b in range(a, 3):
+                assert menus.of(a, b) == variants(gr, a, b, limit=8), (a, b)
+
+
+# ------------------------------------------------------------------- the policy
+def test_policy_counts_per_overload_and_pauses():
+    pol = RegionPolicy("blocks.0", [("aten.mm.default", 1)])
+    mm, add = torch.ops.aten.mm.default, torch.ops.aten.add.Tensor
+    pol.reset()
+    assert pol(None, mm) is CheckpointPolicy.PREFER_RECOMPUTE
+    assert pol(None, add) is CheckpointPolicy.PREFER_RECOMPUTE
+    with pol.pause():
+        assert pol(None, mm) is CheckpointPolicy.PREFER_RECOMPUTE  # not counted
+    assert pol(None, mm) is CheckpointPolicy.MUST_SAVE
+    pol.check()
+    pol.reset()
+    pol(None, mm)
+    with pytest.raises(SaveOpsMismatch, match=r"region 'blocks.0'.*call 1.*aten.mm.default.*1 time"):
+        pol.check()
+    counted = RegionPolicy("blocks.0", [("aten.mm.default", 0)], [("aten.mm.default", 2)])
+    counted.reset()
+    for _ in range(3):
+        counted(None, mm)
+    with pytest.raises(SaveOpsMismatch, match=r"calls aten.mm.default 2 time.*called it 3 time"):
+        counted.check()
