@@ -109,3 +109,12 @@ def test_the_reference_is_never_timed_with_the_peer_installed():
     assert states and all(s == [False] * 3 for s in states)
     assert _wrapped(model) == [False] * 3
     assert row.grad_max_abs_diff == 0.0 and row.measured_extra_s is not None
+
+
+def test_solve_below_also_keeps_the_profiler_peak_under_the_peers():
+    # storage count fits at once, the profiler peak only after one more solve
+    def run(budget: int, row: Row) -> Row:
+        return Row("dp", "ours", measured_peak_bytes=budget + 300_000, meter_peak_bytes=budget)
+
+    got = solve_below(run, 10_000_000, Row("dp", "ours"), metered=True, measured_target=10_100_000)
+    assert got.meter_peak_bytes <= 10_000_000 and got.measured_peak_bytes <= 10_100_000
