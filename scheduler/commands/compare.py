@@ -49,8 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds for the ILP solver (default 30)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch intra-op threads while measuring (default: torch's; 1 is steadier on a shared machine)")
-    p.add_argument("--costs", choices=["flops", "time"], default="flops",
-                   help="what our solvers minimise: counted FLOPs (default) or measured forward time per node")
+    p.add_argument("--costs", choices=["roofline", "time", "flops"], default="roofline",
+                   help="what our solvers minimise, and how the best plan is picked: roofline time per node "
+                   "(default, the solvers' own), measured forward time per node, or counted FLOPs")
     p.add_argument("--json", dest="json_path", help="write the results as JSON here")
     p.add_argument("--plots", help="write PNG plots into this folder (needs matplotlib)")
 

@@ -60,6 +60,14 @@ class Prepared:
             config); a null context for eager peers.
         returns_loss: ``forward`` returns the loss itself (an applied plan
             traced with the loss), so the workload's loss is not applied again.
+        install, remove: switch the method on the shared model on and off.
+            A peer that changes the model in place (per-block wraps the
+            blocks' ``forward``) must be on for its own calls only: the
+            un-checkpointed reference and our plans run the same model
+            object alternately with it, and would otherwise be timed
+            checkpointed too. The harness calls ``install`` before each of
+            the method's steps and ``remove`` after its backward (NOTE
+            [ A peer is on for its own calls only ]).
     """
 
     forward: Callable[..., Any]
@@ -67,6 +75,34 @@ class Prepared:
     undo: Callable[[], None] = lambda: None
     scope: Callable[[], ContextManager[Any]] = field(default=contextlib.nullcontext)
     returns_loss: bool = False
+    install: Callable[[], None] = lambda: None
+    remove: Callable[[], None] = lambda: None
+
+    def on(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """``fn`` (one step of this method) run with the method installed, and removed after it."""
+
+        def step() -> Any:
+            self.install()
+            try:
+                return fn()
+            finally:
+                self.remove()
+
+        return step
+
+
+# NOTE [ A peer is on for its own calls only ]
+#     Per-block checkpointing changes the model itself (an instance
+#     ``forward`` on every block, or HF's ``gradient_checkpointing`` flag),
+#     while the reference step and our applied plans call the same model
+#     object. Left installed for the whole measurement, the reference steps
+#     timed alternately with it were checkpointed as well, so per-block read
+#     "x1.00 of the plain step" and every plan of ours looked slower than it.
+#     ``per_block`` therefore returns with nothing installed: its ``install``
+#     and ``remove`` wrap exactly one training step (forward and backward; a
+#     non-reentrant checkpoint's recompute calls the block's original forward,
+#     captured when the block ran, so removing the wrapper after the forward
+#     would be safe too, but the step is the simpler unit).
 
 
 def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -110,24 +146,37 @@ def per_block(model: nn.Module) -> Prepared:
 
     Raises:
         PeerUnavailable: the model has no repeated blocks.
+
+    Nothing is installed on return: ``install``/``remove`` switch it on for
+    one step (NOTE [ A peer is on for its own calls only ]).
     """
     if getattr(model, "supports_gradient_checkpointing", False) and hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         n = len(find_blocks(model))
+
+        def hf_on() -> None:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+        def hf_off() -> None:
+            model.gradient_checkpointing_disable()
+
         return Prepared(forward=model, note=f"HF gradient_checkpointing_enable(), {n} blocks",
-                        undo=model.gradient_checkpointing_disable)
+                        undo=hf_off, install=hf_on, remove=hf_off)
     blocks = find_blocks(model)
     if not blocks:
         raise PeerUnavailable("no repeated blocks (no ModuleList of layers, no block class used twice)")
-    for _, blk in blocks:
-        blk.forward = functools.partial(_checkpointed_forward, blk.forward)  # instance attribute shadows the class's
 
-    def undo() -> None:
-        for _, b in blocks:
-            del b.forward
+    def on() -> None:
+        for _, blk in blocks:
+            if "forward" not in blk.__dict__:
+                blk.forward = functools.partial(_checkpointed_forward, blk.forward)  # instance attribute shadows the class's
+
+    def off() -> None:
+        for _, blk in blocks:
+            if isinstance(blk.__dict__.get("forward"), functools.partial):
+                del blk.forward
 
     cls = type(blocks[0][1]).__name__
-    return Prepared(forward=model, note=f"{len(blocks)} x {cls}", undo=undo)
+    return Prepared(forward=model, note=f"{len(blocks)} x {cls}", undo=off, install=on, remove=off)
 
 
 class _BlockTracer(torch.fx.Tracer):

@@ -72,13 +72,20 @@ def progress_line(r: Row) -> str:
             f"time x{r.step_time_ratio:.3f}, grad diff {r.grad_max_abs_diff:.2g}")
 
 
+def _extra(pred: float | None, meas: float | None) -> str:
+    """Predicted and measured extra step time, in ms (``-`` where unknown)."""
+    if pred is None and meas is None:
+        return ""
+    return "/".join("-" if v is None else f"{1e3 * v:.1f}" for v in (pred, meas))
+
+
 def format_table(cmp: Comparison) -> str:
     """The comparison as a plain-text table, then the claims."""
     rows = []
     for r in cmp.rows:
         budget = budget_label(r)
         if not r.ran:
-            rows.append((r.method, budget, _mib(r.predicted_peak_bytes), "", "", "", "", "", "", "", "",
+            rows.append((r.method, budget, _mib(r.predicted_peak_bytes), "", "", "", "", "", "", "", "", "",
                          f"not run: {r.reason}"))
             continue
         err = (f"{100 * (r.measured_peak_bytes / r.predicted_peak_bytes - 1):+.0f}%"
@@ -88,10 +95,11 @@ def format_table(cmp: Comparison) -> str:
             f"{r.step_time_ratio:.3f}",
             "" if r.recompute_ratio is None else f"{100 * r.recompute_ratio:.1f}%",
             "" if r.measured_recompute_ratio is None else f"{100 * r.measured_recompute_ratio:.1f}%",
+            _extra(r.predicted_extra_s, r.measured_extra_s),
             "" if r.solve_time_s is None else f"{r.solve_time_s:.3f}",
             f"{r.grad_rel_diff:.1e}", r.note))
     head = ["method", "budget", "pred MiB", "meas MiB", "storages MiB", "err", "time x", "recomp pred", "recomp meas",
-            "solve s", "grad diff (rel)", "note"]
+            "extra ms pred/meas", "solve s", "grad diff (rel)", "note"]
     lines = [table(rows, head)]
     for c in cmp.claims:
         lines.append(f"{'ok ' if c['holds'] else 'NO '} {c['claim']}: {c['detail']}")

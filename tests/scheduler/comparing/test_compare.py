@@ -81,6 +81,8 @@ def test_per_block_checkpoints_every_block_and_undo_restores(stack):
     model, x = stack
     ref = _grads(model, model, x)
     prep = peers.per_block(model)
+    assert all("forward" not in vars(b) for b in model.blocks)  # on for its own calls only
+    prep.install()
     assert all("forward" in vars(b) for b in model.blocks)
     got = _grads(model, prep.forward, x)
     prep.undo()
