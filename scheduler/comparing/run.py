@@ -269,22 +269,12 @@ def block_plan(graph: Graph, model: nn.Module) -> Plan | None:
         return None
 
 
-def applier_lowers_saved() -> bool:
-    """Whether ``scheduler.apply`` turns a plan's kept nodes (``Plan.save_ops``) into a selective-checkpoint
-    policy. Until it does, a selective plan would run as its regions alone (everything recomputed, less
-    memory and more time than predicted), so comparisons solve without selective recompute."""
-    import inspect
-
-    from ..applying import modules, regions
-
-    return any("save_ops" in inspect.getsource(m) for m in (modules, regions))
-
-
 def selective_options(names: Sequence[str], opts: Mapping[str, Mapping[str, Any]], selective: bool | None = None
                       ) -> dict[str, dict[str, Any]]:
     """``opts`` with ``selective`` set for each solver in ``names`` that takes it (unless given there):
-    ``selective`` when not None, else whether the applier lowers kept nodes (:func:`applier_lowers_saved`)."""
-    on = applier_lowers_saved() if selective is None else bool(selective)
+    ``selective`` when not None, else on: ``scheduler.apply`` lowers kept nodes to one selective-checkpoint
+    policy per region (NOTE [ Selective checkpoint policies ] in ``scheduler.applying.selective``)."""
+    on = True if selective is None else bool(selective)
     out = {k: dict(v) for k, v in opts.items()}
     for name in names:
         try:
@@ -309,7 +299,7 @@ def plan_key(plan: Plan) -> tuple:
 
 
 def solve_below(run: Callable[[int, Row], Row], target: int, row: Row, *, metered: bool = False,
-                measured_target: int | None = None, tries: int = 4) -> Row:
+                measured_target: int | None = None, tries: int = 4, start: int | None = None) -> Row:
     """``run(budget, row)`` at ``target`` bytes, then again below it while the measured peak exceeds it.
 
     A plan solved at a peer's measured peak can measure a little above it
@@ -319,8 +309,10 @@ def solve_below(run: Callable[[int, Row], Row], target: int, row: Row, *, metere
     ``metered``: compare the storage count (``meter_peak_bytes``), as the target is one.
     ``measured_target``: also keep the profiler peak (``measured_peak_bytes``) at or below this
     (the peer's profiler peak, what the claims compare).
+    ``start``: the first budget, when not ``target``: a peer's measured peak plus what the graph
+    over-predicts that peer's own plan by (the first plan must be solvable where the peer's is).
     """
-    budget, out = target, row
+    budget, out = (target if start is None else start), row
     for i in range(max(1, tries)):
         out = run(budget, row)
         got = (out.meter_peak_bytes if metered else None) or out.measured_peak_bytes
