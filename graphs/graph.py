@@ -118,7 +118,7 @@ class Graph:
             generator's state, and each CUDA device's in use), held from the
             region's forward until its backward is done, and once more while
             it recomputes (NOTE [ RNG state per region ] in
-            ``solvers.simulate``); 0 (the default, and in files without the
+            ``solvers.terms``); 0 (the default, and in files without the
             field): not counted.
     """
 

@@ -313,7 +313,7 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
 
 def _rng_state_bytes(model: nn.Module, flat: Sequence[Any]) -> int:
     """Bytes of the generator state a stochastic region stores (NOTE [ RNG state per region ] in
-    ``solvers.simulate``), in the budget's memory: the CPU generator's state for a model on the CPU;
+    ``solvers.terms``), in the budget's memory: the CPU generator's state for a model on the CPU;
     0 on an accelerator or ``meta`` (the states are host tensors, outside the device's memory)."""
     tensors = list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)]
     if any(t.device.type != "cpu" for t in tensors):

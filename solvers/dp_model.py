@@ -173,7 +173,7 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
 
 def region_rng(na: NodeArrays, a: np.ndarray | int, b: np.ndarray | int) -> np.ndarray | int:
     """Generator-state bytes a region ``[a, b]`` (node positions, broadcast) stores: ``na.rng`` when
-    a node in it is stochastic (NOTE [ RNG state per region ] in ``solvers.simulate``)."""
+    a node in it is stochastic (NOTE [ RNG state per region ] in ``solvers.terms``)."""
     if not na.rng or na.p_sto is None:
         return np.zeros(np.broadcast(a, b).shape, dtype=np.int64) if np.ndim(a) or np.ndim(b) else 0
     return na.rng * ((na.p_sto[np.asarray(b) + 1] - na.p_sto[np.asarray(a)]) > 0).astype(np.int64)

@@ -136,7 +136,7 @@ class FrontierDP:
         self.last = np.minimum(np.where(lc >= 0, lc, n - 1), fs - 1)
         self.pflops = np.concatenate(([0], np.cumsum(na.flops)))
         self.pstate = np.concatenate(([0], np.cumsum(na.state)))
-        # NOTE [ RNG state per region ] in solvers.simulate: a region with a stochastic node stores the state.
+        # NOTE [ RNG state per region ] in solvers.terms: a region with a stochastic node stores the state.
         self.rng = int(graph.rng_state_bytes)
         self.pstoch = np.concatenate(([0], np.cumsum([bool(nd.stochastic) for nd in graph.nodes]))).astype(np.int64)
         self.const = int(graph.param_bytes + graph.input_bytes)

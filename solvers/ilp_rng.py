@@ -1,4 +1,4 @@
-"""The CP-SAT model's generator-state terms (NOTE [ RNG state per region ] in ``solvers.simulate``)."""
+"""The CP-SAT model's generator-state terms (NOTE [ RNG state per region ] in ``solvers.terms``)."""
 
 from __future__ import annotations
 

@@ -63,22 +63,6 @@ NOTE [ Execution model ]
     forward FLOPs; at the graph's rate (``meta["costs"]["flops_per_s"]``) the
     cost is the predicted recompute time.
 
-NOTE [ RNG state per region ]
-    A region that draws random numbers (a node ``stochastic``) is
-    checkpointed with ``preserve_rng_state=True``: before its forward runs,
-    checkpoint stores the generator state (``torch.get_rng_state()``, a
-    tensor of ``graph.rng_state_bytes``) in the region's frame, beside its
-    inputs, so it lives exactly as long as they do: from the forward step of
-    the region's first node to the backward of that node. Its recompute runs
-    under ``torch.random.fork_rng``, which saves the generator's current
-    state once more for the recompute's duration. So for such a region
-    ``rng_state_bytes`` joins the activations at its first forward step,
-    again for every step of its recompute, and leaves with its inputs.
-    Regions without a stochastic node store nothing (the appliers pass
-    ``preserve_rng_state=False``). The generator states of CUDA devices are
-    host tensors too: a trace on a GPU records ``rng_state_bytes=0`` for the
-    device's budget.
-
 NOTE [ Selective recompute ]
     ``plan.saved`` lists nodes inside regions whose outputs a selective
     checkpoint policy keeps (``CheckpointPolicy.MUST_SAVE`` for the node's
@@ -122,12 +106,12 @@ from graphs import COSTS_META, Graph
 from .errors import SolverInputError
 from .gradients import GradientWalk
 from .plan import Plan
-from .terms import terms_of
+from .meter import BACKWARD, FORWARD, RECOMPUTE, _Meter
+from .terms import region_rng_bytes, terms_of
 
 __all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "GradientWalk", "cost_seconds",
            "region_rng_bytes"]
 
-FORWARD, RECOMPUTE, BACKWARD = "forward", "recompute", "backward"
 
 
 @dataclass(frozen=True)
@@ -195,38 +179,6 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
     walk.forward()
     walk.backward()
     return walk.result()
-
-
-class _Meter:
-    """The timeline and the peak: every step's live bytes, by category at the highest."""
-
-    def __init__(self, graph: Graph, record: bool) -> None:
-        self.params = graph.param_bytes
-        self.inputs = graph.input_bytes
-        self.base = self.params + self.inputs
-        self.record = record
-        self.steps: list[tuple[str, int]] = []
-        self.live: list[int] = []
-        self.best = -1
-        self.best_step = 0
-        self.best_break: dict[str, int] = {}
-        self.best_at: tuple[str, int] = (FORWARD, 0)
-        self.act_peak = 0
-
-    def step(self, phase: str, i: int, act: int, agrad: int, pgrad: int, transient: int) -> None:
-        total = self.base + act + agrad + pgrad + transient
-        a_only = act + agrad + transient
-        if a_only > self.act_peak:
-            self.act_peak = a_only
-        if total > self.best:
-            self.best = total
-            self.best_step = len(self.live) if self.record else 0
-            self.best_break = {"params": self.params, "inputs": self.inputs, "activations": act,
-                               "activation_grads": agrad, "param_grads": pgrad, "workspace": transient}
-            self.best_at = (phase, i)
-        if self.record:
-            self.steps.append((phase, i))
-            self.live.append(total)
 
 
 class _Walk:
@@ -437,16 +389,6 @@ class _Walk:
             persistent_bytes=meter.base + meter.params,
             recompute_time_s=cost_seconds(graph, self.recompute_cost),
         )
-
-
-def region_rng_bytes(graph: Graph, regions) -> list[int]:  # noqa: ANN001
-    """Per region, the generator state it stores: ``graph.rng_state_bytes`` when a node in it is
-    stochastic, else 0 (NOTE [ RNG state per region ])."""
-    rng = graph.rng_state_bytes
-    if not rng:
-        return [0] * len(regions)
-    nodes = graph.nodes
-    return [rng if any(nodes[k].stochastic for k in range(a, b + 1)) else 0 for a, b in regions]
 
 
 def cost_seconds(graph: Graph, cost: int) -> float | None:

@@ -10,6 +10,22 @@ NOTE [ One table of terms ]
     all of them, and keeps the answer on the graph, so a solver that builds
     several models of one graph derives them once. Positions are indices in
     the topological order; :data:`INF` stands for "no such node".
+
+NOTE [ RNG state per region ]
+    A region that draws random numbers (a node ``stochastic``) is
+    checkpointed with ``preserve_rng_state=True``: before its forward runs,
+    checkpoint stores the generator state (``torch.get_rng_state()``, a
+    tensor of ``graph.rng_state_bytes``) in the region's frame, beside its
+    inputs, so it lives exactly as long as they do: from the forward step of
+    the region's first node to the backward of that node. Its recompute runs
+    under ``torch.random.fork_rng``, which saves the generator's current
+    state once more for the recompute's duration. So for such a region
+    ``rng_state_bytes`` joins the activations at its first forward step,
+    again for every step of its recompute, and leaves with its inputs.
+    Regions without a stochastic node store nothing (the appliers pass
+    ``preserve_rng_state=False``). The generator states of CUDA devices are
+    host tensors too: a trace on a GPU records ``rng_state_bytes=0`` for the
+    device's budget.
 """
 
 from __future__ import annotations
@@ -18,7 +34,7 @@ from dataclasses import dataclass
 
 from graphs import Graph
 
-__all__ = ["INF", "Terms", "terms_of"]
+__all__ = ["INF", "Terms", "terms_of", "region_rng_bytes"]
 
 #: A position after every node: "none" in ``first_saver`` and kin, safe in integer arithmetic.
 INF = 1 << 40
@@ -88,3 +104,13 @@ def _derive(graph: Graph) -> Terms:
     return Terms(saves=tuple(saves), savers=tuple(tuple(s) for s in savers), self_save=self_save,
                  first_saver=first_saver, first_consumer_saver=first_consumer, last_reader=last_reader,
                  sinks=sinks, sink_bytes_after=tuple(after))
+
+
+def region_rng_bytes(graph: Graph, regions) -> list[int]:  # noqa: ANN001
+    """Per region, the generator state it stores: ``graph.rng_state_bytes`` when a node in it is
+    stochastic, else 0 (NOTE [ RNG state per region ])."""
+    rng = graph.rng_state_bytes
+    if not rng:
+        return [0] * len(regions)
+    nodes = graph.nodes
+    return [rng if any(nodes[k].stochastic for k in range(a, b + 1)) else 0 for a, b in regions]

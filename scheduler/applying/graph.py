@@ -83,7 +83,7 @@ class CheckpointRegion(nn.Module):
         super().__init__()
         self.body = body
         self.stateful = stateful
-        self.stochastic = stochastic  # NOTE [ RNG state per region ] in solvers.simulate
+        self.stochastic = stochastic  # NOTE [ RNG state per region ] in solvers.terms
         self.recomputes = 0  # how many recomputes ran (for tests and verify)
 
     def forward(self, *args: Any) -> Any:

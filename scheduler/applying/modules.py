@@ -57,7 +57,7 @@ NOTE [ RNG state per region (applying) ]
     the traced graph) skip it: they need no replay and keep no state. What a
     stored state costs is ``Graph.rng_state_bytes``, counted by ``simulate``
     and the exact solvers (NOTE [ RNG state per region ] in
-    ``solvers.simulate``).
+    ``solvers.terms``).
 
 NOTE [ Caches under recompute ]
     A key/value cache passed into a checkpointed call would be written twice

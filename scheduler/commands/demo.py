@@ -38,8 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequence length (default 768: much shorter sequences put the peak in the embedding/LM-head "
                         "backward, which no plan lowers; the demo then says so)")
     p.add_argument("--batch", type=positive_int, default=1)
-    p.add_argument("--costs", choices=["flops", "time"], default="flops",
-                   help="what the solvers minimise: counted FLOPs (default) or measured forward time per node")
+    p.add_argument("--costs", choices=["roofline", "time", "flops"], default="roofline",
+                   help="what the solvers minimise: a roofline time per node on this device (default), its "
+                        "measured forward time, or counted FLOPs")
     p.add_argument("--steps", type=positive_int, default=2, help="measured steps of each kind after a warm-up "
                    "(default 2; more steadies the time ratio)")
     p.add_argument("--time-limit", type=positive_float, default=10.0, dest="time_limit",

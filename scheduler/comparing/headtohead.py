@@ -11,7 +11,7 @@ at the memory per-block checkpointing (or ``torch.compile`` at an
    every method) and its gradients;
 2. solves our plan with that peak as the budget, applies it, measures its
    peak, and solves again below the peak while ours measures above it
-   (:func:`scheduler.comparing.run.solve_below`), so our memory is equal or
+   (:func:`scheduler.comparing.choosing.solve_below`), so our memory is equal or
    lower;
 3. times the un-checkpointed step, the peer and ours alternately in one
    window (:func:`alternate`: every round runs all three, in a rotating order),
@@ -43,7 +43,8 @@ from solvers import InfeasibleBudget, Plan, simulate
 from . import peers
 from ..measuring.profiler import profile_step
 from ..measuring.steps import grad_difference, grad_snapshot
-from .run import Row, Workload, _Bench, block_plan, pick_key, plan_key, selective_options, solve_below, trace_graph
+from .choosing import pick_key, plan_key, selective_options, solve_below
+from .run import Row, Workload, _Bench, block_plan, trace_graph
 
 __all__ = ["alternate", "Side", "HeadToHead", "head_to_head", "predicted_extra"]
 

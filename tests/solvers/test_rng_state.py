@@ -1,4 +1,4 @@
-"""The generator state a stochastic region stores (NOTE [ RNG state per region ] in ``solvers.simulate``).
+"""The generator state a stochastic region stores (NOTE [ RNG state per region ] in ``solvers.terms``).
 
 ``simulate`` counts ``Graph.rng_state_bytes`` for every region holding a
 stochastic node, from the region's first forward step to its first node's
