@@ -92,3 +92,11 @@ def random_extra_bytes(g: Graph, spans: list[Span], rng: random.Random) -> list[
     top = max(nd.out_bytes for nd in g.nodes)
     return [dataclasses.replace(sp, extra_bytes=rng.choice([0, rng.randint(max(1, mean // 10), 2 * top)]))
             for sp in spans]
+
+
+def with_randomness(graph: Graph, seed: int) -> Graph:
+    """``graph`` with about a third of its nodes drawing random numbers and a generator state to store
+    (NOTE [ RNG state per region ] in ``solvers.terms``)."""
+    r = random.Random(9000 + seed)
+    nodes = tuple(dataclasses.replace(nd, stochastic=r.random() < 0.35) for nd in graph.nodes)
+    return dataclasses.replace(graph, nodes=nodes, rng_state_bytes=r.choice([40, 300, 1000]))

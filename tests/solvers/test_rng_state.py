@@ -9,7 +9,6 @@ simulated peak.
 
 from __future__ import annotations
 
-import random
 
 import pytest
 
@@ -19,6 +18,7 @@ from solvers import Plan, pareto_frontier, simulate
 from solvers.brute_force import best_from_frontier
 from solvers.dp import DPTable
 from solvers.frontier import FrontierDP
+from random_graphs import random_graph, with_randomness
 
 RNG = 5056
 
@@ -68,24 +68,7 @@ def test_graph_field_round_trips_and_old_files_read_as_zero():
 
 def _random(seed: int, chain: bool) -> Graph:
     """A small random graph with stochastic nodes and a generator state to store."""
-    r = random.Random(seed)
-    n = r.randint(4, 8)
-    nodes = []
-    for i in range(n):
-        if i == 0:
-            inputs: tuple[str, ...] = ()
-        elif chain:
-            inputs = (f"n{i - 1}",)
-        else:
-            inputs = tuple(dict.fromkeys([f"n{i - 1}"] + [f"n{j}" for j in range(i - 1) if r.random() < 0.3]))
-        nodes.append(Node(
-            name=f"n{i}", inputs=inputs, saves_inputs=tuple(x for x in inputs if r.random() < 0.6),
-            saves_output=r.random() < 0.3, out_bytes=r.randint(1, 20) * 100,
-            saved_bytes=r.choice([0, 0, r.randint(1, 10) * 10]), workspace_bytes=r.choice([0, 0, 50]),
-            param_bytes=r.choice([0, 30]), fwd_flops=r.randint(1, 50), bwd_flops=r.randint(0, 100),
-            stochastic=r.random() < 0.35, state_bytes=r.choice([0, 0, 0, 40])))
-    return Graph(nodes=tuple(nodes), param_bytes=r.randint(0, 300), input_bytes=r.randint(0, 100),
-                 rng_state_bytes=r.choice([50, 300, 1000]), name=f"rng{seed}")
+    return with_randomness(random_graph(seed, chain=chain), seed)
 
 
 CASES = [(seed, seed % 2 == 0) for seed in range(24)]

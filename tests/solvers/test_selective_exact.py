@@ -33,7 +33,7 @@ from solvers import ilp as ilp_mod
 from solvers.frontier import MAX_WIDTH, FrontierDP, TooWide, width
 from solvers.ilp import keepable
 from solvers.selective import variants
-from random_graphs import random_graph, random_spans
+from random_graphs import random_graph, random_spans, with_randomness
 
 #: Graphs with more (region, menu entry) plans than this are left out, to keep the file under a minute;
 #: so are graphs where no node may be kept (nothing to test).
@@ -202,18 +202,11 @@ def test_ilp_falls_back_to_dps_kept_plan_where_it_is_cheaper(monkeypatch):
     pytest.fail("no chain where keeping nodes pays")
 
 
-def _stochastic(graph: Graph, seed: int) -> Graph:
-    """``graph`` with about a third of its nodes drawing random numbers and a generator state to store."""
-    r = random.Random(9000 + seed)
-    nodes = tuple(dataclasses.replace(nd, stochastic=r.random() < 0.35) for nd in graph.nodes)
-    return dataclasses.replace(graph, nodes=nodes, rng_state_bytes=r.choice([40, 300, 1000]))
-
-
 @pytest.mark.parametrize("i", range(0, len(CASES), 7), ids=[name for name, _ in CASES[::7]])
 def test_kept_nodes_with_generator_state_equal_brute_force(i):
     """NOTE [ RNG state per region ] with kept nodes: the frontier program's kept-entry steps carry the
     state of a stochastic region like its plain steps do, and stay equal to the brute force."""
-    g = _stochastic(CASES[i][1], i)
+    g = with_randomness(CASES[i][1], i)
     front = pareto_frontier(g)
     program = FrontierDP(g, max_width=64, selective=True)
     assert program.solve(None, objective="peak").objective == front[0][0]

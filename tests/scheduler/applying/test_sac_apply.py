@@ -85,6 +85,16 @@ def test_selective_plan_keeps_gradients_and_fits_the_prediction(name):
     scheduler.remove(model)
 
 
+def _refused(ex, plan, match: str) -> None:  # noqa: ANN001
+    """A step with ``plan`` applied raises :class:`SaveOpsMismatch` matching ``match``; the plan comes off."""
+    scheduler.apply(ex.model, plan)
+    try:
+        with pytest.raises(SaveOpsMismatch, match=match):
+            step(ex)
+    finally:
+        scheduler.remove(ex.model)
+
+
 @pytest.mark.parametrize("bad", [("aten.cholesky.default", 0), ("aten.convolution.default", 10_000),
                                  ("aten.addmm.default", 10_000)], ids=str)
 def test_a_call_the_region_never_makes_is_refused(bad):
@@ -92,13 +102,7 @@ def test_a_call_the_region_never_makes_is_refused(bad):
     r = next(i for i, ops in enumerate(plan.save_ops) if ops)
     save_ops = list(plan.save_ops)
     save_ops[r] = save_ops[r] + (bad,)
-    mutated = dataclasses.replace(plan, save_ops=tuple(save_ops))
-    scheduler.apply(ex.model, mutated)
-    try:
-        with pytest.raises(SaveOpsMismatch, match=rf"region {plan.modules[r]!r}.*{bad[0]}"):
-            step(ex)
-    finally:
-        scheduler.remove(ex.model)
+    _refused(ex, dataclasses.replace(plan, save_ops=tuple(save_ops)), rf"region {plan.modules[r]!r}.*{bad[0]}")
 
 
 def test_a_shifted_call_count_is_refused():
@@ -108,12 +112,7 @@ def test_a_shifted_call_count_is_refused():
     calls = list(plan.save_op_calls)
     op, n = calls[r][0]
     calls[r] = ((op, n + 1),) + calls[r][1:]
-    scheduler.apply(ex.model, dataclasses.replace(plan, save_op_calls=tuple(calls)))
-    try:
-        with pytest.raises(SaveOpsMismatch, match=rf"calls {op} {n + 1} time.*called it {n} time"):
-            step(ex)
-    finally:
-        scheduler.remove(ex.model)
+    _refused(ex, dataclasses.replace(plan, save_op_calls=tuple(calls)), rf"calls {op} {n + 1} time.*called it {n} time")
 
 
 def test_a_plan_without_save_ops_installs_no_policy():
