@@ -32,36 +32,30 @@ def _number(kind: Callable[[str], Any], text: str, what: str) -> Any:
     return value
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    value = _number(int, text, "an integer")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer (at least 1)")
-    return value
+def _checked(kind: Callable[[str], Any], what: str, ok: Callable[[Any], bool], why: str, doc: str,
+             name: str) -> Callable[[str], Any]:
+    """An argparse ``type``: ``text`` read by ``kind`` and held to ``ok``, else ``why`` (``{v}``: the value)."""
+
+    def parse(text: str) -> Any:
+        value = _number(kind, text, what)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(why.format(v=value))
+        return value
+
+    parse.__name__ = parse.__qualname__ = name
+    parse.__doc__ = doc
+    return parse
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0 (seconds)."""
-    value = _number(float, text, "a number")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value:g} must be greater than 0")
-    return value
-
-
-def nonneg_float(text: str) -> float:
-    """A finite number >= 0 (a tolerance)."""
-    value = _number(float, text, "a number")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value:g} must be 0 or more")
-    return value
-
-
-def gap_fraction(text: str) -> float:
-    """A relative gap in [0, 1)."""
-    value = _number(float, text, "a number")
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"{value:g} is not a relative gap in [0, 1), e.g. 0.01 for 1 %")
-    return value
+positive_int = _checked(int, "an integer", lambda v: v >= 1, "{v} is not a positive integer (at least 1)",
+                        "An integer >= 1.", "positive_int")
+positive_float = _checked(float, "a number", lambda v: v > 0, "{v:g} must be greater than 0",
+                          "A finite number > 0 (seconds).", "positive_float")
+nonneg_float = _checked(float, "a number", lambda v: v >= 0, "{v:g} must be 0 or more",
+                        "A finite number >= 0 (a tolerance).", "nonneg_float")
+gap_fraction = _checked(float, "a number", lambda v: 0 <= v < 1,
+                        "{v:g} is not a relative gap in [0, 1), e.g. 0.01 for 1 %", "A relative gap in [0, 1).",
+                        "gap_fraction")
 
 
 def granularity(text: str) -> Any:
