@@ -29,6 +29,12 @@ NOTE [ Which op a policy keeps ]
       statistics, and its three outputs are not all the node's);
     * no later node writes its storage in place (``build_nodes`` checks:
       the checkpoint refuses a cached tensor that was modified).
+    * the call is no ``lift_fresh_copy`` / ``lift_fresh``: ``torch.export``
+      lifts a tensor constant made in ``forward`` (``torch.tensor(...)``,
+      transformers' GPT-2 attention) to such a call, which the eager forward
+      never dispatches, so the policy would wait for a call that does not
+      come (measured: ``SaveOpsMismatch`` on ``transformer.h.0``; keeping a
+      constant saves nothing worth a byte anyway).
 
     Everything else (several calls creating storage, merged nodes with more
     than one such member) is ``sac_op = -1``, and the solvers never keep it.
@@ -101,6 +107,10 @@ def module_calls(node: torch.fx.Node, strip: str = "") -> tuple[tuple[str, str],
     return tuple(out)
 
 
+#: Overloads an export graph runs where the eager forward runs none (NOTE [ Which op a policy keeps ]).
+_EXPORT_ONLY = ("aten.lift_fresh_copy.", "aten.lift_fresh.")
+
+
 def _policy_calls(watch: OpWatch, owned: set[int]) -> tuple[tuple[str, ...], int]:
     """``(dispatch, sac_op)`` of the node the watch just saw (NOTE [ Which op a policy keeps ])."""
     calls = watch.policy_calls
@@ -109,6 +119,8 @@ def _policy_calls(watch: OpWatch, owned: set[int]) -> tuple[tuple[str, ...], int
         return dispatch, -1
     hits = [i for i, (_, keys, free) in enumerate(calls) if not free and set(keys) == owned]
     if len(hits) != 1 or any(not free for j, (_, _, free) in enumerate(calls) if j != hits[0]):
+        return dispatch, -1
+    if calls[hits[0]][0].startswith(_EXPORT_ONLY):
         return dispatch, -1
     return dispatch, hits[0]
 

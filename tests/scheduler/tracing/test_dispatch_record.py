@@ -129,3 +129,21 @@ def test_policy_counts_per_overload_and_pauses():
         counted(None, mm)
     with pytest.raises(SaveOpsMismatch, match=r"calls aten.mm.default 2 time.*called it 3 time"):
         counted.check()
+
+
+class _Constant(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return (self.lin(x) * torch.tensor(2.0)).sum()
+
+
+def test_a_constant_export_lifts_is_not_keepable():
+    """export turns ``torch.tensor(2.0)`` in forward into a ``lift_fresh_copy`` call the eager forward never
+    dispatches; a policy keeping it would wait for it (transformers' GPT-2 raised SaveOpsMismatch)."""
+    g = scheduler.trace(_Constant(), (torch.randn(4, 8),), method="export")
+    lifted = [nd for nd in g.nodes if any(op.startswith("aten.lift_fresh") for op in nd.dispatch)]
+    assert lifted and all(nd.sac_op == -1 for nd in lifted)
+    assert any(nd.sac_op >= 0 for nd in g.nodes)  # the linear and the product stay keepable
