@@ -126,7 +126,9 @@ class WorkspaceProbe:
         pending = [s for s in self.specs if s not in self.deltas]
         if not pending:
             return self.deltas
-        with torch.no_grad():
+        # the probed calls draw random numbers too (dropout): the user's generators stay where they were
+        devices = [device.index or 0] if device.type == "cuda" else []
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
             if device.type == "cuda":
                 for sig in pending:
                     self.deltas[sig] = self._cuda(sig, device)

@@ -103,3 +103,16 @@ def test_measured_workspaces_are_cached_per_signature():
     deltas = probe.measure(torch.device("cpu"))
     out_bytes = a.numel() * 4 + 2 * 8 * 16 * 4  # output, mean and rstd
     assert deltas[s1] >= out_bytes
+
+
+def test_measuring_workspaces_leaves_the_users_generator_where_it_was():
+    """The probe runs dropout's kernels for real; the user's next mask must not change because we traced."""
+    from scheduler.models import build
+
+    torch.manual_seed(0)
+    ex = build("gpt", layers=1, width=32, heads=2, vocab=64, seq=16, batch=2)
+    ex.model.train()
+    rng = torch.get_rng_state()
+    g = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity="op", workspaces="measure")
+    assert any(nd.stochastic for nd in g.nodes)
+    assert torch.equal(rng, torch.get_rng_state())
