@@ -114,5 +114,5 @@ def test_measuring_workspaces_leaves_the_users_generator_where_it_was():
     ex.model.train()
     rng = torch.get_rng_state()
     g = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity="op", workspaces="measure")
-    assert any(nd.stochastic for nd in g.nodes)
+    assert any(nd.stochastic for nd in g.graph.nodes)
     assert torch.equal(rng, torch.get_rng_state())
