@@ -305,8 +305,11 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     spans = [dataclasses.replace(sp, extra_bytes=int(extras.get(sp.module, 0))) for sp in spans]
     meta = dict(meta, granularity=str(chosen), estimated_flops=sum(r.estimated_flops for r in records))
     meta[MODULES_META] = modules
+    scalars = int(totals.get("scalar_bytes", 0))  # NOTE [ Saved Python scalars ] in scheduler.tracing.costs
+    if scalars:  # named only when present: graphs without them keep their fingerprint
+        meta["saved_scalar_bytes"] = scalars
     graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]),
-                  input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]), name=name, meta=meta,
+                  input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]) + scalars, name=name, meta=meta,
                   spans=tuple(spans), rng_state_bytes=int(totals.get("rng_state_bytes", 0)))
     return graph, tuple(nd.members for nd in nodes), chosen
 

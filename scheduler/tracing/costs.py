@@ -51,6 +51,29 @@ NOTE [ Shared parameter gradients ]
     pending gradient is the parameter gradient ``simulate`` already holds
     since the backward of the parameter's last user.
 
+NOTE [ Saved Python scalars ]
+    A Python number passed where an op takes a tensor (``q * self.scaling``
+    in an attention, ``x / 8.0``) becomes a 0-dim *wrapped number* tensor
+    (``float64`` or ``int64``: 8 bytes) before dispatch, and an autograd
+    node that saves that argument (``MulBackward0`` saves ``other``) saves it
+    *without* the saved-tensor hooks: autograd never packs wrapped numbers.
+    So the pack hook above does not see it, and neither does checkpoint's:
+    inside a checkpointed region it stays held by the autograd graph from the
+    node's forward to its backward, whatever the plan. On OPT (three
+    regions, one ``q_proj(h) * scaling`` each) these were 24 bytes the graph
+    did not hold, and a plan at its least feasible budget measured 20 bytes
+    over it (4 bytes of the loss's ``total_weight`` eager frees inside the
+    merged loss node's backward, before the peak, offset the rest). The
+    recorder finds them on the autograd nodes a node claims: the real
+    (non-fake) 0-dim tensors among their ``_saved_*`` attributes, once per
+    storage; ``totals["scalar_bytes"]`` is their sum. ``build`` adds it to
+    the graph's always-live ``input_bytes`` (and names it in
+    ``meta["saved_scalar_bytes"]``): exact from the last forward through the
+    first backward steps, where a step's peak usually is, and an
+    overestimate by at most that sum (tens of bytes) before the forward
+    creates them and after the backward frees them; every solver counts it
+    without a term of its own.
+
 NOTE [ Gradients of model inputs ]
     A model input that requires grad (a leaf the caller made with
     ``requires_grad=True``) gets its ``.grad`` in the backward of the first of
@@ -102,7 +125,8 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
         ``(records, totals)``: one :class:`OpRecord` per compute node in graph
         order, and graph-level byte counts ``param_bytes`` (unique parameter
         storages), ``buffer_bytes``, ``input_bytes``, ``trainable_param_bytes``
-        and ``trainable`` (fake storage key -> bytes of each trainable parameter).
+        and ``trainable`` (fake storage key -> bytes of each trainable parameter),
+        ``scalar_bytes`` (NOTE [ Saved Python scalars ]).
     """
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     memo: dict[int, torch.Tensor] = {}
@@ -193,5 +217,6 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
     if tail and records:
         records[-1] = dataclasses.replace(records[-1], members=records[-1].members + tail)
     totals["trainable"] = trainable  # type: ignore[assignment]
+    totals["scalar_bytes"] = rec.scalar_bytes  # NOTE [ Saved Python scalars ]
     return records, totals
 

@@ -49,7 +49,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .records import OpRecord, storage_bytes, storage_key
@@ -151,6 +151,8 @@ class Recorder(torch.fx.Interpreter):
         self.fwd_end: dict[int, int] = {}  # record position -> watched bytes live when its forward ended
         self._fed: set[Any] = set()  # AccumulateGrad nodes that already received a gradient in this backward
         self._tail = -1  # record position whose window stays open until the next pre-hook (shared parameter)
+        self.scalar_bytes = 0  # NOTE [ Saved Python scalars ] in scheduler.tracing.costs
+        self._scalar_keys: set[int] = set()
 
     def fetch_attr(self, target: str) -> Any:
         value = super().fetch_attr(target)
@@ -265,10 +267,31 @@ class Recorder(torch.fx.Interpreter):
                 continue
             claimed += 1
             self.grad_owner[fn] = pos
+            self._note_scalars(fn)
             fn.register_prehook(functools.partial(self._bw_pre, pos))
             fn.register_hook(functools.partial(self._bw_post, pos, fn))
             stack.extend(f for f, _ in fn.next_functions)
         return claimed
+
+    def _note_scalars(self, fn: Any) -> None:
+        """Count what ``fn`` saved without the pack hook: real 0-dim tensors among fake ones (wrapped
+        Python numbers, NOTE [ Saved Python scalars ] in ``scheduler.tracing.costs``)."""
+        for attr in dir(fn):
+            if not attr.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(fn, attr)
+            except RuntimeError:  # released or not unpackable: nothing held
+                continue
+            for t in pytree.tree_leaves(value):
+                if not isinstance(t, torch.Tensor) or isinstance(t, FakeTensor) or t.dim() != 0:
+                    continue
+                k = storage_key(t)
+                if k is None or k in self._scalar_keys:
+                    continue
+                self._scalar_keys.add(k)
+                self.keep.append(t)  # keys stay unique
+                self.scalar_bytes += storage_bytes(t)
 
     def _bw_pre(self, pos: int, grad_outputs: Any) -> None:
         self._close_tail()

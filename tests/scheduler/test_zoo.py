@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("transformers")
 from benchmarks.zoo import run_one  # noqa: E402  (after the skip; the root is on pytest's pythonpath)
 
-MODELS = ["bert", "bart", "vit", "resnet"]
+MODELS = ["bert", "opt", "bart", "vit", "resnet"]
 
 
 @functools.lru_cache(maxsize=None)
