@@ -296,61 +296,110 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
     Returns:
         A :class:`Comparison`.
     """
-    say = progress or (lambda s: log.info("%s", s))
-    fractions = tuple(float(f) for f in fractions)
-    names = list(solver_names) if solver_names is not None else [
-        s for s in OUR_SOLVERS if s in solvers.available_solvers()]
-    opts = selective_options(list(names) + ["dp", "ilp"], solver_options or {})
-    wl.model.train()
-    graph = trace_graph(wl, costs)
-    bench = _Bench(wl, repeats=repeats, warmup=warmup)
-    sim_all = simulate(graph)
-    has_conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in wl.model.modules())
-    rows: list[Row] = []
-    timelines: dict[str, Any] = {"none": timeline(sim_all, bench.ref_trace, graph)}
-    ref_row = Row("none", "peer", predicted_peak_bytes=sim_all.peak_bytes, measured_peak_bytes=bench.ref_trace.peak_bytes,
-                  meter_peak_bytes=bench.meter(wl.model),
+    run = _Comparison(wl, fractions, solver_names, repeats, warmup, solver_options, progress, costs)
+    run.reference()
+    if with_peers:
+        run.peers()
+    run.ours_at_fractions()
+    if match_peers:
+        run.ours_at_peers()
+    return run.result()
+
+
+class _Comparison:
+    """One :func:`compare` run, in its phases: the plain step, the peers, our plans at each fraction,
+    our plans at each peer's measured peak, the result with its claims."""
+
+    def __init__(self, wl: Workload, fractions: Sequence[float], solver_names: Sequence[str] | None, repeats: int,
+                 warmup: int, solver_options: Mapping[str, Mapping[str, Any]] | None,
+                 progress: Callable[[str], None] | None, costs: str) -> None:
+        self.wl, self.repeats, self.costs = wl, repeats, costs
+        self.say = progress or (lambda s: log.info("%s", s))
+        self.fractions = tuple(float(f) for f in fractions)
+        self.names = list(solver_names) if solver_names is not None else [
+            s for s in OUR_SOLVERS if s in solvers.available_solvers()]
+        self.opts = selective_options(list(self.names) + ["dp", "ilp"], solver_options or {})
+        wl.model.train()
+        self.graph = trace_graph(wl, costs)
+        self.bench = _Bench(wl, repeats=repeats, warmup=warmup)
+        self.sim_all = simulate(self.graph)
+        self.has_conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in wl.model.modules())
+        self.rows: list[Row] = []
+        self.timelines: dict[str, Any] = {"none": timeline(self.sim_all, self.bench.ref_trace, self.graph)}
+        self.measured: dict[tuple, tuple[str, Row, Any]] = {}  # plan_key -> (label, row, trace)
+        self.best_trace: list[Any] = []  # [budget, label, plan, trace] of the lowest fraction measured
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        self.say(progress_line(row))
+
+    def reference(self) -> None:
+        """The plain autograd step: the row every ratio is against."""
+        bench = self.bench
+        row = Row("none", "peer", predicted_peak_bytes=self.sim_all.peak_bytes,
+                  measured_peak_bytes=bench.ref_trace.peak_bytes, meter_peak_bytes=bench.meter(self.wl.model),
                   step_time_ratio=1.0, recompute_ratio=0.0, measured_recompute_ratio=0.0, grad_max_abs_diff=0.0,
                   grad_rel_diff=0.0, regions=0, note="plain autograd step")
-    rows.append(ref_row)
-    say(f"none: measured peak {ref_row.measured_peak_bytes / 2**20:.1f} MiB")
+        self.rows.append(row)
+        self.say(f"none: measured peak {row.measured_peak_bytes / 2**20:.1f} MiB")
 
-    def run_peer(row: Row, make: Callable[[], peers.Prepared], predicted: Plan | None = None) -> None:
+    def peers(self) -> None:
+        """Per-block, checkpoint_sequential and torch.compile at every fraction (and 1.0)."""
+        model = self.wl.model
+        self._peer(Row("per-block", "peer"), lambda: peers.per_block(model), block_plan(self.graph, model))
+        self._peer(Row("checkpoint_sequential", "peer"), lambda: peers.sequential(model))
+        for f in sorted(set(self.fractions) | {1.0}):
+            self._peer(Row("torch.compile", "peer", budget=f), lambda f=f: peers.compiled(model, f))
+
+    def _peer(self, row: Row, make: Callable[[], peers.Prepared], predicted: Plan | None = None) -> None:
         try:
             prepared = make()
             if predicted is not None:
-                sim = simulate(graph, predicted, record=False)
+                sim = simulate(self.graph, predicted, record=False)
                 row = replace(row, predicted_peak_bytes=sim.peak_bytes, recompute_ratio=sim.recompute_ratio,
                               recompute_flops=sim.recompute_flops, recompute_cost=sim.recompute_cost,
                               predicted_extra_s=sim.recompute_time_s, regions=len(predicted.regions))
             compiled = row.method == "torch.compile"
-            row, _ = bench.measure(prepared, row, eager=not compiled)
-            if compiled and has_conv:
+            row, _ = self.bench.measure(prepared, row, eager=not compiled)
+            if compiled and self.has_conv:
                 row = replace(row, measured_recompute_ratio=None,
                               note=row.note + "; recompute not measured: the profiler counts no FLOPs for "
                               "aten.convolution in compiled graphs")
         except Exception as exc:  # a peer that fails is reported, not fatal
             log.debug("peer %s failed", row.method, exc_info=True)
             row = replace(row, reason=exc.args[0] if isinstance(exc, peers.PeerUnavailable) else _why(exc))
-        rows.append(row)
-        say(progress_line(row))
+        self.add(row)
 
-    if with_peers:
-        run_peer(Row("per-block", "peer"), lambda: peers.per_block(wl.model), block_plan(graph, wl.model))
-        run_peer(Row("checkpoint_sequential", "peer"), lambda: peers.sequential(wl.model))
-        for f in sorted(set(fractions) | {1.0}):
-            run_peer(Row("torch.compile", "peer", budget=f), lambda f=f: peers.compiled(wl.model, f))
+    def ours_at_fractions(self) -> None:
+        """Each of our solvers at each fraction, then the applied module without regions."""
+        for f in self.fractions:
+            for name in self.names:
+                self.add(self._ours([name], parse_budget(f, self.graph), Row(name, "ours", budget=f), f"{name}@{f:g}"))
+        # The applied module without regions: what running the traced, split module costs by itself.
+        self.add(self._ours(["store-all"], self.sim_all.peak_bytes, Row("store-all", "ours", note="applied, no regions"),
+                            "store-all"))
 
-    from ..applying import planned
+    def ours_at_peers(self) -> None:
+        """Head to head: our optimal solvers (dp, ilp; the cheaper plan) at each peer's measured peak."""
+        best = [s for s in ("dp", "ilp") if s in self.names] or self.names[-1:]
+        if not best:
+            return
+        for peer in [r for r in self.rows if r.kind == "peer" and r.ran and r.method != "none"
+                     and (r.budget is None or r.budget < 1)]:
+            tag = peer.method + (f"@{peer.budget:g}" if peer.budget is not None else "")
+            # simulate counts tensor storages: match the peer's storage peak when the meter saw it (eager)
+            target = peer.meter_peak_bytes or peer.measured_peak_bytes
+            row = Row(best[0], "ours", matched_to=tag, note=f"budget = {tag}'s measured peak")
+            self.add(solve_below(lambda b, r: self._ours(best, b, r, "{solver} at " + f"{tag}'s peak"), target, row,
+                                 metered=peer.meter_peak_bytes is not None, measured_target=peer.measured_peak_bytes))
 
-    measured: dict[tuple, tuple[str, Row, Any]] = {}
-    best_trace: list[Any] = []
-
-    def run_ours(names_: Sequence[str], budget: int, row: Row, label: str) -> Row:
+    def _ours(self, names: Sequence[str], budget: int, row: Row, label: str) -> Row:
+        """The cheapest plan of ``names`` at ``budget``, applied onto the model and measured."""
+        graph = self.graph
         plans, needs = [], []
-        for name in names_:  # several: the cheapest plan that fits
+        for name in names:  # several: the cheapest plan that fits
             try:
-                plans.append(solvers.solve(graph, budget, solver=name, **opts.get(name, {})))
+                plans.append(solvers.solve(graph, budget, solver=name, **self.opts.get(name, {})))
             except InfeasibleBudget as exc:
                 needs.append(getattr(exc, "min_feasible_bytes", None) or 0)
         if not plans:
@@ -366,50 +415,34 @@ def compare(wl: Workload, fractions: Sequence[float] = DEFAULT_FRACTIONS, *, sol
                       predicted_extra_s=sim.recompute_time_s, solve_time_s=plan.solve_time_s, regions=len(plan.regions),
                       note=", ".join(x for x in (row.note, plan.status, f"gap {plan.gap:.1%}" if plan.gap else "") if x))
         key = plan_key(plan)
-        if key in measured:
-            first, done, _ = measured[key]
+        if key in self.measured:
+            first, done, _ = self.measured[key]
             return replace(done, method=name, budget=row.budget, matched_to=row.matched_to,
                            solve_time_s=plan.solve_time_s, note=f"{row.note}; same plan as {first}")
+        from ..applying import planned
+
         try:
             # onto the model itself, switched on for the measured calls only (the reference runs beside it)
-            row, tr = bench.measure(peers.Prepared(forward=planned(wl.model, plan), note=row.note), row)
+            row, tr = self.bench.measure(peers.Prepared(forward=planned(self.wl.model, plan), note=row.note), row)
         except Exception as exc:  # an apply failure is a finding, reported in the row
             log.warning("measuring %s (%s) failed", name, label, exc_info=True)
             return replace(row, reason=_why(exc))
-        measured[key] = (label, row, tr)
-        if row.budget is not None and (not best_trace or row.budget <= best_trace[0]):
-            best_trace[:] = [row.budget, label, plan, tr]
+        self.measured[key] = (label, row, tr)
+        if row.budget is not None and (not self.best_trace or row.budget <= self.best_trace[0]):
+            self.best_trace[:] = [row.budget, label, plan, tr]
         return row
 
-    def add(row: Row) -> None:
-        rows.append(row)
-        say(progress_line(row))
+    def result(self) -> Comparison:
+        rows, bench = self.rows, self.bench
+        if bench.ref_times:
+            rows[0] = replace(rows[0], step_time_s=statistics.median(bench.ref_times))
+        if self.best_trace:
+            _, label, plan, tr = self.best_trace
+            self.timelines[label] = timeline(simulate(self.graph, plan), tr, self.graph)
+        meta = {**dict(self.wl.meta), "torch": torch.__version__, "machine": machine(), "repeats": self.repeats,
+                "costs": self.costs, "store_all_predicted_bytes": self.sim_all.peak_bytes}
+        out = Comparison(model=self.wl.name, meta=meta, fractions=self.fractions, rows=tuple(rows),
+                         graph_nodes=len(self.graph), step_flops=bench.step_flops, timelines=self.timelines)
+        from .claims import claims
 
-    for f in fractions:
-        for name in names:
-            add(run_ours([name], parse_budget(f, graph), Row(name, "ours", budget=f), f"{name}@{f:g}"))
-    # The applied module without regions: what running the traced, split module costs by itself.
-    add(run_ours(["store-all"], sim_all.peak_bytes, Row("store-all", "ours", note="applied, no regions"), "store-all"))
-    # Head to head: our optimal solvers (dp, ilp; the cheaper plan) at each peer's measured peak.
-    best = [s for s in ("dp", "ilp") if s in names] or names[-1:]
-    if match_peers and best:
-        for peer in [r for r in rows if r.kind == "peer" and r.ran and r.method != "none"
-                     and (r.budget is None or r.budget < 1)]:
-            tag = peer.method + (f"@{peer.budget:g}" if peer.budget is not None else "")
-            # simulate counts tensor storages: match the peer's storage peak when the meter saw it (eager)
-            target = peer.meter_peak_bytes or peer.measured_peak_bytes
-            row = Row(best[0], "ours", matched_to=tag, note=f"budget = {tag}'s measured peak")
-            add(solve_below(lambda b, r: run_ours(best, b, r, "{solver} at " + f"{tag}'s peak"), target, row,
-                            metered=peer.meter_peak_bytes is not None, measured_target=peer.measured_peak_bytes))
-    if bench.ref_times:
-        rows[0] = replace(rows[0], step_time_s=statistics.median(bench.ref_times))
-    if best_trace:
-        _, label, plan, tr = best_trace
-        timelines[label] = timeline(simulate(graph, plan), tr, graph)
-    meta = {**dict(wl.meta), "torch": torch.__version__, "machine": machine(), "repeats": repeats, "costs": costs,
-            "store_all_predicted_bytes": sim_all.peak_bytes}
-    out = Comparison(model=wl.name, meta=meta, fractions=fractions, rows=tuple(rows), graph_nodes=len(graph),
-                     step_flops=bench.step_flops, timelines=timelines)
-    from .claims import claims
-
-    return replace(out, claims=tuple(claims(out)))
+        return replace(out, claims=tuple(claims(out)))
