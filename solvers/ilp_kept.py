@@ -24,9 +24,10 @@ NOTE [ Kept nodes in the CP-SAT model ]
       after its last forward reader where nothing else holds it
       (``g[k] >= kp[k] - held[k]``): exact;
     * adds both to every recompute and backward row after ``b`` (its cache is
-      held until ``a..b``'s recompute reaches ``k``): exact for the buffers,
-      and for the output past its last forward reader; left out (a lower
-      bound) while a forward reader after ``b`` is still to come;
+      held until ``a..b``'s recompute reaches ``k``): exact for the buffers;
+      the output past its last forward reader where nothing else holds it,
+      and before it where the base model's forward-alive literal of ``k`` at
+      that row is false (``h >= [k kept, region ended] - fa``): exact;
     * adds both (the output unless a sink, which the caller holds anyway)
       to ``a..b``'s own recompute rows before ``k``: exact;
     * its recompute row drops ``k``'s workspace (nothing runs); a kept sink's
@@ -38,7 +39,7 @@ NOTE [ Kept nodes in the CP-SAT model ]
     The first three only add what the plan really holds; the last only takes
     off what it may not hold. So no plan that fits is excluded; on the 210
     small graphs of ``tests/solvers/test_selective_exact.py`` the loop cuts
-    at most 40 plans (880 budgets, 67 s in all with warm start off). Each
+    at most 34 plans (880 budgets, 29 s in all with warm start off). Each
     ``(first, last, entry)`` is a variable, so the model is used only up to
     :data:`MAX_CHOICES` of them; above, ``ilp`` and ``cp-sat`` keep their
     plan without kept nodes (``findings`` say so). The loop stops after
@@ -100,6 +101,12 @@ class KeptModel(CheckpointModel):
     def __init__(self, graph: Graph, *, budget_bytes: int, choices: list[Choice]) -> None:
         self.choices = choices
         self._rows: tuple | None = None
+        self._fa: dict[tuple[int, int], Any] = {}  # the base model's forward-alive literals
+        self._ahead: dict[int, Any] = {}
+        self._ended: list[list[int]] = [[] for _ in graph.nodes]  # the choices keeping j
+        for i, (_, _, entry) in enumerate(choices):
+            for j in entry:
+                self._ended[j].append(i)
         self.saved: tuple[int, ...] = ()
         super().__init__(graph, budget_bytes=budget_bytes)
 
@@ -183,16 +190,36 @@ class KeptModel(CheckpointModel):
         bw_relief = [sum(e for e, _, in_bw in r if in_bw) for r in relief]
         return fw, bw, (rec_relief, bw_relief)
 
+    def _forward_alive(self, j: int, k: int):
+        f = self._fa[j, k] = super()._forward_alive(j, k)
+        return f
+
+    def _reader_ahead(self, t: int):
+        """Output bytes of kept nodes cached at row t while a forward reader after t is to come:
+        ``out[j]`` when j is kept in a region ending before t and its forward copy is not alive anyway."""
+        terms = []
+        for j in range(t):
+            if self._ended[j] and self._terms.last_reader[j] > t and self._out[j] and (j, t) in self._fa:
+                ended = sum(self.w[i] for i in self._ended[j] if self.choices[i][1] < t)
+                if isinstance(ended, int):
+                    continue
+                h = self.m.NewBoolVar(f"ka{j}_{t}")
+                self.m.Add(h >= ended - self._fa[j, t])
+                terms.append(self._out[j] * h)
+        return sum(terms)
+
     def _extra(self, k: int, phase: int):
         if self._rows is None:
             self._rows = self._build_rows()
         fw, bw, relief = self._rows
         if phase == 0:
             return fw[k - 1] if k else 0
-        ws = self.graph.nodes[k].workspace_bytes if self._keepable[k] else 0
+        if k not in self._ahead:
+            self._ahead[k] = self._reader_ahead(k)
         if phase == 2:
-            return bw[k] - relief[1][k]
-        return bw[k] - relief[0][k] - (ws * self.kp[k] if ws else 0) + sum(self._rc_in[k])
+            return bw[k] - relief[1][k] + self._ahead[k]
+        ws = self.graph.nodes[k].workspace_bytes if self._keepable[k] else 0
+        return bw[k] - relief[0][k] - (ws * self.kp[k] if ws else 0) + sum(self._rc_in[k]) + self._ahead[k]
 
     def read_regions(self, solver: Any) -> tuple[tuple[int, int], ...]:
         """The regions (as the base model), and the kept nodes into :attr:`saved`."""
