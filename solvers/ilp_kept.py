@@ -324,13 +324,13 @@ def solve_selective(graph: Graph, budget_bytes: int, deadline: Deadline, *, work
             return solve_within(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers, seed=seed,
                                 warm_start_=False)
         if result.regions is None:
-            bound = result.bound if result.bound == result.bound else None
+            bound = max(0.0, result.bound) if result.bound == result.bound else None  # costs are >= 0
             break
         regions, saved = result.regions, model.saved
         sim = simulate(graph, Plan(regions=regions, saved=saved), record=False)
         if sim.peak_bytes <= budget_bytes:
             optimal = result.status == "optimal"
-            bound = float(sim.recompute_cost) if optimal else float(result.bound)
+            bound = float(sim.recompute_cost) if optimal else max(0.0, float(result.bound))
             if inc is not None and inc.cost <= sim.recompute_cost:
                 return from_inc(Status.OPTIMAL if optimal else Status.FEASIBLE, min(bound, float(inc.cost)))
             return Plan(regions=regions, saved=saved, status=Status.OPTIMAL if optimal else Status.FEASIBLE,
