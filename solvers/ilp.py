@@ -61,7 +61,7 @@ from .deadline import Deadline
 from .errors import InfeasibleBudget, SolverBug
 from .frontier import MAX_WIDTH, FrontierDP, FrontierTimeout, TooWide
 from .ilp_cpsat import (CP_SAT_OPTIONS, DEFAULT_WORK_LIMIT, WARM_SOLVERS, IlpSolver, IlpTimeout, Incumbent,
-                        refuse_selective, simple_peaks, warm_start as _warm_start)
+                        kept_solver, simple_peaks, warm_start as _warm_start)
 from .options import Option
 from .plan import Plan, Status
 from .registry import register
@@ -181,8 +181,6 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
     """
     if method not in METHODS:  # solve() checks it already; a direct call is checked here
         next(o for o in ILP_OPTIONS if o.name == "method").check(method, "ilp", ILP_OPTIONS)
-    if selective and method == "cp-sat":
-        refuse_selective("ilp with method 'cp-sat'")
     selective = selective and keepable(graph)  # nothing to keep: the plain search is the same search
     program = None
     if method != "cp-sat":
@@ -198,6 +196,11 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
     reserve = 0.0 if method == "frontier" else CP_SAT_SHARE * deadline.limit_s
     if program is not None and program.chain is not None:
         plan = _by_frontier(graph, budget_bytes, None, deadline, reserve, method == "frontier", program)
+        if plan is not None:
+            return plan
+    if selective:  # NOTE [ Kept nodes in the CP-SAT model ]; None: too many choices for it
+        plan = kept_solver()(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers, seed=seed,
+                             gap_limit=gap_limit, warm_start_=warm_start)
         if plan is not None:
             return plan
     inc, bound = _warm_start(graph, budget_bytes, deadline) if warm_start else (None, None)
@@ -226,14 +229,15 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
             if kept is not None:
                 return kept
             raise exc.replace(time_limit_s=deadline.limit_s, scope="the plans that keep no node (the frontier "
-                              "program could not run; CP-SAT has no kept nodes)") from None
+                              "program could not run; CP-SAT's kept-node model was too large)") from None
         if exc.proven:
             raise
         raise exc.replace(time_limit_s=deadline.limit_s) from None  # the limit the caller gave
     return _without_kept_nodes(graph, budget_bytes, plan) if selective else plan
 
 
-_NOT_SEARCHED = "not searched: the graph was too wide or slow for the frontier program, and CP-SAT has no kept nodes"
+_NOT_SEARCHED = ("not searched: the graph was too wide or slow for the frontier program, and has too many (region, "
+                 "menu entry) choices for CP-SAT's kept-node model")
 
 
 def _without_kept_nodes(graph: Graph, budget_bytes: int, plan: Plan) -> Plan:
@@ -270,7 +274,7 @@ ILP_OPTIONS = CP_SAT_OPTIONS + (
            choices=METHODS),
     Option("blocks", bool, "let the frontier program compose repeated blocks (False: walk every node; same optimum)"),
     Option("selective", bool, "regions may keep op outputs (NOTE [ The menu of kept sets ]): exact by the frontier "
-           "program; where only CP-SAT can run the plan keeps none and is only feasible; cp-sat refuses it"),
+           "program, else by CP-SAT with kept nodes; past that model's size limit the plan keeps none (feasible)"),
 )
 
 
@@ -319,10 +323,12 @@ def ilp(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0, work_lim
             [ The menu of kept sets ] in ``solvers.selective``): the frontier
             program is then exact over ``(region, menu entry)`` pairs (NOTE
             [ Kept nodes in the frontier DP ]; it walks every node: blocks are
-            not composed). Where it cannot run (too wide, out of time) the
-            answer is the cheaper of CP-SAT's plan (no kept nodes) and
-            ``dp``'s selective plan, ``feasible`` with no bound and a
-            ``findings["selective"]`` saying so; ``method="cp-sat"`` refuses it.
+            not composed). Where it cannot run (too wide, out of time, or
+            ``method="cp-sat"``) CP-SAT with kept nodes is exact over them too
+            (NOTE [ Kept nodes in the CP-SAT model ] in ``solvers.ilp_kept``);
+            past that model's size limit the answer is the cheaper of CP-SAT's
+            plan (no kept nodes) and ``dp``'s selective plan, ``feasible``
+            with no bound and a ``findings["selective"]`` saying so.
             False (the default): regions only.
 
     Returns:

@@ -21,6 +21,7 @@ NOTE [ Deterministic CP-SAT ]
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -29,15 +30,15 @@ from typing import Any
 from graphs import CkptError, Graph
 
 from .deadline import Deadline
-from .errors import InfeasibleBudget, MissingDependency, SolverBug, SolverOptionError
+from .errors import InfeasibleBudget, MissingDependency, SolverBug
 from .options import Option
 from .plan import Plan, Status
-from .registry import available_solvers, get_solver, register, solver_info
+from .registry import get_solver, register
 from .simulate import simulate
 from .spans import SpanIndex
 
 __all__ = ["IlpTimeout", "IlpSolver", "Incumbent", "WARM_SOLVERS", "CP_SAT_OPTIONS", "DEFAULT_WORK_LIMIT",
-           "checkpoint_model", "warm_start", "cp_sat", "solve_within"]
+           "checkpoint_model", "kept_solver", "warm_start", "cp_sat", "solve_within"]
 
 log = logging.getLogger(__name__)
 
@@ -302,21 +303,20 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
         raise exc.replace(time_limit_s=deadline.limit_s) from None  # the limit the caller gave
 
 
-def refuse_selective(solver: str) -> None:
-    """Raise the error for ``selective=True`` where CP-SAT must answer (its model has no kept nodes).
+def kept_solver() -> Any:
+    """``solvers.ilp_kept.solve_selective`` (NOTE [ Kept nodes in the CP-SAT model ]), importing OR-Tools now.
 
     Raises:
-        SolverOptionError: naming the solvers that optimise over selective recompute.
+        MissingDependency: OR-Tools is not installed.
     """
-    takes = [n for n in available_solvers(methods=True) if n != "cp-sat"
-             and any(o.name == "selective" for o in solver_info(n).options)]
-    raise SolverOptionError(f"solver {solver}: the CP-SAT model (NOTE [ An exact model of simulate ]) has no kept "
-                            "nodes, so it cannot optimise over selective recompute (selective=True); solvers that "
-                            f"can: {', '.join(takes)} (ilp with method 'auto' or 'frontier'), or pass selective=False")
+    checkpoint_model()
+    from .ilp_kept import solve_selective
+    return solve_selective
 
 
 @register("cp-sat", options=CP_SAT_OPTIONS + (
-    Option("selective", bool, "must be False: the model has no kept nodes (True names the solvers that have them)"),
+    Option("selective", bool, "regions may keep op outputs (NOTE [ Kept nodes in the CP-SAT model ]): exact over "
+           "(region, menu entry) pairs up to solvers.ilp_kept.MAX_CHOICES of them; above, the plan keeps none"),
 ), exact=True, part_of="ilp")
 def cp_sat(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
            work_limit: float | None = DEFAULT_WORK_LIMIT, workers: int = 2, seed: int = 0, gap_limit: float = 0.0,
@@ -334,7 +334,8 @@ def cp_sat(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
         seed: CP-SAT's random seed.
         gap_limit: stop once the relative gap is at most this.
         warm_start: hint the search with the cheapest fitting plan of the fast solvers.
-        selective: must be False (regions recompute all of themselves).
+        selective: regions may keep nodes (NOTE [ Kept nodes in the CP-SAT model ] in
+            ``solvers.ilp_kept``); past its size limit the plan keeps none, ``feasible``, ``findings`` say so.
 
     Returns:
         ``optimal``, or ``feasible`` with ``bound``; ``findings`` say how it ended.
@@ -343,9 +344,18 @@ def cp_sat(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
         InfeasibleBudget: carrying the least peak of any interval plan.
         IlpTimeout: no plan within the time limit.
         MissingDependency: OR-Tools is not installed.
-        SolverOptionError: ``selective=True``, naming the solvers that take it.
     """
-    if selective:
-        refuse_selective("cp-sat")
-    return solve_within(graph, budget_bytes, Deadline(time_limit_s), work_limit=work_limit, workers=workers,
+    deadline = Deadline(time_limit_s)
+    if selective and any(s and c > 0 for s, c in zip(graph.saveable, graph.recompute_costs())):
+        plan = kept_solver()(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers, seed=seed,
+                             gap_limit=gap_limit, warm_start_=warm_start)
+        if plan is not None:
+            return plan
+        plan = solve_within(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers,
+                            seed=seed, gap_limit=gap_limit, warm_start_=warm_start)
+        if plan.bound == 0:  # recomputes nothing: optimal over any set of plans
+            return plan
+        return dataclasses.replace(plan, status=Status.FEASIBLE, bound=None, findings=dict(
+            plan.findings, selective="not searched: too many (region, menu entry) choices for the model"))
+    return solve_within(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers,
                         seed=seed, gap_limit=gap_limit, warm_start_=warm_start)

@@ -29,12 +29,9 @@ class ModelResult:
 
     Attributes:
         status: ``optimal``, ``feasible``, ``infeasible`` or ``unknown``.
-        regions: the plan read out, or None.
-        objective: the objective of ``regions`` (FLOPs, or peak bytes).
+        regions: the plan read out, or None; objective: its objective (FLOPs, or peak bytes).
         bound: CP-SAT's proven lower bound on the objective.
-        wall_s: CP-SAT's wall time.
-        work: CP-SAT's deterministic time (its measure of work done, which
-            does not depend on the machine's load).
+        wall_s: CP-SAT's wall time; work: its deterministic time (not load-dependent).
     """
 
     status: str
@@ -310,19 +307,23 @@ class CheckpointModel:
         for k in range(n):
             # Forward step k.
             m.Add(open_fwd[k] + (hb[k - 1] if k else 0) + (sx[k - 1] if k else 0) + cur[k] + rng * rs[k]
-                  <= self.cap)
+                  + self._extra(k, 0) <= self.cap)
             fa = sum(out[j] * self._forward_alive(j, k) for j in spans[k])
             # Recompute step k (exists when x[k]).
-            rc = s_[k] + q[k]
+            rc = s_[k] + q[k] + self._extra(k, 1)
             if self.held_extra[k]:  # eager lifetimes: the extra bytes of the one chosen span holding k
                 rc = rc + sum(self.held_extra[k])
             m.Add(hb[k] + fa + sinks_after[k + 1] + e_[k] + rc + sx[k] + ow[k] + cur[k] + snap[k]
                   + rng * rs[k] + rng * sr[k] <= self.cap).OnlyEnforceIf(x[k])
             # Backward step k.
             if g.nodes[k].requires_grad:
-                a = s_[k] + (out[k] * x[k] if t.self_save[k] else 0)
+                a = s_[k] + (out[k] * x[k] if t.self_save[k] else 0) + self._extra(k, 2)
                 m.Add(hb[k] + fa + sinks_after[k + 1] + int(na.gb[k]) + a + sx[k] + ow[k] + own[k] * x[k]
                       + rng * rs[k] <= self.cap)
+
+    def _extra(self, k: int, phase: int):
+        """Bytes added to step k's row (phase 0/1/2: forward/recompute/backward); kept nodes (``solvers.ilp_kept``)."""
+        return 0
 
     # ------------------------------------------------------------- objective
     def _objective(self, budget_bytes: int | None) -> None:

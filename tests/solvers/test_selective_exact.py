@@ -13,8 +13,10 @@ on 200+ small random graphs (chains and DAGs, some with module spans, about
 * each plan's simulated peak within the budget, its cost the program's own
   prediction, and the selective optimum never above the plain one.
 
-``cp-sat`` has no kept nodes: it refuses ``selective=True``, and ``ilp`` on a
-graph too wide for the program says its plan was not searched over them.
+``cp-sat`` with kept nodes is checked in ``test_cpsat_selective``; here it
+takes ``selective=True`` through both names, and past the CP-SAT model's size
+limit ``ilp`` on a graph too wide for the program says its plan was not
+searched over kept nodes.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import pytest
 
 import solvers
 from graphs import Graph, Node, synthetic
-from solvers import InfeasibleBudget, Plan, SolverOptionError, simulate
+from solvers import InfeasibleBudget, Plan, simulate
 from solvers.brute_force import best_from_frontier, count_selective, enumerate_plans, enumerate_selective, pareto_frontier
 from solvers.dp import DPTable
 from solvers import ilp as ilp_mod
+from solvers import ilp_kept
 from solvers.frontier import MAX_WIDTH, FrontierDP, TooWide, width
 from solvers.ilp import keepable
 from solvers.selective import variants
@@ -155,16 +158,19 @@ def _star(n: int) -> Graph:
 
 
 @pytest.mark.parametrize("how", [dict(solver="cp-sat"), dict(solver="ilp", method="cp-sat")], ids=str)
-def test_cp_sat_refuses_selective_and_names_who_takes_it(how):
-    graph = CASES[0][1]
-    with pytest.raises(SolverOptionError, match="selective") as info:
-        solvers.solve(graph, 10**12, selective=True, **how)
-    assert all(name in str(info.value) for name in ("dp", "frontier", "ilp"))
+def test_cp_sat_takes_selective(how):
+    graph = next(g for _, g in CASES if len(pareto_frontier(g)) > 2)
+    front = pareto_frontier(graph)
+    budget = front[len(front) // 2][0]
+    plan = solvers.solve(graph, budget, selective=True, time_limit_s=30, **how)
+    assert plan.status == "optimal" and plan.peak_bytes <= budget
+    assert plan.recompute_cost == best_from_frontier(front, budget)[1]
     plan = solvers.solve(graph, 10**12, selective=False, **how)  # regions only: fine
     assert not plan.saved
 
 
-def test_ilp_on_a_graph_too_wide_for_the_program_says_selective_was_not_searched():
+def test_ilp_on_a_graph_too_wide_for_the_model_too_says_selective_was_not_searched(monkeypatch):
+    monkeypatch.setattr(ilp_kept, "MAX_CHOICES", 0)  # as if the kept-node model were too large
     graph = _star(14)
     assert width(graph) > MAX_WIDTH
     with pytest.raises(InfeasibleBudget) as info:
@@ -180,11 +186,13 @@ def test_ilp_on_a_graph_too_wide_for_the_program_says_selective_was_not_searched
 
 
 def test_ilp_falls_back_to_dps_kept_plan_where_it_is_cheaper(monkeypatch):
-    # Where the program cannot run, ilp returns dp's selective plan when it beats CP-SAT's (feasible, said so).
+    # Where neither the program nor the kept-node model can run, ilp returns dp's selective plan when it
+    # beats CP-SAT's (feasible, said so).
     def too_wide(graph, **_):
         raise TooWide(99, MAX_WIDTH, 0)
 
     monkeypatch.setattr(ilp_mod, "frontier_program", too_wide)
+    monkeypatch.setattr(ilp_kept, "MAX_CHOICES", 0)
     checked = 0
     for _, graph in CASES:
         if not _is_chain(graph):
