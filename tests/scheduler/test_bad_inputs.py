@@ -266,7 +266,10 @@ def test_sigint_stops_cp_sat(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "scheduler.cli", "-v", "solve", str(tmp_path / "g.json"), "--budget", "0.5",
          "--method", "cp-sat", "--time-limit", "60", "-o", str(tmp_path / "p.json")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # a suite started in the background (`make test &`) inherits SIGINT ignored, and Python then
+        # installs no KeyboardInterrupt handler: give the child the terminal's default, as a user has
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     for line in proc.stderr:  # type: ignore[union-attr]
         lines.append(line)
