@@ -98,7 +98,7 @@ NOTE [ Selective recompute ]
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 from graphs import COSTS_META, Graph
@@ -151,7 +151,6 @@ class Simulation:
     step_flops: int
     recompute_cost: int
     activation_peak_bytes: int
-    persistent_bytes: int = field(default=0)
     recompute_time_s: float | None = None
 
     @property
@@ -386,7 +385,6 @@ class _Walk:
             step_flops=graph.total_fwd_flops() + graph.total_bwd_flops(),
             recompute_cost=self.recompute_cost,
             activation_peak_bytes=meter.act_peak,
-            persistent_bytes=meter.base + meter.params,
             recompute_time_s=cost_seconds(graph, self.recompute_cost),
         )
 

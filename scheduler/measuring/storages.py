@@ -42,6 +42,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..tracing.records import storage_key  # the one storage id of the tracer and the meter
 from .steps import clear_grads, step_tensors, training_step
 
 __all__ = ["MemoryMeasurement", "measure_peak", "measure_step", "storage_key", "live_storages", "live_bytes_of"]
@@ -73,14 +74,6 @@ class MemoryMeasurement:
     def activation_peak_bytes(self) -> int:
         """Peak minus the base."""
         return self.peak_bytes - self.base_bytes
-
-
-def storage_key(t: torch.Tensor) -> int | None:
-    """An id of the storage behind ``t`` (views share it); None for a tensor without one."""
-    try:
-        return t.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):
-        return None
 
 
 def live_storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
