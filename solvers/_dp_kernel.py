@@ -146,6 +146,13 @@ def _grown(arr, n, cap):
     return new
 
 
+@njit(cache=_CACHE, inline="always")
+def _entries(size):
+    """Five empty int64 columns of a front's entries: h, cost, order, choice, next."""
+    return (np.empty(size, np.int64), np.empty(size, np.int64), np.empty(size, np.int64),
+            np.empty(size, np.int64), np.empty(size, np.int64))
+
+
 @njit(cache=_CACHE)
 def _stable_order(keys, n):
     """Indices ``0..n-1`` sorted by ``keys``, equal keys in index order.
@@ -207,11 +214,7 @@ def _merge(rh, rc, ro, rch, rnx, n_r, bh, bc, bo, bch, bnx, n_b):
     """
     order = _stable_order(bh, n_b)
     size = n_r + n_b
-    oh = np.empty(size, np.int64)
-    oc = np.empty(size, np.int64)
-    oo = np.empty(size, np.int64)
-    och = np.empty(size, np.int64)
-    onx = np.empty(size, np.int64)
+    oh, oc, oo, och, onx = _entries(size)
     m = 0
     x = 0
     y = 0
@@ -318,11 +321,7 @@ def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, j
     empty = np.empty(0, np.int64)
     rh, rc, ro, rch, rnx, n_r = _merge(empty, empty, empty, empty, empty, 0, sh, sc, so, sch, snx, n0)
     cap = MERGE_AT + longest + 1
-    bh = np.empty(cap, np.int64)
-    bc = np.empty(cap, np.int64)
-    bo = np.empty(cap, np.int64)
-    bch = np.empty(cap, np.int64)
-    bnx = np.empty(cap, np.int64)
+    bh, bc, bo, bch, bnx = _entries(cap)
     n_b = 0
     for r in range(nr):
         j = js[r]

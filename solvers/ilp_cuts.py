@@ -22,7 +22,7 @@ from graphs import Graph
 from .simulate import simulate
 from .terms import terms_of
 
-__all__ = ["memory_cuts"]
+__all__ = ["memory_cuts", "region_literals"]
 
 #: Most rows added to a model (spread evenly over the order).
 MAX_ROWS = 64
@@ -67,3 +67,15 @@ def memory_cuts(graph: Graph, budget_bytes: int) -> tuple[list[tuple[list[int], 
         if left <= 0:
             bound = max(bound, int(math.ceil(lb - 1e-9)))
     return out, bound
+
+
+def region_literals(x: list, y: list, regions) -> list:  # noqa: ANN001
+    """The literals (of ``x``: node recomputed, ``y``: a region starts there) that are all false
+    exactly on the plan whose regions are ``regions``: a no-good cut is their disjunction."""
+    starts = {a for a, _ in regions}
+    inside = {i for a, b in regions for i in range(a, b + 1)}
+    lits = []
+    for k in range(len(x)):
+        lits.append(x[k].Not() if k in inside else x[k])
+        lits.append(y[k].Not() if k in starts else y[k])
+    return lits

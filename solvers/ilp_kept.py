@@ -55,6 +55,7 @@ from graphs import CkptError, Graph
 
 from .deadline import Deadline
 from .ilp_cpsat import READ_OUT_S, IlpTimeout, warm_start
+from .ilp_cuts import region_literals
 from .ilp_model import CheckpointModel
 from .plan import Plan, Status
 from .selective import DEFAULT_LIMIT, GrowingMenus
@@ -228,12 +229,7 @@ class KeptModel(CheckpointModel):
 
     def _plan_literals(self, regions, saved) -> list:
         """Literals that are all false exactly on the plan ``(regions, saved)``."""
-        starts = {a for a, _ in regions}
-        inside = {i for a, b in regions for i in range(a, b + 1)}
-        lits = []
-        for k in range(len(self.graph)):
-            lits.append(self.x[k].Not() if k in inside else self.x[k])
-            lits.append(self.y[k].Not() if k in starts else self.y[k])
+        lits = region_literals(self.x, self.y, regions)
         chosen, kept = set(regions), set(saved)
         for i, (a, b, e) in enumerate(self.choices):
             if (a, b) in chosen:

@@ -12,7 +12,7 @@ from graphs import Graph
 
 from ._cpsat import Progress, new_solver, run_cp_sat
 from .dp_model import node_arrays
-from .ilp_cuts import memory_cuts
+from .ilp_cuts import memory_cuts, region_literals
 from .ilp_rng import rng_counts
 from .ilp_same import SameLiterals
 from .spans import SpanIndex
@@ -399,13 +399,7 @@ class CheckpointModel:
 
     def forbid(self, regions) -> None:
         """Exclude exactly this plan (a no-good cut)."""
-        starts = {a for a, _ in regions}
-        inside = {i for a, b in regions for i in range(a, b + 1)}
-        lits = []
-        for k in range(len(self.graph)):
-            lits.append(self.x[k].Not() if k in inside else self.x[k])
-            lits.append(self.y[k].Not() if k in starts else self.y[k])
-        self.m.AddBoolOr(lits)
+        self.m.AddBoolOr(region_literals(self.x, self.y, regions))
 
     # ----------------------------------------------------------------- solve
     def solve(self, *, time_limit_s: float, workers: int, gap_limit: float = 0.0, work_limit: float | None = None,
