@@ -132,6 +132,7 @@ def _configure_logging(verbose: int) -> None:
     """Warnings (or -v info, -vv debug) for the libraries; progress lines always (``scheduler.progress``)."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)  # a library warning is one line on stderr, like the rest
     from .progress import enable
 
     enable()

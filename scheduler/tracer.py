@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -62,18 +63,23 @@ from torch import nn
 from graphs import COSTS_META, WORKSPACES_META, Graph
 
 from .tracing.build import attribute_params, build_nodes, group_records
-from .tracing.spans import MODULES_META, module_spans, sequential_children
+from .tracing.spans import MODULES_META, TREE_META, module_spans, module_tree, sequential_children
 from .tracing.capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .tracing.costs import OpRecord, measure_ops
 from .tracing.roofline import UnknownDevice, choose_peaks, model_dtype, roofline_records
 from .tracing.timing import COST_MODELS, measure_node_times, time_records
 
-__all__ = ["Traced", "capture", "capture_for_plan", "trace", "TraceError", "TraceMismatch", "AUTO_MAX_NODES"]
+__all__ = ["Traced", "capture", "capture_for_plan", "trace", "TraceError", "TraceMismatch", "EvalModeWarning",
+           "AUTO_MAX_NODES"]
 
 log = logging.getLogger(__name__)
 
 #: ``granularity="auto"``: the finest of op, fold, module depth 4, 3, 2, 1 with at most this many nodes.
 AUTO_MAX_NODES = 400
+
+
+class EvalModeWarning(UserWarning):
+    """The model was traced in eval mode: the graph is of an evaluation step, not of the training step."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +145,8 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
     """Trace ``model`` on example inputs and measure its cost graph.
 
     Args:
-        model: the module, in the mode it will train in (``train()``).
+        model: the module, in the mode it will train in (``train()``; a model in
+            eval mode is traced with an :class:`EvalModeWarning`).
         args: positional example inputs (a single tensor is accepted).
         kwargs: keyword example inputs (e.g. ``{"targets": y}``).
         loss: ``loss(model_output) -> scalar``; included in the graph so the
@@ -194,6 +201,12 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         raise TraceError(f"workspaces={workspaces!r} is not one of 'auto', 'none', 'measure'")
     args = tuple(args)
     kwargs = dict(kwargs or {})
+    if not model.training:  # NOTE [ RNG replay decided at run time ] in scheduler.applying.rng
+        warnings.warn(
+            f"{type(model).__name__} is traced in eval mode: the graph is of an evaluation step (dropout keeps no masks "
+            "and draws nothing, BatchNorm uses its running statistics), so a plan solved on it is not costed for "
+            "training. Call model.train() before tracing (from_pretrained returns a model in eval mode)",
+            EvalModeWarning, stacklevel=3)
     target: nn.Module = LossWrapper(model, loss) if loss is not None else model
     strip = "model." if loss is not None else ""
     gm, used = capture_graph_module(target, args, kwargs, method=method)
@@ -346,4 +359,5 @@ def _describe(model: nn.Module, name: str, args: tuple, kwargs: Mapping[str, Any
             inputs.append({"shape": list(leaf.shape), "dtype": str(leaf.dtype).replace("torch.", "")})
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     return {"model": name, "inputs": inputs, "dtype": ",".join(dtypes), "tracer": method,
-            "training": bool(model.training), "parameters": sum(p.numel() for p in model.parameters())}
+            "training": bool(model.training), "parameters": sum(p.numel() for p in model.parameters()),
+            TREE_META: module_tree(model)}

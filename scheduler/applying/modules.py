@@ -53,11 +53,22 @@ NOTE [ RNG state per region (applying) ]
     ``preserve_rng_state=True`` stores the CPU generator's state (5,056 bytes
     on this CPU build: ``torch.get_rng_state().numel()``) with each region
     until its backward, so that dropout draws the same mask twice. Regions
-    whose modules draw no random numbers (``Plan.stochastic`` says which, from
-    the traced graph) skip it: they need no replay and keep no state. What a
-    stored state costs is ``Graph.rng_state_bytes``, counted by ``simulate``
-    and the exact solvers (NOTE [ RNG state per region ] in
-    ``solvers.terms``).
+    whose traced nodes drew no random numbers (``Plan.stochastic`` says which)
+    skip it when they still draw none as they run: that is decided at each
+    call, never taken from the trace alone (NOTE [ RNG replay decided at run
+    time ] in ``scheduler.applying.rng``). What a stored state costs is
+    ``Graph.rng_state_bytes``, counted by ``simulate`` and the exact solvers
+    (NOTE [ RNG state per region ] in ``solvers.terms``).
+
+NOTE [ What a region holds ]
+    A plan's memory and its RNG flags are those of the modules the trace saw
+    inside each region. ``apply`` compares, for each region, every submodule
+    under it with the trace's module tree (``Graph.meta["module_tree"]``:
+    path -> class, a class matching when it is the traced one or a subclass of
+    it, so FSDP2's wrapped classes pass): a module missing, added or of
+    another class is refused, naming it (a timm ResNet traced with
+    ``drop_path_rate=0`` holds ``Identity`` where the same model built with
+    stochastic depth holds ``DropPath``). ``check=False`` skips it.
 
 NOTE [ Caches under recompute ]
     A key/value cache passed into a checkpointed call would be written twice
@@ -71,6 +82,7 @@ NOTE [ Caches under recompute ]
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 from torch import nn
@@ -78,7 +90,8 @@ from torch import nn
 from graphs import CkptError
 from solvers import Plan, PlanMismatch
 
-from ..tracing.spans import MODULES_META, parse_run_path
+from ..tracer import EvalModeWarning
+from ..tracing.spans import MODULES_META, TREE_META, parse_run_path
 from .regions import RegionForward, SequentialRuns
 
 __all__ = ["apply", "remove", "applied_plan", "planned", "region_wrappers", "ApplyError", "RegionForward",
@@ -120,6 +133,11 @@ def apply(model: nn.Module, plan: Plan, *, check: bool = True) -> nn.Module:
         >>> scheduler.apply(model, plan)   # then train as before
     """
     targets = _resolve(model, plan, check=check)
+    if check and plan.graph_meta.get("training") is False and targets:
+        warnings.warn(f"this plan was traced from {plan.graph_meta.get('model', 'a model')} in eval mode: training "
+                      "steps hold dropout masks (and BatchNorm batch statistics) it did not count, so their memory can "
+                      "be above its prediction. Trace the model after model.train() and solve again",
+                      EvalModeWarning, stacklevel=2)
     remove(model)
     stochastic = _stochastic_flags(plan)
     save_ops = list(plan.save_ops) if plan.save_ops else [()] * len(targets)  # NOTE [ Selective checkpoint policies ]
@@ -239,6 +257,8 @@ def _resolve(model: nn.Module, plan: Plan, *, check: bool) -> list[tuple[str, nn
                 raise PlanMismatch(
                     f"this plan was solved for another model: {lookup!r} was a {classes[lookup]} and is a "
                     f"{type(module).__name__} here (the first mismatched module path); trace and solve this model")
+        if check:
+            _check_inside(model, path, lookup, parsed, plan.graph_meta.get(TREE_META))
         out.append((path, module))
     want = plan.graph_meta.get("parameters")
     if check and isinstance(want, int):
@@ -248,3 +268,31 @@ def _resolve(model: nn.Module, plan: Plan, *, check: bool) -> list[tuple[str, nn
                 f"this plan was solved for a model with {want:,} parameters and this one has {have:,} (another size "
                 "or configuration); trace and solve this model, or pass check=False to apply it anyway")
     return out
+
+
+def _check_inside(model: nn.Module, path: str, lookup: str, parsed: tuple[str, int, int] | None,
+                  tree: Any) -> None:
+    """NOTE [ What a region holds ]: the modules inside region ``path`` are those it was traced with."""
+    if not isinstance(tree, dict) or not tree:
+        return  # a plan from before the tree was recorded: the region's own class was compared
+    roots = [f"{lookup}.{i}" if lookup else str(i) for i in range(parsed[1], parsed[2] + 1)] if parsed else [lookup]
+    for root in roots:
+        top = model.get_submodule(root)
+        here = {".".join(x for x in (root, sub) if x): m for sub, m in top.named_modules(remove_duplicate=False)}
+        here.pop("", None)  # the model itself (a region of the whole model) is not in the tree
+        traced = {p: c for p, c in tree.items() if not root or p == root or p.startswith(root + ".")}
+        for p, m in here.items():
+            if p not in traced:
+                raise PlanMismatch(
+                    f"this plan was solved for another model: region {path!r} holds {p!r} (a {type(m).__name__}) that "
+                    "the traced model did not have (the first module that differs; e.g. stochastic depth or an "
+                    "adapter switched on since tracing). Trace and solve the model as it trains")
+            if traced[p] not in {c.__name__ for c in type(m).__mro__}:
+                raise PlanMismatch(
+                    f"this plan was solved for another model: {p!r} inside region {path!r} was a {traced[p]} and is a "
+                    f"{type(m).__name__} here (the first module that differs). Trace and solve the model as it trains")
+        missing = [p for p in traced if p not in here]
+        if missing:
+            raise PlanMismatch(
+                f"this plan was solved for another model: region {path!r} held {missing[0]!r} (a {traced[missing[0]]}), "
+                "which this model does not have (the first module that differs). Trace and solve this model")

@@ -23,6 +23,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .rng import RngWatch, random_modules, warn_random_region
 from .selective import RegionPolicy, selective_contexts
 
 __all__ = ["RegionForward", "SequentialRuns", "run_region"]
@@ -65,14 +66,23 @@ def _is_fsdp(module: nn.Module) -> bool:
     return any(c.__name__ == "FSDPModule" for c in type(module).__mro__)
 
 
-def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Sequence[nn.Module],
+def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Sequence[nn.Module], path: str,
                stochastic: bool, counter: "RegionForward | SequentialRuns", policy: RegionPolicy | None = None) -> Any:
     """``fn(*args, **kwargs)`` as one checkpoint region (the NOTEs of this module), under
-    ``policy`` when the region keeps some op outputs (NOTE [ Selective checkpoint policies ])."""
+    ``policy`` when the region keeps some op outputs (NOTE [ Selective checkpoint policies ]).
+
+    ``stochastic`` is what the plan says of the region's randomness; whether the recompute replays
+    the generator state is decided here, as it runs (NOTE [ RNG replay decided at run time ])."""
     if torch.compiler.is_compiling():
-        # Dynamo turns this call into its checkpoint operator; the probe and
-        # the snapshot are eager-mode devices it cannot trace.
-        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=stochastic, **kwargs)
+        # Dynamo turns this call into its checkpoint operator; the probe, the snapshot and the RNG
+        # watch are eager-mode devices it cannot trace, so the state is always preserved.
+        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+    if not stochastic:
+        drawing = random_modules(modules)
+        if drawing:
+            counter.saw_random(path, f"{drawing[0]} in training mode")
+            stochastic = True
+    watched: list[RngWatch | None] = [None]  # a deterministic region's snapshot while it may be needed
     # NOTE [ Containers passed to a region ]: checkpoint keeps the arguments for the recompute by
     # reference; torchvision's DenseNet passes a list of features that it appends to after the call,
     # so the recompute concatenated more channels ("running_mean should contain 1024 elements not 832").
@@ -94,13 +104,23 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
             probe = _Probe() if use_probe else None  # the region's first saved tensor, in both runs
         if calls == 1:
             probes.append(probe)
-            return fn(*a, **kwargs)
+            if stochastic:
+                return fn(*a, **kwargs)
+            watch = RngWatch(a)
+            result = fn(*a, **kwargs)
+            if watch.drew():
+                watched[0] = watch
+                counter.saw_random(path, "a generator advanced during its forward")
+            return result
         counter.recomputes += 1
+        replay = watched[0].replay() if watched[0] is not None else contextlib.nullcontext()
         if not stats or policy is not None:
-            return fn(*a, **kwargs)
+            with replay:
+                return fn(*a, **kwargs)
         saved = [b.detach().clone() for b in stats]
         try:
-            return fn(*a, **kwargs)
+            with replay:
+                return fn(*a, **kwargs)
         finally:
             with torch.no_grad():
                 for b, s in zip(stats, saved):
@@ -156,7 +176,9 @@ class RegionForward:
     Attributes:
         module: the submodule.
         path: its path in the model (the plan's name for the region).
-        stochastic: preserve and replay the RNG state (NOTE [ RNG state per region ]).
+        stochastic: preserve and replay the RNG state (NOTE [ RNG state per region ]); set
+            when a region the plan calls deterministic is found drawing random numbers
+            (NOTE [ RNG replay decided at run time ]).
         policy: the region's selective-checkpoint policy when the plan keeps
             some of its op outputs, else None (NOTE [ Selective checkpoint policies ]).
         previous: an instance-level ``forward`` that was there before (else None:
@@ -178,13 +200,19 @@ class RegionForward:
             return self.previous
         return types.MethodType(type(self.module).forward, self.module)
 
+    def saw_random(self, path: str, why: str) -> None:
+        """The region draws random numbers: replay from now on (NOTE [ RNG replay decided at run time ])."""
+        self.stochastic = True
+        warn_random_region(path, why)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fwd = self.original()
         if not torch.is_grad_enabled():
             return fwd(*args, **kwargs)
         if not torch.compiler.is_compiling():
             args, kwargs = _without_cache(self.module, args, kwargs)
-        return run_region(fwd, args, kwargs, modules=(self.module,), stochastic=self.stochastic, counter=self,
+        return run_region(fwd, args, kwargs, modules=(self.module,), path=self.path, stochastic=self.stochastic,
+                          counter=self,
                           policy=self.policy)
 
     def __repr__(self) -> str:
@@ -208,10 +236,16 @@ class SequentialRuns:
         self.previous = previous
         self.recomputes = 0
         self.policies = {path: RegionPolicy(path, ops, calls) for path, (ops, calls) in (save_ops or {}).items() if ops}
+        self.random: set[str] = set()  # runs found drawing random numbers (NOTE [ RNG replay decided at run time ])
 
     @property
     def path(self) -> str:
         return ", ".join(r[2] for r in self.runs)
+
+    def saw_random(self, path: str, why: str) -> None:
+        """Run ``path`` draws random numbers: replay from now on (NOTE [ RNG replay decided at run time ])."""
+        self.random.add(path)
+        warn_random_region(path, why)
 
     def original(self) -> Callable[..., Any]:
         if self.previous is not None:
@@ -228,7 +262,8 @@ class SequentialRuns:
             if k in starts:
                 j, stochastic, path = starts[k]
                 run = functools.partial(_run_children, tuple(children[k:j + 1]))
-                input = run_region(run, (input,), {}, modules=children[k:j + 1], stochastic=stochastic, counter=self,
+                input = run_region(run, (input,), {}, modules=children[k:j + 1], path=path,
+                                   stochastic=stochastic or path in self.random, counter=self,
                                    policy=self.policies.get(path))
                 k = j + 1
             else:

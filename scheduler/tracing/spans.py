@@ -37,12 +37,18 @@ from graphs import Span
 
 from .costs import OpRecord
 
-__all__ = ["module_spans", "sequential_children", "MODULES_META", "run_path", "parse_run_path"]
+__all__ = ["module_spans", "sequential_children", "MODULES_META", "TREE_META", "module_tree", "run_path",
+           "parse_run_path"]
 
 log = logging.getLogger(__name__)
 
 #: ``Graph.meta`` key: ``{module path: class name}`` for every span's module.
 MODULES_META = "modules"
+
+#: ``Graph.meta`` key: ``{module path: class name}`` for every submodule of the traced model, so that
+#: ``apply`` can compare what runs inside each region (NOTE [ What a region holds ] in
+#: ``scheduler.applying.modules``).
+TREE_META = "module_tree"
 
 _RUN = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
 
@@ -58,6 +64,11 @@ def parse_run_path(path: str) -> tuple[str, int, int] | None:
     if m is None:
         return None
     return m.group(1), int(m.group(2)), int(m.group(3)) - 1
+
+
+def module_tree(model: nn.Module) -> dict[str, str]:
+    """``{path: class name}`` of every submodule of ``model`` (the root excluded)."""
+    return {path: type(m).__name__ for path, m in model.named_modules(remove_duplicate=False) if path}
 
 
 def sequential_children(model: nn.Module) -> dict[str, int]:

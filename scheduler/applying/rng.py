@@ -1,0 +1,145 @@
+"""Whether a region's recompute must replay the generator state, decided as the region runs.
+
+NOTE [ RNG replay decided at run time ]
+    A plan says per region whether its traced nodes drew random numbers
+    (``Plan.stochastic``), and a region that did not skips
+    ``preserve_rng_state``: it stores no generator state (NOTE [ RNG state
+    per region ] in ``solvers.terms``). The trace is of one call in one mode,
+    the training run is another: a model traced in eval mode (what
+    ``from_pretrained`` returns) or with dropout 0, then trained with dropout
+    on, or a plan whose flags were edited, would recompute such a region
+    with other random numbers than its forward drew, and the gradients
+    would be wrong without a word (GPT-2 traced after ``eval()``, trained
+    after ``train()``: max error 0.082 against a largest gradient of 0.205).
+    So the trace's flag is a memory prediction, not the decision. At each
+    call of a region the plan calls deterministic:
+
+    * its modules are looked at as they are now (:func:`random_modules`):
+      a dropout with ``p > 0``, ``RReLU``, or a stochastic-depth /
+      drop-path module with a positive rate, in training mode, makes the
+      region replay (checkpoint's own ``preserve_rng_state=True``);
+    * otherwise the generators it could draw from are watched
+      (:class:`RngWatch`): the CPU generator's state is cloned into a
+      generator object (host heap, no tensor: neither the allocator nor the
+      storage count sees it), the accelerator generators of the region's
+      inputs are read (host tensors); after the forward, the CPU clone and
+      a fresh clone each draw one 63-bit number (into a buffer of the
+      watch's own, with the dispatch modes of the region paused, so that no
+      storage is created and no selective-checkpoint policy counts the
+      call) and the accelerator states are compared. A region that drew
+      replays this step from the snapshot (under ``fork_rng``, as
+      checkpoint does), is switched to checkpoint's replay for every later
+      call, and a warning says so once. A region that drew nothing drops
+      the snapshot.
+
+    Gradients are therefore those of the step without checkpointing on the
+    very first step. What is not exact then is the memory: a region that
+    replays stores ``rng_state_bytes`` the plan did not count for it, and
+    a model traced in eval mode has no dropout masks in its graph; the
+    warnings (here, at ``trace`` and at ``apply``) say to trace in training
+    mode. Under ``torch.compile`` the region always preserves the state:
+    nothing can be watched in a compiled graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import warnings
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.checkpoint import _get_device_module, _infer_device_type, get_device_states, set_device_states
+
+__all__ = ["random_modules", "RngWatch", "RandomRegionWarning", "warn_random_region"]
+
+log = logging.getLogger(__name__)
+
+#: Attribute names under which stochastic-depth / drop-path modules keep their rate (timm ``DropPath.drop_prob``,
+#: torchvision ``StochasticDepth.p``).
+_RATE_ATTRS = ("drop_prob", "p", "drop_rate", "drop_path_rate")
+_DROP_NAMES = ("droppath", "stochasticdepth", "dropblock")
+
+
+class RandomRegionWarning(UserWarning):
+    """A region the plan calls deterministic draws random numbers (NOTE [ RNG replay decided at run time ])."""
+
+
+def _draws(m: nn.Module) -> bool:
+    if not m.training:
+        return False
+    if isinstance(m, nn.modules.dropout._DropoutNd):
+        return float(m.p) > 0
+    if isinstance(m, nn.RReLU):
+        return True
+    name = type(m).__name__.lower().replace("_", "")
+    if any(d in name for d in _DROP_NAMES):
+        rates = [getattr(m, a) for a in _RATE_ATTRS if isinstance(getattr(m, a, None), (int, float))]
+        return not rates or any(float(r) > 0 for r in rates)
+    return False
+
+
+def random_modules(modules: Iterable[nn.Module]) -> list[str]:
+    """Class names of the modules under ``modules`` that draw random numbers now (training mode, rate > 0)."""
+    return [type(m).__name__ for top in modules for m in top.modules() if _draws(m)]
+
+
+class RngWatch:
+    """The generators a region may draw from, captured before its forward (NOTE [ RNG replay decided at run time ]).
+
+    Args:
+        args: the region's inputs (their accelerator, if any, is watched besides the CPU).
+    """
+
+    def __init__(self, args: Sequence[Any]) -> None:
+        self.cpu = torch.default_generator.clone_state()
+        self.device_type = _infer_device_type(*args)
+        self.devices: list[int] = []
+        self.states: list[torch.Tensor] = []
+        if self.device_type != "cpu":
+            self.devices, self.states = get_device_states(*args)
+
+    def drew(self) -> bool:
+        """Whether a generator advanced since the snapshot."""
+        with _disable_current_modes():
+            if _next(self.cpu.clone_state()) != _next(torch.default_generator.clone_state()):
+                return True
+            if self.devices:
+                module = _get_device_module(self.device_type)
+                return any(not torch.equal(s, module.get_rng_state(d)) for d, s in zip(self.devices, self.states))
+        return False
+
+    @contextlib.contextmanager
+    def replay(self) -> Iterator[None]:
+        """Run the recompute from the snapshot, leaving the generators as they were (as checkpoint does)."""
+        with torch.random.fork_rng(devices=self.devices, device_type=self.device_type):
+            torch.default_generator.set_state(self.cpu.get_state())
+            if self.devices:
+                set_device_states(self.devices, self.states, device_type=self.device_type)
+            yield
+
+
+_local = threading.local()
+_local.buf = torch.empty((), dtype=torch.int64)  # the importing thread's, made before any step is measured
+
+
+def _next(gen: torch.Generator) -> int:
+    """One draw of ``gen``, into a buffer made once per thread (no storage is created per call)."""
+    out = getattr(_local, "buf", None)
+    if out is None:
+        out = _local.buf = torch.empty((), dtype=torch.int64)
+    torch.randint(1 << 62, (), generator=gen, out=out)
+    return int(out)
+
+
+def warn_random_region(path: str, why: str) -> None:
+    """Say once per region that it replays the generator state although its plan did not count it."""
+    msg = (f"checkpoint region {path!r} draws random numbers ({why}) but its plan was traced without them: its "
+           "recompute now replays the generator state, so gradients are exact, but the plan counted neither that "
+           "state nor the random masks. Trace the model as it trains (model.train() before scheduler.trace / "
+           "ckpt trace; from_pretrained returns a model in eval mode) and solve again")
+    log.info(msg)
+    warnings.warn(msg, RandomRegionWarning, stacklevel=4)
