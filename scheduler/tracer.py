@@ -48,12 +48,13 @@ NOTE [ Traced contract ]
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 import torch.fx
@@ -141,12 +142,12 @@ class Traced:
 def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[str, Any] | None = None, *,
             loss: Callable[[Any], torch.Tensor] | None = None, granularity: str | int = "auto",
             method: str = "auto", check: bool = True, name: str | None = None, costs: str = "roofline",
-            cost_device: str | None = None, time_repeats: int = 5, workspaces: str = "auto") -> Traced:
+            cost_device: str | None = None, time_repeats: int = 5, workspaces: str = "auto",
+            mode: str = "train") -> Traced:
     """Trace ``model`` on example inputs and measure its cost graph.
 
     Args:
-        model: the module, in the mode it will train in (``train()``; a model in
-            eval mode is traced with an :class:`EvalModeWarning`).
+        model: the module, in the mode it will train in.
         args: positional example inputs (a single tensor is accepted).
         kwargs: keyword example inputs (e.g. ``{"targets": y}``).
         loss: ``loss(model_output) -> scalar``; included in the graph so the
@@ -183,6 +184,13 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             (the allocator's peak is above what the tensors alone say, so
             plans would not fit without it).
 
+        mode: ``"train"`` (default): the graph is of a training step; a model
+            in eval mode (what ``from_pretrained`` returns) is traced with
+            every module in training mode, its modes and buffers put back
+            after, with an :class:`EvalModeWarning`. ``"as-is"``: trace the
+            modules in the modes they are in (a model in eval mode warns: its
+            graph has no dropout masks and BatchNorm uses running statistics).
+
     Returns:
         A :class:`Traced` (NOTE [ Traced contract ]).
 
@@ -201,12 +209,23 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         raise TraceError(f"workspaces={workspaces!r} is not one of 'auto', 'none', 'measure'")
     args = tuple(args)
     kwargs = dict(kwargs or {})
-    if not model.training:  # NOTE [ RNG replay decided at run time ] in scheduler.applying.rng
+    if mode not in ("train", "as-is"):
+        raise TraceError(f"mode={mode!r} is not one of 'train' (trace the training step), 'as-is' (the modules' modes)")
+    if not model.training and mode == "train":
+        warnings.warn(
+            f"{type(model).__name__} is in eval mode (from_pretrained returns it so): it is traced as it trains, every "
+            "module in training mode for the trace and put back after, since a plan is for a training step. Call "
+            "model.train() before tracing to say so, or pass mode='as-is' to trace the modes as they are",
+            EvalModeWarning, stacklevel=2)
+        with _as_training(model):
+            return capture(model, args, kwargs, loss=loss, granularity=granularity, method=method, check=check,
+                           name=name, costs=costs, cost_device=cost_device, time_repeats=time_repeats,
+                           workspaces=workspaces)
+    if not model.training:  # mode="as-is": NOTE [ RNG replay decided at run time ] in scheduler.applying.rng
         warnings.warn(
             f"{type(model).__name__} is traced in eval mode: the graph is of an evaluation step (dropout keeps no masks "
             "and draws nothing, BatchNorm uses its running statistics), so a plan solved on it is not costed for "
-            "training. Call model.train() before tracing (from_pretrained returns a model in eval mode)",
-            EvalModeWarning, stacklevel=3)
+            "training. Trace with mode='train' (the default) or after model.train()", EvalModeWarning, stacklevel=2)
     target: nn.Module = LossWrapper(model, loss) if loss is not None else model
     strip = "model." if loss is not None else ""
     gm, used = capture_graph_module(target, args, kwargs, method=method)
@@ -277,6 +296,24 @@ def capture_for_plan(model: nn.Module, plan: Any, args: Any, kwargs: Mapping[str
 
 
 # --------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def _as_training(model: nn.Module) -> Iterator[None]:
+    """Every module of ``model`` in training mode, and its buffers as they were, until the block ends
+    (the trace's eager runs would otherwise update BatchNorm statistics of a model meant to stay as it is)."""
+    modes = [(m, m.training) for m in model.modules()]
+    buffers = list(model.buffers())
+    saved = [b.detach().clone() for b in buffers]
+    model.train()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+        with torch.no_grad():
+            for b, s in zip(buffers, saved):
+                b.copy_(s)
+
+
 def _price(records: list[OpRecord], costs: str, cost_device: str | None, model: nn.Module,
            gm: torch.fx.GraphModule, flat: list[Any], time_repeats: int) -> tuple[list[OpRecord], dict]:
     """``records`` with the chosen cost model's ``fwd_cost``, and ``meta["costs"]``."""

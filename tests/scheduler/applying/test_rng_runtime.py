@@ -211,32 +211,63 @@ def test_dropout_modules_in_training_mode_replay_even_when_the_plan_says_otherwi
 
 
 # ------------------------------------------------------------------ eval-mode traces
-def test_a_transformers_model_traced_in_eval_mode_trains_with_exact_gradients():
+def _tiny_gpt2_eval():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32, use_cache=False)
     model = transformers.GPT2LMHeadModel(cfg).eval()  # as from_pretrained returns it
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(3))
-    batch = {"input_ids": ids, "labels": ids}
-    with pytest.warns(EvalModeWarning, match="model.train"):
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def _hf_grads(model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(9)
+    model(**batch).loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_a_model_in_eval_mode_is_traced_as_it_trains_and_left_as_it_was():
+    model, batch = _tiny_gpt2_eval()
+    with pytest.warns(EvalModeWarning, match="traced as it trains"):
         graph = capture(model, (), batch, loss=lambda out: out.loss).graph
+    assert not any(m.training for m in model.modules())  # modes put back
+    assert graph.meta["training"] is True
+    plan = _span_plan(graph, ["transformer.h.0", "transformer.h.1"])
+    assert plan.stochastic == (True, True)  # dropout's masks and RNG state are in the graph
+    model.train()
+    g0 = _hf_grads(model, batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to say: the plan is of this training step
+        scheduler.apply(model, plan)
+        g1 = _hf_grads(model, batch)
+    _assert_bitwise(g0, g1)
+
+
+def test_a_trace_in_eval_mode_as_is_still_trains_with_exact_gradients():
+    model, batch = _tiny_gpt2_eval()
+    with pytest.warns(EvalModeWarning, match="evaluation step"):
+        graph = capture(model, (), batch, loss=lambda out: out.loss, mode="as-is").graph
     plan = _span_plan(graph, ["transformer.h.0", "transformer.h.1"])
     assert plan.stochastic == (False, False)
-
-    def grads() -> dict[str, torch.Tensor]:
-        for p in model.parameters():
-            p.grad = None
-        torch.manual_seed(9)
-        model(**batch).loss.backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters()}
-
     model.train()
-    g0 = grads()
+    g0 = _hf_grads(model, batch)
     with pytest.warns(EvalModeWarning, match="eval mode"):
         scheduler.apply(model, plan)
     with pytest.warns(RandomRegionWarning):
-        g1 = grads()
+        g1 = _hf_grads(model, batch)
     _assert_bitwise(g0, g1)
+
+
+def test_tracing_a_model_in_eval_mode_leaves_its_batchnorm_statistics():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 1)).eval()
+    stats = [b.clone() for b in model.buffers()]
+    with pytest.warns(EvalModeWarning):
+        graph = capture(model, (torch.randn(2, 3, 8, 8),), loss=lambda out: out.sum()).graph
+    assert any(nd.stateful for nd in graph.nodes)  # BatchNorm traced as it trains: it updates its statistics
+    assert all(torch.equal(a, b) for a, b in zip(stats, model.buffers()))
 
 
 # ------------------------------------------------------------------ what a region holds
