@@ -17,14 +17,24 @@ NOTE [ Measuring with profiler events ]
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from torch.profiler import ProfilerActivity, profile
 
-__all__ = ["MemoryTrace", "profile_step", "downsample"]
+__all__ = ["MemoryTrace", "profile_step", "downsample", "quiet_profile"]
 
 log = logging.getLogger(__name__)
+
+def quiet_profile(**options: Any) -> profile:
+    """``torch.profiler.profile(**options)`` without the lines its tracing library (kineto) prints on
+    stderr at each start and stop (``USDT: ... profiler_start``): our commands print only their own
+    progress and errors. A ``KINETO_LOG_LEVEL`` the user set is kept; kineto reads it when a profile
+    starts."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    return profile(**options)
+
 
 #: Kernels whose FLOPs the profiler reports (forward recomputation shows up in them).
 _FLOP_KERNELS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::conv2d",
@@ -65,7 +75,7 @@ def profile_step(step: Callable[[], None], *, baseline_bytes: int, points: int =
     Returns:
         The :class:`MemoryTrace` of the step.
     """
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_flops=True) as prof:
+    with quiet_profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_flops=True) as prof:
         step()
     events = prof.profiler.kineto_results.events()
     mem = sorted(((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"), key=lambda p: p[0])

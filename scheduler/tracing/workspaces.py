@@ -163,10 +163,12 @@ class WorkspaceProbe:
         return max(0, int(peak))
 
     def _cpu(self, pending: list[tuple], device: torch.device) -> None:
-        from torch.profiler import ProfilerActivity, profile, record_function
+        from torch.profiler import ProfilerActivity, record_function
+
+        from ..measuring.profiler import quiet_profile
 
         names: dict[str, tuple] = {}
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with quiet_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             for k, sig in enumerate(pending):
                 call = self._call(sig, device)
                 if call is None:
