@@ -131,7 +131,7 @@ def convnext():
 
 
 def resnet():
-    # BatchNorm under torch.export: buffers arrive as get_attr reads (NOTE [ Buffers inside a region ])
+    # BatchNorm under torch.export: buffers arrive as get_attr reads (NOTE [ Buffers inside a region ] in ``scheduler.applying.graph``)
     return _build("ResNetConfig", "ResNetForImageClassification", _image(64), embedding_size=16,
                   hidden_sizes=[16, 32], depths=[1, 1], num_labels=10)
 

@@ -2,9 +2,9 @@
 
 The graph is cut at its articulation points into a chain of stages
 (``solvers.stages``); a plan is a sequence of segments (a stored stage, or a
-region spanning consecutive stages) and its simulated peak decomposes as
-NOTE [ Decomposing the simulated peak over a chain ] (``solvers.dp_model``)
-says: ``const + max_s (R_before(s) + L(s))``.
+region spanning consecutive stages) and its simulated peak decomposes, as the
+note in ``solvers.dp_model`` (NOTE [ Decomposing the simulated peak over a chain ])
+says, into ``const + max_s (R_before(s) + L(s))``.
 
 Going right to left, a suffix plan starting at stage ``i`` is summarised by
 ``(h, cost)`` where ``h = max over its segments of (R between + L)``: putting
@@ -117,7 +117,7 @@ class DPTable:
         stored = {}
         need: list[set[int]] = [set() for _ in range(m + 1)]
         need[0].add(1)
-        # NOTE [ Kept nodes in the chain decomposition ] (solvers.dp_selective)
+        # See NOTE [ Kept nodes in the chain decomposition ] in solvers.dp_selective
         kept = KeptRuns(self.graph, na, st, lh_reg, bnd, self.graph.span_extra_bytes()) if self.selective else None
         if kept is not None and not kept.any:
             kept = None

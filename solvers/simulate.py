@@ -407,7 +407,7 @@ def activation_budget_bytes(graph: Graph, fraction: float) -> int:
     """Whole-step budget meaning "``fraction`` of the store-all activations".
 
     Store-all's peak less ``(1 - fraction)`` of its activation peak (NOTE
-    [ Fractional budgets ] in ``scheduler.budget``): ``fraction=1.0`` is
+    [ Fractional budgets ] in ``scheduler.sizing.budget``): ``fraction=1.0`` is
     exactly store-all's peak, every smaller fraction lies below it.
     """
     if not 0 < fraction <= 1:

@@ -6,7 +6,7 @@
   stay as they are.
 * ``apply(model, plan, lower="graph", args=..., kwargs=..., loss=...)``:
   re-trace ``model`` at the plan's shape and run the traced graph cut at the
-  regions (``scheduler.applier``), for plans whose regions are no submodule
+  regions (``scheduler.applying.graph``), for plans whose regions are no submodule
   call (solved on ``graph.unaligned()``). That module runs one shape only.
 """
 
@@ -42,7 +42,7 @@ def apply(model: nn.Module, plan: Plan, *, lower: str = "module", check: bool = 
             at the plan's shape, and ``loss=`` when the graph had one).
         check: refuse a plan solved for another model.
         args, kwargs, graph_options: for ``lower="graph"`` only
-            (``scheduler.applier.apply``'s arguments).
+            (``scheduler.applying.graph.apply``'s arguments).
 
     Raises:
         ApplyError: unknown ``lower``, or arguments that belong to the other lowering.

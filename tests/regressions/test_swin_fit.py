@@ -6,7 +6,7 @@ window merge: ``view``, ``transpose``, ``contiguous``, ``view``) used to run
 first, and the reshape's backward copied the gradient, so the recompute ran
 with one gradient more than simulate counts: Swin's least feasible plan
 measured 22 KiB above its prediction (NOTE [ Recompute at the region's end ]
-in ``scheduler.applier``).
+in ``scheduler.applying.modules``).
 """
 
 import torch

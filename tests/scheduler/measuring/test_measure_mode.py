@@ -1,4 +1,4 @@
-"""The storage count's own effect on a step (NOTE [ Counting like simulate ] in ``scheduler.measure``)."""
+"""The storage count's own effect on a step (NOTE [ Counting like simulate ] in ``scheduler.measuring.storages``)."""
 
 import torch
 from torch.profiler import ProfilerActivity, profile

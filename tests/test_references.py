@@ -1,0 +1,114 @@
+"""The docs point at things that exist: every note cited is defined once, every dotted module
+name in a docstring or comment imports, every repository path the README names is there.
+
+Names move (the applier became ``scheduler.applying``); these tests fail the commit that moves one and
+leaves a pointer behind.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("graphs", "solvers", "scheduler")
+SOURCES = sorted(p for d in (*PACKAGES, "tests", "benchmarks") for p in (ROOT / d).rglob("*.py"))
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+_NOTE = re.compile(r"NOTE \[ ([^\]]+?) \]")
+#: A definition starts a line: the NOTE alone (a parenthesis may follow), its text indented below; or, for
+#: a short note, the NOTE and a colon, its text after it (a comment citing a note may look the same, so these
+#: count only where no note of the first kind has the name). A citation says where the note is (its name, then "in ``module``").
+_BLOCK = re.compile(r"^\s*(?:#\s*)?NOTE \[ ([^\]]+?) \](?:[ \t]*\([^)]*\))?[ \t]*$", re.MULTILINE)
+_INLINE = re.compile(r"^\s*(?:#\s*)?NOTE \[ ([^\]]+?) \]:", re.MULTILINE)
+_JOIN = re.compile(r"\s*\n\s*(?:#\s*)?")  # a line break inside a comment or docstring, with its indent and '#'
+#: Notes of torch's own sources, cited where our code relies on them.
+_TORCH_NOTES = {"Nestable Checkpoint"}
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def _flat(text: str) -> str:
+    return _JOIN.sub(" ", text)
+
+
+def _definitions(pattern: re.Pattern) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for path in SOURCES:
+        for m in pattern.finditer(_text(path)):
+            found.setdefault(" ".join(m.group(1).split()), []).append(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_note_is_defined_once():
+    twice = {name: where for name, where in _definitions(_BLOCK).items() if len(where) > 1}
+    assert not twice, f"NOTEs defined in more than one place: {twice}"
+
+
+def test_every_cited_note_is_defined():
+    defined = set(_definitions(_BLOCK)) | set(_definitions(_INLINE)) | _TORCH_NOTES
+    missing = {}
+    for path in [*SOURCES, *DOCS]:
+        for m in _NOTE.finditer(_flat(_text(path))):
+            name = " ".join(m.group(1).split())
+            if name not in defined:
+                missing.setdefault(name, str(path.relative_to(ROOT)))
+    assert not missing, f"NOTEs cited but defined nowhere (name: first file citing it): {missing}"
+
+
+_FILE_SUFFIXES = {"csv", "md", "json", "py", "png", "txt"}
+_DOTTED = re.compile(r"``((?:graphs|solvers|scheduler|benchmarks)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+
+
+def _has(obj: object, attr: str) -> bool:
+    fields = getattr(obj, "__dataclass_fields__", {})
+    return hasattr(obj, attr) or attr in fields
+
+
+def _resolves(dotted: str) -> bool:
+    if dotted.rsplit(".", 1)[-1] in _FILE_SUFFIXES:
+        return True  # a file name (``solvers.csv``), not a module
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not ".".join(parts[:cut]).startswith(exc.name):
+                raise  # a dependency is missing, not the name
+            continue
+        for attr in parts[cut:]:
+            if not _has(obj, attr):
+                return False
+            if not hasattr(obj, attr):
+                return True  # a dataclass field without a default: no class attribute to go further into
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("package", PACKAGES + ("benchmarks", "tests"))
+def test_dotted_names_in_docstrings_and_comments_import(package):
+    bad = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for m in _DOTTED.finditer(_text(path)):
+            name = m.group(1).rstrip(".")
+            if not _resolves(name):
+                bad.setdefault(name, str(path.relative_to(ROOT)))
+    assert not bad, f"names in docs that do not import (name: first file): {bad}"
+
+
+_REPO_PATH = re.compile(r"`((?:graphs|solvers|scheduler|tests|benchmarks|docs)/[A-Za-z0-9_./-]*[A-Za-z0-9_])`")
+
+
+def test_paths_the_readme_names_exist():
+    missing = []
+    for doc in DOCS:
+        for m in _REPO_PATH.finditer(_text(doc)):
+            if not (ROOT / m.group(1)).exists():
+                missing.append(f"{doc.name}: {m.group(1)}")
+    assert not missing, f"paths named in the docs that are not in the repository: {missing}"
