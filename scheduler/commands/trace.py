@@ -40,9 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"price the roofline for this device: {', '.join(DEVICES)} or cpu (measured); default: the "
                         f"model's device (a meta model: {DEFAULT_DEVICE})")
     p.add_argument("--workspaces", choices=["auto", "none", "measure"], default="auto",
-                   help="measure each convolution's backward once on the model's device and count the buffers it "
-                        "holds inside the op (what the allocator sees on conv nets); default auto: when the model "
-                        "has convolutions and is not on the meta device")
+                   help="run each distinct ATen call that may hold buffers inside the op (convolutions, "
+                        "attention, normalisations...), forward and backward, once on the model's device and count "
+                        "what it allocates beyond the tensors the trace sees; default auto: unless the model is on "
+                        "the meta device")
     p.add_argument("-o", "--output", help="write the graph here (JSON)")
 
 
