@@ -10,12 +10,25 @@ NOTE [ Output files ]
     trace or solve, so a missing folder, a folder that cannot be written, a
     directory or a device given as ``-o``, or an output that is one of the
     command's inputs is a one-line error in the first second rather than a
-    traceback after the work is done.
+    traceback after the work is done. A name ending in ``.py`` (or another
+    Python source suffix) is refused too, and the commands count the files a
+    MODEL reads (a factory's module, a config.json) among their inputs
+    (``scheduler.commands.common.model_files``): ``ckpt trace mod:build -o
+    mod.py`` used to replace the factory's own source with a graph, exit 0.
+
+    An output path that is a symbolic link is written *through*: the file the
+    link points to is replaced (atomically, in its own folder) and the link
+    stays. ``latest.json -> runs/7/plan.json`` is a link made to follow a
+    file; renaming over the link itself (what ``os.replace`` does) used to
+    turn it into a plain file and leave its target stale, silently.
+    ``tests/scheduler/test_bad_inputs.py``: ``test_output_through_a_symlink_writes_its_target`` and the
+    cases "trace -o the factory's source" and "trace -o a link to the factory".
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from typing import Any, Callable, Iterable, Union
@@ -25,6 +38,8 @@ from .graph import CkptError
 __all__ = ["OutputPathError", "check_output_path", "write_text_atomic", "write_atomic", "read_json", "parse_json"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+log = logging.getLogger(__name__)
 
 class OutputPathError(CkptError, ValueError):
     """An output path cannot be written (missing folder, a directory, a device, an input)."""
@@ -42,26 +57,32 @@ def check_output_path(path: PathLike, *, inputs: Iterable[PathLike] = (), what: 
     p = os.fspath(path)
     if not p:
         raise OutputPathError(f"the {what} path is empty")
+    if os.path.splitext(p)[1].lower() in SOURCE_SUFFIXES:
+        raise OutputPathError(f"{what} {p!r} names a Python file; the output is JSON: give a .json name")
     if os.path.isdir(p):
         raise OutputPathError(f"{what} {p!r} is a directory; give a file name")
     if os.path.lexists(p) and not os.path.isfile(p):
         raise OutputPathError(f"{what} {p!r} exists and is not a regular file (a device, pipe or broken link); "
                               "write to a regular file")
+    target = _through_link(p)
+    if target != p:
+        log.info("%s %s is a symbolic link: writing through it to %s", what, p, target)
+    shown = repr(p) if target == p else f"{p!r} (a link to {target!r})"
     for src in inputs:
-        if src is not None and os.path.exists(os.fspath(src)) and os.path.exists(p) and os.path.samefile(p, src):
-            raise OutputPathError(f"{what} {p!r} is also an input of this command; refusing to overwrite it "
+        if src is not None and os.path.exists(os.fspath(src)) and os.path.exists(target) and os.path.samefile(target, src):
+            raise OutputPathError(f"{what} {shown} is also an input of this command; refusing to overwrite it "
                                   "(choose another file name)")
-    folder = os.path.dirname(os.path.abspath(p))
+    folder = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(folder):
-        raise OutputPathError(f"cannot write {what} {p!r}: the folder {folder!r} does not exist")
-    if os.path.exists(p) and not os.access(p, os.W_OK):
-        raise OutputPathError(f"cannot write {what} {p!r}: the file is read-only")
+        raise OutputPathError(f"cannot write {what} {shown}: the folder {folder!r} does not exist")
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+        raise OutputPathError(f"cannot write {what} {shown}: the file is read-only")
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".ckpt-probe-")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise OutputPathError(f"cannot write {what} {p!r}: {exc.strerror or exc} (in folder {folder!r})") from None
+        raise OutputPathError(f"cannot write {what} {shown}: {exc.strerror or exc} (in folder {folder!r})") from None
 
 
 def write_text_atomic(path: PathLike, text: str) -> None:
@@ -76,9 +97,18 @@ def write_text_atomic(path: PathLike, text: str) -> None:
     write_atomic(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
+#: Suffixes of files an output never replaces (NOTE [ Output files ]).
+SOURCE_SUFFIXES = (".py", ".pyw", ".pyi", ".pyx", ".ipynb")
+
+
+def _through_link(p: str) -> str:
+    """The file a symbolic link ``p`` points to (NOTE [ Output files ]: written through), else ``p``."""
+    return os.path.realpath(p) if os.path.islink(p) else p
+
+
 def write_atomic(path: PathLike, fill: Callable[[Any], Any]) -> None:
-    """Call ``fill(binary_file)`` on a temporary file, then rename it to ``path``."""
-    p = os.fspath(path)
+    """Call ``fill(binary_file)`` on a temporary file, then rename it to ``path`` (through a link, to its target)."""
+    p = _through_link(os.fspath(path))
     folder = os.path.dirname(os.path.abspath(p))
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(p)}.", suffix=".tmp")

@@ -203,7 +203,8 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
                              gap_limit=gap_limit, warm_start_=warm_start)
         if plan is not None:
             return plan
-    inc, bound = _warm_start(graph, budget_bytes, deadline) if warm_start else (None, None)
+    tried: list[str] | None = [] if warm_start else None  # the fast solvers that found nothing: never advised
+    inc, bound = _warm_start(graph, budget_bytes, deadline, tried) if warm_start else (None, None)
     if selective:
         bound = None  # dp's bound is over plans without kept nodes
     if inc is not None and (inc.flops == 0 or (bound is not None and inc.flops <= bound)):
@@ -222,7 +223,7 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
             log.info("ilp warm start: %s, %d FLOPs", inc.source, inc.flops)
     try:
         plan = IlpSolver(graph, budget_bytes, deadline=deadline, work_limit=work_limit, workers=workers, seed=seed,
-                         gap_limit=gap_limit, lower_bound=bound, incumbent=inc).solve()
+                         gap_limit=gap_limit, lower_bound=bound, incumbent=inc, tried=tried).solve()
     except InfeasibleBudget as exc:
         if selective:  # a plan keeping nodes might still fit: dp's, else the least over plans keeping none
             kept = _dp_selective(graph, budget_bytes, None)

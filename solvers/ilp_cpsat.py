@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from graphs import CkptError, Graph
 
@@ -109,13 +109,17 @@ class IlpSolver:
             optimum on a chain), added as a constraint to close the gap.
         incumbent: a plan known to fit; it hints the search, caps the
             objective, and is returned when CP-SAT finds nothing better.
+        tried: the fast solvers that ran and found no plan under the budget
+            (:func:`warm_start`), so that a stop never advises them; None: none ran.
     """
 
     def __init__(self, graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
                  deadline: Deadline | None = None, work_limit: float | None = DEFAULT_WORK_LIMIT, workers: int = 2,
                  seed: int = 0, gap_limit: float = 0.0, hint: tuple[tuple[int, int], ...] | None = None,
-                 lower_bound: int | None = None, incumbent: Incumbent | None = None) -> None:
+                 lower_bound: int | None = None, incumbent: Incumbent | None = None,
+                 tried: Sequence[str] | None = None) -> None:
         self.graph = graph
+        self.tried = tried
         self.budget_bytes = int(budget_bytes)
         self.deadline = deadline if deadline is not None else Deadline(time_limit_s)
         self.time_limit_s = self.deadline.limit_s
@@ -160,7 +164,7 @@ class IlpSolver:
             return self._plan(self.hint, Status.FEASIBLE, bound)
         raise IlpTimeout(
             f"no plan found within {self.time_limit_s:.3g} s for this graph ({len(self.graph)} nodes; not "
-            "proven infeasible); raise time_limit_s (--time-limit), or use solver 'dp' or 'chen'")
+            f"proven infeasible); raise time_limit_s (--time-limit){fast_advice(self.tried)}")
 
     def solve(self) -> Plan:
         """Solve; a plan with status ``optimal`` or ``feasible`` (bound and gap).
@@ -257,16 +261,29 @@ def simple_peaks(graph: Graph) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
 WARM_SOLVERS = ("dp", "chen", "uniform", "per-module")
 
 
-def warm_start(graph: Graph, budget_bytes: int, deadline: Deadline | None = None) -> tuple[Incumbent | None, int | None]:
+def fast_advice(tried: Sequence[str] | None) -> str:
+    """``, or use solver 'dp' or 'chen'``, naming only those not already run without a plan (``tried``; None:
+    none ran): a stop never advises a solver that has just found nothing under the same budget."""
+    untried = [n for n in ("dp", "chen") if tried is None or n not in tried]
+    if untried:
+        return ", or use solver " + " or ".join(repr(n) for n in untried)
+    return f" ({', '.join(tried or ())} found no plan under this budget either)"
+
+
+def warm_start(graph: Graph, budget_bytes: int, deadline: Deadline | None = None,
+               tried: list[str] | None = None) -> tuple[Incumbent | None, int | None]:
     """The cheapest fitting plan of the fast solvers (per ``simulate``), and a
     proven lower bound on the cost when ``dp`` is optimal (on chains). A
-    solver is not started once ``deadline`` has passed (NOTE [ One deadline ])."""
+    solver is not started once ``deadline`` has passed (NOTE [ One deadline ]).
+    ``tried`` gets the name of each solver that ran and found no fitting plan."""
     best: Incumbent | None = None
     bound = None
     for name in WARM_SOLVERS:
         if deadline is not None and deadline.expired():
             log.info("ilp warm start: out of time before %s", name)
             break
+        if tried is not None:
+            tried.append(name)  # taken back below when its plan fits
         try:
             # ilp searches plans without kept nodes: a selective dp answer would be an incumbent whose
             # regions alone cost more than its simulated cost (the kept nodes are not carried over)
@@ -279,6 +296,8 @@ def warm_start(graph: Graph, budget_bytes: int, deadline: Deadline | None = None
         sim = simulate(graph, plan, record=False)
         if sim.peak_bytes > budget_bytes:
             continue
+        if tried is not None:
+            tried.remove(name)
         if best is None or sim.recompute_cost < best.flops:
             best = Incumbent(tuple(plan.regions), int(sim.recompute_cost), name)
         if name == "dp" and plan.status == Status.OPTIMAL:
@@ -289,12 +308,13 @@ def warm_start(graph: Graph, budget_bytes: int, deadline: Deadline | None = None
 def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_limit: float | None = DEFAULT_WORK_LIMIT,
                  workers: int = 2, seed: int = 0, gap_limit: float = 0.0, warm_start_: bool = True) -> Plan:
     """``cp-sat`` against a given deadline (the solver's body; tests pass a fake clock)."""
-    inc, bound = warm_start(graph, budget_bytes, deadline) if warm_start_ else (None, None)
+    tried: list[str] | None = [] if warm_start_ else None
+    inc, bound = warm_start(graph, budget_bytes, deadline, tried) if warm_start_ else (None, None)
     if inc is not None and (inc.flops == 0 or (bound is not None and inc.flops <= bound)):
         return Plan(regions=inc.regions, status=Status.OPTIMAL, bound=float(inc.flops),
                     findings={"method": "warm start", "incumbent": inc.source})
     solver = IlpSolver(graph, budget_bytes, deadline=deadline, work_limit=work_limit, workers=workers, seed=seed,
-                       gap_limit=gap_limit, lower_bound=bound, incumbent=inc)
+                       gap_limit=gap_limit, lower_bound=bound, incumbent=inc, tried=tried)
     try:
         return solver.solve()
     except InfeasibleBudget as exc:

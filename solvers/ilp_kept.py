@@ -336,5 +336,6 @@ def solve_selective(graph: Graph, budget_bytes: int, deadline: Deadline, *, work
     if inc is not None:
         return from_inc(Status.FEASIBLE, bound)
     raise IlpTimeout(f"no plan found within {deadline.limit_s:.3g} s for this graph ({len(graph)} nodes, kept "
-                     "nodes searched); raise time_limit_s (--time-limit), or use solver 'dp'")
+                     "nodes searched); raise time_limit_s (--time-limit)"  # dp ran first when warm-starting
+                     + ("" if warm_start_ else ", or use solver 'dp'"))
 

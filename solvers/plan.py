@@ -139,6 +139,11 @@ class Plan:
             raise PlanError(f"plan lists {len(self.stochastic)} stochastic flags for {len(self.regions)} regions")
         if self.modules and len(self.modules) != len(self.regions):
             raise PlanError(f"plan lists {len(self.modules)} module paths for {len(self.regions)} regions")
+        named = [m for m in self.modules if m]
+        if len(set(named)) != len(named):
+            twice = next(m for m in named if named.count(m) > 1)
+            raise PlanError(f"plan names module {twice!r} for {named.count(twice)} regions; a submodule call is one "
+                            "region (an edited plan? keep one entry per module, or solve again)")
         if self.status not in Status.ALL:
             raise PlanError(f"plan status {self.status!r} is not one of {Status.ALL}")
 

@@ -167,10 +167,13 @@ def remove(model: nn.Module) -> nn.Module:
     for m in model.modules():
         wrapper = m.__dict__.get("forward")
         if isinstance(wrapper, (RegionForward, SequentialRuns)):
-            if wrapper.previous is None:
+            previous = wrapper.previous
+            while isinstance(previous, (RegionForward, SequentialRuns)):  # wrapped twice: every layer of ours goes
+                previous = previous.previous
+            if previous is None:
                 del m.__dict__["forward"]
             else:
-                m.__dict__["forward"] = wrapper.previous
+                m.__dict__["forward"] = previous
     model.__dict__.pop(_PLAN_ATTR, None)
     return model
 

@@ -21,6 +21,7 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -160,10 +161,31 @@ def factory_of(name: str) -> Callable[..., Any]:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        return getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as exc:
+        module = importlib.import_module(mod_name)
+    except ImportError as exc:
         raise UnknownModel(f"cannot import the factory {name!r}: {exc} (modules are searched in the current "
                            "directory and on PYTHONPATH)") from exc
+    except Exception as exc:  # noqa: BLE001  (the user's module failed while importing: say where, in one line)
+        raise UnknownModel(f"cannot import the factory {name!r}: importing {mod_name} raised "
+                           f"{user_error(exc)}; fix the module and run again") from exc
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise UnknownModel(f"cannot import the factory {name!r}: module {mod_name} ({getattr(module, '__file__', '')}) "
+                           f"has no attribute {attr!r}")
+    if not callable(factory):
+        raise UnknownModel(f"model {name!r}: {mod_name}.{attr} is a {type(factory).__name__}, not a function; name a "
+                           "function that returns (model, args, kwargs) or (model, args, kwargs, loss)")
+    return factory
+
+
+def user_error(exc: BaseException) -> str:
+    """``Type: first line (file:line)`` of an exception raised in the user's code, for a one-line error."""
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc.msg} ({exc.filename}:{exc.lineno})"
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return f"{type(exc).__name__}{': ' + first if first else ''}{where}"
 
 
 def build(name: str, **options: Any) -> Example:
@@ -185,11 +207,11 @@ def build(name: str, **options: Any) -> Example:
         if key not in hf_configs.HF_CONFIGS:
             known = ", ".join("hf:" + k for k in hf_configs.HF_CONFIGS)
             raise UnknownModel(f"no transformers config named {key!r}; known: {known}")
-        _check_options(name, hf_configs.build, options)
+        check_options(name, hf_configs.build, options)
         model, args, kwargs, loss = hf_configs.build(key, **options)
         return Example(name, model, tuple(args), dict(kwargs), loss, options)
     factory = factory_of(name)
-    _check_options(name, factory, options)
+    check_options(name, factory, options)
     try:
         out = factory(**options)
     except (TypeError, ValueError, AssertionError, RuntimeError) as exc:
@@ -203,10 +225,20 @@ def build(name: str, **options: Any) -> Example:
         raise CkptError(f"{name} returned {type(out).__name__}; a factory returns (model, args, kwargs) "
                         "or (model, args, kwargs, loss)")
     model, args, kwargs = out[:3]
-    return Example(name, model, tuple(args), dict(kwargs or {}), out[3] if len(out) == 4 else None, options)
+    loss = out[3] if len(out) == 4 else None
+    for what, value, ok, want in (
+            ("model", model, isinstance(model, torch.nn.Module), "an nn.Module"),
+            ("args", args, isinstance(args, (tuple, list)), "a tuple of positional inputs, e.g. (x,)"),
+            ("kwargs", kwargs, kwargs is None or isinstance(kwargs, Mapping), "a dict of keyword inputs, or {}"),
+            ("loss", loss, loss is None or callable(loss), "a function of the model's output, or None")):
+        if not ok:
+            raise CkptError(f"{name} returned {what} as {type(value).__name__}; a factory returns (model, args, "
+                            f"kwargs) or (model, args, kwargs, loss), with {what} {want}")
+    return Example(name, model, tuple(args), dict(kwargs or {}), loss, options)
 
 
-def _check_options(name: str, factory: Callable[..., Any], options: Mapping[str, Any]) -> None:
+def check_options(name: str, factory: Callable[..., Any], options: Mapping[str, Any]) -> None:
+    """Refuse an option ``factory`` does not take, or a value of the wrong kind (as its default says)."""
     sig = inspect.signature(factory)
     if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
         return

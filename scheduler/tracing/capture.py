@@ -99,6 +99,9 @@ def capture_graph_module(module: nn.Module, args: tuple, kwargs: Mapping[str, An
             errors.append(("torch.export.export", exc))
     if not errors:
         raise TraceError(f"unknown tracing method {method!r}; use 'auto', 'fx' or 'export'")
+    bad_inputs = _eager_failure(module, args, kwargs)
+    if bad_inputs is not None:  # not the tracers' fault: the model itself does not run on these inputs
+        raise bad_inputs from errors[-1][1]
     msgs = "; ".join(_explain(who, exc, module) for who, exc in errors)
     raise TraceError(
         f"could not trace {type(module).__name__}: {msgs}. What to try: make the failing code traceable "
@@ -170,8 +173,14 @@ def _export(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> torch.
     from .eager_branches import eager_mask_decisions
 
     def run() -> torch.fx.GraphModule:
-        with eager_mask_decisions(module, tuple(args), kwargs):  # NOTE [ Eager's attention masks under export ]
-            ep = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
+        # FakeTensor logs a traceback of every failing meta kernel; the TraceError raised from it says what it says
+        fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+        disabled, fake_log.disabled = fake_log.disabled, True
+        try:
+            with eager_mask_decisions(module, tuple(args), kwargs):  # NOTE [ Eager's attention masks under export ]
+                ep = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
+        finally:
+            fake_log.disabled = disabled
         return ep.module(check_guards=False)
 
     try:
@@ -206,6 +215,38 @@ def _importable(cls: type) -> bool:
         return getattr(importlib.import_module(cls.__module__), cls.__qualname__, None) is cls
     except Exception:  # noqa: BLE001
         return False
+
+
+def _run_eager(module: nn.Module, fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any]) -> Any:
+    """``fn(*args, **kwargs)`` without grad, seeded, with ``module``'s buffers (BatchNorm statistics) restored."""
+    state = list(module.buffers())
+    saved = [b.detach().clone() for b in state]
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(0)
+            return fn(*args, **kwargs)
+    finally:
+        with torch.no_grad():
+            for b, s in zip(state, saved):
+                b.copy_(s)
+
+
+def _inputs_error(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], exc: BaseException) -> TraceError:
+    """The error for a model that fails on its own example inputs (wrong shapes, a missing argument...)."""
+    shapes = ", ".join(f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}" if isinstance(t, torch.Tensor)
+                       else type(t).__name__ for t in pytree.tree_leaves((tuple(args), dict(kwargs))))
+    return TraceError(f"the model does not run on its example inputs ({shapes or 'none'}): "
+                      f"{_explain('its forward', exc, module)}; give inputs the model takes (a factory returns "
+                      "(model, args, kwargs) or (model, args, kwargs, loss))")
+
+
+def _eager_failure(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> TraceError | None:
+    """After both tracers failed: the error of an eager forward on the same inputs, or None if it runs."""
+    try:
+        _run_eager(module, module, args, kwargs)
+    except Exception as exc:  # noqa: BLE001
+        return _inputs_error(module, args, kwargs, exc)
+    return None
 
 
 def _explain(who: str, exc: BaseException, module: nn.Module) -> str:
@@ -302,20 +343,11 @@ def check_against_eager(module: nn.Module, gm: torch.fx.GraphModule, args: tuple
         # the tracer's own shape propagation is the check.
         log.info("meta tensors: the eager check is skipped (no values); shapes come from the tracer")
         return
-    state = [b for b in module.buffers()]
-    saved = [b.detach().clone() for b in state]
-
-    def run(fn: Callable[..., Any]) -> Any:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(0)
-            out = fn(*args, **kwargs)
-        with torch.no_grad():
-            for b, s in zip(state, saved):
-                b.copy_(s)
-        return out
-
-    expected = run(module)
-    got = run(gm)
+    try:
+        expected = _run_eager(module, module, args, kwargs)
+    except Exception as exc:  # noqa: BLE001  (the model's own code on the user's inputs)
+        raise _inputs_error(module, args, kwargs, exc) from exc
+    got = _run_eager(module, gm, args, kwargs)
     exp_leaves, exp_spec = pytree.tree_flatten(expected)
     got_leaves, got_spec = pytree.tree_flatten(got)
     if len(exp_leaves) != len(got_leaves):
