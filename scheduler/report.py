@@ -7,7 +7,8 @@ from typing import Any, Sequence
 from graphs import Graph
 from solvers import Plan, Simulation, format_bytes
 
-__all__ = ["table", "plan_summary", "simulation_summary", "ratio", "format_seconds", "recompute_line", "cost_model"]
+__all__ = ["table", "plan_summary", "simulation_summary", "ratio", "format_seconds", "recompute_line", "cost_model",
+           "compact_modules", "checkpoints_line", "regions_table"]
 
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
@@ -67,6 +68,62 @@ def simulation_summary(graph: Graph, sim: Simulation, budget_bytes: int | None =
     return "\n".join(lines)
 
 
+def compact_modules(paths: Sequence[str]) -> str:
+    """Module paths in a short form: ``h.0.mlp, h.1.mlp, h.2.mlp, lm_head`` -> ``h.{0-2}.mlp, lm_head``.
+
+    Paths that differ only in their last numeric component (a block's index) are
+    grouped, in the order they first appear; "" (a region that is no single call) is ``-``.
+    """
+    groups: dict[str, list[int]] = {}
+    for path in paths:
+        parts = (path or "-").split(".")
+        at = next((i for i in range(len(parts) - 1, -1, -1) if parts[i].isdigit()), None)
+        if at is None:
+            groups.setdefault(path or "-", [])
+            continue
+        key = ".".join(parts[:at] + ["{}"] + parts[at + 1:])
+        groups.setdefault(key, []).append(int(parts[at]))
+    out = []
+    for key, idx in groups.items():
+        if not idx:
+            out.append(key)
+        elif len(idx) == 1:
+            out.append(key.replace("{}", str(idx[0])))
+        else:
+            out.append(key.replace("{}", "{" + _ranges(idx) + "}"))
+    return ", ".join(out)
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``0-2,5,7-8``."""
+    vals = sorted(set(values))
+    runs: list[list[int]] = []
+    for v in vals:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def checkpoints_line(plan: Plan) -> str:
+    """``checkpoints 12 submodule calls: h.{0-11}`` (what ``apply`` hooks), or that it stores everything."""
+    if not plan.regions:
+        return "checkpoints nothing (store everything)"
+    if not plan.modules:
+        return f"checkpoints {len(plan.regions)} regions (no module paths: a graph without submodule calls)"
+    kept = f", keeping {len(plan.saved)} op outputs inside them" if plan.saved else ""
+    return f"checkpoints {len(plan.regions)} submodule calls{kept}: {compact_modules(plan.modules)}"
+
+
+def regions_table(graph: Graph, plan: Plan) -> str:
+    """One row per region: its submodule call (``Plan.modules``), its first and last graph nodes, its size."""
+    modules = plan.modules or ("",) * len(plan.regions)
+    rows = [(f"[{a}, {b}]", m or "-", graph.nodes[a].name, graph.nodes[b].name, b - a + 1)
+            for (a, b), m in zip(plan.regions, modules)]
+    return table(rows, ["region", "submodule call", "first node", "last node", "nodes"])
+
+
 def plan_summary(graph: Graph, plan: Plan) -> str:
     """Regions, predicted peak vs budget, overhead, solve time, status."""
     method = plan.findings.get("method")
@@ -78,9 +135,7 @@ def plan_summary(graph: Graph, plan: Plan) -> str:
         lines.append(f"predicted peak {format_bytes(plan.peak_bytes)}{budget}")
     if plan.recompute_flops is not None:
         lines.append(recompute_line(graph, plan.recompute_flops, plan.recompute_time_s))
+    lines.append(checkpoints_line(plan))
     if plan.regions:
-        rows = [(f"[{a}, {b}]", graph.nodes[a].name, graph.nodes[b].name, b - a + 1) for a, b in plan.regions]
-        lines.append(table(rows, ["region", "first", "last", "nodes"]))
-    else:
-        lines.append("no checkpoint regions (store everything)")
+        lines.append(regions_table(graph, plan))
     return "\n".join(lines)

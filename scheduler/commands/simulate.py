@@ -8,7 +8,7 @@ import graphs
 from solvers import load_plan
 
 from ..api import simulate
-from ..report import simulation_summary
+from ..report import checkpoints_line, regions_table, simulation_summary
 
 NAME = "simulate"
 HELP = "print the simulated peak memory of a plan (or of store-all) and its breakdown"
@@ -33,4 +33,8 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan) if args.plan else None
     sim = simulate(graph, plan, check=not args.no_check)
     print(simulation_summary(graph, sim, plan.budget_bytes if plan else None))
+    if plan is not None:
+        print(checkpoints_line(plan))
+        if plan.regions:
+            print(regions_table(graph, plan))
     return 0
