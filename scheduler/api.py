@@ -21,7 +21,8 @@ import solvers
 from graphs import Graph
 from solvers import InfeasibleBudget, Plan, Simulation
 
-from .sizing.budget import BudgetSpec, parse_budget
+from .sizing.budget import BudgetSpec
+from .sizing.memory import ReserveSpec, step_budget_bytes
 from .sizing.floor import explain_floor
 from .sizing.search import fit
 
@@ -47,7 +48,8 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: str | None = None, **options: Any) -> Plan:
+def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: str | None = None,
+          mixed_precision: bool = False, reserve: ReserveSpec = 0, **options: Any) -> Plan:
     """Choose which activations to keep for ``graph`` under ``budget``.
 
     Args:
@@ -61,17 +63,23 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
             cheapest plan of ``dp``, ``chen``, ``uniform`` and ``per-module``).
             ``dp`` is faster on chains but plans only at the cuts of its chain,
             and says "infeasible" on some DAGs where ``ilp`` fits.
-        optimizer: subtract this optimizer's state from a byte budget
-            (``adam``, ``adamw``, ``sgd``, ...).
+        optimizer, mixed_precision, reserve: the step's persistent state
+            outside the graph, subtracted from a byte budget as ``fit`` does
+            for a card (``scheduler.sizing.memory.step_budget_bytes``): the
+            optimizer's state (``adam``, ``adamw``, ``sgd``, ...), the fp32
+            master copy and fp32 state under mixed precision, and a reserve
+            (a share such as ``"5%"`` or a size; default 0).
         **options: solver options (e.g. ``time_limit_s`` for ``ilp``).
 
     Raises:
-        BudgetError: the budget cannot be read.
+        BudgetError: the budget cannot be read (NothingFits: the persistent
+            state alone is over it).
         UnknownOption: an option the solver does not take.
         InfeasibleBudget: nothing fits; ``.min_feasible_bytes`` says what would
             and ``.floor`` which step sets the least peak (``scheduler.sizing.floor``).
     """
-    budget_bytes = parse_budget(budget, graph, optimizer=optimizer)
+    budget_bytes = step_budget_bytes(budget, graph, optimizer=optimizer, mixed_precision=mixed_precision,
+                                     reserve=reserve)
     try:
         return solvers.solve(graph, budget_bytes, solver=solver, **options)
     except InfeasibleBudget as exc:

@@ -18,7 +18,7 @@ from solvers import solver_info
 from solvers.options import describe
 
 __all__ = ["positive_int", "positive_float", "nonneg_float", "gap_fraction", "granularity", "parse_options",
-           "check_outputs", "reject_options", "MODEL_FLAGS", "add_model_flags", "add_model_arguments", "model_options",
+           "check_outputs", "model_files", "optimizer_name", "add_step_flags", "reject_options", "MODEL_FLAGS", "add_model_flags", "add_model_arguments", "model_options",
            "split_items", "solver_flag_options", "solver_options_help"]
 
 
@@ -100,11 +100,13 @@ def add_model_flags(p: argparse.ArgumentParser, names: Iterable[str] | None = No
                        help=(helps or {}).get(flag, f"model option {flag}"))
 
 
-def add_model_arguments(p: argparse.ArgumentParser, *, positional: bool = True) -> None:
-    """The MODEL argument (unless the command names it otherwise), every model flag and ``-O KEY=VALUE``."""
+def add_model_arguments(p: argparse.ArgumentParser, *, positional: bool = True, model_help: str | None = None,
+                        helps: dict[str, str] | None = None) -> None:
+    """The MODEL argument (unless the command names it otherwise), every model flag and ``-O KEY=VALUE``
+    (``helps``: a command's own help for some flags)."""
     if positional:
-        p.add_argument("model", help="built-in name, hf:NAME, or package.module:factory (see `ckpt models`)")
-    add_model_flags(p)
+        p.add_argument("model", help=model_help or "built-in name, hf:NAME, or package.module:factory (see `ckpt models`)")
+    add_model_flags(p, helps=helps)
     p.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="any other model option (repeatable), e.g. --option vocab=1000")
 
@@ -114,6 +116,53 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k, None) is not None}
     opts.update(parse_options(args.option))
     return opts
+
+
+def optimizer_name(text: str) -> str:
+    """An optimizer named in ``scheduler.sizing.budget.OPTIMIZER_STATES`` (any case)."""
+    from ..sizing.budget import OPTIMIZER_STATES
+
+    if text.lower() not in OPTIMIZER_STATES:
+        raise argparse.ArgumentTypeError(f"unknown optimizer {text!r}; choose one of {', '.join(sorted(OPTIMIZER_STATES))}")
+    return text.lower()
+
+
+def add_step_flags(p: argparse.ArgumentParser, *, optimizer: str | None, reserve: str, budget: str) -> None:
+    """The persistent state of the step that a byte budget or card also holds (``solve`` and ``fit`` alike;
+    ``scheduler.sizing.memory``): ``--optimizer``, ``--mixed-precision``, ``--reserve``."""
+    from ..sizing.budget import OPTIMIZER_STATES
+
+    p.add_argument("--optimizer", type=optimizer_name, default=optimizer, metavar="NAME",
+                   help=f"the optimizer whose state the step keeps beside it, subtracted from the {budget}: "
+                        f"{', '.join(sorted(OPTIMIZER_STATES))} (adam: two states per parameter; default "
+                        f"{optimizer or 'none'})")
+    p.add_argument("--mixed-precision", action="store_true",
+                   help="low-precision weights with an fp32 master copy and fp32 optimizer state (ZeRO's 16 "
+                        f"bytes/param with Adam), subtracted from the {budget}")
+    p.add_argument("--reserve", default=None,
+                   help=f"held back from the {budget} for the CUDA context and allocator fragmentation: a share "
+                        f"(5%%, 0.1) or a size (2GiB); default {reserve}")
+
+
+def model_files(spec: str) -> list[str]:
+    """The files MODEL ``spec`` reads, which no output may replace: a factory's module source
+    (``package.module:factory``; found without running it) or a config path (``fit``'s ``config.json``)."""
+    import importlib.util
+    import os
+    import sys
+
+    if os.path.exists(spec):
+        return [spec]
+    mod_name, sep, _ = spec.partition(":")
+    if not sep or spec.startswith("hf:") or not all(p.isidentifier() for p in mod_name.split(".")):
+        return []
+    if os.getcwd() not in sys.path and "" not in sys.path:  # where scheduler.models.factory_of looks too
+        sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.util.find_spec(mod_name)
+    except Exception:  # noqa: BLE001  (a parent package that fails to import: building the model will say so)
+        return []
+    return [found.origin] if found is not None and found.origin and os.path.exists(found.origin) else []
 
 
 def check_outputs(outputs: Iterable[tuple[str, str | None]], inputs: Iterable[str | None] = ()) -> None:

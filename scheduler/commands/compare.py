@@ -9,7 +9,7 @@ import os
 from graphs import CkptError, write_text_atomic
 
 from ..progress import phase
-from .common import add_model_arguments, check_outputs, model_options, positive_float, positive_int
+from .common import add_model_arguments, check_outputs, model_files, model_options, positive_float, positive_int
 
 NAME = "compare"
 HELP = "our solvers and the usual tools (per-block, checkpoint_sequential, torch.compile), measured side by side"
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = [s for s in names or () if s not in available_solvers()]
     if unknown:
         raise CkptError(f"unknown solver(s) {unknown} in --solvers; available: {', '.join(available_solvers())}")
-    check_outputs([("--json", args.json_path)])
+    check_outputs([("--json", args.json_path)], inputs=model_files(args.model))
     if args.plots and os.path.exists(args.plots) and not os.path.isdir(args.plots):
         raise CkptError(f"--plots {args.plots!r} is a file; give a folder (created if missing)")
     import torch

@@ -10,10 +10,12 @@ from solvers import InfeasibleBudget, Plan, available_solvers, format_bytes, sol
 
 from ..api import solve
 from ..sizing.floor import explain_floor
-from ..sizing.budget import optimizer_state_bytes, parse_budget, read_budget
+from ..sizing.budget import parse_budget, read_budget
+from ..sizing.memory import parse_reserve, step_budget_bytes
 from ..progress import phase
 from ..report import cost_model, format_seconds, plan_summary, ratio, table
-from .common import check_outputs, gap_fraction, positive_float, solver_flag_options, solver_options_help, split_items
+from .common import (add_step_flags, check_outputs, gap_fraction, positive_float, solver_flag_options,
+                     solver_options_help, split_items)
 
 NAME = "solve"
 HELP = "choose the checkpoint regions of a graph under a memory budget"
@@ -22,12 +24,17 @@ DESCRIPTION = """Solve which activations to keep for GRAPH under a memory budget
 GRAPH is a cost-graph JSON file (see `ckpt trace`). The budget is for the
 whole step (parameters, gradients, activations), e.g. 6GiB, 512MiB, 1.5GB or
 bytes, or a fraction in (0, 1] of the store-all activations (0.3: store-all's
-peak less 70 % of its activation peak; 1 is store-all's peak).
---solver all runs every solver and prints them side by side.
+peak less 70 % of its activation peak; 1 is store-all's peak). With
+--optimizer, --mixed-precision and --reserve a budget in bytes also holds
+what the graph does not (the optimizer's state, the fp32 master copy, a
+reserve), taken off first as `ckpt fit` takes it off a card.
+--solver all runs every solver and prints them side by side. The plan's
+summary names the submodule calls it checkpoints.
 
 examples:
   ckpt solve graph.json --budget 2GiB --solver ilp --time-limit 30 -o plan.json
   ckpt solve graph.json --budget 0.3 --solver all
+  ckpt solve graph.json --budget 24GiB --optimizer adamw --mixed-precision --reserve 5% -o plan.json
   ckpt solve graph.json --budget 0.5 --solver cp-sat -S work_limit=10 -S workers=4
   ckpt solve --solver ilp --help-options
 
@@ -77,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a solver option, repeatable, e.g. -S work_limit=10 (see --help-options)")
     p.add_argument("--help-options", nargs=0, action=_HelpOptions,
                    help="list each solver's options (those of --solver when it comes first) and exit")
-    p.add_argument("--optimizer", default=None, help="subtract this optimizer's state from the budget (adam, sgd, ...)")
+    add_step_flags(p, optimizer=None, reserve="0", budget="budget (in bytes)")
     p.add_argument("-o", "--output", help="write the plan here (JSON; with --solver all, the cheapest plan that fits)")
 
 
@@ -97,6 +104,13 @@ def _check_all(args: argparse.Namespace) -> None:
         _options(name, args, strict=False)  # a value of the wrong type is an error before any work
 
 
+def _terms(args: argparse.Namespace) -> str:
+    """What the budget holds beside the graph's tensors, as the user gave it."""
+    terms = [f"{args.optimizer} state" if args.optimizer not in (None, "none") else "",
+             "the fp32 master copy" if args.mixed_precision else "", f"a reserve of {args.reserve}" if args.reserve else ""]
+    return ", ".join(t for t in terms if t)
+
+
 def run(args: argparse.Namespace) -> int:
     args.solver = args.solver or "ilp"
     if args.solver != "all" and args.solver not in available_solvers(methods=True):
@@ -106,21 +120,25 @@ def run(args: argparse.Namespace) -> int:
         _check_all(args)
     else:
         _options(args.solver, args)  # a flag the solver does not take is an error before any work
-    read_budget(args.budget)  # a bad budget or optimizer is an error before any work
-    optimizer_state_bytes(0, args.optimizer)
+    read_budget(args.budget)  # a bad budget or reserve is an error before any work
+    if args.reserve is not None:
+        parse_reserve(args.reserve, 1 << 62)
     check_outputs([("-o", args.output)], inputs=[args.graph])
     graph = graphs.load(args.graph)
+    budget = step_budget_bytes(args.budget, graph, optimizer=args.optimizer, mixed_precision=args.mixed_precision,
+                               reserve=args.reserve or 0)
+    if budget != parse_budget(args.budget, graph):
+        print(f"budget {args.budget} for the whole step: solvers plan against {format_bytes(budget)} (less "
+              f"{_terms(args)})")
     if args.solver != "all":
         with phase(f"solving with {args.solver}"):
-            plan = solve(graph, args.budget, solver=args.solver, optimizer=args.optimizer,
-                         **_options(args.solver, args))
+            plan = solve(graph, budget, solver=args.solver, **_options(args.solver, args))
         if args.output:
             plan.save(args.output)  # before printing: a closed stdout must not lose the plan
         print(plan_summary(graph, plan))
         if args.output:
             print(f"plan written to {args.output}")
         return 0
-    budget = parse_budget(args.budget, graph, optimizer=args.optimizer)
     step = graph.total_fwd_flops() + graph.total_bwd_flops()
     rows, best, lowest = [], None, None
     for name in available_solvers():

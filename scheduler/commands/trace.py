@@ -10,7 +10,7 @@ from graphs import BUILD_META, save
 from ..report import format_seconds
 from ..sizing.budget import format_bytes
 from ..tracing.roofline import DEFAULT_DEVICE, DEVICES
-from .common import add_model_arguments, check_outputs, granularity, model_options
+from .common import add_model_arguments, check_outputs, granularity, model_files, model_options
 
 NAME = "trace"
 HELP = "trace a model into a cost graph (recompute costs, bytes autograd saves) and write it as JSON"
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from ..progress import phase
     from ..tracer import capture
 
-    check_outputs([("-o", args.output)])
+    check_outputs([("-o", args.output)], inputs=model_files(args.model))
     ex = build(args.model, **model_options(args))
     with phase(f"tracing {args.model}"):
         traced = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity=args.granularity,

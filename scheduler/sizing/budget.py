@@ -112,28 +112,25 @@ def parse_budget(spec: BudgetSpec, graph: Graph | None = None, *, optimizer: str
             or ``"3e-1"``) of the store-all activations (needs ``graph``;
             NOTE [ Fractional budgets ]).
         graph: the graph the budget applies to (for fractions).
-        optimizer: when given, its state is subtracted from a byte budget.
+        optimizer: when given, its state is subtracted from a byte budget
+            (``scheduler.sizing.memory.step_budget_bytes``, which also takes
+            mixed precision and a reserve).
 
     Raises:
         BudgetError: malformed spec, a bare number above 1 that is no byte
-            count (with a hint), a fraction without a graph, or optimizer
-            state that leaves nothing for the step.
+            count (with a hint), a fraction without a graph (or with an
+            optimizer), or persistent state that leaves nothing for the step.
     """
+    if optimizer and graph is not None:
+        from .memory import step_budget_bytes  # memory builds on this module
+
+        return step_budget_bytes(spec, graph, optimizer=optimizer)
     kind, value = read_budget(spec)
     if kind == "fraction":
         if graph is None:
             raise BudgetError(f"a fractional budget ({spec!r}) needs the graph to know the store-all peak")
         return activation_budget_bytes(graph, value)
-    total = int(value)
-    if optimizer and graph is not None:
-        state = optimizer_state_bytes(graph.param_bytes, optimizer)
-        if state >= total:
-            raise BudgetError(
-                f"{optimizer} state alone takes {format_bytes(state)}, which is all of the {format_bytes(total)} budget; "
-                "raise the budget or use an optimizer with less state"
-            )
-        total -= state
-    return total
+    return int(value)
 
 
 def read_budget(spec: BudgetSpec) -> tuple[str, float | int]:

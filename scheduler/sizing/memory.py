@@ -50,16 +50,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
 
-from graphs import CkptError
+from graphs import Graph
 from solvers import Simulation, format_bytes
 
-from .budget import OPTIMIZER_STATES, BudgetError, parse_size
+from .budget import OPTIMIZER_STATES, BudgetError, BudgetSpec, optimizer_state_bytes, parse_budget, parse_size, read_budget
 from ..report import table
 
 __all__ = [
     "DTYPE_BYTES", "DEFAULT_RESERVE", "NothingFits", "PersistentState", "PlanMemory", "MemoryReport",
     "dtype_bytes", "dtype_name", "persistent_state", "parse_reserve", "plan_memory", "memory_report", "render_report",
-    "levers",
+    "levers", "check_state_fits", "graph_state", "step_budget_bytes",
 ]
 
 #: Bytes per element of the dtypes a model is trained in.
@@ -74,7 +74,7 @@ _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float
 ReserveSpec = Union[str, int, float, None]
 
 
-class NothingFits(CkptError):
+class NothingFits(BudgetError):
     """Persistent state (or the smallest size) does not fit the card.
 
     Attributes:
@@ -85,7 +85,8 @@ class NothingFits(CkptError):
     def __init__(self, message: str, report: "MemoryReport", levers: Sequence[str]) -> None:
         self.report = report
         self.levers = tuple(levers)
-        super().__init__(message + " What would help: " + " ".join(f"({i + 1}) {s}" for i, s in enumerate(levers)))
+        helps = " What would help: " + " ".join(f"({i + 1}) {s}" for i, s in enumerate(levers)) if levers else ""
+        super().__init__(message + helps)
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -211,8 +212,14 @@ def parse_reserve(spec: ReserveSpec, device_bytes: int) -> int:
         value = int(spec * device_bytes)
     elif isinstance(spec, int):
         value = spec
+    elif str(spec).strip() == "0":
+        value = 0
     else:
-        value = 0 if str(spec).strip() == "0" else parse_size(spec)
+        try:
+            value = parse_size(spec)
+        except BudgetError:
+            raise BudgetError(f"cannot read reserve {spec!r}; write a share such as '5%' or 0.05, or a size such as "
+                              "'2GiB'") from None
     if value < 0 or value >= device_bytes:
         raise BudgetError(f"a reserve of {format_bytes(value)} leaves nothing of a {format_bytes(device_bytes)} card")
     return value
@@ -339,6 +346,66 @@ def render_report(report: MemoryReport) -> str:
         head = (f"card {format_bytes(card)}; solvers plan against {format_bytes(report.solver_budget_bytes)} "
                 "(card - reserve - optimizer state - master weights)")
     return head + "\n" + table(rows, ["category", "bytes", "of card", ""])
+
+
+def check_state_fits(report: MemoryReport, *, what: str = "card") -> None:
+    """Refuse a step whose persistent state (and reserve) leaves nothing for activations.
+
+    Raises:
+        NothingFits: the state alone is over (or all of) the ``what`` (``card`` or ``budget``), with the levers.
+    """
+    if report.activation_room_bytes >= 0:
+        return
+    s, card = report.state, report.device_bytes
+    over = report.persistent_bytes - card
+    raise NothingFits(
+        f"nothing fits: the persistent state alone ({format_bytes(report.persistent_bytes)} = weights "
+        f"{format_bytes(s.param_bytes)} + gradients {format_bytes(s.grad_bytes)} + optimizer state "
+        f"{format_bytes(s.optimizer_bytes)} + master weights {format_bytes(s.master_bytes)} + reserve "
+        f"{format_bytes(report.reserve_bytes)}) is {'over' if over > 0 else 'all of'} the {format_bytes(card)} "
+        f"{what}{f' by {format_bytes(over)}' if over > 0 else ''}, before any activation"
+        + ("." if what == "card" else "; raise the budget (`ckpt fit` names what else would help)"),
+        report, levers(report) if what == "card" else ())
+
+
+def graph_state(graph: Graph, *, optimizer: str | None = None, mixed_precision: bool = False) -> PersistentState:
+    """The persistent state of the step ``graph`` was traced for (its parameter count and dtype from its meta,
+    else fp32 parameters of ``graph.param_bytes``)."""
+    dtype = str(graph.meta.get("dtype", "fp32"))
+    dtype = dtype_name(dtype) if dtype.lower().removeprefix("torch.") in (*DTYPE_BYTES, *_DTYPE_ALIASES) else "fp32"
+    params = graph.meta.get("parameters")
+    if not isinstance(params, int) or isinstance(params, bool) or params < 0:
+        params = graph.param_bytes // DTYPE_BYTES[dtype]
+    return persistent_state(params, dtype=dtype, optimizer=optimizer, mixed_precision=mixed_precision)
+
+
+def step_budget_bytes(spec: BudgetSpec, graph: Graph, *, optimizer: str | None = None, mixed_precision: bool = False,
+                      reserve: ReserveSpec = 0) -> int:
+    """The budget a solver plans ``graph`` against: ``spec`` for the whole step, less what ``simulate`` does not
+    count (optimizer state, the fp32 master copy) and the reserve, as ``fit`` does for a card (NOTE [ Bytes per
+    parameter ], NOTE [ Reserve ]; the default reserve here is 0: the budget is the tensors' own).
+
+    A fraction (NOTE [ Fractional budgets ]) is a share of the activations: none of the terms applies to it.
+
+    Raises:
+        BudgetError: an unreadable budget or term, or a term given with a fraction.
+        NothingFits: the persistent state alone is over the budget.
+    """
+    kind, value = read_budget(spec)
+    terms = [t for t, on in (("an optimizer", optimizer not in (None, "none")), ("mixed precision", mixed_precision),
+                             ("a reserve", reserve not in (None, 0, "0"))) if on]
+    if kind == "fraction":
+        if optimizer is not None:
+            optimizer_state_bytes(0, optimizer)  # an unknown name is an error whatever the budget
+        if terms:
+            raise BudgetError(f"a fractional budget ({spec}) is a share of the store-all activations; "
+                              f"{' and '.join(terms)} {'belongs' if len(terms) == 1 else 'belong'} to a budget in "
+                              f"bytes for the whole step: give one (e.g. 6GiB), or leave {'it' if len(terms) == 1 else 'them'} out")
+        return parse_budget(spec, graph)
+    state = graph_state(graph, optimizer=optimizer, mixed_precision=mixed_precision)
+    report = memory_report(state, int(value), reserve=reserve)
+    check_state_fits(report, what="budget")
+    return report.solver_budget_bytes
 
 
 def levers(report: MemoryReport) -> list[str]:
