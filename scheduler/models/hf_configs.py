@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from graphs import CkptError
 
 __all__ = ["HFShape", "HF_CONFIGS", "HFConfigError", "hf_config", "build_hf_model", "hf_param_count", "describe",
-           "max_positions", "hf_inputs", "hf_loss", "build"]
+           "max_positions", "hf_inputs", "hf_loss", "model_config", "build"]
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +222,17 @@ def hf_loss(out: Any) -> Any:
 _LAYERS_FIELD = {"gpt2": "n_layer"}
 
 
+def model_config(name: str, *, layers: int | None = None, attn: str = "sdpa") -> Any:
+    """The config :func:`build` (and ``ckpt fit``) builds ``name`` from: a named shape with its build fields, a
+    config.json path or a model type (:func:`hf_config`), with ``layers`` layers and ``attn`` attention."""
+    overrides: dict[str, Any] = dict(HF_CONFIGS[name].build_fields) if name in HF_CONFIGS else {}
+    config = hf_config(name, **overrides)
+    if layers is not None:
+        config = hf_config(name, **overrides, **{_LAYERS_FIELD.get(config.model_type, "num_hidden_layers"): int(layers)})
+    config._attn_implementation = attn
+    return config
+
+
 def build(name: str, *, layers: int | None = None, batch: int = 1, seq: int = 128, dtype: Any = "fp32",
           device: str = "cpu", attn: str = "sdpa") -> tuple[Any, tuple, dict[str, Any], Any]:
     """``(model, args, kwargs, loss)`` for a named shape, as ``scheduler.models.build("hf:NAME")`` returns it.
@@ -234,12 +245,6 @@ def build(name: str, *, layers: int | None = None, batch: int = 1, seq: int = 12
         device: ``"cpu"``, or ``"meta"`` for shapes too large for this machine's memory.
         attn: transformers attention implementation (``sdpa`` or ``eager``).
     """
-    shape = HF_CONFIGS[name]
-    overrides: dict[str, Any] = dict(shape.build_fields)
-    if layers is not None:
-        overrides[_LAYERS_FIELD.get(shape.config["model_type"], "num_hidden_layers")] = int(layers)
-    config = hf_config(name, **overrides)
-    config._attn_implementation = attn
-    model = build_hf_model(config, dtype=dtype, device=device)
+    model = build_hf_model(model_config(name, layers=layers, attn=attn), dtype=dtype, device=device)
     args, kwargs = hf_inputs(model.config, batch, seq, device=device)
     return model, args, kwargs, hf_loss

@@ -16,6 +16,16 @@ NOTE [ Size search ]
     the first failure: ``O(log size)`` traces, each cached so that solvers
     share them. For a heuristic that is not monotone the answer is still a
     size that was probed and fits, with the next size up failing.
+
+NOTE [ One solver's stop ]
+    A solver that stops without an answer at some size (its time limit
+    passed with no plan, an unproven "infeasible", any error of the
+    project's, e.g. OR-Tools missing) does not fit there as far as the
+    search can tell: its search goes on below that size, the probe and the
+    solver's answer carry the reason (``stop``), and every other solver's
+    answer stands. One ``IlpTimeout`` used to end ``ckpt fit`` with exit
+    status 2 and drop every other solver's answer.
+    ``tests/scheduler/sizing/test_fit.py::test_one_solvers_stop_keeps_the_others``.
 """
 
 from __future__ import annotations
@@ -27,12 +37,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import solvers
 from graphs import CkptError, Graph
-from solvers import InfeasibleBudget, Plan, simulate
+from solvers import InfeasibleBudget, Plan, format_bytes, simulate
 
 from .budget import BudgetError, parse_size
+from .sized import SizedModel, sized_model
 from .memory import (
-    MemoryReport, NothingFits, PersistentState, PlanMemory, ReserveSpec, dtype_bytes, dtype_name, levers, memory_report,
-    persistent_state, plan_memory,
+    MemoryReport, NothingFits, PersistentState, PlanMemory, ReserveSpec, check_state_fits, dtype_bytes, dtype_name, levers,
+    memory_report, persistent_state, plan_memory,
 )
 
 __all__ = ["Probe", "SolverFit", "FitResult", "SizedModel", "search_largest", "fit_graphs", "fit", "sized_model",
@@ -40,8 +51,8 @@ __all__ = ["Probe", "SolverFit", "FitResult", "SizedModel", "search_largest", "f
 
 log = logging.getLogger(__name__)
 
-#: Solvers searched when none are named (those registered; ``ilp`` is slow on large graphs).
-DEFAULT_SOLVERS = ("store-all", "chen", "per-module", "dp")
+#: Solvers searched when none are named (those registered), ``ilp`` the default (NOTE [ The plan fit reports ]).
+DEFAULT_SOLVERS = ("store-all", "ilp", "dp", "chen", "per-module")
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,7 @@ class Probe:
         recompute_ratio: recompute FLOPs over the step's FLOPs (None without a plan).
         min_feasible_bytes: without a plan, the least budget the solver needs.
         phase: ``gallop`` or ``bisect``.
+        stop: why the solver gave no answer here (NOTE [ One solver's stop ]), "" when it answered.
     """
 
     solver: str
@@ -65,6 +77,7 @@ class Probe:
     recompute_ratio: float | None = None
     min_feasible_bytes: int | None = None
     phase: str = "gallop"
+    stop: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,8 @@ class SolverFit:
         plan: the plan at that size.
         capped: the search stopped at ``max_size`` (larger may fit).
         probes: every size tried, in order.
+        stop: where the solver first stopped without an answer and why
+            (NOTE [ One solver's stop ]: a larger size may fit), "" if it never did.
     """
 
     solver: str
@@ -88,6 +103,7 @@ class SolverFit:
     plan: Plan | None = None
     capped: bool = False
     probes: tuple[Probe, ...] = ()
+    stop: str = ""
 
 
 @dataclass(frozen=True)
@@ -118,28 +134,19 @@ class FitResult:
                 return r
         raise KeyError(solver)
 
+    def best(self) -> SolverFit | None:
+        """The answer ``fit`` reports (NOTE [ The plan fit reports ]); None when no solver fits.
 
-@dataclass(frozen=True)
-class SizedModel:
-    """A model seen as ``size -> graph`` along one dimension.
-
-    Attributes:
-        graph_at: traces the model at a size (called once per size; cached).
-        dimension: ``batch`` or ``seq``.
-        fixed: the other sizes held fixed (for the report).
-        params: parameter count (None: derived from the graph's ``param_bytes``).
-        trainable: trainable parameter count (None: all).
-        max_size: the largest size the model accepts (e.g. its positions).
-        name: a label.
-    """
-
-    graph_at: Callable[[int], Graph]
-    dimension: str = "batch"
-    fixed: Mapping[str, int] = field(default_factory=dict)
-    params: int | None = None
-    trainable: int | None = None
-    max_size: int | None = None
-    name: str = ""
+        NOTE [ The plan fit reports ]
+            The largest size; among those, the least recompute (the cost the
+            solvers minimise, ``Plan.recompute_cost``); among those, the first
+            solver asked (``ilp`` first by default, :data:`DEFAULT_SOLVERS`:
+            exact where it proves it, and never without a plan where a fast
+            solver has one). ``ckpt fit -o`` writes this plan unless
+            ``--plan-solver`` names another.
+        """
+        fits = [r for r in self.results if r.size is not None and r.plan is not None]
+        return min(fits, key=lambda r: (-r.size, r.plan.recompute_cost or 0, self.results.index(r)), default=None)
 
 
 def search_largest(fits: Callable[[int, str], bool], lo: int, hi: int, *, multiple_of: int = 1) -> tuple[int | None, bool]:
@@ -208,27 +215,42 @@ class _Trials:
     def try_size(self, solver: str, size: int, phase: str = "gallop") -> tuple[Probe, Plan | None]:
         key = (solver, size)
         if key not in self.done:
-            graph = self.graph(size)
-            if solver == "store-all":
-                sim = simulate(graph, None, record=False)
-                ok = sim.peak_bytes <= self.budget
-                plan = Plan(regions=()) if ok else None
-                probe = Probe(solver, size, ok, sim.peak_bytes if ok else None, 0.0 if ok else None,
-                              None if ok else sim.peak_bytes, phase)
+            try:
+                graph = self.graph(size)
+            except CkptError as exc:
+                if not self.graphs:  # not even one size traces: the model's own error
+                    raise
+                probe, plan = Probe(solver, size, False, phase=phase, stop=f"tracing at {size} failed: {_first(exc)}"), None
             else:
-                try:
-                    plan = solvers.solve(graph, self.budget, solver=solver, **dict(self.options.get(solver, {})))
-                    step = graph.total_fwd_flops() + graph.total_bwd_flops()
-                    probe = Probe(solver, size, True, plan.peak_bytes, (plan.recompute_flops or 0) / step if step else 0.0,
-                                  None, phase)
-                except InfeasibleBudget as exc:
-                    plan = None
-                    probe = Probe(solver, size, False, None, None, exc.min_feasible_bytes, phase)
+                probe, plan = self._solve(graph, solver, size, phase)
             self.done[key] = (probe, plan)
             log.info("%s at %s %d: %s", solver, self.model.dimension, size, "fits" if probe.fits else "does not fit")
             if self.progress is not None:
                 self.progress(probe)
         return self.done[key]
+
+    def _solve(self, graph: Graph, solver: str, size: int, phase: str) -> tuple[Probe, Plan | None]:
+        """One solver at one size: a fitting plan, a proven "does not fit", or a stop (NOTE [ One solver's stop ])."""
+        if solver == "store-all":  # its peak, also when it does not fit (the report's "needs")
+            peak = simulate(graph, None, record=False).peak_bytes
+            if peak > self.budget:
+                return Probe(solver, size, False, None, None, peak, phase), None
+        try:
+            plan = solvers.solve(graph, self.budget, solver=solver, **dict(self.options.get(solver, {})))
+        except InfeasibleBudget as exc:
+            shown = exc.proven or (exc.lower_bound_bytes is not None and exc.lower_bound_bytes > exc.budget_bytes)
+            stop = "" if shown else f"no plan found at {size}, and none proven impossible ({_first(exc)})"
+            return Probe(solver, size, False, None, None, exc.min_feasible_bytes, phase, stop), None
+        except CkptError as exc:
+            return Probe(solver, size, False, phase=phase, stop=f"stopped at {size}: {_first(exc)}"), None
+        step = graph.total_fwd_flops() + graph.total_bwd_flops()
+        ratio = (plan.recompute_flops or 0) / step if step else 0.0
+        return Probe(solver, size, True, plan.peak_bytes, ratio, None, phase), plan
+
+
+def _first(exc: BaseException) -> str:
+    """The first clause of an error's one-line message."""
+    return " ".join(str(exc).split()).split("; ")[0]
 
 
 def fit_graphs(model: SizedModel, device_memory: int | str, *, optimizer: str | None = "adam", dtype: str = "fp32",
@@ -275,14 +297,7 @@ def fit_graphs(model: SizedModel, device_memory: int | str, *, optimizer: str | 
                              mixed_precision=mixed_precision)
     base = memory_report(state, card, reserve=reserve, size={**model.fixed})
     budget = base.solver_budget_bytes
-    if base.activation_room_bytes < 0:
-        over = base.persistent_bytes - card
-        raise NothingFits(
-            f"nothing fits: the persistent state alone ({_gib(base.persistent_bytes)} = weights {_gib(state.param_bytes)}"
-            f" + gradients {_gib(state.grad_bytes)} + optimizer state {_gib(state.optimizer_bytes)}"
-            f" + master weights {_gib(state.master_bytes)} + reserve {_gib(base.reserve_bytes)}) is "
-            f"{'over' if over > 0 else 'all of'} the {_gib(card)} card{f' by {_gib(over)}' if over > 0 else ''},"
-            " before any activation.", base, levers(base))
+    check_state_fits(base)
     trials = _Trials(model, budget, solver_options or {}, progress)
     if first_graph is not None:
         trials.graphs[max(min_size, multiple_of)] = first_graph
@@ -291,11 +306,12 @@ def fit_graphs(model: SizedModel, device_memory: int | str, *, optimizer: str | 
         size, capped = search_largest(lambda s, ph: trials.try_size(name, s, ph)[0].fits, min_size, hi,
                                       multiple_of=multiple_of)
         probes = tuple(p for (sv, _), (p, _) in trials.done.items() if sv == name)
+        stop = next((p.stop for p in probes if p.stop), "")
         if size is None:
-            results.append(SolverFit(name, None, probes=probes))
+            results.append(SolverFit(name, None, probes=probes, stop=stop))
             continue
         probe, plan = trials.try_size(name, size)
-        results.append(SolverFit(name, size, probe.peak_bytes, probe.recompute_ratio, plan, capped, probes))
+        results.append(SolverFit(name, size, probe.peak_bytes, probe.recompute_ratio, plan, capped, probes, stop))
         log.info("%s: largest %s %d (peak %d bytes, recompute %.1f%%)", name, model.dimension, size,
                  probe.peak_bytes or 0, 100 * (probe.recompute_ratio or 0))
     best = max((r.size for r in results if r.size is not None), default=None)
@@ -304,7 +320,7 @@ def fit_graphs(model: SizedModel, device_memory: int | str, *, optimizer: str | 
     if best is None:
         raise NothingFits(
             f"nothing fits: at the smallest {model.dimension} ({at}) no solver finds a plan within the "
-            f"{_gib(budget)} the card leaves after optimizer state, master weights and reserve.", report, levers(report))
+            f"{format_bytes(budget)} the card leaves after optimizer state, master weights and reserve.", report, levers(report))
     return FitResult(model.dimension, dict(model.fixed), tuple(results), report, len(trials.graphs),
                      time.perf_counter() - t0)
 
@@ -324,12 +340,8 @@ def _report_at(trials: _Trials, names: Sequence[str], size: int, state: Persiste
                          size={**model.fixed, model.dimension: size})
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
-
-
 def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: int = 1, seq: int | None = None,
-        solvers: Sequence[str] | None = None, **kwargs: Any) -> FitResult:
+        solvers: Sequence[str] | None = None, options: Mapping[str, Any] | None = None, **kwargs: Any) -> FitResult:
     """The largest batch or sequence of ``model`` that fits a card of ``device_memory``, per solver.
 
     Example:
@@ -344,6 +356,8 @@ def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: i
         search: ``batch`` or ``seq`` (the other is held fixed).
         batch, seq: the fixed size of the dimension not searched.
         solvers: solver names to search with (default :data:`DEFAULT_SOLVERS`).
+        options: the model's other options (``layers``, ``width``, ...), as
+            ``ckpt trace`` takes them (:func:`~scheduler.sizing.sized.sized_model`).
         **kwargs: as :func:`fit_graphs` (optimizer, dtype, mixed_precision,
             reserve, max_size, multiple_of, solver_options, progress).
 
@@ -352,78 +366,5 @@ def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: i
     """
     kwargs["dtype"] = dtype_name(kwargs.get("dtype", "fp32"))
     if not isinstance(model, SizedModel):
-        model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs["dtype"])
+        model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs["dtype"], options=options)
     return fit_graphs(model, device_memory, solver_names=solvers, **kwargs)
-
-
-def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | None = None, dtype: str = "fp32",
-                granularity: Any = None) -> SizedModel:
-    """``spec`` (a model name) as ``size -> graph`` along ``search``, re-traced at each size.
-
-    hf models (``hf:NAME``, a ``config.json`` path) are built once on the meta
-    device (no weights allocated) and traced at each size with token ids and
-    labels (the model computes its loss). Built-in names go through
-    ``scheduler.models``. The default sequence is the model's (capped at 4096).
-
-    Raises:
-        BudgetError: ``search`` is neither ``batch`` nor ``seq``.
-        HFConfigError: an unknown hf name or unreadable config.
-    """
-    import os
-
-    from ..models import hf_configs as hf
-
-    if search not in ("batch", "seq"):
-        raise BudgetError(f"search must be 'batch' or 'seq', got {search!r}")
-    import scheduler
-    is_hf = spec.startswith("hf:") or spec.endswith(".json") or os.path.isdir(spec)
-    if is_hf:
-        config = hf.hf_config(spec[3:] if spec.startswith("hf:") else spec)
-        module = hf.build_hf_model(config, dtype=dtype, device="meta")
-        limit = hf.max_positions(config)
-        seq = seq or min(limit or 1024, 4096)
-
-        def graph_at(size: int) -> Graph:
-            b, s = (size, seq) if search == "batch" else (batch, size)
-            args, kwargs = hf.hf_inputs(config, b, s, device="meta")
-            opts = {} if granularity is None else {"granularity": granularity}
-            return scheduler.trace(module, args, kwargs, loss=hf.hf_loss, **opts)
-    else:
-        build = _builtin(spec, dtype)
-        limit = None
-        example = build(batch=1, **({"seq": seq} if seq else {}))
-        module = example.model
-        seq = seq or example.options.get("seq")
-
-        def graph_at(size: int) -> Graph:
-            sizes = {"batch": size, "seq": seq} if search == "batch" else {"batch": batch, "seq": size}
-            ex = build(**{k: v for k, v in sizes.items() if v is not None})
-            opts = {} if granularity is None else {"granularity": granularity}
-            return scheduler.trace(ex.model, ex.args, ex.kwargs, loss=ex.loss, **opts)
-    params = sum(p.numel() for p in module.parameters())
-    trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    fixed = {"seq": seq} if search == "batch" else {"batch": batch}
-    return SizedModel(graph_at=graph_at, dimension=search, fixed=fixed, params=params, trainable=trainable,
-                      max_size=limit if search == "seq" else None, name=spec)
-
-
-def _builtin(name: str, dtype: str) -> Callable[..., Any]:
-    """``(**sizes) -> Example`` (``scheduler.models``) built on the meta device: shapes only, nothing allocated."""
-    import torch
-
-    from .. import models
-
-    factory = models.factory_of(name)
-    takes = models.options_of(factory)
-    if "dtype" not in takes and dtype not in ("fp32", "float32"):
-        raise CkptError(f"model {name} takes no dtype option, so it cannot be sized in {dtype}; give its factory a "
-                        "`dtype` keyword, or fit in fp32")
-    extra = {**({"dtype": dtype} if "dtype" in takes else {}), **({"device": "meta"} if "device" in takes else {})}
-
-    def build(**sizes: Any) -> Any:
-        # A factory without a device option builds under torch.device("meta"): shapes only, if it
-        # creates its tensors without naming a device.
-        with torch.device("meta"):
-            return models.build(name, **extra, **sizes)
-
-    return build
