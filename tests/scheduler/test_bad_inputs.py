@@ -72,6 +72,7 @@ FILES = {
     "list.json": b"[1, 2, 3]",
     "name.json": _bad_graph(_set("name", 42)),
     "sum.json": _bad_graph(lambda d: [n.__setitem__("out_bytes", 2**61) for n in d["nodes"][:4]]),
+    "params.json": _bad_graph(_set("param_bytes", 2**30)),
 }
 
 #: (id, argv, exit status, text on stderr). In argv: {d} is the case's folder; {d}/out.json holds SENTINEL.
@@ -96,6 +97,12 @@ CLI_CASES = [
     ("budget lots", ["solve", "{d}/g.json", "-b", "lots"], 2, "cannot read"),
     ("budget nan", ["solve", "{d}/g.json", "-b", "nan"], 2, "cannot read"),
     ("optimizer lion", ["solve", "{d}/g.json", "-b", "0.5", "--optimizer", "lion"], 2, "unknown optimizer"),
+    ("optimizer with a fraction", ["solve", "{d}/g.json", "-b", "0.5", "--optimizer", "adam", "-o", "{d}/out.json"], 2,
+     "a fractional budget (0.5) is a share of the store-all activations; an optimizer belongs to"),
+    ("state over the budget", ["solve", "{d}/params.json", "-b", "3GiB", "--optimizer", "adam", "-o", "{d}/out.json"], 2,
+     "persistent state alone (4.00 GiB = weights 1.00 GiB + gradients 1.00 GiB + optimizer state 2.00 GiB"),
+    ("reserve bogus", ["solve", "{d}/g.json", "-b", "6GiB", "--reserve", "lots"], 2, "cannot read reserve"),
+    ("mixed precision on fp32", ["solve", "{d}/g.json", "-b", "6GiB", "--mixed-precision"], 2, "bf16/fp16 weights"),
     # solver flags
     ("chen --time-limit", ["solve", "{d}/g.json", "-b", "0.5", "-s", "chen", "--time-limit", "3", "-o", "{d}/out.json"],
      2, "--time-limit does not apply to solver chen"),
@@ -142,6 +149,7 @@ CLI_CASES = [
     ("plan status bogus", ["simulate", "{d}/g.json", "{d}/pstatus.json"], 2, "status"),
     ("plan budget a string", ["simulate", "{d}/g.json", "{d}/pbudget.json"], 2, "must be an integer"),
     ("plan regions not a list", ["simulate", "{d}/g.json", "{d}/pregions.json"], 2, "[first, last] pairs"),
+    ("plan names a module twice", ["simulate", "{d}/g.json", "{d}/pdup.json"], 2, "names module 'blocks.0' for 2 regions"),
     ("plan not UTF-8", ["simulate", "{d}/g.json", "{d}/latin1.json"], 2, "not UTF-8"),
     ("plan is a directory", ["simulate", "{d}/g.json", "{d}"], 2, "is a directory"),
     ("plan missing", ["apply", "gpt", "{d}/none.json"], 2, "does not exist"),
@@ -169,7 +177,67 @@ CLI_CASES = [
     ("demo --steps 0", ["demo", "--steps", "0"], 2, "positive integer"),
     ("fit bare memory", ["fit", "gpt", "--device-memory", "80"], 2, "did you mean 80GiB"),
     ("fit --batch 0", ["fit", "gpt", "--device-memory", "2GiB", "--batch", "0"], 2, "positive integer"),
+    ("fit --device", ["fit", "gpt", "-m", "2GiB", "--device", "cpu", "-o", "{d}/out.json"], 2, "meta device"),
+    ("fit --plan-solver not searched", ["fit", "gpt", "-m", "2GiB", "-s", "dp", "--plan-solver", "ilp"], 2,
+     "not among the solvers searched"),
+    ("fit unknown solver", ["fit", "gpt", "-m", "2GiB", "-s", "nope"], 2, "nope"),
+    ("fit -O width=abc", ["fit", "gpt", "-m", "2GiB", "-O", "width=abc", "-o", "{d}/out.json"], 2, "takes an integer"),
+    ("fit -O unknown", ["fit", "gpt", "-m", "2GiB", "-O", "wingspan=3"], 2, "does not take option"),
+    ("fit -o a Python file", ["fit", "gpt", "-m", "2GiB", "-o", "{d}/plan.py"], 2, "names a Python file"),
+    # factories (badfac.py and badsyntax.py in the case's folder, on sys.path)
+    ("trace -o the factory's source", ["trace", "badfac:build", "-o", "{d}/badfac.py"], 2, "names a Python file"),
+    ("trace -o a link to the factory", ["trace", "badfac:build", "-o", "{d}/factory-link.json"], 2,
+     "is also an input of this command"),
+    ("factory not callable", ["trace", "badfac:__name__"], 2, "badfac.__name__ is a str, not a function"),
+    ("factory missing", ["trace", "badfac:nothere", "-o", "{d}/out.json"], 2, "has no attribute 'nothere'"),
+    ("factory kwargs a list", ["trace", "badfac:listkw", "-o", "{d}/out.json"], 2, "returned kwargs as list"),
+    ("factory args a tensor", ["trace", "badfac:bare", "-o", "{d}/out.json"], 2, "returned args as Tensor"),
+    ("factory inputs do not fit (fx)", ["trace", "badfac:mismatch", "-o", "{d}/out.json"], 2,
+     "the model does not run on its example inputs ((2, 8) float32)"),
+    ("factory inputs do not fit (export)", ["trace", "badfac:mismatch_loss", "-o", "{d}/out.json"], 2,
+     "the model does not run on its example inputs ((2, 8) float32)"),
+    ("module syntax error", ["trace", "badsyntax:build", "-o", "{d}/out.json"], 2, "SyntaxError: invalid syntax"),
+    ("module raises on import", ["trace", "badimport:build"], 2, "importing badimport raised ValueError: boom"),
 ]
+
+#: Factories the CLI cases above import from the case's folder.
+FACTORIES = {
+    "badfac.py": """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc(x).relu().sum()
+
+
+def build(batch: int = 2):
+    return Net(), (torch.randn(batch, 16),), {}
+
+
+def listkw(batch: int = 2):
+    return Net(), (torch.randn(batch, 16),), [1, 2]
+
+
+def bare(batch: int = 2):
+    return Net(), torch.randn(batch, 16), {}
+
+
+def mismatch(batch: int = 2):
+    return Net(), (torch.randn(batch, 8),), {}
+
+
+def mismatch_loss(batch: int = 2):
+    return nn.Linear(16, 16), (torch.randn(batch, 8),), {}, lambda y: y.sum()
+""",
+    "badsyntax.py": "def build(:\n",
+    "badimport.py": "raise ValueError('boom')\n",
+}
 
 
 @pytest.fixture(scope="module")
@@ -190,18 +258,23 @@ def folder(tmp_path_factory) -> Path:
         "pstatus.json": {**good, "status": "great"},
         "pbudget.json": {**good, "budget_bytes": "6GiB"},
         "pregions.json": {**good, "regions": "0-3"},
+        "pdup.json": {**good, "regions": [[0, 2], [4, 6]], "modules": ["blocks.0", "blocks.0"]},
     }
     for name, data in variants.items():
         (d / name).write_text(json.dumps(data))
     (d / "pnan.json").write_text(json.dumps(good).replace('"bound": ' + json.dumps(good["bound"]), '"bound": NaN'))
     for name, data in FILES.items():
         (d / name).write_bytes(data)
+    for name, text in FACTORIES.items():
+        (d / name).write_text(text)
+    os.symlink(d / "badfac.py", d / "factory-link.json")
     return d
 
 
 @pytest.mark.parametrize("case", CLI_CASES, ids=[c[0] for c in CLI_CASES])
-def test_cli_bad_input(case, folder, capsys):
+def test_cli_bad_input(case, folder, capsys, monkeypatch):
     _, argv, code, text = case
+    monkeypatch.syspath_prepend(str(folder))
     (folder / "out.json").write_bytes(SENTINEL)
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     got = main([a.format(d=folder) for a in argv])
@@ -243,6 +316,12 @@ API_CASES = [
     ("load_plan: directory", lambda: solvers.load_plan(ROOT), PlanError, "is a directory"),
     ("graphs.load: directory", lambda: graphs.load(ROOT), GraphError, "is a directory"),
     ("save into a directory", lambda: graphs.save(synthetic.chain(3), ROOT / "tests"), CkptError, "cannot write"),
+    ("Plan: a module path twice", lambda: Plan(regions=((0, 1), (2, 3)), modules=("h.0", "h.0")), PlanError,
+     "names module 'h.0' for 2 regions"),
+    ("solve: optimizer with a fraction", lambda: scheduler.solve(synthetic.chain(8), 0.5, optimizer="adam"),
+     BudgetError, "fractional budget"),
+    ("solve: reserve over the budget", lambda: scheduler.solve(synthetic.chain(8), "1GiB", reserve="2GiB"),
+     BudgetError, "leaves nothing"),
 ]
 
 
@@ -256,6 +335,38 @@ def test_api_bad_input(case):
 
 def test_the_table_is_large_enough():
     assert len(CLI_CASES) + len(API_CASES) >= 60
+
+
+def test_output_through_a_symlink_writes_its_target(tmp_path):
+    """NOTE [ Output files ]: ``-o`` naming a link replaces the file the link points to; the link stays a link."""
+    graphs.save(synthetic.transformer(20), tmp_path / "g.json")
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "plan.json"
+    target.write_bytes(SENTINEL)
+    link = tmp_path / "latest.json"
+    os.symlink(os.path.join("runs", "plan.json"), link)
+    assert main(["solve", str(tmp_path / "g.json"), "-b", "0.6", "-s", "dp", "-o", str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == os.path.join("runs", "plan.json")
+    assert target.read_bytes() != SENTINEL and solvers.load_plan(target).regions
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["plan.json"]  # no temporary file left
+
+
+def test_remove_takes_off_a_region_wrapped_twice():
+    """A plan that named one module twice wrapped it twice; ``remove`` restores the user's own forward."""
+    from torch import nn
+
+    from scheduler.applying import remove
+    from scheduler.applying.regions import RegionForward
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    inner, users = model[0], model[1]
+    own = users.forward  # a forward the user set on the instance before any plan
+    users.forward = own
+    for m in (inner, users):
+        first = RegionForward(m, "x", stochastic=False, previous=m.__dict__.get("forward"))
+        m.forward = RegionForward(m, "x", stochastic=False, previous=first)
+    remove(model)
+    assert "forward" not in inner.__dict__ and users.__dict__["forward"] == own
 
 
 def test_sigint_stops_cp_sat(tmp_path):
@@ -341,6 +452,38 @@ def test_unproven_least_peak_is_labelled(monkeypatch):
     assert not exc.proven and exc.lower_bound_bytes == budget + 1000
     assert "least feasible budget is" not in str(exc) and "not proven" in str(exc)
     assert "best proven lower bound: at least" in str(exc)
+
+
+def test_a_stop_never_advises_a_solver_that_found_nothing(monkeypatch):
+    """ilp's time limit passes with no plan after dp, chen and uniform found none under the budget: the message
+    names them as tried, and advises only what it has not tried (with no warm start: dp or chen)."""
+    from solvers import ilp_cpsat
+    from solvers.deadline import Deadline
+    from solvers.ilp import IlpTimeout
+
+    class Clock:  # moves only when a warm-start solver runs: 2 s each, so the third ends past the 5 s limit
+        t = 0.0
+
+        def __call__(self) -> float:
+            return self.t
+
+    clock, real = Clock(), ilp_cpsat.get_solver
+
+    def get(name):  # type: ignore[no-untyped-def]
+        def run(graph, budget_bytes, **options):  # type: ignore[no-untyped-def]
+            clock.t += 2.0
+            return real(name)(graph, budget_bytes, **options)
+        return run
+
+    monkeypatch.setattr(ilp_cpsat, "get_solver", get)
+    g = synthetic.make("unet", 100)
+    budget = solvers.simulate(g).breakdown["params"] + 1  # below every plan's peak
+    with pytest.raises(IlpTimeout) as info:
+        ilp_cpsat.solve_within(g, budget, Deadline(5.0, clock=clock))
+    assert "(dp, chen, uniform found no plan under this budget either)" in str(info.value)
+    assert "use solver" not in str(info.value)
+    with pytest.raises(IlpTimeout, match="or use solver 'dp' or 'chen'"):
+        ilp_cpsat.solve_within(g, budget, Deadline(0.0, clock=clock), warm_start_=False)
 
 
 def test_heuristic_floor_is_scoped():

@@ -73,3 +73,103 @@ def test_plan_for_other_graph_refused(tmp_path, capsys):
                "-o", str(tmp_path / "p.json"))[0] == 0
     code, _, err = run(capsys, "simulate", str(tmp_path / "b.json"), str(tmp_path / "p.json"))
     assert code == 2 and "solved for another graph" in err
+
+
+TINYNET = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.fc = nn.Linear(width, 4 * width)
+        self.out = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.out(torch.relu(self.fc(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, width, layers):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(layers))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x.pow(2).mean()
+
+
+def build(batch: int = 1, width: int = 16, layers: int = 2, device: str = "cpu"):
+    torch.manual_seed(0)
+    return Net(width, layers).to(device), (torch.randn(batch, 32, width, device=device),), {}
+"""
+
+
+def test_fit_takes_model_options_keeps_answers_past_a_stop_and_writes_the_plan(tmp_path, capsys, monkeypatch):
+    """ckpt fit: ilp among the default solvers and the plan it reports; --layers / -O as ckpt trace takes them;
+    dp stopping from batch 8 on (NOTE [ One solver's stop ]) leaves every other answer and exit status 0; -o writes
+    the reported plan, which ckpt apply applies by the module paths it names."""
+    from solvers import SolverInputError
+
+    (tmp_path / "tinynet.py").write_text(TINYNET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+
+    def solve(graph, budget_bytes, solver="dp", **options):  # type: ignore[no-untyped-def]
+        if solver == "dp" and graph.meta["build"]["options"]["batch"] >= 8:
+            raise SolverInputError("dp gave up here")
+        return real(graph, budget_bytes, solver=solver, **options)
+
+    real = solvers.solve
+    monkeypatch.setattr(solvers, "solve", solve)
+    code, out, err = run(capsys, "fit", "tinynet:build", "-m", "640KiB", "--reserve", "0", "--optimizer", "sgd",
+                         "--layers", "3", "-O", "width=32", "--search", "none", "--batch", "8", "-o", "plan.json")
+    assert code == 0, err
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in
+            (["store-all"], ["ilp"], ["dp"], ["chen"], ["per-module"])}
+    assert [rows[s][1] for s in ("store-all", "ilp", "dp", "chen", "per-module")] == ["no", "yes", "no", "yes", "yes"]
+    assert " ".join(rows["dp"]).endswith("stopped at 8: dp gave up here")
+    assert "plan: ilp at batch 8, checkpoints 2 submodule calls: blocks.{0-1}" in out
+    plan = solvers.load_plan(tmp_path / "plan.json")
+    assert plan.solver == "ilp" and plan.modules == ("blocks.0", "blocks.1")
+    assert plan.graph_meta["build"] == {"model": "tinynet:build", "options": {"layers": 3, "width": 32, "batch": 8}}
+    code, out, err = run(capsys, "apply", "plan.json")
+    assert code == 0, err
+    assert "applied 2 checkpoint regions of the ilp plan to tinynet:build" in out and "blocks.1" in out
+
+
+def test_solve_and_simulate_print_the_module_paths(tmp_path, capsys, monkeypatch):
+    (tmp_path / "tinynet.py").write_text(TINYNET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "trace", "tinynet:build", "--batch", "8", "--layers", "4", "-o", "g.json")[0] == 0
+    code, out, err = run(capsys, "solve", "g.json", "-b", "0.7", "-o", "p.json")
+    assert code == 0, err
+    plan = solvers.load_plan(tmp_path / "p.json")
+    assert plan.modules and all(m.startswith("blocks.") for m in plan.modules)
+    for line in (f"checkpoints {len(plan.modules)} submodule calls: ", *plan.modules):
+        assert line in out
+    code, out, _ = run(capsys, "simulate", "g.json", "p.json")
+    assert code == 0 and f"checkpoints {len(plan.modules)} submodule calls: blocks." in out
+    assert all(m in out for m in plan.modules)
+
+
+def test_solve_takes_the_budget_terms_fit_takes(tmp_path, capsys):
+    """ckpt solve --optimizer / --mixed-precision / --reserve: the budget is for the whole step, the persistent
+    state outside the graph subtracted as ckpt fit subtracts it from a card (scheduler.sizing.memory)."""
+    from scheduler.sizing.memory import memory_report, persistent_state
+
+    g = synthetic.transformer(30)
+    g = g.with_nodes(g.nodes, param_bytes=1 << 20, meta={**g.meta, "parameters": 1 << 19, "dtype": "bfloat16"})
+    graphs.save(g, tmp_path / "g.json")
+    card = solvers.simulate(g).peak_bytes + (8 << 20)
+    code, out, err = run(capsys, "solve", str(tmp_path / "g.json"), "-b", f"{card}B", "--optimizer", "adamw",
+                         "--mixed-precision", "--reserve", "5%", "-o", str(tmp_path / "p.json"))
+    assert code == 0, err
+    state = persistent_state(1 << 19, dtype="bf16", optimizer="adamw", mixed_precision=True)
+    want = memory_report(state, card, reserve="5%").solver_budget_bytes
+    assert want == card - card // 20 - (1 << 19) * (8 + 4)  # reserve, fp32 Adam state and fp32 master copy
+    assert solvers.load_plan(tmp_path / "p.json").budget_bytes == want
+    assert f"solvers plan against {solvers.format_bytes(want)}" in out

@@ -9,6 +9,7 @@ from graphs import synthetic
 from scheduler.sizing.search import SizedModel, fit_graphs, search_largest
 from scheduler.sizing.memory import NothingFits
 from solvers import available_solvers, simulate
+from solvers import solve as _SOLVE
 
 MB = 1 << 20
 GiB = 1 << 30
@@ -138,3 +139,59 @@ def test_local_config_json_is_accepted(tmp_path):
     assert hf_config(str(path)).hidden_size == 64
     assert hf_param_count(str(tmp_path)) == 100 * 64 * 2 + 2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
     assert hf_param_count("gpt2-xl") == HF_CONFIGS["gpt2-xl"].params == 1_557_611_200
+
+
+# ------------------------------------------------------------- one solver's stop, the plan fit reports
+
+
+def _stopping(monkeypatch, stopper: str, from_batch: int, error):  # type: ignore[no-untyped-def]
+    """``stopper`` stops with ``error(graph, budget)`` at batches from ``from_batch`` on; the others run as they do."""
+    from scheduler.sizing import search
+
+    def solve(graph, budget_bytes, solver="dp", **options):  # type: ignore[no-untyped-def]
+        if solver == stopper and graph.meta["batch"] >= from_batch:
+            raise error(graph, budget_bytes)
+        return _SOLVE(graph, budget_bytes, solver=solver, **options)
+
+    monkeypatch.setattr(search.solvers, "solve", solve)
+
+
+def test_one_solvers_stop_keeps_the_others(monkeypatch):
+    """NOTE [ One solver's stop ]: ilp stops (its time limit, no plan) from batch 4 on; every other answer stands."""
+    from solvers.ilp import IlpTimeout
+
+    model = chain_model()
+    kw = dict(optimizer="adam", reserve=0, max_size=64)
+    alone = fit_graphs(model, 2 * GiB, solver_names=["store-all", PLANNER], **kw)
+    _stopping(monkeypatch, "ilp", 4, lambda g, b: IlpTimeout("no plan found within 10 s for this graph; raise it"))
+    res = fit_graphs(model, 2 * GiB, solver_names=["store-all", "ilp", PLANNER], **kw)
+    ilp = res.result("ilp")
+    assert ilp.size == 3 and ilp.plan is not None and ilp.stop == "stopped at 4: no plan found within 10 s for this graph"
+    assert [p.stop for p in ilp.probes if not p.fits] == [ilp.stop]
+    for name in ("store-all", PLANNER):
+        assert (res.result(name).size, res.result(name).stop) == (alone.result(name).size, "")
+    assert res.best().solver == PLANNER and res.best().size == alone.result(PLANNER).size > 4
+
+
+def test_an_unproven_infeasible_is_a_stop_and_a_proven_one_is_not(monkeypatch):
+    from solvers import InfeasibleBudget
+
+    model = chain_model()
+    kw = dict(optimizer="adam", reserve=0, max_size=64, solver_names=["store-all", PLANNER])
+    _stopping(monkeypatch, PLANNER, 8, lambda g, b: InfeasibleBudget(b, b + 10, proven=False, time_limit_s=1.0))
+    assert fit_graphs(model, 2 * GiB, **kw).result(PLANNER).stop.startswith("no plan found at 8, and none proven")
+    _stopping(monkeypatch, PLANNER, 8, lambda g, b: InfeasibleBudget(b, b + 10))
+    r = fit_graphs(model, 2 * GiB, **kw).result(PLANNER)
+    assert (r.size, r.stop) == (7, "")  # gallop 1, 2, 4, 8 (fails), bisect 6, 7
+
+
+def test_the_reported_plan_is_the_largest_then_the_cheapest(monkeypatch):
+    """NOTE [ The plan fit reports ]: equal sizes go to the least recompute, then to the first solver asked."""
+    model = chain_model()
+    res = fit_graphs(model, 2 * GiB, optimizer="adam", reserve=0, max_size=64,
+                     solver_names=["store-all", "chen", PLANNER])
+    sizes = {r.solver: r.size for r in res.results}
+    top = max(sizes.values())
+    tied = [r for r in res.results if r.size == top]
+    want = min(tied, key=lambda r: (r.plan.recompute_cost or 0, res.results.index(r)))
+    assert res.best() is want and res.best().plan is not None
