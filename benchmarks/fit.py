@@ -31,9 +31,11 @@ LLAMA2_7B = 32000 * 4096 * 2 + 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 40
 
 
 def _solvers() -> list[str]:
+    """``ckpt fit``'s default solvers (``scheduler.sizing.search.DEFAULT_SOLVERS``) that are registered."""
+    from scheduler.sizing.search import DEFAULT_SOLVERS
+
     have = solvers.available_solvers()
-    names = ["store-all"] + [s for s in ("chen", "per-module", "dp") if s in have]
-    return names if len(names) > 1 else names + ["uniform"]
+    return [s for s in DEFAULT_SOLVERS if s == "store-all" or s in have]
 
 
 def _progress(probe) -> None:
@@ -45,7 +47,6 @@ def gpt_on_2gib(quick: bool) -> dict:
     import torch
 
     import scheduler
-    from scheduler.applying.graph import apply  # the traced-graph lowering (a copy that returns the loss)
     from scheduler.models import build
     from scheduler.measuring.steps import measure_step_peak
 
@@ -65,7 +66,7 @@ def gpt_on_2gib(quick: bool) -> dict:
     out["solvers"] = {r.solver: {"batch": r.size, "peak_bytes": r.peak_bytes, "recompute_ratio": r.recompute_ratio,
                                  "probes": len(r.probes)} for r in res.results}
     out["traces"] = res.traces
-    best = max((r for r in res.results if r.size), key=lambda r: (r.size, -(r.recompute_ratio or 0)))
+    best = res.best()  # the plan ckpt fit reports (NOTE [ The plan fit reports ])
     out["best_solver"], out["best_batch"] = best.solver, best.size
     # One real step at that batch on CPU: trace the real model, solve with the same budget, apply, measure.
     torch.manual_seed(0)
@@ -73,9 +74,9 @@ def gpt_on_2gib(quick: bool) -> dict:
     graph = scheduler.trace(ex.model, ex.args, ex.kwargs, loss=ex.loss)
     budget = res.report.solver_budget_bytes
     plan = solvers.solve(graph, budget, solver=best.solver) if best.solver != "store-all" else solvers.Plan(())
-    applied = apply(ex.model, plan, ex.args, ex.kwargs, loss=ex.loss)
+    scheduler.apply(ex.model, plan)  # onto the module, as a user applies it (kept op outputs included)
     loss = ex.loss or (lambda o: o)
-    measured = measure_step_peak(applied, ex.model, ex.args, dict(ex.kwargs), loss)
+    measured = measure_step_peak(ex.model, ex.model, ex.args, dict(ex.kwargs), loss)
     state = res.report.state.outside_simulation_bytes  # SGD: 0
     out["measured_peak_bytes"] = measured + state
     out["predicted_peak_bytes"] = solvers.simulate(graph, plan, record=False).peak_bytes + state

@@ -18,8 +18,8 @@ from solvers import solver_info
 from solvers.options import describe
 
 __all__ = ["positive_int", "positive_float", "nonneg_float", "gap_fraction", "granularity", "parse_options",
-           "check_outputs", "model_files", "optimizer_name", "add_step_flags", "reject_options", "MODEL_FLAGS", "add_model_flags", "add_model_arguments", "model_options",
-           "split_items", "solver_flag_options", "solver_options_help"]
+           "check_outputs", "model_files", "optimizer_name", "add_step_flags", "MODEL_FLAGS", "add_model_flags",
+           "add_model_arguments", "model_options", "split_items", "solver_flag_options", "solver_options_help"]
 
 
 def _number(kind: Callable[[str], Any], text: str, what: str) -> Any:

@@ -96,6 +96,8 @@ def _progress(probe) -> None:
         what = f"fits, peak {format_bytes(probe.peak_bytes)}"
         if probe.solver != "store-all":
             what += f", recompute +{100 * (probe.recompute_ratio or 0):.1f}%"
+    elif probe.stop:
+        what = probe.stop
     else:
         what = "does not fit" + (f" (needs {format_bytes(probe.min_feasible_bytes)})" if probe.min_feasible_bytes else "")
     print(f"  [{probe.phase}] {probe.solver} at {probe.size}: {what}", file=sys.stderr, flush=True)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import solvers
@@ -306,7 +306,8 @@ def fit_graphs(model: SizedModel, device_memory: int | str, *, optimizer: str | 
         size, capped = search_largest(lambda s, ph: trials.try_size(name, s, ph)[0].fits, min_size, hi,
                                       multiple_of=multiple_of)
         probes = tuple(p for (sv, _), (p, _) in trials.done.items() if sv == name)
-        stop = next((p.stop for p in probes if p.stop), "")
+        failed = [p for p in probes if not p.fits]  # the smallest failure decides (NOTE [ Size search ])
+        stop = min(failed, key=lambda p: p.size).stop if failed else ""
         if size is None:
             results.append(SolverFit(name, None, probes=probes, stop=stop))
             continue
