@@ -13,7 +13,7 @@ from ..sizing.floor import explain_floor
 from ..sizing.budget import parse_budget, read_budget
 from ..sizing.memory import parse_reserve, step_budget_bytes
 from ..progress import phase
-from ..report import cost_model, format_seconds, plan_summary, ratio, table
+from ..report import checkpoints_line, cost_model, format_seconds, plan_summary, ratio, table
 from .common import (add_step_flags, check_outputs, gap_fraction, positive_float, solver_flag_options,
                      solver_options_help, split_items)
 
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         print("no solver found a plan that fits")
         print(explain_floor(graph, None if lowest is None else Plan(regions=lowest[1])).text)
         return 2
-    print(f"cheapest: {best.solver}")
+    print(f"cheapest: {best.solver}, {checkpoints_line(best)}")
     if args.output:
         print(f"plan written to {args.output}")
     return 0
