@@ -240,6 +240,7 @@ class PlanMemory:
         fits: whether the step's total fits the card.
         min_feasible_bytes: for a solver that found no plan, the least
             ``simulate`` budget it would need (else None).
+        stopped: the solver stopped without an answer (a time limit, an error), so "no plan" is not "none fits".
     """
 
     solver: str
@@ -248,6 +249,7 @@ class PlanMemory:
     recompute_ratio: float | None
     fits: bool
     min_feasible_bytes: int | None = None
+    stopped: bool = False
 
 
 def plan_memory(solver: str, sim: Simulation, grad_bytes: int, budget_bytes: int) -> PlanMemory:
@@ -329,7 +331,7 @@ def render_report(report: MemoryReport) -> str:
     for p in report.plans:
         label = f"activations at peak, {p.solver}"
         if p.activation_bytes is None:
-            need = "no plan fits"
+            need = "stopped without a plan" if p.stopped else "no plan fits"
             if p.min_feasible_bytes is not None:
                 need += f" (needs {format_bytes(p.min_feasible_bytes + s.outside_simulation_bytes + report.reserve_bytes)} card)"
             rows.append((label, "-", "", need))

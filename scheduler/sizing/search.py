@@ -249,8 +249,13 @@ class _Trials:
 
 
 def _first(exc: BaseException) -> str:
-    """The first clause of an error's one-line message."""
-    return " ".join(str(exc).split()).split("; ")[0]
+    """The first clause of an error's one-line message (up to its first "; " outside parentheses)."""
+    text, depth = " ".join(str(exc).split()), 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and text.startswith("; ", i):
+            return text[:i]
+    return text
 
 
 def fit_graphs(model: SizedModel, device_memory: int | str, *, optimizer: str | None = "adam", dtype: str = "fp32",
@@ -333,7 +338,7 @@ def _report_at(trials: _Trials, names: Sequence[str], size: int, state: Persiste
     for name in names:
         probe, plan = trials.try_size(name, size, "report")
         if plan is None:
-            rows.append(PlanMemory(name, None, None, None, False, probe.min_feasible_bytes))
+            rows.append(PlanMemory(name, None, None, None, False, probe.min_feasible_bytes, bool(probe.stop)))
         else:
             sim = simulate(graph, plan, record=False)
             rows.append(plan_memory(name, sim, state.grad_bytes, trials.budget))
