@@ -391,7 +391,8 @@ def step_budget_bytes(spec: BudgetSpec, graph: Graph, *, optimizer: str | None =
 
     Raises:
         BudgetError: an unreadable budget or term, or a term given with a fraction.
-        NothingFits: the persistent state alone is over the budget.
+        NothingFits: with a term given, the persistent state alone is over the budget (without one, the
+            solver refuses a budget under the least feasible one and names it).
     """
     kind, value = read_budget(spec)
     terms = [t for t, on in (("an optimizer", optimizer not in (None, "none")), ("mixed precision", mixed_precision),
@@ -403,6 +404,8 @@ def step_budget_bytes(spec: BudgetSpec, graph: Graph, *, optimizer: str | None =
             raise BudgetError(f"a fractional budget ({spec}) is a share of the store-all activations; "
                               f"{' and '.join(terms)} {'belongs' if len(terms) == 1 else 'belong'} to a budget in "
                               f"bytes for the whole step: give one (e.g. 6GiB), or leave {'it' if len(terms) == 1 else 'them'} out")
+        return parse_budget(spec, graph)
+    if not terms:  # the budget is the tensors' own: a too-small one is the solver's to refuse, naming the floor
         return parse_budget(spec, graph)
     state = graph_state(graph, optimizer=optimizer, mixed_precision=mixed_precision)
     report = memory_report(state, int(value), reserve=reserve)
