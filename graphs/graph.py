@@ -28,6 +28,7 @@ __all__ = [
     "COSTS_META",
     "WORKSPACES_META",
     "BUILD_META",
+    "TARGET_META",
     "CkptError",
     "GraphError",
     "Node",
@@ -44,6 +45,9 @@ COSTS_META = "costs"
 MAX_COUNT = 1 << 62
 #: ``meta`` key naming the device op workspaces were measured on (when they were).
 WORKSPACES_META = "workspaces"
+#: ``meta`` key: the device and kernels a trace plans for (``scheduler.tracing.target``); the bytes they
+#: change are in the fingerprint, the name is not (an H100 and an H200 trace are one graph).
+TARGET_META = "target"
 #: ``meta`` key: how the CLI built the model (``{"model": NAME, "options": {...}}``), so that
 #: ``ckpt apply PLAN`` rebuilds it without retyping; provenance, not part of the fingerprint.
 BUILD_META = "build"
@@ -280,7 +284,8 @@ class Graph:
         the same fingerprint; a different model, shape or dtype does not. The
         costs (``fwd_flops``, ``bwd_flops``, ``fwd_cost`` and ``meta["costs"]``) and the
         kernel workspaces (``workspace_bytes``, ``meta["workspaces"]``: measured
-        only on request) are left out: they change which plan is cheapest or
+        only on request) and the target's name (``meta["target"]``: the bytes its
+        kernels save are counted) are left out: they change which plan is cheapest or
         fits, not what a plan does, and measurements differ from one trace to
         the next. :meth:`content_hash` covers everything.
         """
@@ -290,6 +295,7 @@ class Graph:
         d["meta"].pop(COSTS_META, None)
         d["meta"].pop(WORKSPACES_META, None)
         d["meta"].pop(BUILD_META, None)
+        d["meta"].pop(TARGET_META, None)
         for nd in d["nodes"]:
             del nd["fwd_flops"], nd["bwd_flops"], nd["fwd_cost"], nd["workspace_bytes"]
             del nd["dispatch"], nd["sac_op"]  # how a kept output is lowered, not what the plan does

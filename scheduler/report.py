@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from graphs import Graph
 from solvers import Plan, Simulation, format_bytes
 
 __all__ = ["table", "plan_summary", "simulation_summary", "ratio", "format_seconds", "recompute_line", "cost_model",
-           "compact_modules", "checkpoints_line", "regions_table"]
+           "compact_modules", "checkpoints_line", "regions_table", "describe_target"]
 
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
@@ -39,6 +39,18 @@ def cost_model(graph: Graph) -> str:
         return ""
     device = costs.get("device")
     return f"{costs['model']} on {device}" if device else str(costs["model"])
+
+
+def describe_target(target: Mapping[str, Any] | None) -> str:
+    """``H100 (CUDA sm 9.0, the default for a meta model; attention: cudnn x2)`` from ``graph.meta["target"]``."""
+    if not target:
+        return "unknown (a graph traced before targets were recorded)"
+    kind = f"CUDA sm {target['capability']}" if target.get("capability") else str(target.get("kind", ""))
+    parts = [p for p in (kind if kind != target.get("device") else "", str(target.get("reason", ""))) if p]
+    attention = target.get("attention") or {}
+    if attention:
+        parts.append("attention: " + ", ".join(f"{k} x{v}" for k, v in sorted(attention.items())))
+    return f"{target.get('device', '?')}" + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def recompute_line(graph: Graph, flops: int, time_s: float | None) -> str:

@@ -61,13 +61,15 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch import nn
 
-from graphs import COSTS_META, WORKSPACES_META, Graph
+from graphs import COSTS_META, TARGET_META, WORKSPACES_META, Graph
 
 from .tracing.build import attribute_params, build_nodes, group_records
 from .tracing.spans import MODULES_META, TREE_META, module_spans, module_tree, sequential_children
 from .tracing.capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .tracing.costs import OpRecord, measure_ops
-from .tracing.roofline import UnknownDevice, choose_peaks, model_dtype, roofline_records
+from .tracing.roofline import model_dtype, roofline_records
+from .tracing.target import (Target, TargetError, TargetKernels, check_target_for_costs, fake_device, resolve_target,
+                             rng_state_bytes, target_peaks)
 from .tracing.timing import COST_MODELS, measure_node_times, time_records
 
 __all__ = ["Traced", "capture", "capture_for_plan", "trace", "TraceError", "TraceMismatch", "EvalModeWarning",
@@ -142,8 +144,8 @@ class Traced:
 def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[str, Any] | None = None, *,
             loss: Callable[[Any], torch.Tensor] | None = None, granularity: str | int = "auto",
             method: str = "auto", check: bool = True, name: str | None = None, costs: str = "roofline",
-            cost_device: str | None = None, time_repeats: int = 5, workspaces: str = "auto",
-            mode: str = "train") -> Traced:
+            target: str | None = None, time_repeats: int = 5, workspaces: str = "auto", mode: str = "train",
+            cost_device: str | None = None) -> Traced:
     """Trace ``model`` on example inputs and measure its cost graph.
 
     Args:
@@ -169,27 +171,31 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             ``scheduler.tracing.timing``: calibration); ``"flops"``, its
             counted FLOPs (the objective before roofline costs). Times are
             in FLOP-equivalents; ``meta["costs"]`` has the rate.
-        cost_device: the device to price for (a name of
-            ``scheduler.tracing.roofline.DEVICES`` or ``"cpu"``); default:
-            where the model is (its CUDA device's name, the measured CPU,
-            ``H100`` for ``meta``).
+        target: the device the plan is for, whose kernels decide what
+            autograd saves and whose roofline prices the recompute (NOTE [
+            Trace targets ] in ``scheduler.tracing.target``): ``"cpu"``,
+            ``"cuda"`` (an H100) or a GPU of ``scheduler.tracing.roofline.DEVICES``
+            (``"A100-80GB"``); default: where the model is, ``"cuda"`` for a
+            ``meta`` model. ``graph.meta["target"]`` records it and the
+            attention kernels it ran.
         time_repeats: forward runs measured with ``costs="time"`` (median).
         workspaces: ``"measure"``: run each distinct ATen call that may
             hold buffers inside the op (forward and backward: convolutions,
-            attention, normalisations...) once on real tensors of the model's
-            device (the CPU for a ``meta`` model) and count what it allocates
-            beyond the tensors the trace sees (NOTE [ Op workspaces ] in
+            attention, normalisations...) once on real tensors of the
+            target's device (the CPU for a ``cpu`` target, the model's GPU for
+            a CUDA target) and count what it allocates beyond the tensors the
+            trace sees (NOTE [ Op workspaces ] in
             ``scheduler.tracing.workspaces``); ``"none"``: do not; ``"auto"``
-            (default): measure unless the model is on the ``meta`` device
-            (the allocator's peak is above what the tensors alone say, so
-            plans would not fit without it).
-
+            (default): measure where the target's kernels can run here (the
+            allocator's peak is above what the tensors alone say, so plans
+            would not fit without it).
         mode: ``"train"`` (default): the graph is of a training step; a model
             in eval mode (what ``from_pretrained`` returns) is traced with
             every module in training mode, its modes and buffers put back
             after, with an :class:`EvalModeWarning`. ``"as-is"``: trace the
             modules in the modes they are in (a model in eval mode warns: its
             graph has no dropout masks and BatchNorm uses running statistics).
+        cost_device: the former name of ``target`` (kept working).
 
     Returns:
         A :class:`Traced` (NOTE [ Traced contract ]).
@@ -203,8 +209,11 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         args = (args,)
     if costs not in COST_MODELS:
         raise TraceError(f"costs={costs!r} is not one of {', '.join(COST_MODELS)}")
-    if cost_device is not None and costs == "time":
-        raise TraceError("cost_device prices a roofline or FLOP trace; costs='time' measures this machine")
+    if cost_device is not None:  # its former name
+        if target is not None and str(target).lower() != str(cost_device).lower():
+            raise TraceError(f"target={target!r} and cost_device={cost_device!r}: cost_device is the former name of "
+                             "target; pass target only")
+        target = cost_device
     if workspaces not in ("none", "measure", "auto"):
         raise TraceError(f"workspaces={workspaces!r} is not one of 'auto', 'none', 'measure'")
     args = tuple(args)
@@ -219,34 +228,41 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             EvalModeWarning, stacklevel=2)
         with _as_training(model):
             return capture(model, args, kwargs, loss=loss, granularity=granularity, method=method, check=check,
-                           name=name, costs=costs, cost_device=cost_device, time_repeats=time_repeats,
+                           name=name, costs=costs, target=target, time_repeats=time_repeats,
                            workspaces=workspaces)
     if not model.training:  # mode="as-is": NOTE [ RNG replay decided at run time ] in scheduler.applying.rng
         warnings.warn(
             f"{type(model).__name__} is traced in eval mode: the graph is of an evaluation step (dropout keeps no masks "
             "and draws nothing, BatchNorm uses its running statistics), so a plan solved on it is not costed for "
             "training. Trace with mode='train' (the default) or after model.train()", EvalModeWarning, stacklevel=2)
-    target: nn.Module = LossWrapper(model, loss) if loss is not None else model
+    module: nn.Module = LossWrapper(model, loss) if loss is not None else model
     strip = "model." if loss is not None else ""
-    gm, used = capture_graph_module(target, args, kwargs, method=method)
+    gm, used = capture_graph_module(module, args, kwargs, method=method)
     if check:
-        check_against_eager(target, gm, args, kwargs)
-    flat = _flatten(gm, used, target, args, kwargs)
+        check_against_eager(module, gm, args, kwargs)
+    flat = _flatten(gm, used, module, args, kwargs)
     located = list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)]
-    on_meta = any(t.device.type == "meta" for t in located)
-    if workspaces == "auto":  # NOTE [ Op workspaces ]: measured where the kernels are real
-        workspaces = "none" if on_meta else "measure"
-    ws_device = None
-    if workspaces == "measure":
-        ws_device = next((t.device for t in located), torch.device("cpu"))
-        ws_device = torch.device("cpu") if ws_device.type == "meta" else ws_device
-    records, totals = measure_ops(gm, flat, strip_module=strip, workspaces=ws_device)
-    totals["rng_state_bytes"] = _rng_state_bytes(model, flat)  # type: ignore[assignment]
+    device = next((t.device for t in located if t.device.type == "meta"), None) or \
+        next((t.device for t in located), torch.device("cpu"))
+    try:
+        plan_for = resolve_target(target, device)
+        check_target_for_costs(plan_for, device, costs)
+    except TargetError as exc:
+        raise TraceError(str(exc)) from None
+    ws_device = _workspace_device(workspaces, plan_for, device)
+    moved = fake_device(plan_for, device)
+    kernels = TargetKernels(plan_for, moved, real_cuda=device.type == "cuda") \
+        if moved is not None or plan_for.kind == "cuda" else None
+    records, totals = measure_ops(gm, flat, strip_module=strip, workspaces=ws_device, device=moved, kernels=kernels)
+    totals["rng_state_bytes"] = rng_state_bytes(plan_for)  # type: ignore[assignment]
     if not records:
         raise TraceError(f"{type(model).__name__} traced to a graph without operations; nothing to plan")
     name = name or type(model).__name__
     meta = _describe(model, name, args, kwargs, used)
-    records, meta[COSTS_META] = _price(records, costs, cost_device, model, gm, flat, time_repeats)
+    meta[TARGET_META] = plan_for.to_meta()
+    if kernels is not None and kernels.attention:
+        meta[TARGET_META]["attention"] = dict(kernels.attention)
+    records, meta[COSTS_META] = _price(records, costs, plan_for, model, gm, flat, time_repeats)
     if ws_device is not None:
         meta[WORKSPACES_META] = str(ws_device)
     sequentials = sequential_children(model)
@@ -259,9 +275,9 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         extras = measure_call_extras(model, args, kwargs, loss, [sp.module for sp in every])
         graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, extras)
     placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
-    log.info("traced %s with %s: %d fx nodes -> %d cost nodes (granularity %s)", name, used, len(records),
-             len(graph), gran)
-    return Traced(gm=gm, graph=graph, members=members, placeholders=placeholders, method=used, module=target,
+    log.info("traced %s with %s for %s: %d fx nodes -> %d cost nodes (granularity %s)", name, used,
+             plan_for.describe(), len(records), len(graph), gran)
+    return Traced(gm=gm, graph=graph, members=members, placeholders=placeholders, method=used, module=module,
                   records=tuple(records), granularity=gran, sequentials=sequentials, extras=extras, _bytes=totals)
 
 
@@ -314,7 +330,7 @@ def _as_training(model: nn.Module) -> Iterator[None]:
                 b.copy_(s)
 
 
-def _price(records: list[OpRecord], costs: str, cost_device: str | None, model: nn.Module,
+def _price(records: list[OpRecord], costs: str, plan_for: Target, model: nn.Module,
            gm: torch.fx.GraphModule, flat: list[Any], time_repeats: int) -> tuple[list[OpRecord], dict]:
     """``records`` with the chosen cost model's ``fwd_cost``, and ``meta["costs"]``."""
     if costs == "time":
@@ -324,11 +340,7 @@ def _price(records: list[OpRecord], costs: str, cost_device: str | None, model: 
             raise TraceError(str(exc)) from None
         return time_records(records, times)
     tensors = list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)]
-    device = next((t.device for t in tensors), torch.device("cpu"))
-    try:
-        peaks = choose_peaks(device, cost_device)
-    except UnknownDevice as exc:
-        raise TraceError(str(exc)) from None
+    peaks = target_peaks(plan_for)
     dtype = model_dtype(list(model.parameters()) or tensors)
     if costs == "roofline":
         return roofline_records(records, peaks, dtype)
@@ -364,14 +376,16 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     return graph, tuple(nd.members for nd in nodes), chosen
 
 
-def _rng_state_bytes(model: nn.Module, flat: Sequence[Any]) -> int:
-    """Bytes of the generator state a stochastic region stores (NOTE [ RNG state per region ] in
-    ``solvers.terms``), in the budget's memory: the CPU generator's state for a model on the CPU;
-    0 on an accelerator or ``meta`` (the states are host tensors, outside the device's memory)."""
-    tensors = list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)]
-    if any(t.device.type != "cpu" for t in tensors):
-        return 0
-    return int(torch.get_rng_state().numel())
+def _workspace_device(workspaces: str, plan_for: Target, device: torch.device) -> torch.device | None:
+    """Where op workspaces are measured (NOTE [ Op workspaces ]): on real kernels of the target's kind
+    (the CPU for a CPU target, the model's GPU for a CUDA one), or None."""
+    here = torch.device("cpu") if plan_for.kind == "cpu" else (device if device.type == "cuda" else None)
+    if workspaces == "none" or (workspaces == "auto" and here is None):
+        return None
+    if here is None:
+        raise TraceError(f"workspaces='measure' runs the target's kernels, and {plan_for.describe()} has none on this "
+                         f"{device.type} model: pass workspaces='none', or trace the model on that GPU")
+    return here
 
 
 def _flatten(gm: torch.fx.GraphModule, method: str, module: nn.Module, args: tuple, kwargs: Mapping[str, Any]

@@ -19,7 +19,8 @@ from solvers.options import describe
 
 __all__ = ["positive_int", "positive_float", "nonneg_float", "gap_fraction", "granularity", "parse_options",
            "check_outputs", "model_files", "optimizer_name", "add_step_flags", "MODEL_FLAGS", "add_model_flags",
-           "add_model_arguments", "model_options", "split_items", "solver_flag_options", "solver_options_help"]
+           "add_model_arguments", "model_options", "split_items", "solver_flag_options", "solver_options_help",
+           "add_target_flag"]
 
 
 def _number(kind: Callable[[str], Any], text: str, what: str) -> Any:
@@ -243,3 +244,14 @@ def solver_options_help(names: Iterable[str]) -> str:
         lines.append(f"{name}{part}: {info.summary}")
         lines += [f"    -S {o.line()}" for o in info.options] or ["    (no options)"]
     return "\n".join(lines)
+
+
+def add_target_flag(p: argparse.ArgumentParser, *names: str) -> None:
+    """``--target``: the device a trace plans for (NOTE [ Trace targets ] in ``scheduler.tracing.target``);
+    ``names``: other spellings kept working (``--cost-device``)."""
+    from ..tracing.roofline import DEFAULT_DEVICE, DEVICES
+
+    p.add_argument("--target", *names, dest="target", default=None, metavar="DEVICE",
+                   help=f"the device to plan for, whose kernels (attention, dropout) decide what is saved and whose "
+                        f"roofline prices the recompute: cpu, cuda (= {DEFAULT_DEVICE}) or a GPU ({', '.join(DEVICES)}); "
+                        f"default: the model's device, cuda for a meta model")

@@ -8,10 +8,11 @@ import sys
 from graphs import CkptError
 from solvers import format_bytes
 
-from ..report import checkpoints_line, format_seconds, table
+from ..report import checkpoints_line, describe_target, format_seconds, table
 from ..sizing.memory import DEFAULT_RESERVE, NothingFits, parse_reserve, render_report
 from ..sizing.search import DEFAULT_SOLVERS
-from .common import (add_model_arguments, add_step_flags, check_outputs, model_files, model_options, positive_float,
+from .common import (add_model_arguments, add_step_flags, add_target_flag, check_outputs, model_files, model_options,
+                     positive_float,
                      positive_int, solver_flag_options)
 
 NAME = "fit"
@@ -58,6 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "seq": "sequence length (fixed unless searched; default: the model's)",
         "device": "refused: fit builds every model on the meta device (shapes only)"})
     p.add_argument("--device-memory", "-m", required=True, help="the card's memory: 24GiB, 80GiB, 2GiB...")
+    add_target_flag(p)
     add_step_flags(p, optimizer="adam", reserve=f"{100 * DEFAULT_RESERVE:.0f}%%", budget="card")
     p.add_argument("--solver", "-s", action="append",
                    help="solver to search with (repeatable or comma-separated; default: store-all and the registered "
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
           " (progress on stderr)", flush=True)
     try:
         res = fit(args.model, args.device_memory, search=dim, batch=batch, seq=seq, solvers=names, options=options,
-                  **kwargs)
+                  target=args.target, **kwargs)
     except NothingFits as exc:
         print(render_report(exc.report))
         print()
@@ -149,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output and chosen is not None and chosen.plan is not None:
         chosen.plan.save(args.output)  # before printing: a closed stdout must not lose the plan
     print(render_report(res.report))
+    print(f"planned for: {describe_target(res.target)}")
     print()
     if search == "none":
         size = res.report.size

@@ -7,10 +7,9 @@ from typing import Any
 
 from graphs import BUILD_META, save
 
-from ..report import format_seconds
+from ..report import describe_target, format_seconds
 from ..sizing.budget import format_bytes
-from ..tracing.roofline import DEFAULT_DEVICE, DEVICES
-from .common import add_model_arguments, check_outputs, granularity, model_files, model_options
+from .common import add_model_arguments, add_target_flag, check_outputs, granularity, model_files, model_options
 
 NAME = "trace"
 HELP = "trace a model into a cost graph (recompute costs, bytes autograd saves) and write it as JSON"
@@ -20,7 +19,8 @@ autograd saves (saved_tensors_hooks), stochastic/stateful flags. The model's
 training step (forward + loss) is traced.
 
 MODEL: a built-in example (see `ckpt models`), hf:NAME, or package.module:factory.
-With --device meta nothing is allocated: plan for a GPU you do not have.
+With --device meta nothing is allocated: plan for a GPU you do not have
+(--target: cuda by default, with the attention kernel that GPU would run).
 
 example:
   ckpt trace gpt --layers 2 --width 256 --heads 4 --seq 128 -o graph.json
@@ -36,14 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what the solvers minimise per node: roofline (default) prices each kernel's FLOPs and "
                         "bytes moved on the device; time measures the forward on this machine (not on meta); "
                         "flops counts FLOPs only")
-    p.add_argument("--cost-device", default=None, metavar="NAME",
-                   help=f"price the roofline for this device: {', '.join(DEVICES)} or cpu (measured); default: the "
-                        f"model's device (a meta model: {DEFAULT_DEVICE})")
+    add_target_flag(p, "--cost-device")
     p.add_argument("--workspaces", choices=["auto", "none", "measure"], default="auto",
                    help="run each distinct ATen call that may hold buffers inside the op (convolutions, "
-                        "attention, normalisations...), forward and backward, once on the model's device and count "
-                        "what it allocates beyond the tensors the trace sees; default auto: unless the model is on "
-                        "the meta device")
+                        "attention, normalisations...), forward and backward, once on real kernels of the target and "
+                        "count what it allocates beyond the tensors the trace sees; default auto: where the target's "
+                        "kernels run here (a cpu target; a CUDA target on its GPU)")
     p.add_argument("-o", "--output", help="write the graph here (JSON)")
 
 
@@ -56,12 +54,13 @@ def run(args: argparse.Namespace) -> int:
     ex = build(args.model, **model_options(args))
     with phase(f"tracing {args.model}"):
         traced = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity=args.granularity,
-                         method=args.method, name=args.model, costs=args.costs, cost_device=args.cost_device,
+                         method=args.method, name=args.model, costs=args.costs, target=args.target,
                          workspaces=args.workspaces)
     g = traced.graph
     g = g.with_nodes(g.nodes, meta={**g.meta, BUILD_META: {"model": args.model, "options": _json_safe(model_options(args))}})
     print(f"{args.model}: traced with {traced.method}, {len(traced.records)} fx nodes -> {len(g)} graph nodes "
           f"(granularity {traced.granularity})")
+    print(f"planned for: {describe_target(g.meta.get('target'))}")
     print(f"parameters {format_bytes(g.param_bytes)}, inputs {format_bytes(g.input_bytes)}, "
           f"forward {g.total_fwd_flops():.3e} FLOPs, backward {g.total_bwd_flops():.3e} FLOPs")
     from solvers import store_all_peak

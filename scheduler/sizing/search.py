@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import solvers
@@ -118,6 +118,7 @@ class FitResult:
             reached (every solver's activations at that size).
         traces: how many sizes were traced.
         elapsed_s: wall time of the search.
+        target: what the traces planned for (their ``graph.meta["target"]``, NOTE [ Trace targets ]).
     """
 
     dimension: str
@@ -126,6 +127,7 @@ class FitResult:
     report: MemoryReport
     traces: int
     elapsed_s: float
+    target: Mapping[str, Any] = field(default_factory=dict)
 
     def result(self, solver: str) -> SolverFit:
         """The :class:`SolverFit` of ``solver`` (KeyError if it was not searched)."""
@@ -327,8 +329,9 @@ def fit_graphs(model: SizedModel, device_memory: int | str, *, optimizer: str | 
         raise NothingFits(
             f"nothing fits: at the smallest {model.dimension} ({at}) no solver finds a plan within the "
             f"{format_bytes(budget)} the card leaves after optimizer state, master weights and reserve.", report, levers(report))
+    target = dict(trials.graph(at).meta.get("target") or {})
     return FitResult(model.dimension, dict(model.fixed), tuple(results), report, len(trials.graphs),
-                     time.perf_counter() - t0)
+                     time.perf_counter() - t0, target)
 
 
 def _report_at(trials: _Trials, names: Sequence[str], size: int, state: PersistentState, card: int,
@@ -347,7 +350,8 @@ def _report_at(trials: _Trials, names: Sequence[str], size: int, state: Persiste
 
 
 def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: int = 1, seq: int | None = None,
-        solvers: Sequence[str] | None = None, options: Mapping[str, Any] | None = None, **kwargs: Any) -> FitResult:
+        solvers: Sequence[str] | None = None, options: Mapping[str, Any] | None = None, target: str | None = None,
+        **kwargs: Any) -> FitResult:
     """The largest batch or sequence of ``model`` that fits a card of ``device_memory``, per solver.
 
     Example:
@@ -364,6 +368,9 @@ def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: i
         solvers: solver names to search with (default :data:`DEFAULT_SOLVERS`).
         options: the model's other options (``layers``, ``width``, ...), as
             ``ckpt trace`` takes them (:func:`~scheduler.sizing.sized.sized_model`).
+        target: the device the traces plan for (``scheduler.trace``'s ``target``:
+            ``cuda``, a GPU such as ``H100``, or ``cpu``; default: the model's
+            device, ``cuda`` for the meta-device builds).
         **kwargs: as :func:`fit_graphs` (optimizer, dtype, mixed_precision,
             reserve, max_size, multiple_of, solver_options, progress).
 
@@ -372,5 +379,6 @@ def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: i
     """
     kwargs["dtype"] = dtype_name(kwargs.get("dtype", "fp32"))
     if not isinstance(model, SizedModel):
-        model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs["dtype"], options=options)
+        model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs["dtype"], options=options,
+                            target=target)
     return fit_graphs(model, device_memory, solver_names=solvers, **kwargs)

@@ -44,7 +44,8 @@ class SizedModel:
 
 
 def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | None = None, dtype: str = "fp32",
-                granularity: Any = None, options: Mapping[str, Any] | None = None) -> SizedModel:
+                granularity: Any = None, options: Mapping[str, Any] | None = None, target: str | None = None
+                ) -> SizedModel:
     """``spec`` (a model name) as ``size -> graph`` along ``search``, re-traced at each size.
 
     hf models (``hf:NAME``, a ``config.json`` path) are built once on the meta
@@ -55,6 +56,8 @@ def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | 
     Args:
         options: the model's other options, as ``ckpt trace`` takes them (``layers``, ``width``, ...; for hf
             models ``layers`` and ``attn``), checked the same way.
+        target: the device the traces plan for (``scheduler.trace``'s ``target``; default ``cuda``, as
+            for any model on ``meta``).
 
     Raises:
         BudgetError: ``search`` is neither ``batch`` nor ``seq``.
@@ -102,7 +105,7 @@ def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | 
 
         b, s = (size, seq) if search == "batch" else (batch, size)
         model, args, kwargs, loss, built = example(b, s)
-        opts = {} if granularity is None else {"granularity": granularity}
+        opts = {k: v for k, v in (("granularity", granularity), ("target", target)) if v is not None}
         g = scheduler.trace(model, args, kwargs, loss=loss, name=spec, **opts)
         if recorded is None:
             return g

@@ -91,6 +91,7 @@ NOTE [ Gradients of model inputs ]
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import Any, Sequence
@@ -99,10 +100,10 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils import stateless
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from .recorder import Recorder, module_calls, module_path
-from .records import OpRecord, storage_bytes, storage_key
+from .records import OpRecord, fake_copy, storage_bytes, storage_key
 from .watch import OpWatch
 
 __all__ = ["OpRecord", "measure_ops", "storage_key", "storage_bytes", "module_path", "module_calls"]
@@ -110,8 +111,25 @@ __all__ = ["OpRecord", "measure_ops", "storage_key", "storage_bytes", "module_pa
 log = logging.getLogger(__name__)
 
 
+def _cpu_flash_flops(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    return sdpa_flop_count(query.shape, key.shape, value.shape)
+
+
+def _cpu_flash_backward_flops(grad: Any, query: Any, key: Any, value: Any, *args: Any, out_val: Any = None,
+                              **kwargs: Any) -> int:
+    return sdpa_backward_flop_count(grad.shape, query.shape, key.shape, value.shape)
+
+
+_cpu_flash_flops._get_raw = True  # type: ignore[attr-defined]
+_cpu_flash_backward_flops._get_raw = True  # type: ignore[attr-defined]
+#: FLOP formulas ``FlopCounterMode`` lacks: SDPA's CPU flash kernel counts what the CUDA kernels count.
+CPU_ATTENTION_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
+                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops}
+
+
 def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_module: str = "",
-                workspaces: torch.device | None = None) -> tuple[list[OpRecord], dict[str, int]]:
+                workspaces: torch.device | None = None, device: torch.device | None = None,
+                kernels: Any = None) -> tuple[list[OpRecord], dict[str, int]]:
     """Run ``gm`` on fake copies of its state and inputs and measure every node.
 
     Args:
@@ -120,6 +138,9 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
         strip_module: prefix removed from module paths (a wrapper's child name).
         workspaces: a device to measure the ops' workspaces on (NOTE [ Op
             workspaces ] in ``scheduler.tracing.workspaces``); None: not measured.
+        device: the device the fake copies of ``meta`` tensors live on, or None
+            (where they are); kernels: a ``TorchFunctionMode`` the forward runs
+            under (NOTE [ Trace targets ] in ``scheduler.tracing.target``).
 
     Returns:
         ``(records, totals)``: one :class:`OpRecord` per compute node in graph
@@ -141,7 +162,7 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
                             ("buffer", gm.named_buffers(remove_duplicate=False))):
             for name, t in items:
                 if id(t) not in memo:
-                    f = fake.from_tensor(t, static_shapes=True)
+                    f = fake_copy(fake, t, device)
                     if kind == "param":
                         f.requires_grad_(t.requires_grad)
                         # The fake copy carries the real ``.grad`` when one is set (after a step):
@@ -169,7 +190,7 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
         input_keys: set[int] = set()
         for v in flat_inputs:
             if isinstance(v, torch.Tensor):
-                f = fake.from_tensor(v, static_shapes=True)
+                f = fake_copy(fake, v, device)
                 k = storage_key(f)
                 if k not in input_keys:
                     input_keys.add(k)
@@ -179,17 +200,18 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
                 fake_inputs.append(f)
             else:
                 fake_inputs.append(v)
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
     probe = None
     if workspaces is not None:
         from .workspaces import WorkspaceProbe
 
         probe = WorkspaceProbe()
     watch = OpWatch(param_keys | set(trainable), state_keys, counter, probe)
-    rec = Recorder(gm, fake, counter, watch, set(state_keys) | input_keys, strip_module)
+    rec = Recorder(gm, fake, counter, watch, set(state_keys) | input_keys, strip_module, device)
     with stateless._reparametrize_module(gm, state, tie_weights=True), torch.enable_grad():
         with fake, counter, watch:
-            result = rec.run(*fake_inputs)
+            with kernels if kernels is not None else contextlib.nullcontext():
+                result = rec.run(*fake_inputs)
             rec.run_backward(result)
     fwd_ws: dict[int, int] = {}
     if probe is not None and watch.calls:  # NOTE [ Op workspaces ]: each call's real peak, at its place

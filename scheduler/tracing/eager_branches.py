@@ -11,16 +11,28 @@ NOTE [ Eager's attention masks under export ]
     builds a (batch, heads, q, k) mask and attention saves it too: the zoo's
     store-all predictions sat 7-11 % above the eager step's measured peak
     (a transformers ViT, 4 layers, width 128, 256 tokens, batch 8: +13 %).
+    The same holds for packed sequences (``find_packed_sequence_indices``:
+    position ids that restart inside a row): eager finds none in ordinary
+    position ids and lets the mask go; exporting never looks, so every
+    decoder-only model (Llama, Mistral...) exported with a
+    (batch, 1, q, k) mask, and a CUDA target then ran the memory-efficient
+    kernel with that mask where the user's step runs flash or cuDNN.
     Our graph plans *this* step of the user's *eager* model, so these
     decisions are recorded in one eager forward on the example inputs (no
     grad, RNG forked, buffers restored) and replayed, in call order, while
-    exporting. Where eager cannot run (the meta device) or the calls do not
-    line up, the library decides as it would.
+    exporting. Where eager cannot run (the meta device), a decision that
+    reads no values is taken as eager takes it: no padding mask was passed
+    (the usual training step on token ids and labels), or no position ids
+    were (the model makes them with ``arange``: no packing); one that would
+    read values keeps the mask (they are unknown). Where the calls do not
+    line up, the library decides as it would. Which kernel then runs:
+    NOTE [ Trace targets ] in ``scheduler.tracing.target``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 from typing import Any, Callable, Iterator, Mapping
@@ -32,7 +44,14 @@ __all__ = ["eager_mask_decisions"]
 
 log = logging.getLogger(__name__)
 
-_DECIDERS = ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa")
+#: transformers' functions that decide whether a mask can be left out -> what each returns when it can.
+_SKIPPED: dict[str, Any] = {"_ignore_causal_mask_sdpa": True, "_ignore_bidirectional_mask_sdpa": True,
+                            "find_packed_sequence_indices": None}
+_DECIDERS = tuple(_SKIPPED)
+
+
+def _skips(name: str, out: Any) -> bool:
+    return out is None if _SKIPPED[name] is None else bool(out)
 
 
 @contextlib.contextmanager
@@ -54,23 +73,47 @@ def _on_meta(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> bool:
     return any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in leaves)
 
 
+def _as_eager_without_values(masking: Any, user_positions: bool, name: str, fn: Callable[..., Any]
+                             ) -> Callable[..., Any]:
+    """``fn`` deciding as in eager where that reads no values (NOTE [ Eager's attention masks under
+    export ]); elsewhere as the library decides while exporting (the mask stays)."""
+    def wrapper(*a: Any, **k: Any) -> Any:
+        if name == "find_packed_sequence_indices":
+            return fn(*a, **k) if user_positions else None
+        if (a[0] if a else k.get("padding_mask")) is not None:
+            return fn(*a, **k)
+        exporting = masking.is_torchdynamo_exporting
+        masking.is_torchdynamo_exporting = lambda: False
+        try:
+            return fn(*a, **k)
+        finally:
+            masking.is_torchdynamo_exporting = exporting
+    return wrapper
+
+
 @contextlib.contextmanager
 def eager_mask_decisions(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> Iterator[None]:
     """While the block runs, transformers' mask-skipping decisions replay those of an eager forward.
 
-    A no-op when transformers is not loaded, nothing is decided, or the model
-    is on the meta device (NOTE [ Eager's attention masks under export ]).
+    A no-op when transformers is not loaded or nothing is decided; on the
+    meta device, the decisions that read no values (NOTE [ Eager's attention
+    masks under export ]).
     """
     masking = sys.modules.get("transformers.masking_utils")
-    if masking is None or _on_meta(module, args, kwargs):
+    if masking is None:
         yield
         return
-    decided: list[tuple[str, bool]] = []
+    if _on_meta(module, args, kwargs):
+        user_positions = kwargs.get("position_ids") is not None or len(args) > 2
+        with _patched(masking, functools.partial(_as_eager_without_values, masking, user_positions)):
+            yield
+        return
+    decided: list[tuple[str, bool]] = []  # (function, whether eager left the mask out)
 
     def record(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*a: Any, **k: Any) -> Any:
             out = fn(*a, **k)
-            decided.append((name, bool(out)))
+            decided.append((name, _skips(name, out)))
             return out
         return wrapper
 
@@ -93,8 +136,8 @@ def eager_mask_decisions(module: nn.Module, args: tuple, kwargs: Mapping[str, An
 
     def replay(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*a: Any, **k: Any) -> Any:
-            if queue and queue[0][0] == name:
-                return queue.pop(0)[1]
+            if queue and queue[0][0] == name and queue.pop(0)[1]:
+                return _SKIPPED[name]
             return fn(*a, **k)
         return wrapper
 

@@ -52,7 +52,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from .records import OpRecord, storage_bytes, storage_key
+from .records import OpRecord, fake_copy, storage_bytes, storage_key
 from .watch import OpWatch
 
 __all__ = ["Recorder", "module_path", "module_calls"]
@@ -127,9 +127,10 @@ def _policy_calls(watch: OpWatch, owned: set[int]) -> tuple[tuple[str, ...], int
 
 class Recorder(torch.fx.Interpreter):
     def __init__(self, gm: torch.fx.GraphModule, fake: FakeTensorMode, counter: FlopCounterMode, watch: OpWatch,
-                 free_keys: set[int], strip: str):
+                 free_keys: set[int], strip: str, device: torch.device | None = None):
         super().__init__(gm, garbage_collect_values=False)
         self.fake = fake
+        self.device = device  # where fake copies of meta constants go (NOTE [ Trace targets ])
         self.counter = counter
         self.watch = watch
         self.free_keys = free_keys  # params, buffers, inputs, constants
@@ -157,7 +158,7 @@ class Recorder(torch.fx.Interpreter):
     def fetch_attr(self, target: str) -> Any:
         value = super().fetch_attr(target)
         if isinstance(value, torch.Tensor) and not isinstance(value, torch._subclasses.FakeTensor):
-            value = self.fake.from_tensor(value)
+            value = fake_copy(self.fake, value, self.device)
             k = storage_key(value)
             if k is not None:
                 self.free_keys.add(k)

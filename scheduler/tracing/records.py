@@ -6,10 +6,11 @@ The measuring itself is ``scheduler.tracing.costs.measure_ops``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["OpRecord", "storage_key", "storage_bytes"]
+__all__ = ["OpRecord", "storage_key", "storage_bytes", "fake_copy"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +119,15 @@ def storage_bytes(t: torch.Tensor) -> int:
     except (RuntimeError, NotImplementedError):
         return t.numel() * t.element_size()
 
+
+
+def fake_copy(fake: Any, t: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """A fake tensor of ``fake`` (a ``FakeTensorMode``) standing for ``t``; a ``meta`` tensor moved
+    to ``device`` when one is given (NOTE [ Trace targets ] in ``scheduler.tracing.target``).
+
+    Moved tensors wrap a detached alias of ``t``: views of one storage stay one storage.
+    """
+    if device is None or t.device.type != "meta" or device.type == "meta":
+        return fake.from_tensor(t, static_shapes=True)
+    out = fake.fake_tensor_converter.from_meta_and_device(fake, t.detach(), device)
+    return out.requires_grad_(t.requires_grad) if t.requires_grad and out.is_leaf else out

@@ -14,6 +14,7 @@ import scheduler
 from scheduler.measuring.storages import measure_peak, measure_step
 from scheduler.models import build
 from scheduler.tracer import TraceError, TraceMismatch, capture
+from scheduler.tracing.costs import CPU_ATTENTION_FLOPS
 from solvers import simulate
 
 CASES = {
@@ -52,7 +53,8 @@ def test_store_all_peak_matches_a_measured_cpu_step_within_10_percent(traced_cas
 
 def test_flops_agree_with_flop_counter_over_eager_forward_and_backward(traced_case):
     name, ex, traced = traced_case
-    with FlopCounterMode(display=False) as fc:
+    # the tracer's counter knows SDPA's CPU flash kernel too (CPU_ATTENTION_FLOPS: FlopCounterMode lacks it)
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as fc:
         loss = ex.step_loss()
         fwd = fc.get_total_flops()
         loss.backward()
