@@ -29,7 +29,7 @@ from graphs import CkptError
 __all__ = ["main", "COMMANDS"]
 
 #: Subcommand modules, in the order ``ckpt --help`` lists them.
-COMMANDS = ["models", "trace", "solve", "simulate", "apply", "compare", "fit", "demo"]
+COMMANDS = ["models", "trace", "solve", "simulate", "apply", "compare", "fit", "demo", "calibrate"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -22,7 +22,6 @@ NOTE [ CUDA attention dispatch ]
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F

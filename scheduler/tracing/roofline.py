@@ -35,45 +35,35 @@ NOTE [ Roofline costs ]
     ``recompute_time_s`` with it). Costs are not part of the fingerprint.
 
     Devices: named GPUs come from their datasheets (:data:`DEVICES`); the CPU
-    is measured once (a matmul per dtype, a large copy, a tiny op) and cached
-    per CPU model, torch version and thread count (:func:`cpu_peaks`).
+    is measured (a matmul per dtype, a large copy, random draws, a tiny op)
+    and stored per machine and thread count (NOTE [ CPU calibration ] in
+    ``scheduler.tracing.calibration``). Which device a trace is priced for is
+    its target (NOTE [ Trace targets ] in ``scheduler.tracing.target``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
-import platform
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from graphs import CkptError
-from graphs.files import write_text_atomic
 
 if TYPE_CHECKING:  # torch is imported where measured: the CLI's help lists DEVICES without it
     import torch
 
     from .records import OpRecord
 
-__all__ = ["DevicePeaks", "DEVICES", "DEFAULT_DEVICE", "CACHE_ENV", "UnknownDevice", "lookup_device", "device_peaks",
-           "cpu_peaks", "cache_dir", "kernel_time_s", "record_time_s", "roofline_records", "choose_peaks",
-           "model_dtype"]
+__all__ = ["DevicePeaks", "DEVICES", "DEFAULT_DEVICE", "UnknownDevice", "lookup_device", "device_peaks",
+           "kernel_time_s", "record_time_s", "roofline_records", "model_dtype"]
 
 log = logging.getLogger(__name__)
 
-#: The device assumed for a ``meta`` model, or a GPU missing from :data:`DEVICES`.
+#: The GPU a ``meta`` model plans for (``target="cuda"``), and the one priced for a GPU missing from :data:`DEVICES`.
 DEFAULT_DEVICE = "H100"
-#: Environment variable overriding the cache folder of the measured CPU peaks.
-CACHE_ENV = "CKPT_CACHE_DIR"
-_CACHE_FILE = "cpu_peaks.json"
-_CALIBRATION = 3  # part of the cache key: entries of an older calibration are measured again
-_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _positive(v: Any) -> bool:
@@ -187,129 +177,13 @@ def device_peaks(name: str, *, cache: str | os.PathLike | None = None) -> Device
         UnknownDevice: the name is neither, naming the table's devices.
     """
     if name.strip().lower() == "cpu":
+        from .calibration import cpu_peaks
+
         return cpu_peaks(cache=cache)
     peaks = lookup_device(name)
     if peaks is None:
         raise UnknownDevice(f"no peaks known for device {name!r}; known devices: {', '.join(DEVICES)}, or cpu "
                             "(this machine's CPU, measured)")
-    return peaks
-
-
-# ------------------------------------------------------------------- the CPU
-def cache_dir(cache: str | os.PathLike | None = None) -> str:
-    """Where the measured CPU peaks are cached: ``cache``, else ``$CKPT_CACHE_DIR``,
-    else ``$XDG_CACHE_HOME/ckpt``, else ``~/.cache/ckpt``."""
-    if cache is not None:
-        return os.fspath(cache)
-    if os.environ.get(CACHE_ENV):
-        return os.environ[CACHE_ENV]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "ckpt")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown cpu"
-
-
-def _cpu_key() -> str:
-    import torch
-
-    return f"{_cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads | v{_CALIBRATION}"
-
-
-def _best_s(fn: Callable[[], Any], repeats: int) -> float:
-    fn()  # warm-up
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return max(best, 1e-9)
-
-
-def _measure_cpu() -> dict[str, Any]:
-    """Measure this CPU (well under two seconds): matmuls, a large copy, random draws, a tiny op.
-
-    The copy (64 MiB each way) is larger than the caches. The tiny op is a
-    module call on four elements with autograd recording, as a recompute
-    runs it: what eager PyTorch spends per op beyond the work.
-    """
-    import torch
-
-    flops: dict[str, float] = {}
-    for dtype, n in (("float32", 512), ("bfloat16", 256), ("float16", 256)):
-        a = torch.randn(n, n).to(getattr(torch, dtype))
-        b = torch.randn(n, n).to(getattr(torch, dtype))
-        flops[dtype] = 2 * n ** 3 / _best_s(lambda: torch.mm(a, b), 3)
-    src = torch.ones(16 << 20)  # 64 MiB of float32
-    dst = torch.empty_like(src)
-    bandwidth = 2 * src.numel() * src.element_size() / _best_s(lambda: dst.copy_(src), 3)
-    draws = torch.empty(1 << 20)
-    # At dropout's usual keep probability: on a CPU a draw near 0.5 takes twice as long (branches).
-    random_per_s = draws.numel() / _best_s(lambda: draws.bernoulli_(0.9), 3)
-    x = torch.ones(4, requires_grad=True)
-    relu = torch.nn.ReLU()
-    calls = 200
-
-    def tiny() -> None:
-        for _ in range(calls):
-            relu(x)
-
-    overhead = _best_s(tiny, 3) / calls
-    return {"flops_per_s": flops, "bytes_per_s": bandwidth, "op_overhead_s": overhead, "random_per_s": random_per_s}
-
-
-def cpu_peaks(*, cache: str | os.PathLike | None = None, refresh: bool = False) -> DevicePeaks:
-    """This machine's CPU peaks: measured once, then read from the cache file.
-
-    The file (``cpu_peaks.json`` in :func:`cache_dir`) maps a key of CPU
-    model, torch version and thread count to the measured peaks, so another
-    torch or thread count measures afresh. A missing, corrupt or
-    unreadable entry is measured again and written atomically; a cache that
-    cannot be written only logs a warning.
-
-    Args:
-        cache: the cache folder (default: :func:`cache_dir`).
-        refresh: measure even when the cache has an entry.
-    """
-    import torch
-
-    folder = cache_dir(cache)
-    path = os.path.join(folder, _CACHE_FILE)
-    key = _cpu_key()
-    name = f"cpu ({_cpu_model()}, {torch.get_num_threads()} threads)"
-    entries: dict[str, Any] = {}
-    if os.path.exists(path):
-        try:
-            with open(path, encoding="utf-8") as fh:
-                entries = json.load(fh)
-            if not isinstance(entries, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as exc:
-            log.warning("CPU peaks cache %s is unreadable (%s); measuring again", path, exc)
-            entries = {}
-    if not refresh and key in entries:
-        try:
-            return DevicePeaks.from_dict({**entries[key], "name": name})
-        except (TypeError, ValueError, KeyError) as exc:
-            log.warning("CPU peaks cache %s has a malformed entry (%s); measuring again", path, exc)
-    measured = _measure_cpu()
-    peaks = DevicePeaks(name=name, source=f"measured on this machine ({key})", **measured)
-    entries[key] = {k: v for k, v in peaks.to_dict().items() if k != "name"}
-    try:
-        os.makedirs(folder, exist_ok=True)
-        write_text_atomic(path, json.dumps(entries, indent=1, sort_keys=True) + "\n")
-    except (OSError, CkptError) as exc:
-        log.warning("could not cache the CPU peaks in %s: %s", path, exc)
-    log.info("measured %s: %.3g float32 FLOP/s, %.3g B/s, %.2g s per op", name, peaks.peak("float32"),
-             peaks.bytes_per_s, peaks.op_overhead_s)
     return peaks
 
 
@@ -349,35 +223,6 @@ def roofline_records(records: Sequence[OpRecord], peaks: DevicePeaks, dtype: str
             "flops_per_s": rate, "forward_s": sum(times)}
     log.info("roofline costs on %s: forward %.3g ms predicted", peaks.name, 1e3 * sum(times))
     return out, meta
-
-
-def choose_peaks(device: torch.device, cost_device: str | None = None) -> DevicePeaks:
-    """The device to price a trace for.
-
-    ``cost_device`` when given (a table name, or ``cpu``); else by where the
-    model is: a CUDA device's name looked up in the table (else
-    :data:`DEFAULT_DEVICE`, with a warning), ``meta`` -> :data:`DEFAULT_DEVICE`,
-    the CPU -> its measured peaks.
-
-    Raises:
-        UnknownDevice: ``cost_device`` is not a known device.
-    """
-    import torch
-
-    if cost_device is not None:
-        return device_peaks(cost_device)
-    if device.type == "cpu":
-        return cpu_peaks()
-    if device.type == "cuda":
-        gpu = torch.cuda.get_device_name(device)
-        peaks = lookup_device(gpu)
-        if peaks is None:
-            log.warning("no peaks known for GPU %r; costing for %s (pass cost_device= to choose)", gpu, DEFAULT_DEVICE)
-            return DEVICES[DEFAULT_DEVICE]
-        return peaks
-    if device.type != "meta":
-        log.warning("no peaks known for device type %r; costing for %s", device.type, DEFAULT_DEVICE)
-    return DEVICES[DEFAULT_DEVICE]
 
 
 def model_dtype(tensors: Sequence[torch.Tensor]) -> str:

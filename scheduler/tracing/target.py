@@ -58,7 +58,8 @@ from torch.overrides import TorchFunctionMode
 
 from graphs import TARGET_META, CkptError
 
-from .roofline import DEFAULT_DEVICE, DEVICES, DevicePeaks, cpu_peaks, lookup_device
+from .calibration import cpu_peaks
+from .roofline import DEFAULT_DEVICE, DEVICES, DevicePeaks, lookup_device
 
 __all__ = ["Target", "TargetError", "CAPABILITY", "TARGET_META", "resolve_target", "target_peaks", "fake_device",
            "TargetKernels", "describe_targets", "check_target_for_costs", "rng_state_bytes"]

@@ -3,7 +3,6 @@
 import dataclasses
 import json
 import logging
-import os
 
 import pytest
 import torch
@@ -12,28 +11,13 @@ import solvers
 from graphs import Graph, GraphError, Node, synthetic
 from scheduler.models import build
 from scheduler.tracer import TraceError, capture
-from scheduler.tracing import roofline
 from scheduler.tracing.costs import measure_ops
-from scheduler.tracing.roofline import (CACHE_ENV, DEVICES, DevicePeaks, UnknownDevice, choose_peaks, cpu_peaks,
-                                        device_peaks, kernel_time_s, lookup_device, record_time_s, roofline_records)
+from scheduler.tracing.roofline import (DEVICES, DevicePeaks, UnknownDevice, device_peaks, kernel_time_s, lookup_device,
+                                        record_time_s, roofline_records)
+from scheduler.tracing.target import resolve_target, target_peaks
 from solvers import Plan, activation_budget_bytes
 
-FAKE_CPU = {"flops_per_s": {"float32": 1e11, "bfloat16": 2e11, "float16": 2e11}, "bytes_per_s": 2e10,
-            "op_overhead_s": 3e-6, "random_per_s": 1e8}
-
-
-@pytest.fixture(autouse=True)
-def fake_cpu(monkeypatch, tmp_path):
-    """No test measures this machine or writes into the user's cache: a counting stand-in, a private folder."""
-    calls = []
-
-    def measure():
-        calls.append(1)
-        return json.loads(json.dumps(FAKE_CPU))
-
-    monkeypatch.setattr(roofline, "_measure_cpu", measure)
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    return calls
+pytestmark = pytest.mark.usefixtures("fake_cpu")  # conftest: no test here measures this machine
 
 
 # ------------------------------------------------------------------ the table
@@ -63,16 +47,18 @@ def test_table_peaks_are_dense_datasheet_numbers():
 
 
 def test_which_device_a_trace_is_priced_for(monkeypatch, caplog, fake_cpu):
-    assert choose_peaks(torch.device("meta")).name == "H100"
-    assert choose_peaks(torch.device("meta"), "L4").name == "L4"
+    def peaks(device, target=None):
+        return target_peaks(resolve_target(target, torch.device(device))).name
+
+    assert peaks("meta") == "H100" and peaks("meta", "L4") == "L4" and peaks("cpu", "h200") == "H200"
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 3090")
-    assert choose_peaks(torch.device("cuda", 0)).name == "RTX3090"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
+    assert peaks("cuda:0") == "RTX3090"
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Imaginary GPU 9000")
-    with caplog.at_level(logging.WARNING, logger="scheduler.tracing.roofline"):
-        assert choose_peaks(torch.device("cuda", 0)).name == "H100"
+    with caplog.at_level(logging.WARNING, logger="scheduler.tracing.target"):
+        assert peaks("cuda:0") == "H100"
     assert "Imaginary GPU 9000" in caplog.text
-    assert choose_peaks(torch.device("cpu")).name.startswith("cpu")
-    assert fake_cpu == [1]
+    assert not fake_cpu and peaks("cpu").startswith("cpu") and fake_cpu
 
 
 # ---------------------------------------------------------------- the formula
@@ -83,7 +69,7 @@ def test_kernel_time_is_the_higher_roof_plus_the_overhead():
     assert mm == pytest.approx(2 * n ** 3 / 989e12 + 5e-6)  # compute-bound
     gelu = kernel_time_s(0, 2 * n * n * 2, "bfloat16", h100)
     assert gelu == pytest.approx(2 * n * n * 2 / 3.35e12 + 5e-6)  # memory-bound
-    cpu = DevicePeaks("cpu", FAKE_CPU["flops_per_s"], 2e10, 3e-6, random_per_s=1e8)
+    cpu = DevicePeaks("cpu", {"float32": 1e11}, 2e10, 3e-6, random_per_s=1e8)
     drop = kernel_time_s(0, 9 * 10**6, "float32", cpu, randoms=10**6)
     assert drop == pytest.approx(10**6 / 1e8 + 3e-6)  # drawing the mask is the roof on this CPU
     with pytest.raises(ValueError, match="positive"):
@@ -118,44 +104,6 @@ def test_traced_kernels_matmul_compute_bound_elementwise_memory_bound_view_free(
     assert cost[mm.op] == pytest.approx(2 * n ** 3, rel=0.05)
     assert cost[gelu.op] > 100 * n * n  # far above its one "FLOP" per element
     assert meta["model"] == "roofline" and meta["device"] == "H100" and meta["flops_per_s"] == 67e12
-
-
-# ----------------------------------------------------------- CPU calibration
-def test_cpu_peaks_are_measured_once_then_read_from_the_cache(tmp_path, fake_cpu):
-    first = cpu_peaks()
-    second = cpu_peaks()
-    assert fake_cpu == [1]  # the second call read the file
-    assert first == second and first.peak("float32") == 1e11 and first.random_per_s == 1e8
-    path = tmp_path / "cache" / "cpu_peaks.json"
-    entries = json.loads(path.read_text())
-    (key,) = entries
-    assert torch.__version__ in key and f"{torch.get_num_threads()} threads" in key
-    cpu_peaks(refresh=True)
-    assert fake_cpu == [1, 1]
-
-
-@pytest.mark.parametrize("content", ["{not json", "[1, 2]", "CORRUPT_ENTRY"])
-def test_a_corrupt_cache_is_measured_again_and_rewritten(tmp_path, fake_cpu, content):
-    path = tmp_path / "cache" / "cpu_peaks.json"
-    cpu_peaks()
-    if content == "CORRUPT_ENTRY":
-        entries = json.loads(path.read_text())
-        for v in entries.values():
-            v["bytes_per_s"] = -5
-        content = json.dumps(entries)
-    path.write_text(content)
-    assert cpu_peaks().bytes_per_s == 2e10
-    assert fake_cpu == [1, 1]
-    assert cpu_peaks().bytes_per_s == 2e10 and fake_cpu == [1, 1]  # the rewritten file is good
-
-
-def test_cache_folder_argument_environment_and_xdg(tmp_path, monkeypatch, fake_cpu):
-    cpu_peaks(cache=tmp_path / "mine")
-    assert (tmp_path / "mine" / "cpu_peaks.json").exists()
-    assert roofline.cache_dir() == str(tmp_path / "cache")
-    monkeypatch.delenv(CACHE_ENV)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert roofline.cache_dir() == os.path.join(str(tmp_path / "xdg"), "ckpt")
 
 
 # ------------------------------------------------------------- traced models
@@ -235,7 +183,10 @@ def test_a_cpu_model_is_priced_for_the_measured_cpu(fake_cpu):
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
     graph = capture(model, (torch.randn(4, 16),)).graph
     assert graph.meta["costs"]["device"].startswith("cpu") and graph.meta["costs"]["flops_per_s"] == 1e11
-    assert fake_cpu == [1]
+    assert "measured on this machine" in graph.meta["costs"]["peaks"]["source"]
+    calls = list(fake_cpu)
+    capture(model, (torch.randn(4, 16),))
+    assert calls and fake_cpu == calls  # measured once, then read
 
 
 # --------------------------------------------------------------- the field

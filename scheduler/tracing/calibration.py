@@ -1,0 +1,286 @@
+"""This machine's CPU peaks for the roofline: measured, checked, stored per machine and thread count.
+
+NOTE [ CPU calibration ]
+    A trace for the CPU is priced with this machine's peaks (NOTE [ Roofline
+    costs ] in ``scheduler.tracing.roofline``): matmul FLOP/s per dtype, copy
+    bandwidth, random draws per second, the fixed cost of one small op. They
+    are measured once and stored, so one bad measurement is every later
+    trace's price. Measured under contention (other processes on the cores;
+    with several threads one descheduled worker stalls every matmul at its
+    barrier) they can be off by orders of magnitude: a stored entry had
+    2-thread bf16 matmuls at 1.4 GFLOP/s against 163.5 on one thread, and a
+    trace priced with it predicted a 1,380 s forward for a model whose whole
+    trace took 241 s. So:
+
+    * best of rounds: :func:`calibrate` measures ``rounds`` times (each
+      figure within a round is already the best of a few timed calls) and
+      keeps each figure's best (the highest rate, the lowest overhead);
+    * checked against one thread: with N > 1 threads the rounds alternate
+      with rounds at one thread. N threads run the same kernels with more
+      workers, so a figure below its one-thread value was measured while
+      the machine was busy: it is raised to the one-thread value, and when
+      it was below half of it the entry is marked ``contended`` (a warning
+      says so, and ``ckpt calibrate`` on an idle machine measures again);
+    * stored per machine and thread count with its date: the cache file
+      (``cpu_peaks.json`` in :func:`cache_dir`) maps ``host | CPU model |
+      torch version | N threads | vK`` to the figures, the one-thread
+      figures, ``contended`` and ``measured_at`` (so machines sharing a home
+      folder keep their own entries, and another torch or thread count
+      measures afresh); the source shown with a trace's costs names the key
+      and the date;
+    * refreshable: ``ckpt calibrate`` measures again (``--threads``,
+      ``--rounds``) and ``ckpt calibrate --show`` lists what is stored.
+
+    The measuring function is a parameter (``measure``): tests pass one that
+    returns figures, so none of them reads the clock.
+    ``tests/scheduler/tracing/test_calibration.py``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from graphs import CkptError
+from graphs.files import write_text_atomic
+
+from .roofline import DevicePeaks
+
+__all__ = ["CACHE_ENV", "Calibration", "MeasureFn", "cache_dir", "measure_cpu", "calibrate", "cpu_peaks",
+           "stored_calibrations", "cache_key"]
+
+log = logging.getLogger(__name__)
+
+#: Environment variable overriding the cache folder of the measured CPU peaks.
+CACHE_ENV = "CKPT_CACHE_DIR"
+_CACHE_FILE = "cpu_peaks.json"
+_VERSION = 4  # part of the cache key: entries of an older calibration are measured again
+_RATES = ("bytes_per_s", "random_per_s")  # with each dtype of flops_per_s: higher is better
+#: A figure this far below its one-thread value marks the entry ``contended``.
+CONTENDED_BELOW = 0.5
+
+#: ``measure(threads) -> figures`` (``flops_per_s`` by dtype, ``bytes_per_s``, ``op_overhead_s``, ``random_per_s``).
+MeasureFn = Callable[[int], Mapping[str, Any]]
+
+
+def cache_dir(cache: str | os.PathLike | None = None) -> str:
+    """Where the measured CPU peaks are stored: ``cache``, else ``$CKPT_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/ckpt``, else ``~/.cache/ckpt``."""
+    if cache is not None:
+        return os.fspath(cache)
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ckpt")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def cache_key(threads: int) -> str:
+    """The stored entry's key: this machine, its CPU model, torch's version and ``threads``."""
+    import torch
+
+    return f"{platform.node() or 'host'} | {_cpu_model()} | torch {torch.__version__} | {threads} threads | v{_VERSION}"
+
+
+def _best_s(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm-up
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9)
+
+
+def measure_cpu(threads: int) -> dict[str, Any]:
+    """One measurement of this CPU at ``threads`` threads (about a second): matmuls, a copy, draws, a tiny op.
+
+    The copy (64 MiB each way) is larger than the caches. The tiny op is a
+    module call on four elements with autograd recording, as a recompute
+    runs it: what eager PyTorch spends per op beyond the work. Torch's
+    thread count is restored afterwards.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        flops: dict[str, float] = {}
+        for dtype, n in (("float32", 512), ("bfloat16", 256), ("float16", 256)):
+            a = torch.randn(n, n).to(getattr(torch, dtype))
+            b = torch.randn(n, n).to(getattr(torch, dtype))
+            flops[dtype] = 2 * n ** 3 / _best_s(lambda: torch.mm(a, b), 3)
+        src = torch.ones(16 << 20)  # 64 MiB of float32
+        dst = torch.empty_like(src)
+        bandwidth = 2 * src.numel() * src.element_size() / _best_s(lambda: dst.copy_(src), 3)
+        draws = torch.empty(1 << 20)
+        # At dropout's usual keep probability: on a CPU a draw near 0.5 takes twice as long (branches).
+        random_per_s = draws.numel() / _best_s(lambda: draws.bernoulli_(0.9), 3)
+        x = torch.ones(4, requires_grad=True)
+        relu = torch.nn.ReLU()
+        calls = 200
+
+        def tiny() -> None:
+            for _ in range(calls):
+                relu(x)
+
+        overhead = _best_s(tiny, 3) / calls
+    finally:
+        torch.set_num_threads(before)
+    return {"flops_per_s": flops, "bytes_per_s": bandwidth, "op_overhead_s": overhead, "random_per_s": random_per_s}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`calibrate` found (NOTE [ CPU calibration ]).
+
+    Attributes:
+        threads: the thread count measured for.
+        figures: the figures used (best of the rounds, raised to the one-thread figures).
+        measured: the best of the N-thread rounds, as measured.
+        one_thread: the best of the one-thread rounds (``measured`` itself when ``threads`` is 1).
+        contended: names of the figures measured below :data:`CONTENDED_BELOW` of their one-thread value.
+        rounds: rounds at each thread count.
+    """
+
+    threads: int
+    figures: Mapping[str, Any]
+    measured: Mapping[str, Any]
+    one_thread: Mapping[str, Any]
+    contended: tuple[str, ...] = ()
+    rounds: int = 1
+    measured_at: str = field(default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds"))
+
+
+def _rates(fig: Mapping[str, Any]) -> dict[str, float]:
+    """Every higher-is-better figure by name (``flops_per_s.bfloat16``, ``bytes_per_s``...)."""
+    out = {f"flops_per_s.{k}": float(v) for k, v in dict(fig["flops_per_s"]).items()}
+    out.update({k: float(fig[k]) for k in _RATES if fig.get(k) is not None})
+    return out
+
+
+def _figures(rates: Mapping[str, float], overhead_s: float) -> dict[str, Any]:
+    flops = {k.split(".", 1)[1]: v for k, v in rates.items() if k.startswith("flops_per_s.")}
+    return {"flops_per_s": flops, "op_overhead_s": overhead_s, **{k: rates[k] for k in _RATES if k in rates}}
+
+
+def _best(rounds: list[Mapping[str, Any]]) -> dict[str, Any]:
+    rates: dict[str, float] = {}
+    for fig in rounds:
+        for k, v in _rates(fig).items():
+            rates[k] = max(rates.get(k, 0.0), v)
+    return _figures(rates, min(float(f["op_overhead_s"]) for f in rounds))
+
+
+def calibrate(threads: int | None = None, *, rounds: int = 3, measure: MeasureFn | None = None) -> Calibration:
+    """Measure this CPU at ``threads`` (default: torch's), robust to a busy machine (NOTE [ CPU calibration ]).
+
+    Args:
+        threads: torch's intra-op thread count to measure for.
+        rounds: measurements at each thread count (alternating N threads and one).
+        measure: ``measure(threads) -> figures`` (default :func:`measure_cpu`).
+    """
+    import torch
+
+    threads = int(threads or torch.get_num_threads())
+    if threads < 1 or rounds < 1:
+        raise CkptError(f"calibrate needs threads >= 1 and rounds >= 1, got threads={threads}, rounds={rounds}")
+    measure = measure or measure_cpu
+    many: list[Mapping[str, Any]] = []
+    one: list[Mapping[str, Any]] = []
+    for _ in range(rounds):
+        many.append(measure(threads))
+        if threads > 1:
+            one.append(measure(1))
+    measured = _best(many)
+    single = _best(one) if one else measured
+    rates, floor = _rates(measured), _rates(single)
+    contended = tuple(sorted(k for k, v in rates.items() if k in floor and v < CONTENDED_BELOW * floor[k]))
+    overhead_s = min(float(measured["op_overhead_s"]), float(single["op_overhead_s"]))
+    used = _figures({k: max(v, floor.get(k, 0.0)) for k, v in rates.items()}, overhead_s)
+    if contended:
+        log.warning("CPU calibration at %d threads ran on a busy machine: %s measured below half the one-thread "
+                    "figure (used the one-thread figure); run `ckpt calibrate` on an idle machine", threads,
+                    ", ".join(contended))
+    return Calibration(threads, used, measured, single, contended, rounds)
+
+
+def _read(path: str) -> dict[str, Any]:
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            entries = json.load(fh)
+        if not isinstance(entries, dict):
+            raise ValueError("not a JSON object")
+        return entries
+    except (OSError, ValueError) as exc:
+        log.warning("CPU peaks cache %s is unreadable (%s); measuring again", path, exc)
+        return {}
+
+
+def _peaks(name: str, key: str, entry: Mapping[str, Any]) -> DevicePeaks:
+    return DevicePeaks.from_dict({**entry["figures"], "name": name,
+                                  "source": f"measured on this machine ({key}) on {entry['measured_at']}"})
+
+
+def stored_calibrations(cache: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
+    """The stored entries (key -> entry), as :func:`cpu_peaks` wrote them."""
+    return _read(os.path.join(cache_dir(cache), _CACHE_FILE))
+
+
+def cpu_peaks(*, cache: str | os.PathLike | None = None, refresh: bool = False, threads: int | None = None,
+              rounds: int = 2, measure: MeasureFn | None = None) -> DevicePeaks:
+    """This machine's CPU peaks at ``threads`` (default torch's): the stored entry, else calibrated and stored.
+
+    A missing, corrupt or unreadable entry is measured again and written
+    atomically; a cache that cannot be written only logs a warning.
+
+    Args:
+        cache: the cache folder (default: :func:`cache_dir`).
+        refresh: measure even when an entry is stored (``ckpt calibrate``).
+        threads, rounds, measure: as :func:`calibrate` (two rounds when a trace
+            calibrates on first use; ``ckpt calibrate`` takes three).
+    """
+    import torch
+
+    threads = int(threads or torch.get_num_threads())
+    folder = cache_dir(cache)
+    path = os.path.join(folder, _CACHE_FILE)
+    key = cache_key(threads)
+    name = f"cpu ({_cpu_model()}, {threads} threads)"
+    entries = _read(path)
+    if not refresh and key in entries:
+        try:
+            return _peaks(name, key, entries[key])
+        except (TypeError, ValueError, KeyError) as exc:
+            log.warning("CPU peaks cache %s has a malformed entry (%s); measuring again", path, exc)
+    cal = calibrate(threads, rounds=rounds, measure=measure)
+    entries[key] = {"figures": cal.figures, "measured": cal.measured, "one_thread": cal.one_thread,
+                    "contended": list(cal.contended), "rounds": cal.rounds, "measured_at": cal.measured_at}
+    peaks = _peaks(name, key, entries[key])  # checks the figures before they are stored
+    try:
+        os.makedirs(folder, exist_ok=True)
+        write_text_atomic(path, json.dumps(entries, indent=1, sort_keys=True) + "\n")
+    except (OSError, CkptError) as exc:
+        log.warning("could not store the CPU peaks in %s: %s", path, exc)
+    log.info("measured %s: %.3g float32 FLOP/s, %.3g B/s, %.2g s per op", name, peaks.peak("float32"),
+             peaks.bytes_per_s, peaks.op_overhead_s)
+    return peaks
