@@ -1,11 +1,13 @@
 """``ckpt fit`` results: the largest batch on a 2 GiB card, measured; Llama-2-7B sized on meta.
 
 1. The built-in ``gpt`` (GPT-2 small shape, seq 256, fp32) on a 2 GiB budget
-   on CPU: with Adam nothing fits (the numbers say why); with plain SGD the
+   on CPU (traced on meta for the CPU: ``target="cpu"``): with Adam nothing
+   fits (the numbers say why); with plain SGD the
    search finds the largest batch per solver. One real step at the best
    solver's batch, with its plan applied, is measured (peak of live storages)
    and must stay under 2 GiB; store-all's largest batch is smaller.
-2. Llama-2-7B (``hf:llama-2-7b``) built on the meta device: parameter,
+2. Llama-2-7B (``hf:llama-2-7b``) built on the meta device, planned for the
+   default target (CUDA, an H100, with its attention kernel): parameter,
    gradient and Adam-state figures against hand arithmetic, and whether
    sequence 4096 at batch 1 fits an 80 GiB card with and without a plan,
    under bf16 mixed precision (AdamW) and pure bf16 (AdamW).
@@ -54,13 +56,13 @@ def gpt_on_2gib(quick: bool) -> dict:
     out: dict = {"model": "gpt", "seq": seq, "card_bytes": 2 * GiB}
     t0 = time.perf_counter()
     try:
-        scheduler.fit("gpt", "2GiB", search="batch", seq=seq, optimizer="adam", solvers=["store-all"])
+        scheduler.fit("gpt", "2GiB", search="batch", seq=seq, optimizer="adam", solvers=["store-all"], target="cpu")
         out["adam"] = "fits"
     except NothingFits as exc:
         out["adam"] = str(exc).split(" What would help:")[0]
         out["adam_report"] = render_report(exc.report)
     res = scheduler.fit("gpt", "2GiB", search="batch", seq=seq, optimizer="sgd", solvers=_solvers(),
-                        max_size=64, progress=_progress)
+                        max_size=64, progress=_progress, target="cpu")  # the step measured below runs on the CPU
     out["search_s"] = time.perf_counter() - t0
     out["report"] = render_report(res.report)
     out["solvers"] = {r.solver: {"batch": r.size, "peak_bytes": r.peak_bytes, "recompute_ratio": r.recompute_ratio,

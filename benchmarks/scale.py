@@ -3,7 +3,7 @@
 Each model is built on the ``meta`` device (bf16, batch 1; Llama at seq
 4096, GPT-2-XL at seq 1024), traced once at op granularity and regrouped at
 the coarse default (``granularity="auto"``: at most 400 nodes). In a fresh
-process that imports no torch, ``ilp`` solves each graph at 0.2, 0.3 and 0.5
+process that imports no torch, ``ilp`` solves each graph at 0.7, 0.8 and 0.9
 of the op graph's store-all activation peak (the same bytes for both
 graphs), with the frontier program composing the repeated blocks (NOTE
 [ Composing repeated blocks ] in ``solvers.blocks``), then once more walking
@@ -28,7 +28,9 @@ import time
 
 log = logging.getLogger("benchmarks.scale")
 OUT = os.path.join(os.path.dirname(__file__), "results")
-FRACTIONS = (0.2, 0.3, 0.5)
+# Traced for their CUDA target (attention saves no S x S scores), these models' least feasible budgets sit
+# above 0.5 of the activation peak: 0.2-0.5, the fractions of the math-path traces, were all infeasible.
+FRACTIONS = (0.7, 0.8, 0.9)
 TIME_LIMIT_S = 300.0
 MODELS = [("hf:llama-2-7b", {"seq": 4096}), ("hf:gpt2-xl", {"seq": 1024}), ("hf:llama-2-70b", {"seq": 4096})]
 QUICK = [("hf:llama-tiny", {"seq": 512, "layers": 4}), ("hf:gpt2", {"seq": 1024, "layers": 4})]

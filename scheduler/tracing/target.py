@@ -235,7 +235,6 @@ def check_target_for_costs(target: Target, device: torch.device, costs: str) -> 
                           f"{target.describe()}: use costs='roofline', or trace the model where it runs")
 
 
-
 def rng_state_bytes(target: Target) -> int:
     """Bytes of the generator state a stochastic region stores, in the target's memory (NOTE [ RNG state
     per region ] in ``solvers.terms``): the CPU generator's state on a CPU; 0 on CUDA (the states
