@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from graphs import Graph
+from graphs import TARGET_META, Graph
 from graphs.files import read_json, write_text_atomic
 from graphs.schema import count, reject_unknown
 
@@ -235,6 +235,12 @@ class Plan:
                 "this plan carries no fingerprint of the graph it was solved for, so nothing shows it belongs to "
                 f"this one ({graph.name or 'unnamed'}); solve again, build it with Plan.from_regions(graph, regions), "
                 "or pass check=False (ckpt: --no-check) to use it anyway")
+        mine, theirs = self.graph_meta.get(TARGET_META), graph.meta.get(TARGET_META)
+        if isinstance(mine, Mapping) and isinstance(theirs, Mapping) and mine.get("kind") != theirs.get("kind"):
+            raise PlanMismatch(  # NOTE [ Trace targets ] in scheduler.tracing.target
+                f"this plan was solved for {mine.get('device')} and this graph is traced for {theirs.get('device')}: "
+                "their kernels save different tensors (attention, dropout masks). Trace and solve for the device "
+                f"the plan runs on (ckpt trace/fit --target {theirs.get('device')})")
         diffs = []
         if self.graph_name != graph.name:
             diffs.append(f"model {self.graph_name!r} vs {graph.name!r}")

@@ -210,3 +210,17 @@ def test_cli_trace_says_what_it_plans_for(capsys):
     assert code == 0 and "planned for: H100 (CUDA sm 9.0; the default for a meta model" in capsys.readouterr().out
     code = main(gpt + ["--cost-device", "a100-40gb"])  # the former flag
     assert code == 0 and "planned for: A100-40GB (CUDA sm 8.0; target='a100-40gb'" in capsys.readouterr().out
+
+
+def test_a_plan_for_one_kind_of_device_is_refused_on_another_with_the_fix():
+    import solvers
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(32, 32), nn.Dropout(0.1), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+    x = torch.randn(16, 32, device="meta")
+    for_cuda = capture(model, (x,), granularity="op").graph
+    for_cpu = capture(model, (x,), granularity="op", target="cpu").graph
+    plan = solvers.solve(for_cuda, solvers.store_all_peak(for_cuda).peak_bytes, solver="dp")
+    plan.check_graph(capture(model, (x,), granularity="op", target="A100-40GB").graph)  # same kernels: accepted
+    with pytest.raises(solvers.PlanMismatch, match="solved for H100 and this graph is traced for cpu.*--target cpu"):
+        plan.check_graph(for_cpu)
