@@ -14,6 +14,7 @@ from graphs.files import read_json, write_text_atomic
 from graphs.schema import count, reject_unknown
 
 from .errors import PlanError, PlanMismatch
+from .selective import recompute_reach
 
 __all__ = ["PLAN_FORMAT_VERSION", "Plan", "Status", "load_plan"]
 
@@ -206,6 +207,16 @@ class Plan:
                 what = f"node {graph.nodes[i].name!r}" if i < n else f"position {i}"
                 raise PlanError(f"the plan keeps the output of {what}, which a selective-checkpoint policy cannot "
                                 "keep (no single op creates what it owns: graph node field sac_op is -1)")
+        if self.saved:
+            reach = recompute_reach(graph)
+            for a, b in self.regions:
+                late = [i for i in self.saved if a <= i <= b and i > reach[b]]
+                if late:
+                    raise PlanError(
+                        f"the plan keeps the output of node {graph.nodes[late[0]].name!r}, which the recompute of region "
+                        f"({a}, {b}) never reaches (it stops once the region's last saved tensor is saved again), so the "
+                        "kept copy would stay held to the region's backward and save nothing (NOTE [ The menu of kept "
+                        "sets ] in solvers.selective); solve again, or drop it from the plan's saved nodes")
 
     def check_graph(self, graph: Graph, *, check: bool = True) -> None:
         """Refuse a plan that was solved for another graph, or that cannot say which graph it was solved for.

@@ -28,15 +28,25 @@ NOTE [ The menu of kept sets ]
     A node of zero cost is never offered: keeping it saves nothing and holds
     its bytes from the forward to the recompute.
 
-    Nor is a node the recompute never reaches. Non-reentrant checkpoint stops
-    a region's recompute as soon as the last tensor the region saved has been
-    saved again (early stop), so nodes after the region's last node that
-    saves something (:func:`last_savers`: requires grad, and saves an input,
-    its output or buffers of its own) never run again: keeping one would save
-    no cost, and its cached copy would stay held until the region's backward
-    ends instead of the step ``solvers.simulate`` frees it at. A node a
-    policy cannot select (``Graph.saveable`` false: NOTE [ Which op a policy
-    keeps ] in ``scheduler.tracing.recorder``) is never offered either.
+    Nor is a node the recompute never reaches (:func:`recompute_reach`).
+    Non-reentrant checkpoint stops a region's recompute as soon as the last
+    tensor the region saved has been saved again (early stop), so nodes
+    after the region's last node that saves something (:func:`last_savers`:
+    requires grad, and saves an input, its output or buffers of its own)
+    never run again: keeping one would save no cost, and its cached copy
+    would stay held until the region's backward ends instead of the step
+    ``solvers.simulate`` frees it at. That last saver's own call is reached
+    only when it saves something the call makes (its output, its own
+    buffers): autograd packs an op's *inputs* before the op runs, so when
+    it saves only inputs the recompute stops inside it, before the call,
+    and the cache that holds its kept output is never read. Measured on
+    timm's ViT (``mlp.fc2``, then ``Dropout(p=0)``, which is no op, and the
+    residual add, which saves nothing): a kept ``fc2`` output stayed alive
+    through the next block's backward, 798,720 bytes above ``simulate``
+    (``tests/regressions/test_timm_vit_kept_fc2.py``). ``Plan.validate``
+    refuses a plan that keeps such a node. A node a policy cannot select
+    (``Graph.saveable`` false: NOTE [ Which op a policy keeps ] in
+    ``scheduler.tracing.recorder``) is never offered either.
 """
 
 from __future__ import annotations
@@ -49,7 +59,8 @@ from graphs import Graph
 
 from .errors import SolverInputError
 
-__all__ = ["DEFAULT_LIMIT", "variants", "ranked_saveable", "menu_lengths", "GrowingMenus", "last_savers"]
+__all__ = ["DEFAULT_LIMIT", "variants", "ranked_saveable", "menu_lengths", "GrowingMenus", "last_savers",
+           "recompute_reach"]
 
 #: Default size of a region's menu, ``()`` included.
 DEFAULT_LIMIT = 4
@@ -58,8 +69,9 @@ DEFAULT_LIMIT = 4
 def last_savers(graph: Graph) -> list[int]:
     """Per position ``b``: the last node at or before ``b`` that saves a tensor for its backward, or -1.
 
-    A region ``first..last``'s recompute reaches the nodes up to
-    ``last_savers(graph)[last]`` (NOTE [ The menu of kept sets ]).
+    A region ``first..last``'s recompute stops in that node, once it has
+    saved again what it saved (NOTE [ The menu of kept sets ];
+    :func:`recompute_reach` says whether its own call ran).
     """
     out = []
     prev = -1
@@ -67,6 +79,24 @@ def last_savers(graph: Graph) -> list[int]:
         if nd.requires_grad and (nd.saves_inputs or nd.saves_output or nd.saved_bytes > 0):
             prev = i
         out.append(prev)
+    return out
+
+
+def recompute_reach(graph: Graph) -> list[int]:
+    """Per position ``b``: the last node whose call a recompute of a region ending at ``b`` runs, or -1.
+
+    That is ``last_savers(graph)[b]`` when that node saves its output or
+    buffers of its own (packed after its call), else the node before it
+    (it saves only inputs, packed before its call: the recompute stops
+    there). A node kept past it is never read from the cache (NOTE [ The
+    menu of kept sets ]).
+    """
+    nodes = graph.nodes
+    out = []
+    for last in last_savers(graph):
+        if last >= 0 and not (nodes[last].saves_output or nodes[last].saved_bytes > 0):
+            last -= 1
+        out.append(last)
     return out
 
 
@@ -85,7 +115,7 @@ def ranked_saveable(graph: Graph, first: int, last: int, *, costs: Sequence[int]
     """
     costs = graph.recompute_costs() if costs is None else costs
     saveable = graph.saveable if saveable is None else saveable
-    reached = last_savers(graph)[last]
+    reached = recompute_reach(graph)[last]
     cands = [k for k in range(first, reached + 1) if saveable[k] and costs[k] > 0]
     return sorted(cands, key=functools.cmp_to_key(_comparator(graph, costs)))
 
@@ -165,7 +195,7 @@ class GrowingMenus:
         cands = [k for k, nd in enumerate(graph.nodes) if nd.sac_op >= 0 and costs[k] > 0]
         order = sorted(cands, key=functools.cmp_to_key(_comparator(graph, costs)))
         self.rank = {k: r for r, k in enumerate(order)}
-        self.reach = last_savers(graph)
+        self.reach = recompute_reach(graph)
         self._first = -1
         self._last = -1
         self._upto = -1
@@ -182,7 +212,7 @@ class GrowingMenus:
         """
         if first != self._first or last < self._last:
             self._first, self._last, self._upto, self._ranks = first, first - 1, first - 1, []
-        upto = self.reach[last]  # the recompute stops after this node (NOTE [ The menu of kept sets ])
+        upto = self.reach[last]  # the recompute runs no call after this node's (NOTE [ The menu of kept sets ])
         for k in range(self._upto + 1, upto + 1):
             r = self.rank.get(k)
             if r is not None:

@@ -31,24 +31,28 @@ def _keepable(nd: Node) -> Node:
 
 
 def chain3() -> Graph:
-    # a -> b -> c, 10 bytes each, each saves its input; every node keepable.
+    # a -> b -> c, 10 bytes each; b saves its output (as ReLU), c its input; every node keepable.
+    # (b saves no input: a region (0, 1) whose last saver saved only inputs would stop its
+    # recompute before b's call, and b could not be kept: NOTE [ The menu of kept sets ].)
     return Graph(nodes=tuple(_keepable(nd) for nd in (
         Node("a", out_bytes=10, fwd_flops=1),
-        Node("b", inputs=("a",), out_bytes=10, fwd_flops=2),
+        Node("b", inputs=("a",), out_bytes=10, fwd_flops=2, saves_inputs=(), saves_output=True),
         Node("c", inputs=("b",), out_bytes=10, fwd_flops=4),
     )))
 
 
 # Plans on chain3 and their timelines, by hand. The caller holds grad c (the seed)
 # through the backward. Without keeping, region (0, 1) gives
-# [10, 20, 20, 40, 40, 50, 50, 30] (tests/solvers/test_simulate.py).
+# [10, 20, 20, 40, 40, 50, 50, 30]: fwd a, b (a freed), c; bwd c: b, c + grad c, grad b;
+# recompute a: c, a + grads; recompute b: c, a, b + grads (then a freed); bwd b: c, b + 3 grads;
+# bwd a: c + grad c, grad a.
 CHAIN3_KEPT = {
     # keep a: the cache holds a after b's forward (fwd c: a, b, c = 30); bwd c: 30 + grad c, grad b;
     # b released by c: 20; the recompute reaches a (no allocation): a, c + grads = 40;
-    # recompute b: 50; bwd b: a, c + grad c, grad b, grad a = 50; bwd a: c + grad c, grad a = 30.
+    # recompute b: 50 (then a freed); bwd b: b, c + grad c, grad b, grad a = 50; bwd a: c + grad c, grad a = 30.
     (0,): ([10, 20, 30, 50, 40, 50, 50, 30], 2),
     # keep b (a region output, read by c): fwd c: b, c = 20; bwd c: 40, c releases b but the cache
-    # holds it; recompute a: a, b, c + grads = 50; reach b: 50; bwd b: a, c + 3 grads = 50.
+    # holds it; recompute a: a, b, c + grads = 50; reach b: 50; bwd b: b, c + 3 grads = 50.
     (1,): ([10, 20, 20, 40, 50, 50, 50, 30], 1),
     # keep both: nothing is recomputed; the cache holds a and b from the forward to the
     # recompute (a, b, c + grad c, grad b = 50 at both empty recompute steps).
@@ -66,13 +70,15 @@ def test_chain3_kept_timeline_by_hand(saved):
 
 
 def test_kept_sink_shares_the_callers_storage():
-    # a (10) -> b (20, a sink the caller holds), b saves a; region (0, 1).
+    # a (10) -> b (20, a sink the caller holds), b saves its output; region (0, 1).
     g = Graph(nodes=(Node("a", out_bytes=10, fwd_flops=3),
-                     _keepable(Node("b", inputs=("a",), out_bytes=20, fwd_flops=5))))
-    # Recompute b: a second copy of b (70). Kept: the cache's b is the caller's b (50).
-    assert list(simulate(g, Plan(regions=((0, 1),))).live_bytes) == [10, 30, 50, 70, 60, 50]
+                     _keepable(Node("b", inputs=("a",), out_bytes=20, fwd_flops=5, saves_inputs=(),
+                                    saves_output=True))))
+    # Recompute b: a second copy of b, held to b's backward (70, 70). Kept: the cache's b is the
+    # caller's b (50, 50).
+    assert list(simulate(g, Plan(regions=((0, 1),))).live_bytes) == [10, 30, 50, 70, 70, 50]
     sim = simulate(g, Plan(regions=((0, 1),), saved=(1,)))
-    assert list(sim.live_bytes) == [10, 30, 50, 50, 60, 50]
+    assert list(sim.live_bytes) == [10, 30, 50, 50, 50, 50]
     assert sim.recompute_flops == 3
 
 
@@ -91,15 +97,17 @@ def test_kept_node_keeps_its_own_buffers_until_its_backward():
 
 def test_kept_node_without_grad_drops_its_buffers_when_reached():
     # b has no backward: its buffers go when the recompute reaches it, not at a backward step.
+    # c (with grad, a sink) saves b, so the recompute of region (0, 2) runs b's call.
     g = Graph(nodes=(Node("a", out_bytes=10, fwd_flops=1, requires_grad=False),
                      _keepable(Node("b", inputs=("a",), out_bytes=10, saved_bytes=4, fwd_flops=2,
                                     requires_grad=False)),
                      Node("c", inputs=("b",), out_bytes=10, fwd_flops=4)))
-    sim = simulate(g, Plan(regions=((0, 1),), saved=(1,)))
-    # fwd: a 10, b 24, (a freed, buffers held) c 24; bwd c: 24 + grad c = 34; c releases b (the
-    # cache holds it: 24); recompute a: 34 + 10; reach b: 44, then its buffers go (no step).
-    assert list(sim.live_bytes) == [10, 24, 24, 34, 44, 44]
-    assert [p for p, _ in sim.steps] == ["forward"] * 3 + ["backward", "recompute", "recompute"]
+    sim = simulate(g, Plan(regions=((0, 2),), saved=(1,)))
+    # fwd: a 10, b 24, (a freed, b and its buffers held by the cache) c 24; recompute a: 34 + grad c;
+    # reach b: 44, then its buffers go and a is freed (20); recompute c: 30 + grad c = 40 (the
+    # recomputed c then goes: the caller holds the forward copy); bwd c: b, c + grad c = 30.
+    assert list(sim.live_bytes) == [10, 24, 24, 44, 44, 40, 30]
+    assert [p for p, _ in sim.steps] == ["forward"] * 3 + ["recompute"] * 3 + ["backward"]
 
 
 def test_saved_must_lie_in_a_region_and_be_saveable():
@@ -133,12 +141,14 @@ def test_no_kept_node_simulates_exactly_as_before():
 # ----------------------------------------------------------------------------- the menu
 def _menu_graph() -> Graph:
     # cost per byte: n0 2/10, n1 0 (zero cost), n2 9/30 (0.3), n3 not saveable, n4 5/(5+5) = 0.5,
-    # n5 3/10 (0.3, ties n2: position decides), n6 7/0 (no bytes: first).
+    # n5 3/10 (0.3, ties n2: position decides), n6 7/0 (no bytes: first). n6 saves its output too,
+    # so a recompute of a region ending there runs n6's call (NOTE [ The menu of kept sets ]).
     spec = [(10, 0, 2, True), (10, 0, 0, True), (20, 10, 9, True), (10, 0, 50, False), (5, 5, 5, True),
             (10, 0, 3, True), (0, 0, 7, True)]
     nodes = []
     for i, (out, buf, flops, ok) in enumerate(spec):
-        nd = Node(f"n{i}", inputs=(f"n{i - 1}",) if i else (), out_bytes=out, saved_bytes=buf, fwd_flops=flops)
+        nd = Node(f"n{i}", inputs=(f"n{i - 1}",) if i else (), out_bytes=out, saved_bytes=buf, fwd_flops=flops,
+                  saves_output=i == 6)
         nodes.append(_keepable(nd) if ok else nd)
     return Graph(nodes=tuple(nodes))
 

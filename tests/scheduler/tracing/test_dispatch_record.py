@@ -14,8 +14,8 @@ from torch.utils.checkpoint import CheckpointPolicy
 import scheduler
 from graphs import Graph, Node
 from scheduler.applying import RegionPolicy, SaveOpsMismatch
-from solvers import Plan
-from solvers.selective import GrowingMenus, last_savers, variants
+from solvers import Plan, PlanError
+from solvers.selective import GrowingMenus, last_savers, recompute_reach, variants
 
 
 class Net(nn.Module):
@@ -28,7 +28,8 @@ class Net(nn.Module):
         self.fc2 = nn.Linear(32, 4)
 
     def forward(self, x):
-        return self.fc2(self.bn(self.drop(self.act(self.fc1(x))))).sum()
+        # tanh saves its output: a region over the whole net recomputes up to it, fc2's call included
+        return torch.tanh(self.fc2(self.bn(self.drop(self.act(self.fc1(x)))))).sum()
 
 
 @pytest.fixture(scope="module")
@@ -86,26 +87,43 @@ def test_save_ops_count_calls_from_the_region_start(graph):
 
 
 # ------------------------------------------------------------------- the menu's reach
-def _chain(saves_last: bool) -> Graph:
+def _chain(last: str) -> Graph:
+    """a -> b -> c; a saves nothing, b its input, c ``last`` ("nothing", "input" or "output")."""
     nodes = [Node("a", out_bytes=10, fwd_flops=5, saves_inputs=()),
              Node("b", inputs=("a",), out_bytes=10, fwd_flops=5),
-             Node("c", inputs=("b",), out_bytes=10, fwd_flops=5, saves_inputs=("b",) if saves_last else ())]
+             Node("c", inputs=("b",), out_bytes=10, fwd_flops=5, saves_inputs=("b",) if last == "input" else (),
+                  saves_output=last == "output")]
     return Graph(nodes=tuple(Node(**{**nd.__dict__, "dispatch": ("op",), "sac_op": 0}) for nd in nodes))
 
 
 def test_menu_offers_only_nodes_the_recompute_reaches():
-    g = _chain(saves_last=False)
+    g = _chain("nothing")
     assert last_savers(g) == [-1, 1, 1]
-    assert variants(g, 0, 2, limit=8) == [(), (0,), (0, 1)]  # c: after the last saving node b, never recomputed
-    assert variants(g, 2, 2) == [()]
+    # b saves only its input, packed before b's call: the recompute stops there, b's call never runs
+    assert recompute_reach(g) == [-1, 0, 0]
+    assert variants(g, 0, 2, limit=8) == [(), (0,)]  # b stops the recompute before its call; c comes after
+    assert variants(g, 1, 2) == [()] and variants(g, 2, 2) == [()]
     assert variants(g, 0, 0) == [()]  # a saves nothing: the region is never recomputed at all
-    g2 = _chain(saves_last=True)
-    assert max(len(e) for e in variants(g2, 0, 2, limit=8)) == 3
-    for gr in (g, g2):
+    g_in = _chain("input")
+    assert recompute_reach(g_in) == [-1, 0, 1]
+    assert variants(g_in, 0, 2, limit=8) == [(), (0,), (0, 1)]  # c stops it inside its own call
+    g_out = _chain("output")
+    assert recompute_reach(g_out) == [-1, 0, 2]  # c's output is packed after its call
+    assert max(len(e) for e in variants(g_out, 0, 2, limit=8)) == 3
+    for gr in (g, g_in, g_out):
         menus = GrowingMenus(gr, limit=8)
         for a in range(3):
             for b in range(a, 3):
                 assert menus.of(a, b) == variants(gr, a, b, limit=8), (a, b)
+
+
+def test_a_plan_keeping_a_node_the_recompute_never_reaches_is_refused():
+    g = _chain("input")
+    Plan(regions=((0, 2),), saved=(1,)).validate(g)
+    with pytest.raises(PlanError, match="never reaches"):
+        Plan(regions=((0, 2),), saved=(2,)).validate(g)
+    with pytest.raises(PlanError, match="never reaches"):
+        Plan(regions=((0, 1),), saved=(1,)).validate(g)
 
 
 # ------------------------------------------------------------------- the policy
