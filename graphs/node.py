@@ -78,7 +78,10 @@ class Node:
         grad_views: the backward hands its inputs *views* of its output's
             gradient instead of new tensors (``cat``, ``stack``): that
             gradient's storage then lives until the last such input's
-            backward is done.
+            backward is done. On a node of ``out_bytes == 0`` (a view such
+            as ``transpose``) it passes a view it was handed on to its
+            zero-byte inputs (NOTE [ View gradients through views ] in
+            ``solvers.gradients``).
         members: names of the finer-grained nodes merged into this one (when a
             tracer coarsens the graph); empty means just ``name``.
         dispatch: the ATen overloads the node runs below autograd, in order

@@ -20,6 +20,28 @@ class GradientWalk:
     :meth:`start`, then for each node in reverse order :meth:`node_backward`
     (returns the transient bytes of that step; ``bytes`` is then the live
     gradient bytes during it) and :meth:`node_done`.
+
+    NOTE [ View gradients through views ]
+        A node that owns no bytes (a view: ``flatten``, ``transpose``) is
+        read through the storage of the node that owns it, which is
+        therefore among the inputs of the view's readers: the bytes of its
+        gradient are counted at the owner, and the view's own gradient is 0
+        bytes. When a ``grad_views`` reader (``cat``) hands the owner a view
+        of its gradient that way, the views between them do the same in the
+        real backward (``transpose``'s backward transposes its gradient),
+        so the owner's gradient stays a view of that storage until the
+        owner's own backward is done. A zero-byte node with ``grad_views``
+        whose gradient is a view therefore hands its zero-byte inputs views
+        of the same storage, and an input whose gradient already is a view
+        of that storage gets nothing more from it: counting it as a second
+        contribution replaced the owner's view by a new tensor and freed
+        the ``cat``'s gradient too early. Measured on timm's ViT (the patch
+        embedding's ``flatten(2).transpose(1, 2)`` concatenated after the
+        class token): the ``[8, 65, 768]`` gradient stays alive through the
+        patch convolution's backward, 24,576 bytes (the class token's row)
+        above the ``[8, 768, 8, 8]`` that ``simulate`` held instead
+        (``tests/regressions/test_timm_vit_patch_grad.py``). Other zero-byte
+        nodes keep the rules above: their inputs' gradients are new tensors.
     """
 
     def __init__(self, graph: Graph) -> None:
@@ -44,16 +66,20 @@ class GradientWalk:
         """Gradients node ``i``'s backward creates for its inputs; returns transient bytes."""
         transient = self.nodes[i].workspace_bytes
         base = self.view_of[i] if self.view_of[i] >= 0 else i
+        # NOTE [ View gradients through views ]: a view node handing on a view of its gradient
+        passing = self.out[i] == 0 and self.nodes[i].grad_views and self.view_of[i] >= 0
         replacing = 0
         for j in dict.fromkeys(self.preds[i]):
             if not self.rg[j]:
                 continue
             if self.alive[j]:
+                if passing and self.view_of[j] == base:
+                    continue  # the same storage, reached through this view: no second contribution
                 transient += self.out[j]  # the contribution, added into the existing gradient
                 if self.view_of[j] >= 0:  # a view cannot be added into in place: a new tensor replaces it
                     self._replaced.append(j)
                     replacing += self.out[j]
-            elif self.nodes[i].grad_views and self.alive[i]:  # no output gradient: nothing to view
+            elif self.nodes[i].grad_views and self.alive[i] and (self.out[i] > 0 or (passing and self.out[j] == 0)):
                 self.alive[j] = True
                 self.view_of[j] = base
                 self.views[base] += 1

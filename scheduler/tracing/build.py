@@ -24,7 +24,9 @@ NOTE [ Merging nodes ]
       whichever is larger, is ``workspace_bytes``;
     * ``grad_views`` (the backward hands inputs views of the output's
       gradient, as ``cat`` does) only when the one member that creates
-      storage has it;
+      storage has it, or, in a group that creates none, when every member
+      with a backward has it (views: NOTE [ View gradients through views ]
+      in ``solvers.gradients``);
     * FLOPs and costs (``fwd_cost``) add up; flags are "any member"; ``param_bytes`` are the
       parameters whose last forward user is in ``G`` (their gradient is
       created when the backward reaches that user).
@@ -166,13 +168,23 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
             state_bytes=sum(r.state_bytes for r in rs),
             requires_grad=rg,
             recomputable=not any(m in pinned for m in members),
-            # cat-like backward: only when that op alone creates the group's storage (one op, or folded views)
-            grad_views=rg and [r.grad_views for r in rs if r.out_bytes > 0] == [True],
+            grad_views=rg and _grad_views(rs),
             members=tuple(name for r in rs for name in r.members),
             dispatch=dispatch,
             sac_op=sac_op,
         ))
     return nodes
+
+
+def _grad_views(rs: Sequence[OpRecord]) -> bool:
+    """A group hands its inputs views of its output's gradient: ``cat``-like when the one member creating
+    storage does (one op, or folded views); a group creating none (views) when every member with a backward
+    does (NOTE [ View gradients through views ] in ``solvers.gradients``)."""
+    owning = [r.grad_views for r in rs if r.out_bytes > 0]
+    if owning:
+        return owning == [True]
+    backward = [r.grad_views for r in rs if r.requires_grad]
+    return bool(backward) and all(backward)
 
 
 def _policy_call(records: Sequence[OpRecord], members: Sequence[int], written: set[int]) -> tuple[tuple[str, ...], int]:

@@ -228,7 +228,7 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
     records = [dataclasses.replace(r, bwd_flops=int(rec.bwd_flops.get(i, 0)), bwd_peak_bytes=int(rec.bwd_peak.get(i, 0)),
                                    fwd_workspace_bytes=fwd_ws.get(i, 0),
                         estimated_bwd_flops=int(rec.bwd_estimated.get(i, 0)),
-                        grad_views=i in rec.grad_views and r.out_bytes > 0)
+                        grad_views=i in rec.grad_views)
                for i, r in enumerate(rec.records)]
     # Mark what the graph returns; attach trailing get_attr nodes to the last record.
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
