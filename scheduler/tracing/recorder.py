@@ -150,7 +150,9 @@ class Recorder(torch.fx.Interpreter):
         self._bw_out: list[tuple[int, Any]] = []  # (storage key, weakref) of the output gradient in backward
         self.bwd_peak: dict[int, int] = {}  # record position -> most bytes its backward had allocated at once
         self.fwd_end: dict[int, int] = {}  # record position -> watched bytes live when its forward ended
-        self._fed: set[Any] = set()  # AccumulateGrad nodes that already received a gradient in this backward
+        # AccumulateGrad nodes that already received a gradient in this backward -> whether the gradient
+        # pending there is a view (NOTE [ Shared parameter gradients ])
+        self._fed: dict[Any, bool] = {}
         self._tail = -1  # record position whose window stays open until the next pre-hook (shared parameter)
         self.scalar_bytes = 0  # NOTE [ Saved Python scalars ] in scheduler.tracing.costs
         self._scalar_keys: set[int] = set()
@@ -297,10 +299,13 @@ class Recorder(torch.fx.Interpreter):
     def _bw_pre(self, pos: int, grad_outputs: Any) -> None:
         self._close_tail()
         self._bw_start = self.counter.get_total_flops()
+        # Each autograd function's window starts at its own pre-hook: what the engine allocates between two
+        # functions of a node (a sum the fake engine makes out of place) is no part of it
+        # (NOTE [ Shared parameter gradients ] in scheduler.tracing.costs).
+        self.watch.peak = self.watch.live
         if pos != self._bw_pos:  # a new run of this node's backward: measure from here
             self._bw_pos = pos
             self._bw_base = self.watch.live
-            self.watch.peak = self.watch.live
             # The first autograd function of the node receives its output's gradient.
             # Weak references: a key only means that storage while its tensor lives (addresses are reused).
             self._bw_out = [(storage_key(g), weakref.ref(g)) for g in grad_outputs
@@ -324,9 +329,9 @@ class Recorder(torch.fx.Interpreter):
                 continue
             to = nxt[i][0]
             if type(to).__name__ == "AccumulateGrad":
-                if to in self._fed:  # NOTE [ Shared parameter gradients ]
+                if self._fed.get(to):  # NOTE [ Shared parameter gradients ]: added out of place, once
                     self._tail = pos
-                self._fed.add(to)
+                self._fed[to] = to not in self._fed and g._is_view()
                 continue
             if self.grad_owner.get(to, -1) == pos:
                 continue
