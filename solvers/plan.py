@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import math
@@ -209,11 +210,12 @@ class Plan:
                                 "keep (no single op creates what it owns: graph node field sac_op is -1)")
         if self.saved:
             reach = recompute_reach(graph)
-            for a, b in self.regions:
-                late = [i for i in self.saved if a <= i <= b and i > reach[b]]
-                if late:
+            starts = [a for a, _ in self.regions]
+            for i in self.saved:
+                a, b = self.regions[bisect.bisect_right(starts, i) - 1]  # saved nodes lie in regions (__post_init__)
+                if i > reach[b]:
                     raise PlanError(
-                        f"the plan keeps the output of node {graph.nodes[late[0]].name!r}, which the recompute of region "
+                        f"the plan keeps the output of node {graph.nodes[i].name!r}, which the recompute of region "
                         f"({a}, {b}) never reaches (it stops once the region's last saved tensor is saved again), so the "
                         "kept copy would stay held to the region's backward and save nothing (NOTE [ The menu of kept "
                         "sets ] in solvers.selective); solve again, or drop it from the plan's saved nodes")
