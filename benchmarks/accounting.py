@@ -4,8 +4,8 @@ Not part of ``make bench``: the timm rows need timm (and torchvision), which
 this project does not depend on. In the throwaway venv of
 ``benchmarks/thirdparty_vision.py`` (it has transformers too)::
 
-    PYTHONPATH=. /tmp/tpv/bin/python benchmarks/accounting.py            # all rows
-    PYTHONPATH=. /tmp/tpv/bin/python benchmarks/accounting.py hf-t5      # one row
+    /tmp/tpv/bin/python -m benchmarks.accounting            # all rows, from the repository root
+    /tmp/tpv/bin/python -m benchmarks.accounting hf-t5      # one model
 
 Rows (default traces: op workspaces measured, roofline costs):
 
@@ -141,7 +141,7 @@ def main(names):
             print(lines[-1], flush=True)
     RESULTS.write_text(
         "# Off by a tensor: predicted vs allocator peaks (issue 23)\n\n"
-        f"`PYTHONPATH=. python benchmarks/accounting.py {' '.join(names)}` at commit {commit}, torch "
+        f"`python -m benchmarks.accounting {' '.join(names)}` at commit {commit}, torch "
         f"{torch.__version__}, {time.perf_counter() - t0:.0f} s on 2 shared CPU cores. Predicted: `simulate` of "
         "the traced graph (op workspaces measured); allocator: the profiler's peak of one real CPU step "
         "(`scheduler.measuring.steps.allocator_step_peak`).\n\n" + "\n".join(lines) + "\n")
