@@ -3,7 +3,7 @@
 NOTE [ Kept nodes in the CP-SAT model ]
     A selective plan is a set of ``(region, menu entry)`` pairs (NOTE [ The
     menu of kept sets ] in ``solvers.selective``). A region's menu depends on
-    both its ends (the ranking is restricted to ``first..last_savers[last]``
+    both its ends (the ranking is restricted to ``first..recompute_reach[last]``
     and its prefix lengths to how many nodes that holds), so it is no
     property of a node: :class:`KeptModel` adds one bool ``w`` per allowed
     ``(first, last, entry)`` with a non-empty entry. ``w`` implies the region

@@ -42,7 +42,7 @@ NOTE [ The menu of kept sets ]
     and the cache that holds its kept output is never read. Measured on
     timm's ViT (``mlp.fc2``, then ``Dropout(p=0)``, which is no op, and the
     residual add, which saves nothing): a kept ``fc2`` output stayed alive
-    through the next block's backward, 798,720 bytes above ``simulate``
+    to the end of its block's backward, 798,720 bytes above ``simulate``
     (``tests/regressions/test_timm_vit_kept_fc2.py``). ``Plan.validate``
     refuses a plan that keeps such a node. A node a policy cannot select
     (``Graph.saveable`` false: NOTE [ Which op a policy keeps ] in
