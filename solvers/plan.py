@@ -217,8 +217,9 @@ class Plan:
                     raise PlanError(
                         f"the plan keeps the output of node {graph.nodes[i].name!r}, which the recompute of region "
                         f"({a}, {b}) never reaches (it stops once the region's last saved tensor is saved again), so the "
-                        "kept copy would stay held to the region's backward and save nothing (NOTE [ The menu of kept "
-                        "sets ] in solvers.selective); solve again, or drop it from the plan's saved nodes")
+                        "kept copy would stay held to the region's backward and save nothing "
+                        "(NOTE [ The menu of kept sets ] in solvers.selective); solve again, or drop it from the plan's "
+                        "saved nodes")
 
     def check_graph(self, graph: Graph, *, check: bool = True) -> None:
         """Refuse a plan that was solved for another graph, or that cannot say which graph it was solved for.
