@@ -29,6 +29,7 @@ __all__ = [
     "WORKSPACES_META",
     "BUILD_META",
     "TARGET_META",
+    "LOOPS",
     "CkptError",
     "GraphError",
     "Node",
@@ -51,6 +52,8 @@ TARGET_META = "target"
 #: ``meta`` key: how the CLI built the model (``{"model": NAME, "options": {...}}``), so that
 #: ``ckpt apply PLAN`` rebuilds it without retyping; provenance, not part of the fingerprint.
 BUILD_META = "build"
+#: The training loops a graph can be planned for (NOTE [ The user's loop ]).
+LOOPS = ("held", "dropped")
 
 
 class CkptError(Exception):
@@ -102,12 +105,40 @@ class Span:
 class Graph:
     """A cost-annotated DAG, nodes in topological order.
 
+    NOTE [ The user's loop ]
+        What the caller holds during the backward depends on how the training
+        loop is written. ``out = model(**batch); out.loss.backward()`` keeps
+        ``out`` (logits, hidden states, a returned cache) referenced until the
+        backward returns; ``loss = model(**batch).loss; loss.backward()`` and
+        ``Trainer`` drop it first, and each tensor of ``out`` is freed after its
+        last reader like any other. :attr:`outputs` names the nodes whose
+        storages the model's return value holds (with ``loss=``, the model's
+        own return, not the loss), and :attr:`loop` says which loop the graph
+        is planned for:
+
+        * ``"held"`` (the default, the conservative one): every output is held
+          by the caller from its forward step to the end of the step, like a
+          sink (an output nobody reads, the loss); a plan that fits it also
+          fits a loop that drops the output;
+        * ``"dropped"``: outputs are freed after their last reader, held only
+          when nothing reads them (sinks are held in both loops).
+
+        Under a region, the caller holds the region's forward copy of an
+        output; the recompute makes a copy of its own, freed as any recomputed
+        region output is (``solvers.simulate``, NOTE [ Execution model ]).
+        A graph with no outputs (hand-built, synthetic, or written before
+        they were recorded) reads the same under both loops.
+
     Attributes:
         nodes: the nodes, each after all of its inputs.
         param_bytes: bytes of all parameters of the model (always live).
-            Gradients of parameters not attributed to a node
-            (``param_bytes - sum(node.param_bytes)``) are created at the start
-            of the backward.
+            Gradients of parameters neither frozen nor attributed to a node
+            (:meth:`unattributed_grad_bytes`) are created at the start of the
+            backward.
+        frozen_param_bytes: bytes of the parameters that get no gradient
+            (``requires_grad=False``: a frozen base under adapters, frozen
+            layers), part of ``param_bytes``; 0 (the default, and in files
+            without the field): every parameter is trained.
         input_bytes: bytes of the model's inputs (always live).
         name: a label (model name), informative.
         meta: free-form description of what was traced (model, input shapes,
@@ -130,12 +161,16 @@ class Graph:
     param_bytes: int = 0
     input_bytes: int = 0
     rng_state_bytes: int = 0
+    frozen_param_bytes: int = 0
     name: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict)
     spans: tuple[Span, ...] = ()
+    outputs: tuple[str, ...] = ()
+    loop: str = "held"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "outputs", tuple(dict.fromkeys(self.outputs)))
         object.__setattr__(self, "meta", dict(self.meta))
         object.__setattr__(self, "spans", _normalise_spans(self.spans))
         self.validate()
@@ -149,10 +184,13 @@ class Graph:
         """
         if not self.nodes:
             raise GraphError("graph has no nodes; a graph needs at least one node")
-        for key in ("param_bytes", "input_bytes", "rng_state_bytes"):
+        for key in ("param_bytes", "input_bytes", "rng_state_bytes", "frozen_param_bytes"):
             v = getattr(self, key)
             if not _is_count(v):
                 raise GraphError(f"graph field {key!r} must be an integer in [0, 2**62), got {v!r}")
+        if self.frozen_param_bytes > self.param_bytes:
+            raise GraphError(f"graph field 'frozen_param_bytes' ({self.frozen_param_bytes}) exceeds 'param_bytes' "
+                             f"({self.param_bytes}); frozen parameters are some of the parameters")
         index: dict[str, int] = {}
         names = {n.name for n in self.nodes}
         for i, node in enumerate(self.nodes):
@@ -180,6 +218,11 @@ class Graph:
             if total >= MAX_COUNT:
                 raise GraphError(f"the graph's {what} counts add up to {total:.4g}, not below 2**62; "
                                  "no real step is that large (a unit mix-up?)")
+        if self.loop not in LOOPS:
+            raise GraphError(f"graph field 'loop' must be one of {', '.join(map(repr, LOOPS))}, got {self.loop!r}")
+        for name in self.outputs:
+            if not isinstance(name, str) or name not in index:
+                raise GraphError(f"graph field 'outputs' names {name!r}, which is not a node of the graph")
         n = len(self.nodes)
         for sp in self.spans:
             if not (0 <= sp.first <= sp.last < n):
@@ -254,6 +297,22 @@ class Graph:
         return self.cached("_span_extra", lambda: {(sp.first, sp.last): sp.extra_bytes
                                                    for sp in self.spans if sp.extra_bytes})
 
+    def unattributed_grad_bytes(self) -> int:
+        """Gradient bytes of the trained parameters no node is given (``Node.param_bytes``): created at
+        the start of the backward (NOTE [ Execution model ] in ``solvers.simulate``); frozen ones get none."""
+        return max(0, self.param_bytes - self.frozen_param_bytes - sum(nd.param_bytes for nd in self.nodes))
+
+    def held_outputs(self) -> tuple[int, ...]:
+        """Positions of the outputs the caller holds to the end of the step (NOTE [ The user's loop ]):
+        :attr:`outputs` under the ``"held"`` loop, none under ``"dropped"``."""
+        if self.loop != "held":
+            return ()
+        return self.cached("_held", lambda: tuple(sorted(self.index[name] for name in self.outputs)))
+
+    def with_loop(self, loop: str) -> "Graph":
+        """The same graph planned for another loop (NOTE [ The user's loop ])."""
+        return self if loop == self.loop else dataclasses.replace(self, loop=loop)
+
     def unaligned(self) -> "Graph":
         """The same graph with no span restriction: plans may use any interval."""
         return dataclasses.replace(self, spans=()) if self.spans else self
@@ -292,6 +351,7 @@ class Graph:
         d = self.to_dict()
         d.pop("spans", None)  # which regions can be lowered onto modules, not what a plan does
         d.pop("rng_state_bytes", None)  # memory accounting, like the workspaces: not what a plan does
+        d.pop("outputs", None), d.pop("loop", None)  # the user's loop: memory accounting too
         d["meta"].pop(COSTS_META, None)
         d["meta"].pop(WORKSPACES_META, None)
         d["meta"].pop(BUILD_META, None)
@@ -319,8 +379,13 @@ class Graph:
         }
         if self.rng_state_bytes:  # written only when set: files without it read as before
             d["rng_state_bytes"] = self.rng_state_bytes
+        if self.frozen_param_bytes:
+            d["frozen_param_bytes"] = self.frozen_param_bytes
         if self.spans:
             d["spans"] = [sp.to_list() for sp in self.spans]
+        if self.outputs or self.loop != "held":  # written only when set: files without them read as before
+            d["outputs"] = list(self.outputs)
+            d["loop"] = self.loop
         return d
 
     @classmethod

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["MAX_COUNT", "count", "reject_unknown", "node_from_dict", "graph_from_dict", "toposort", "GRAPH_KEYS"]
 
 #: Top-level keys of a graph's JSON form.
-GRAPH_KEYS = ("format", "name", "param_bytes", "input_bytes", "rng_state_bytes", "meta", "nodes", "spans")
+GRAPH_KEYS = ("format", "name", "param_bytes", "input_bytes", "rng_state_bytes", "frozen_param_bytes", "meta", "nodes",
+              "spans", "outputs", "loop")
 
 
 def count(value: Any, key: str, where: str, error: type[CkptError] = GraphError) -> int:
@@ -136,7 +137,8 @@ def graph_from_dict(cls: type["Graph"], d: Any) -> "Graph":
     nodes = [Node.from_dict(x, where=f"nodes[{i}]") for i, x in enumerate(raw)]
     ordered = toposort(nodes)
     kw: dict[str, Any] = {}
-    for key in ("param_bytes", "input_bytes", "rng_state_bytes"):  # rng_state_bytes: absent in older files (0)
+    # rng_state_bytes, frozen_param_bytes: absent in older files (0)
+    for key in ("param_bytes", "input_bytes", "rng_state_bytes", "frozen_param_bytes"):
         if key in d:
             kw[key] = count(d[key], key, "graph")
     if "name" in d:
@@ -147,6 +149,15 @@ def graph_from_dict(cls: type["Graph"], d: Any) -> "Graph":
         if not isinstance(d["meta"], Mapping):
             raise GraphError("graph field 'meta' must be an object")
         kw["meta"] = dict(d["meta"])
+    if "outputs" in d:  # absent in older files: no outputs recorded (NOTE [ The user's loop ])
+        v = d["outputs"]
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise GraphError(f"graph field 'outputs' must be a list of node names, got {_short(v)}")
+        kw["outputs"] = tuple(v)
+    if "loop" in d:
+        if not isinstance(d["loop"], str):
+            raise GraphError(f"graph field 'loop' must be a string ('held' or 'dropped'), got {_short(d['loop'])}")
+        kw["loop"] = d["loop"]
     if "spans" in d:
         raw_spans = d["spans"]
         if not isinstance(raw_spans, list) or not all(

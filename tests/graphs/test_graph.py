@@ -27,8 +27,11 @@ def graphs_strategy(draw):
             op=draw(st.text(max_size=8)), module=draw(st.text(max_size=8)),
         ))
     meta = draw(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3))
-    return Graph(nodes=tuple(nodes), param_bytes=draw(st.integers(0, 2**40)),
-                 input_bytes=draw(st.integers(0, 2**40)), name=draw(st.text(max_size=10)), meta=meta)
+    params = draw(st.integers(0, 2**40))
+    outputs = tuple(sorted(draw(st.sets(st.sampled_from([nd.name for nd in nodes]), max_size=3))))
+    return Graph(nodes=tuple(nodes), param_bytes=params, frozen_param_bytes=draw(st.integers(0, params)),
+                 input_bytes=draw(st.integers(0, 2**40)), name=draw(st.text(max_size=10)), meta=meta,
+                 outputs=outputs, loop=draw(st.sampled_from(graphs.LOOPS)))
 
 
 @settings(max_examples=150, deadline=None)
@@ -157,3 +160,44 @@ def test_toposort_is_stable():
         {"name": "d", "inputs": ["a"], "out_bytes": 1, "fwd_flops": 1},
     ]}
     assert [n.name for n in Graph.from_dict(d).nodes] == ["a", "b", "c", "d"]
+
+
+# --------------------------------------------------------------- the user's loop, frozen parameters
+def _two_nodes(**fields):
+    return Graph(nodes=(Node("x", out_bytes=8, fwd_flops=1), Node("y", inputs=("x",), out_bytes=4, fwd_flops=1)),
+                 param_bytes=100, **fields)
+
+
+def test_outputs_loop_and_frozen_bytes_are_written_only_when_set():
+    # NOTE [ The user's loop ]: files written before these fields read as before (no outputs, all trained)
+    plain = _two_nodes()
+    d = plain.to_dict()
+    assert not {"outputs", "loop", "frozen_param_bytes"} & set(d)
+    back = Graph.from_dict(d)
+    assert back == plain and back.outputs == () and back.held_outputs() == () and back.frozen_param_bytes == 0
+    g = _two_nodes(outputs=("x",), loop="dropped", frozen_param_bytes=60)
+    d = g.to_dict()
+    assert (d["outputs"], d["loop"], d["frozen_param_bytes"]) == (["x"], "dropped", 60)
+    assert Graph.from_dict(json.loads(json.dumps(d))) == g
+    assert g.held_outputs() == () and g.with_loop("held").held_outputs() == (0,)
+    assert g.unattributed_grad_bytes() == 40  # the trained parameters' gradients, none for the frozen 60
+
+
+def test_the_loop_is_no_part_of_the_fingerprint():
+    # a plan for one loop applies in the other (what it does is the same; only its peak differs)
+    g = _two_nodes(outputs=("x",))
+    assert g.fingerprint() == g.with_loop("dropped").fingerprint() == _two_nodes().fingerprint()
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"loop": "kept"}, "'loop' must be one of 'held', 'dropped'"),
+    ({"outputs": ("z",)}, "'outputs' names 'z', which is not a node"),
+    ({"frozen_param_bytes": 101}, "exceeds 'param_bytes'"),
+])
+def test_bad_loop_fields_are_refused(fields, match):
+    with pytest.raises(GraphError, match=match):
+        _two_nodes(**fields)
+    d = _two_nodes().to_dict()
+    d.update({k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()})
+    with pytest.raises(GraphError, match=match):
+        Graph.from_dict(d)
