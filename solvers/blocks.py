@@ -211,6 +211,7 @@ def _signature(prog: Any, s: int, e: int) -> tuple[tuple, tuple[int, ...], dict[
     for k in range(s, e + 1):
         nodes.append((
             int(na.out[k]), int(na.own[k]), int(na.cur[k]), int(na.flops[k]), int(na.state[k]), bool(prog.rg[k]),
+            bool(prog.sink[k]),
             bool(prog.selfsave[k]), bool(prog.recomputable[k]),
             int(na.gb[k]) - base_g if prog.rg[k] else None, int(na.gr[k]) - base_g,
             int(prog.open_fwd[k]), int(prog.sinks_after[k + 1]) - base_s,

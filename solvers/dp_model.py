@@ -34,7 +34,12 @@ NOTE [ Decomposing the simulated peak over a chain ]
 
     Outputs nobody consumes (the loss, returned logits) are held by the caller
     from their forward step to the end whatever the plan: they are charged
-    globally (``p_sink``), never retained by a segment.
+    globally (``p_sink``), never retained by a segment. So are the outputs a
+    ``"held"`` loop keeps (NOTE [ The user's loop ] in ``graphs.graph``),
+    though later nodes read them: their forward copies are left out of every
+    per-segment term (open, saved, boundary), and only their recomputed
+    copies are the region's (freed as the simulator frees them: when the
+    recompute ends, or at their first saver's backward).
 """
 
 from __future__ import annotations
@@ -66,7 +71,8 @@ class NodeArrays:
         cur: bytes allocated while the node's forward runs (output, buffers,
             workspace).
         lc: position of the last consumer, -1 for none.
-        sink: no consumer: the caller holds the output to the end.
+        sink: the caller holds the output to the end (no consumer reads it,
+            or the loop holds it: ``Terms.sinks``).
         fs: first node that saves the output for its backward (itself or a
             consumer, with requires_grad), ``INF`` for none.
         cs: first *consumer* that saves it, ``INF`` for none.
@@ -80,8 +86,8 @@ class NodeArrays:
         buf: bytes of the node's own buffers (``saved_bytes``, with or without grad).
         ws: workspace bytes of its forward.
         const: bytes alive at every step: parameters, inputs, common tensors.
-        p_sink, p_as, p_a: prefix sums (length n + 1) used by the profiles.
-        open_all, u_all, v_all: open-tensor sums per step (see code).
+        p_sink, p_hu, p_as, p_a: prefix sums (length n + 1) used by the profiles.
+        open_all, u_all, v_all, v_as: open-tensor sums per step (see code).
     """
 
     out: np.ndarray
@@ -103,6 +109,8 @@ class NodeArrays:
     open_all: np.ndarray
     u_all: np.ndarray
     v_all: np.ndarray
+    v_as: np.ndarray
+    p_hu: np.ndarray
     buf: np.ndarray
     ws: np.ndarray
     p_sto: np.ndarray | None = None  # prefix count of stochastic nodes (length n + 1)
@@ -130,7 +138,7 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
     # Gradients: the same walk as simulate's backward, without activations.
     gb = np.full(n, NEG, dtype=np.int64)
     gr = np.zeros(n, dtype=np.int64)
-    pgrad = max(0, graph.param_bytes - sum(nd.param_bytes for nd in nodes))
+    pgrad = graph.unattributed_grad_bytes()
     grads = GradientWalk(graph)
     grads.start()
     for i in range(n - 1, -1, -1):
@@ -142,13 +150,15 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
         gb[i] = grads.bytes + pgrad + transient
         grads.node_done(i)
     sa = fs < INF
-    # open_all[k]: sum of out[j], j < k <= lc[j]; u_all: the same for unsaved j;
-    # v_all[k]: sum of out[j], j <= k < fs[j] < INF.
+    # open_all[k]: sum of out[j], j < k <= lc[j], j not held by the caller (whose forward
+    # copies p_sink counts); u_all: the same for unsaved j; v_all[k]: sum of out[j],
+    # j <= k < fs[j] < INF (recomputed copies: held ones too); v_as: without the held ones.
     d_open = np.zeros(n + 2, dtype=np.int64)
     d_u = np.zeros(n + 2, dtype=np.int64)
     d_v = np.zeros(n + 2, dtype=np.int64)
+    d_vs = np.zeros(n + 2, dtype=np.int64)
     j = np.arange(n)
-    m = lc > j
+    m = (lc > j) & ~sink
     np.add.at(d_open, j[m] + 1, out[m])
     np.add.at(d_open, lc[m] + 1, -out[m])
     mu = m & ~sa
@@ -157,13 +167,18 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
     mv = sa & (fs > j)
     np.add.at(d_v, j[mv], out[mv])
     np.add.at(d_v, fs[mv], -out[mv])
+    mv = mv & ~sink
+    np.add.at(d_vs, j[mv], out[mv])
+    np.add.at(d_vs, fs[mv], -out[mv])
     return NodeArrays(
         out=out, own=own, cur=cur, lc=lc, sink=sink, fs=fs, cs=cs, rg=rg, gb=gb, gr=gr,
         flops=np.array(graph.recompute_costs(), dtype=np.int64),
         state=np.array([nd.state_bytes for nd in nodes], dtype=np.int64),
         const=graph.param_bytes + graph.input_bytes + sum(real_out[i] for i in common),
         p_sink=_prefix(out * sink), p_as=_prefix(out * (sa & ~sink) + own), p_a=_prefix(out * sa + own),
+        p_hu=_prefix(out * (sink & ~sa)),
         open_all=np.cumsum(d_open)[:n], u_all=np.cumsum(d_u)[:n], v_all=np.cumsum(d_v)[:n],
+        v_as=np.cumsum(d_vs)[:n],
         buf=np.array([nd.saved_bytes for nd in nodes], dtype=np.int64),
         ws=np.array([nd.workspace_bytes for nd in nodes], dtype=np.int64),
         p_sto=_prefix(np.array([bool(nd.stochastic) for nd in nodes], dtype=np.int64)),
@@ -193,10 +208,10 @@ def stored_profile(na: NodeArrays, a: int, b: int, lh: int, p: int | None = None
     p = a - 1 if p is None else p
     q = b if q is None else q
     fwd = (na.p_as[k] - na.p_as[a]) + na.p_sink[k] + na.u_all[k] + na.cur[k]
-    bwd = (na.p_as[k + 1] - na.p_as[a]) - na.v_all[k] + na.p_sink[-1] + na.gb[k]
-    retained = int(na.p_as[b + 1] - na.p_as[a] - na.v_all[b])
+    bwd = (na.p_as[k + 1] - na.p_as[a]) - na.v_as[k] + na.p_sink[-1] + na.gb[k]
+    retained = int(na.p_as[b + 1] - na.p_as[a] - na.v_as[b])
     if a > 0:
-        op = int(na.out[p])
+        op = 0 if na.sink[p] else int(na.out[p])  # a held boundary tensor is charged globally
         sa_p = bool(na.fs[p] < INF)
         fwd = fwd - op * ((na.lc[p] >= k) & (not sa_p))
         bwd = bwd + op * ((k < na.fs[p]) & sa_p)
@@ -232,10 +247,12 @@ def step_rows(na: NodeArrays, starts: np.ndarray, bnd: np.ndarray) -> tuple[np.n
     p = np.maximum(bnd, 0)[:, None]
     has_p = a > 0
     op = np.where(has_p, na.out[p], 0)
-    f = na.p_sink[k] + na.open_all[k] - op * (na.lc[p] >= k) + na.cur[k]
+    oh = np.where(na.sink[p], 0, op)  # a held boundary tensor is in no open sum (charged globally)
+    f = na.p_sink[k] + na.open_all[k] - oh * (na.lc[p] >= k) + na.cur[k]
     sa_p = na.fs[p] < INF
-    # Recomputed sinks stay referenced by the running region (its outputs) until it ends.
-    rc = ((na.p_a[k] - na.p_a[a]) + (na.p_sink[k] - na.p_sink[a]) + na.u_all[k] - op * (~sa_p & (na.lc[p] >= k))
+    # Recomputed sinks stay referenced by the running region (its outputs) until it ends (the saved
+    # ones are in p_a already).
+    rc = ((na.p_a[k] - na.p_a[a]) + (na.p_hu[k] - na.p_hu[a]) + na.u_all[k] - oh * (~sa_p & (na.lc[p] >= k))
           + na.cur[k])
     bw = (na.p_a[k + 1] - na.p_a[a]) - (na.v_all[k] - op * ((k < na.fs[p]) & sa_p)) + na.gb[k]
     before = k < a

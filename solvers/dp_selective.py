@@ -16,8 +16,8 @@ NOTE [ Kept nodes in the chain decomposition ]
       at a kept ``t`` no workspace (nothing runs; its bytes are the cached
       ones, already counted); ``- out(k)`` for kept sinks ``k <= t`` (the
       recomputed copy is the caller's storage);
-    * backward step ``t``: ``- out(k)`` for kept sinks ``k <= t`` that are
-      saved for the backward (the same shared copy);
+    * backward step ``t``: ``- out(k)`` for kept sinks ``k`` whose first
+      saver lies in the region at or before ``t`` (the same shared copy);
     * retained: ``+ sum keep(k)``: the cache holds them through every step of
       the segments to the right (all run before the region's recompute);
     * the boundary tensor leaving the region, when kept, is held by the
@@ -36,7 +36,7 @@ import numpy as np
 
 from graphs import Graph
 
-from .dp_model import NEG, NodeArrays, INF, region_rng, step_rows
+from .dp_model import NEG, NodeArrays, region_rng, step_rows
 from .selective import DEFAULT_LIMIT, GrowingMenus
 from .stages import Stages
 
@@ -63,7 +63,6 @@ class KeptRuns:
         self.saveable = graph.saveable
         cand = [s and c > 0 for s, c in zip(self.saveable, self.costs)]
         self._pc = np.concatenate(([0], np.cumsum(cand))).astype(np.int64)
-        self._sa = na.fs < INF
         self._pst = np.concatenate(([0], np.cumsum(na.state))).astype(np.int64)
         self._bnd_in = np.array(st.boundary if st.boundary else [s - 1 for s in st.starts], dtype=np.int64)
         self._menus = GrowingMenus(graph, limit=limit, costs=self.costs)  # variants(), for growing regions
@@ -140,10 +139,10 @@ class KeptRuns:
         rc = rows[1][a:b + 1] + np.cumsum(dr)[:size]
         rc[t] -= na.ws[k]  # nothing runs at k
         bw = rows[2][a:b + 1]
-        shared = sink & self._sa[k]
-        if shared.any():  # the shared copy is saved for the backward
+        shared = sink & (na.fs[k] <= b)
+        if shared.any():  # the shared copy is saved for the backward (the rows count it from its first saver on)
             db = np.zeros(size + 1, np.int64)
-            np.add.at(db, t[shared], -out[shared])
+            np.add.at(db, na.fs[k][shared] - a, -out[shared])
             bw = np.where(bw > NEG, bw + np.cumsum(db)[:size], NEG)
         sinks = int(na.p_sink[-1])
         snapshot = int(self._pst[b + 1] - self._pst[a]) + int(self.span_extra.get((a, b), 0))

@@ -33,7 +33,11 @@ NOTE [ The frontier DP ]
     The states per boundary are ``2 ** open``, so the program is for graphs
     where few tensors cross any position (a transformer: the residual stream,
     the attention mask, one or two inside a block); ``width`` measures it and
-    ``ilp`` hands wider graphs to CP-SAT. Tensors of zero bytes (views,
+    ``ilp`` hands wider graphs to CP-SAT. Tensors the caller holds to the
+    end (sinks, and the outputs of a ``"held"`` loop, NOTE [ The user's
+    loop ] in ``graphs.graph``) join ``A`` when produced whoever reads them,
+    so they carry no bit either; only their recomputed copies are a
+    region's. Tensors of zero bytes (views,
     ``expand``, ``unsqueeze``: a third of a traced Llama's op graph) change no
     live-bytes term whether held or not, so they carry no bit and do not
     count towards the width (a Llama op graph: 15 open tensors, 9 with
@@ -118,12 +122,14 @@ class FrontierDP:
         nodes = graph.nodes
         self.out = na.out
         self.lc = na.lc
-        counts = open_counts(na.out, na.lc)
+        self.sink = na.sink  # held by the caller to the end: in A from their forward step, no bit
+        bits = np.where(na.sink, 0, na.out)
+        counts = open_counts(bits, na.lc)
         w = int(counts.max())
         if max_width is not None and w > max_width:
             raise TooWide(w, max_width, int(np.argmax(counts)))
         self.width = w
-        self.opens = _open_sets(na.out, na.lc)
+        self.opens = _open_sets(bits, na.lc)
         rg = na.rg
         terms = terms_of(graph)  # NOTE [ One table of terms ]
         self.selfsave = np.array(terms.self_save, dtype=bool)
@@ -133,7 +139,8 @@ class FrontierDP:
         lc, fs = na.lc, na.fs
         self.sinks_after = np.array(terms.sink_bytes_after, dtype=np.int64)  # sinks produced at k or later
         self.open_fwd = na.open_all  # forward copies awaiting a consumer at k (j < k <= lc[j])
-        self.last = np.minimum(np.where(lc >= 0, lc, n - 1), fs - 1)
+        # a recomputed copy awaits consumers until here (a held one, like a region output, to the end)
+        self.last = np.minimum(np.where((lc >= 0) & ~na.sink, lc, n - 1), fs - 1)
         self.pflops = np.concatenate(([0], np.cumsum(na.flops)))
         self.pstate = np.concatenate(([0], np.cumsum(na.state)))
         # NOTE [ RNG state per region ] in solvers.terms: a region with a stochastic node stores the state.
@@ -168,8 +175,10 @@ class FrontierDP:
         """
         na, out, lc = self.na, self.out, self.lc
         held = set(key) | {j for j in self.opens[p] if p in self.savers[j]}
-        dA = int(na.own[p]) + sum(int(out[j]) for j in held if lc[j] == p) + (int(out[p]) if lc[p] < 0 else 0)
-        fa = sum(int(out[j]) for j in held if lc[j] > p) + (int(out[p]) if lc[p] > p and self.selfsave[p] else 0)
+        sink = bool(self.sink[p])
+        dA = int(na.own[p]) + sum(int(out[j]) for j in held if lc[j] == p) + (int(out[p]) if sink else 0)
+        fa = sum(int(out[j]) for j in held if lc[j] > p) + (
+            int(out[p]) if lc[p] > p and self.selfsave[p] and not sink else 0)
         lf = int(self.open_fwd[p] + na.cur[p])
         lb = int(dA + fa + self.sinks_after[p + 1] + na.gb[p]) if self.rg[p] else NEG
         nkey = tuple(j for j in self.opens[p + 1] if j in held or (j == p and self.selfsave[p]))
@@ -186,7 +195,7 @@ class FrontierDP:
         for j in self.opens[p]:
             if lc[j] <= kmax:
                 dA[lc[j] - p] += out[j]
-        dA += (out[p:kmax + 1] * (lc[p:kmax + 1] < 0))
+        dA += out[p:kmax + 1] * self.sink[p:kmax + 1]  # held by the caller from its forward step
         cA = np.cumsum(dA)
         cA_prev = np.concatenate(([0], cA[:-1]))
         js = ks  # as producers j

@@ -12,6 +12,7 @@ import numpy as np
 from graphs import CkptError, Graph
 
 from .frontier_kept import KeptStep
+from .terms import terms_of
 
 __all__ = ["Front", "pareto", "open_counts", "width", "TooWide", "trace_back", "round_up"]
 
@@ -143,8 +144,10 @@ def _open_sets(out: np.ndarray, lc: np.ndarray) -> list[list[int]]:
 
 
 def width(graph: Graph) -> int:
-    """The most tensors of non-zero bytes open at any boundary of the topological order (linear time)."""
-    out = np.array([nd.out_bytes for nd in graph.nodes], dtype=np.int64)
+    """The most tensors of non-zero bytes open at any boundary of the topological order (linear time),
+    leaving out those the caller holds to the end (no bit: NOTE [ The frontier DP ])."""
+    held = terms_of(graph).sinks
+    out = np.array([0 if held[k] else nd.out_bytes for k, nd in enumerate(graph.nodes)], dtype=np.int64)
     lc = np.array([max(s) if s else -1 for s in graph.succs], dtype=np.int64)
     return int(open_counts(out, lc).max())
 

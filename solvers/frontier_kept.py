@@ -18,8 +18,8 @@ NOTE [ Kept nodes in the frontier DP ]
     * recompute step ``t``: ``+ keep(k)`` for kept ``k > t`` (still cached),
       no workspace at a kept ``t`` (nothing runs), ``- out(k)`` for kept
       sinks ``k <= t`` (the recomputed copy is the caller's storage);
-    * backward step ``t``: ``- out(k)`` for kept sinks ``k <= t`` saved for
-      the backward (the same shared storage);
+    * backward step ``t``: ``- out(k)`` for kept sinks ``k`` whose first
+      saver lies in the region at or before ``t`` (the same shared storage);
     * what joins the retained bytes ``A`` after the region: the region's own
       share, plus ``buf(k)`` of every kept ``k`` and ``out(k)`` of every kept
       ``k`` (no sink) whose readers all lie in the region;
@@ -71,8 +71,6 @@ class KeptRegions:
         self.prog = program
         self.costs = program.graph.recompute_costs()
         self.menus = GrowingMenus(program.graph, limit=limit, costs=self.costs)
-        na = program.na
-        self.shared = na.sink & (na.fs < INF)  # a kept sink's copy is the caller's, saved for the backward
 
     @property
     def any(self) -> bool:
@@ -104,8 +102,8 @@ class KeptRegions:
         dr = np.cumsum(dr)[:size]
         dr[t] -= na.ws[k]
         db = np.zeros(size + 1, np.int64)
-        shared = self.shared[k]
-        np.add.at(db, t[shared], -out[shared])
+        shared = sink & (na.fs[k] <= b)  # a kept sink's copy is the caller's, saved for the backward from fs on
+        np.add.at(db, na.fs[k][shared] - p, -out[shared])
         dA = int(buf.sum() + out[closed].sum())
         held = frozenset(int(j) for j in k[~sink & (lc > b) & (out > 0)])
         saved_cost = sum(self.costs[j] for j in kept)

@@ -154,11 +154,15 @@ class CheckpointModel:
         self._hi = total
 
     def _held(self) -> None:
-        """``held[j]``: the forward copy of ``j`` is held after its last forward consumer."""
+        """``held[j]``: the forward copy of ``j`` is held after its last forward consumer.
+
+        The caller's tensors (``Terms.sinks``: unread outputs, and the outputs
+        of a ``"held"`` loop, read or not) are held from their forward step
+        on: they enter ``hb`` there and are no open tensor of any row."""
         m, x, t = self.m, self.x, self._terms
         self._held_after: list = []
         for j in range(len(self.graph)):
-            if t.last_reader[j] < 0:
+            if t.sinks[j]:
                 self._held_after.append(m.NewConstant(1))
                 continue
             h = m.NewBoolVar(f"held{j}")
@@ -192,7 +196,7 @@ class CheckpointModel:
         buffers earlier in k's region), ``e_`` (gradients at the end of k's region)."""
         m, n, hi, cont, na = self.m, len(self.graph), self._hi, self.cont, self._na
         out, own, x = self._out, self._own, self.x
-        lc, fs, held = self._terms.last_reader, self._terms.first_saver, self._held_after
+        lc, fs, held = self._open_until(), self._terms.first_saver, self._held_after
         enter = [[] for _ in range(n)]
         for j in range(n):
             enter[max(j, lc[j])].append(j)
@@ -232,6 +236,12 @@ class CheckpointModel:
             e_[k] = v
         self._hb, self._sx, self._s, self._ow, self._e = hb, sx, s_, ow, e_
 
+    def _open_until(self) -> list[int]:
+        """Per tensor, its last forward reader while its forward copy is open; -1 for the caller's
+        tensors (held from their forward step: :meth:`_held`)."""
+        t = self._terms
+        return [-1 if t.sinks[j] else t.last_reader[j] for j in range(len(self.graph))]
+
     def _snapshots(self) -> None:
         """Buffers of stateful nodes, snapshotted for a region's whole recompute:
         ``snap[k] = sl[k]`` (those at or before k in k's region) ``+ sr[k]`` (after k in it)."""
@@ -264,12 +274,12 @@ class CheckpointModel:
 
         Such a copy is alive at k's recompute exactly when j is in k's region
         while a reader or saver at or after k needs it, or (that reader outside
-        the region) the region still references it as an output; sinks are
-        outputs to the end. So j counts for k in (j, last[j]], and a running
+        the region) the region still references it as an output; the caller's
+        tensors are outputs to the end. So j counts for k in (j, last[j]], and a running
         sum along the region drops it after last[j] (one ``same`` per j).
         """
         m, n, hi, cont, out = self.m, len(self.graph), self._hi, self.cont, self._out
-        lc, fs = self._terms.last_reader, self._terms.first_saver
+        lc, fs = self._open_until(), self._terms.first_saver
         last = [min(lc[j] if lc[j] >= 0 else n - 1, fs[j] - 1) for j in range(n)]
         leaving = [[] for _ in range(n + 1)]
         for j in range(n):
@@ -293,7 +303,7 @@ class CheckpointModel:
         ``x[k]``) and its backward (when it requires grad), each within ``cap``."""
         g, m, n, na, x = self.graph, self.m, len(self.graph), self._na, self.x
         out, own, cur, t = self._out, self._own, self._cur, self._terms
-        lc, sinks_after = t.last_reader, t.sink_bytes_after
+        lc, sinks_after = self._open_until(), t.sink_bytes_after
         hb, sx, s_, ow, e_, q, snap = self._hb, self._sx, self._s, self._ow, self._e, self._q, self._snap
         open_fwd = [0] * n  # sum of out[j], j < k <= lc[j]
         for j in range(n):

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from graphs import TARGET_META, Graph
+from graphs import LOOPS, TARGET_META, Graph
 from graphs.files import read_json, write_text_atomic
 from graphs.schema import count, reject_unknown
 
@@ -90,6 +90,11 @@ class Plan:
             it keeps a call of, so the applier can tell a shifted count from
             the traced one (NOTE [ Selective checkpoint policies ] in
             ``scheduler.applying.selective``); empty when unknown.
+        loop: the training loop the plan's peak was predicted for (NOTE
+            [ The user's loop ] in ``graphs.graph``): ``"held"``, ``"dropped"``,
+            or ``""`` when the graph recorded no outputs (then both are one).
+            A plan for ``"held"`` fits a loop that drops the output too;
+            ``scheduler.verify`` measures the loop the plan names.
     """
 
     regions: tuple[tuple[int, int], ...]
@@ -114,6 +119,7 @@ class Plan:
     save_ops: tuple[tuple[tuple[str, int], ...], ...] = ()
     save_op_calls: tuple[tuple[tuple[str, int], ...], ...] = ()
     findings: Mapping[str, Any] = field(default_factory=dict)
+    loop: str = ""
 
     def __post_init__(self) -> None:
         regions = _normalise_regions(self.regions)
@@ -148,6 +154,8 @@ class Plan:
                             "region (an edited plan? keep one entry per module, or solve again)")
         if self.status not in Status.ALL:
             raise PlanError(f"plan status {self.status!r} is not one of {Status.ALL}")
+        if self.loop not in LOOPS + ("",):
+            raise PlanError(f"plan loop {self.loop!r} is not one of {', '.join(map(repr, LOOPS))} (or empty: unknown)")
 
     # ---------------------------------------------------------------- building
     @classmethod
@@ -166,7 +174,7 @@ class Plan:
             fingerprint=graph.fingerprint(),
             graph_name=graph.name,
             graph_meta=graph.meta,
-            **fields,
+            **{"loop": graph.loop if graph.outputs else "", **fields},
         )
         plan.validate(graph)
         return plan.labelled(graph)
@@ -290,6 +298,8 @@ class Plan:
         d["save_op_calls"] = [[[op, k] for op, k in r] for r in self.save_op_calls]
         if not self.save_op_calls:
             del d["save_op_calls"]  # plans without kept calls read as before
+        if not self.loop:
+            del d["loop"]  # likewise plans of graphs without outputs
         return {"format": PLAN_FORMAT_VERSION, **d}
 
     @classmethod
@@ -316,7 +326,7 @@ class Plan:
             raise PlanError(f"plan field 'regions' must be a list of [first, last] pairs, got {_short(regions)}")
         kw: dict[str, Any] = {"regions": tuple(tuple(count(v, "regions", "plan", PlanError) for v in r)
                                                 for r in regions)}
-        for key in ("fingerprint", "solver", "status", "graph_name"):
+        for key in ("fingerprint", "solver", "status", "graph_name", "loop"):
             if key in d:
                 if not isinstance(d[key], str):
                     raise PlanError(f"plan field {key!r} must be a string, got {_short(d[key])}")

@@ -210,6 +210,7 @@ def finalize(graph: Graph, plan: Plan, budget_bytes: int, solver: str, options: 
         solve_time_s=elapsed,
         graph_name=graph.name,
         graph_meta=graph.meta,
+        loop=graph.loop if graph.outputs else "",
     )
 
 

@@ -19,10 +19,14 @@ NOTE [ Execution model ]
         another region, and read inside it) until its backward is done;
       * a tensor is freed after its last forward consumer when no node, region
         or the caller holds it. Outputs nobody consumes (the loss, returned
-        logits) are held by the caller to the end of the step.
+        logits) are held by the caller to the end of the step, and so are the
+        model's outputs under the ``"held"`` loop, read or not (NOTE [ The
+        user's loop ] in ``graphs.graph``): only their forward copy; a
+        region's recompute makes a copy of its own.
 
     Backward, nodes in reverse order (only nodes with ``requires_grad``):
-      * at the start, gradients of parameters not attributed to a node and the
+      * at the start, gradients of parameters neither frozen nor attributed
+        to a node (``Graph.unattributed_grad_bytes``) and the
         gradient of the last node's output are allocated; the latter (the
         ``ones`` that ``loss.backward()`` makes) is held by the caller's
         ``torch.autograd.backward`` frame until the whole backward returns;
@@ -201,7 +205,7 @@ class _Walk:
         self.rng_at = {a: rng for (a, _), rng in zip(regions, region_rng_bytes(graph, regions)) if rng}
         self.rg = [nd.requires_grad for nd in nodes]
         self.out_b = [nd.out_bytes for nd in nodes]
-        self.caller = self.terms.sinks  # sinks are held by the caller to the end
+        self.caller = self.terms.sinks  # sinks and held outputs: the caller holds them to the end
         self._holders()
         self.meter = _Meter(graph, record)
         self.act = 0  # activations (outputs, saved buffers, recomputed copies)
@@ -264,7 +268,7 @@ class _Walk:
     # ------------------------------------------------------------ backward
     def backward(self) -> None:
         graph, n = self.graph, len(self.nodes)
-        self.pgrad += max(0, graph.param_bytes - sum(nd.param_bytes for nd in self.nodes))  # not attributed to a node
+        self.pgrad += graph.unattributed_grad_bytes()  # trained, not attributed to a node
         grads = self.grads = GradientWalk(graph)
         grads.start()
         self.agrad = grads.bytes

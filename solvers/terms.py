@@ -5,8 +5,10 @@ NOTE [ One table of terms ]
     explanation all ask the same questions of a graph before they cost a
     plan: which tensors does each node save for its backward (NOTE [ What a
     node saves ] in ``graphs.node``), which later nodes save a given tensor,
-    who reads a tensor last, which outputs nobody reads (sinks, held by the
-    caller to the end of the step). :func:`terms_of` answers them here, for
+    who reads a tensor last, which tensors the caller holds to the end of the
+    step (sinks, which nobody reads, and the model's outputs under the
+    ``"held"`` loop, NOTE [ The user's loop ] in ``graphs.graph``).
+    :func:`terms_of` answers them here, for
     all of them, and keeps the answer on the graph, so a solver that builds
     several models of one graph derives them once. Positions are indices in
     the topological order; :data:`INF` stands for "no such node".
@@ -57,7 +59,11 @@ class Terms:
         first_consumer_saver: per tensor, the first *consumer* that saves it,
             :data:`INF` for none.
         last_reader: per tensor, the position of its last consumer, -1 for none.
-        sinks: per tensor, no consumer reads it (the caller holds it to the end).
+        sinks: per tensor, held by the caller from its forward step to the
+            end of the step: no consumer reads it, or it is an output the
+            loop holds (``Graph.held_outputs``). A held output may have
+            consumers (``last_reader`` >= 0); only its forward copy is the
+            caller's, a recomputed copy is freed as any other.
         sink_bytes_after: ``sink_bytes_after[k]``, bytes of the sinks at
             position ``k`` or later (length ``n + 1``, 0 at ``n``).
     """
@@ -97,7 +103,8 @@ def _derive(graph: Graph) -> Terms:
     first_consumer = tuple(s[0] if s else INF for s in savers)
     first_saver = tuple(j if self_save[j] else first_consumer[j] for j in range(n))
     last_reader = tuple(s[-1] if s else -1 for s in graph.succs)
-    sinks = tuple(not s for s in graph.succs)
+    held = set(graph.held_outputs())
+    sinks = tuple(not s or k in held for k, s in enumerate(graph.succs))
     after = [0] * (n + 1)
     for k in range(n - 1, -1, -1):
         after[k] = after[k + 1] + (nodes[k].out_bytes if sinks[k] else 0)

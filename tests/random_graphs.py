@@ -11,12 +11,13 @@ import random
 
 from graphs import Graph, Node, Span
 
-__all__ = ["random_graph", "random_spans", "random_extra_bytes"]
+__all__ = ["random_graph", "random_outputs", "random_spans", "random_extra_bytes"]
 
 
 def random_graph(seed: int, *, chain: bool) -> Graph:
     """A small random graph: random edges, save patterns, buffers, workspace,
-    parameters, requires_grad, recomputable and grad_views flags, state buffers."""
+    parameters, requires_grad, recomputable and grad_views flags, state buffers,
+    outputs held through the backward (:func:`random_outputs`)."""
     rng = random.Random(seed)
     n = rng.randint(4, 9)
     nodes = []
@@ -44,7 +45,18 @@ def random_graph(seed: int, *, chain: bool) -> Graph:
             state_bytes=random.Random(seed * 104729 + i).choice([0, 0, 0, 40, 300]),
         ))
     return Graph(nodes=tuple(nodes), param_bytes=rng.randint(0, 500), input_bytes=rng.randint(0, 100),
-                 name=f"random{seed}")
+                 name=f"random{seed}", **random_outputs(n, seed))
+
+
+def random_outputs(n: int, seed: int) -> dict:
+    """``outputs`` and ``loop`` for a graph of ``n`` nodes (NOTE [ The user's loop ] in ``graphs.graph``):
+    on most graphs one to three nodes the model returns (read by later nodes or not), held through the
+    backward on four in five of those; drawn apart so the other fields keep their seeds."""
+    r = random.Random(seed * 15485863 + 11)
+    if r.random() < 0.25:
+        return {}
+    outputs = tuple(f"n{k}" for k in sorted(r.sample(range(n), r.randint(1, min(3, n)))))
+    return {"outputs": outputs, "loop": "held" if r.random() < 0.8 else "dropped"}
 
 
 def random_spans(n: int, rng: random.Random, *, laminar: bool) -> list[Span]:

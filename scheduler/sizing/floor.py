@@ -71,7 +71,7 @@ def node_floors(graph: Graph) -> list[NodeFloor]:
     idx = graph.index
     saves = terms_of(graph).saves
     base = graph.param_bytes + graph.input_bytes
-    unattributed = max(0, graph.param_bytes - sum(n.param_bytes for n in nodes))
+    unattributed = graph.unattributed_grad_bytes()
     out: list[NodeFloor] = []
     succs = graph.succs
     last = len(nodes) - 1

@@ -154,3 +154,24 @@ def test_block_offsets_follow_parameter_gradients():
     least = FrontierDP(g, blocks=False).solve(None, objective="peak").objective
     budget = (int(least) + store_all_peak(g).peak_bytes) // 2  # between the floor and store-all
     assert FrontierDP(g).solve(budget).objective == FrontierDP(g, blocks=False).solve(budget).objective
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_blocks_with_held_outputs_compose_as_walked(seed):
+    # NOTE [ The user's loop ]: a tensor every block returns (a cache) is held in every copy, and one more
+    # in a single block only (that copy is no longer identical): the fronts still equal the walk.
+    g = synthetic.repeated_blocks(8, 5 + seed % 3, seed=seed, common=1 + seed % 2)
+    held = [nd.name for nd in g.nodes if nd.name.endswith(".1")] + [f"b{2 + seed % 3}.2"]
+    g = dataclasses.replace(g, outputs=tuple(held), loop="held")
+    composed, walked = FrontierDP(g, max_width=64), FrontierDP(g, max_width=64, blocks=False)
+    assert composed.chain is not None and len(composed.chain.blocks) >= 3
+    least = walked.solve(None, objective="peak").objective
+    assert composed.solve(None, objective="peak").objective == least
+    top = store_all_peak(g).peak_bytes
+    assert least > FrontierDP(dataclasses.replace(g, loop="dropped"), max_width=64).solve(None, objective="peak").objective
+    for t in range(8):
+        budget = least + (top - least) * t // 7
+        a, b = composed.solve(budget), walked.solve(budget)
+        assert a.objective == b.objective
+        sim = simulate(g, Plan(regions=a.regions), record=False)
+        assert sim.peak_bytes <= budget and sim.recompute_flops == a.objective

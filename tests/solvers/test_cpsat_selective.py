@@ -36,14 +36,14 @@ def test_cp_sat_with_kept_nodes_equals_brute_force(name, graph):
             assert plan.recompute_cost == want and plan.options["selective"] is True
 
 
-def test_the_model_keeps_nodes_and_cuts_plans_that_do_not_fit():
-    kept = cuts = 0
+def test_the_model_keeps_nodes_and_every_plan_fits_or_is_cut():
+    kept = 0
     for _, graph in EXACT[:25]:
         for peak, _, _ in pareto_frontier(graph):
             plan = solvers.solve(graph, peak, solver="cp-sat", selective=True, warm_start=False, time_limit_s=60)
             kept += bool(plan.saved)
-            cuts += plan.findings["cuts"]
-    assert kept >= 10 and cuts >= 1  # the relaxation is not exact on its own: the loop matters
+            assert simulate(graph, plan, record=False).peak_bytes <= peak
+    assert kept >= 10
 
 
 @pytest.mark.parametrize("name,graph", EXACT[::6], ids=[name for name, _ in EXACT[::6]])

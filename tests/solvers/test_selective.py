@@ -121,7 +121,8 @@ def test_saved_must_lie_in_a_region_and_be_saveable():
 
 def _timeline_digest() -> str:
     h = hashlib.sha256()
-    graphs = [random_graph(s, chain=s % 2 == 0) for s in range(40)]
+    # without outputs (recorded before graphs had them): a graph without outputs simulates as before
+    graphs = [dataclasses.replace(random_graph(s, chain=s % 2 == 0), outputs=()) for s in range(40)]
     graphs += [synthetic.make(f, 9, seed=1) for f in ("hetero-chain", "residual", "unet", "random-dag")]
     for gi, g in enumerate(graphs):
         plans = list(enumerate_plans(g))
@@ -244,7 +245,7 @@ def test_dp_equals_brute_force_over_menu_entries(seed):
 
 def test_dp_keeps_nodes_where_that_is_cheaper():
     kept = 0
-    for seed in SEEDS[:60]:
+    for seed in SEEDS[:80]:
         g = sac_graph(seed)
         for peak, cost, _ in pareto_frontier(g):
             plan = dp(g, peak)
@@ -257,8 +258,7 @@ def test_dp_keeps_nodes_where_that_is_cheaper():
 @pytest.mark.parametrize("seed", SEEDS[:40])
 def test_dp_without_selective_is_the_plain_dp(seed):
     g = sac_graph(seed)
-    plain = Graph(nodes=tuple(dataclasses.replace(nd, sac_op=-1, dispatch=()) for nd in g.nodes), spans=g.spans,
-                  param_bytes=g.param_bytes, input_bytes=g.input_bytes, name=g.name)
+    plain = g.with_nodes(tuple(dataclasses.replace(nd, sac_op=-1, dispatch=()) for nd in g.nodes))
     off, unmarked = DPTable(g, max_front=None, selective=False), DPTable(plain, max_front=None)
     assert off.frontier() == unmarked.frontier()
     assert [off.plan_at(i)[0] for i in range(len(off.root.h))] == [unmarked.plan_at(i)[0]
@@ -270,7 +270,7 @@ def test_dp_without_selective_is_the_plain_dp(seed):
 
 def _dp_digest() -> str:
     h = hashlib.sha256()
-    graphs = [random_graph(s, chain=s % 2 == 0) for s in range(60)]
+    graphs = [dataclasses.replace(random_graph(s, chain=s % 2 == 0), outputs=()) for s in range(60)]  # as above
     graphs += [synthetic.make(f, 40, seed=2) for f in ("hetero-chain", "residual", "unet", "random-dag", "transformer")]
     graphs += [synthetic.transformer(40, seed=3, spans=True), synthetic.repeated_blocks(4, 6, seed=5)]
     for g in graphs:

@@ -204,3 +204,33 @@ def test_eager_extra_bytes_held_through_a_span_regions_recompute():
     assert simulate(g).live_bytes == simulate(chain3()).live_bytes
     assert list(simulate(g.unaligned(), Plan(regions=((0, 1), (2, 2)))).live_bytes) == [10, 20, 20, 40, 40, 40, 50,
                                                                                          50, 30]
+
+
+# ----------------------------------------------------------------------- the user's loop
+def _held_chain(loop: str) -> Graph:
+    # a (10) -> b (20) -> c (30, the loss); nothing saves anything; b is what the model returns.
+    return Graph(nodes=(
+        Node("a", out_bytes=10, fwd_flops=1, saves_inputs=()),
+        Node("b", inputs=("a",), out_bytes=20, fwd_flops=2, saves_inputs=()),
+        Node("c", inputs=("b",), out_bytes=30, fwd_flops=4, saves_inputs=()),
+    ), outputs=("b",), loop=loop)
+
+
+def test_a_held_output_is_the_callers_to_the_end_of_the_step():
+    # NOTE [ The user's loop ]: dropped, b dies after c reads it; held, it stays through the backward.
+    held, dropped = simulate(_held_chain("held")), simulate(_held_chain("dropped"))
+    assert held.steps == dropped.steps
+    phases = [p for p, _ in held.steps]
+    for phase, h, d in zip(phases, held.live_bytes, dropped.live_bytes):
+        assert h - d == (20 if phase == "backward" else 0)
+    assert simulate(dataclasses.replace(_held_chain("held"), outputs=())).live_bytes == dropped.live_bytes
+
+
+def test_a_held_output_in_a_region_is_recomputed_beside_the_callers_copy():
+    # Region [b]: the caller holds b's forward copy; the recompute makes its own (b is the region's
+    # output until the recompute ends), so held, both are alive while it runs.
+    plan = Plan(regions=((1, 1),))
+    held, dropped = simulate(_held_chain("held"), plan), simulate(_held_chain("dropped"), plan)
+    rec = [i for i, (p, _) in enumerate(held.steps) if p == "recompute"]
+    assert len(rec) == 1 and held.live_bytes[rec[0]] - dropped.live_bytes[rec[0]] == 20
+    assert held.recompute_flops == dropped.recompute_flops == 2
