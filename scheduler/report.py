@@ -144,7 +144,9 @@ def plan_summary(graph: Graph, plan: Plan) -> str:
              + f", solved in {plan.solve_time_s:.3f}s"]
     if plan.peak_bytes is not None:
         budget = f" / budget {format_bytes(plan.budget_bytes)}" if plan.budget_bytes else ""
-        lines.append(f"predicted peak {format_bytes(plan.peak_bytes)}{budget}")
+        loop = f" (loop {plan.loop}: the model's output {'held through' if plan.loop == 'held' else 'dropped before'} " \
+            "backward)" if plan.loop else ""
+        lines.append(f"predicted peak {format_bytes(plan.peak_bytes)}{budget}{loop}")
     if plan.recompute_flops is not None:
         lines.append(recompute_line(graph, plan.recompute_flops, plan.recompute_time_s))
     lines.append(checkpoints_line(plan))

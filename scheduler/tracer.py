@@ -61,12 +61,13 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch import nn
 
-from graphs import COSTS_META, TARGET_META, WORKSPACES_META, Graph
+from graphs import COSTS_META, LOOPS, TARGET_META, WORKSPACES_META, Graph
 
-from .tracing.build import attribute_params, build_nodes, group_records
+from .tracing.build import attribute_params, build_nodes, group_records, output_names
 from .tracing.spans import MODULES_META, TREE_META, module_spans, module_tree, sequential_children
 from .tracing.capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .tracing.costs import OpRecord, measure_ops
+from .tracing.outputs import capture_exposed, returned_nodes
 from .tracing.roofline import model_dtype, roofline_records
 from .tracing.target import (Target, TargetError, TargetKernels, check_target_for_costs, fake_device, resolve_target,
                              rng_state_bytes, target_peaks)
@@ -137,7 +138,7 @@ class Traced:
     def regroup(self, granularity: str | int) -> "Traced":
         """The same trace at another granularity (no re-measuring)."""
         graph, members, gran = _assemble(list(self.records), granularity, self._bytes, self.graph.name,
-                                         dict(self.graph.meta), self.sequentials, self.extras)
+                                         dict(self.graph.meta), self.sequentials, self.extras, self.graph.loop)
         return dataclasses.replace(self, graph=graph, members=members, granularity=gran)
 
 
@@ -145,7 +146,7 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             loss: Callable[[Any], torch.Tensor] | None = None, granularity: str | int = "auto",
             method: str = "auto", check: bool = True, name: str | None = None, costs: str = "roofline",
             target: str | None = None, time_repeats: int = 5, workspaces: str = "auto", mode: str = "train",
-            cost_device: str | None = None) -> Traced:
+            cost_device: str | None = None, loop: str = "held") -> Traced:
     """Trace ``model`` on example inputs and measure its cost graph.
 
     Args:
@@ -189,6 +190,14 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             (default): measure where the target's kernels can run here (the
             allocator's peak is above what the tensors alone say, so plans
             would not fit without it).
+        loop: the training loop the graph is planned for (NOTE [ The
+            user's loop ] in ``graphs.graph``): ``"held"`` (default), the
+            model's output is referenced through ``backward()``, as in
+            ``out = model(**batch); out.loss.backward()`` (a plan for it
+            fits the other loop too); ``"dropped"``, it is dropped before,
+            as ``Trainer`` and ``loss = model(**batch).loss`` do. The
+            output is every tensor of the model's return value (with
+            ``loss=``, of the model's, not the loss's).
         mode: ``"train"`` (default): the graph is of a training step; a model
             in eval mode (what ``from_pretrained`` returns) is traced with
             every module in training mode, its modes and buffers put back
@@ -216,6 +225,10 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         target = cost_device
     if workspaces not in ("none", "measure", "auto"):
         raise TraceError(f"workspaces={workspaces!r} is not one of 'auto', 'none', 'measure'")
+    if loop not in LOOPS:
+        raise TraceError(f"loop={loop!r} is not one of {', '.join(map(repr, LOOPS))}: 'held' when the loop keeps the "
+                         "model's output through backward() (out = model(...); out.loss.backward()), 'dropped' when "
+                         "it drops it first (Trainer)")
     args = tuple(args)
     kwargs = dict(kwargs or {})
     if mode not in ("train", "as-is"):
@@ -237,7 +250,11 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             "training. Trace with mode='train' (the default) or after model.train()", EvalModeWarning, stacklevel=2)
     module: nn.Module = LossWrapper(model, loss) if loss is not None else model
     strip = "model." if loss is not None else ""
-    gm, used = capture_graph_module(module, args, kwargs, method=method)
+    if loss is not None:  # NOTE [ Finding the model's outputs ]
+        gm, used, outputs = capture_exposed(model, loss, args, kwargs, method=method, capture=capture_graph_module)
+    else:
+        gm, used = capture_graph_module(module, args, kwargs, method=method)
+        outputs = returned_nodes(gm)
     if check:
         check_against_eager(module, gm, args, kwargs)
     flat = _flatten(gm, used, module, args, kwargs)
@@ -253,7 +270,8 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
     moved = fake_device(plan_for, device)
     kernels = TargetKernels(plan_for, moved, real_cuda=device.type == "cuda") \
         if moved is not None or plan_for.kind == "cuda" else None
-    records, totals = measure_ops(gm, flat, strip_module=strip, workspaces=ws_device, device=moved, kernels=kernels)
+    records, totals = measure_ops(gm, flat, strip_module=strip, workspaces=ws_device, device=moved, kernels=kernels,
+                                  outputs=outputs or ())
     totals["rng_state_bytes"] = rng_state_bytes(plan_for)  # type: ignore[assignment]
     if not records:
         raise TraceError(f"{type(model).__name__} traced to a graph without operations; nothing to plan")
@@ -266,14 +284,14 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
     if ws_device is not None:
         meta[WORKSPACES_META] = str(ws_device)
     sequentials = sequential_children(model)
-    graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, {})
+    graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, {}, loop)
     extras: dict[str, int] = {}
     if graph.spans:
         from .tracing.eager_lifetimes import measure_call_extras
 
         every = module_spans(records, [[i] for i in range(len(records))], sequentials)[0]  # all granularities' spans
         extras = measure_call_extras(model, args, kwargs, loss, [sp.module for sp in every])
-        graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, extras)
+        graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, extras, loop)
     placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     log.info("traced %s with %s for %s: %d fx nodes -> %d cost nodes (granularity %s)", name, used,
              plan_for.describe(), len(records), len(graph), gran)
@@ -290,7 +308,7 @@ def trace(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[str,
 def capture_for_plan(model: nn.Module, plan: Any, args: Any, kwargs: Mapping[str, Any] | None = None, *,
                      loss: Callable[[Any], torch.Tensor] | None = None, granularity: str | int | None = None,
                      name: str | None = None) -> Traced:
-    """Trace ``model`` as ``plan``'s graph was traced (its granularity), leaving no trace of the run.
+    """Trace ``model`` as ``plan``'s graph was traced (its granularity and loop), leaving no trace of the run.
 
     The eager check runs the model: BatchNorm statistics are restored after
     it and the RNG is forked, so a training run that traces first and then
@@ -302,9 +320,10 @@ def capture_for_plan(model: nn.Module, plan: Any, args: Any, kwargs: Mapping[str
     buffers = list(model.buffers())
     saved = [b.detach().clone() for b in buffers]
     devices = sorted({b.device.index or 0 for b in buffers if b.device.type == "cuda"})
+    loop = getattr(plan, "loop", "") or "held"
     try:
         with torch.random.fork_rng(devices=devices):
-            return capture(model, args, kwargs, loss=loss, granularity=granularity, name=name)
+            return capture(model, args, kwargs, loss=loss, granularity=granularity, name=name, loop=loop)
     finally:
         with torch.no_grad():
             for b, s in zip(buffers, saved):
@@ -348,7 +367,7 @@ def _price(records: list[OpRecord], costs: str, plan_for: Target, model: nn.Modu
 
 
 def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[str, Any], name: str,
-              meta: dict, sequentials: Mapping[str, int], extras: Mapping[str, int]
+              meta: dict, sequentials: Mapping[str, int], extras: Mapping[str, int], loop: str
               ) -> tuple[Graph, tuple[tuple[str, ...], ...], str | int]:
     if granularity == "auto":
         chosen: str | int = "op"
@@ -370,9 +389,11 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     scalars = int(totals.get("scalar_bytes", 0))  # NOTE [ Saved Python scalars ] in scheduler.tracing.costs
     if scalars:  # named only when present: graphs without them keep their fingerprint
         meta["saved_scalar_bytes"] = scalars
-    graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]),
+    frozen = int(totals["param_bytes"]) - int(totals.get("trainable_param_bytes", totals["param_bytes"]))
+    graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]), frozen_param_bytes=frozen,
                   input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]) + scalars, name=name, meta=meta,
-                  spans=tuple(spans), rng_state_bytes=int(totals.get("rng_state_bytes", 0)))
+                  spans=tuple(spans), rng_state_bytes=int(totals.get("rng_state_bytes", 0)),
+                  outputs=output_names(records, groups, nodes), loop=loop)
     return graph, tuple(nd.members for nd in nodes), chosen
 
 

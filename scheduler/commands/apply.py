@@ -11,7 +11,7 @@ from solvers import load_plan
 
 from ..progress import phase
 from ..report import table
-from .common import add_model_arguments, model_options, nonneg_float, positive_int
+from .common import add_loop_flag, add_model_arguments, model_options, nonneg_float, positive_int
 
 NAME = "apply"
 HELP = "apply a plan to a model as checkpoint regions; --verify runs real steps with and without it"
@@ -47,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measured steps of each kind for the time ratio (default 5)")
     p.add_argument("--atol", type=nonneg_float, default=0.0,
                    help="largest gradient difference accepted (default 0: bitwise)")
+    add_loop_flag(p, default=None, what="run with --verify (default: the plan's)")
     p.add_argument("--no-check", action="store_true",
                    help="apply a plan that carries no fingerprint (its regions must still fit the model's graph)")
 
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_check:
         raise CkptError("--verify checks the plan's fingerprint; drop --no-check, or solve the plan again")
     with phase(f"verifying on {model_name}: warm-up and {args.steps} steps with and without the plan"):
-        v = verify(ex.model, plan, ex.args, dict(ex.kwargs), loss=ex.loss, steps=args.steps, name=name)
+        v = verify(ex.model, plan, ex.args, dict(ex.kwargs), loss=ex.loss, steps=args.steps, name=name, loop=args.loop)
     print(f"{model_name}: {v.regions} regions ({plan.solver}), {args.steps} measured steps each")
     print(table(v.rows(), ["", "with the plan", "without"]))
     ok = v.fits and v.grads_equal(args.atol)

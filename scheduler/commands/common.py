@@ -20,7 +20,7 @@ from solvers.options import describe
 __all__ = ["positive_int", "positive_float", "nonneg_float", "gap_fraction", "granularity", "parse_options",
            "check_outputs", "model_files", "optimizer_name", "add_step_flags", "MODEL_FLAGS", "add_model_flags",
            "add_model_arguments", "model_options", "split_items", "solver_flag_options", "solver_options_help",
-           "add_target_flag"]
+           "add_target_flag", "add_loop_flag"]
 
 
 def _number(kind: Callable[[str], Any], text: str, what: str) -> Any:
@@ -99,6 +99,16 @@ def add_model_flags(p: argparse.ArgumentParser, names: Iterable[str] | None = No
     for flag in MODEL_FLAGS if names is None else names:
         p.add_argument(f"--{flag.replace('_', '-')}", type=MODEL_FLAGS[flag], default=None,
                        help=(helps or {}).get(flag, f"model option {flag}"))
+
+
+def add_loop_flag(p: argparse.ArgumentParser, default: str | None = "held", what: str = "plan for") -> None:
+    """``--loop held|dropped``: the training loop a command traces or measures (NOTE [ The user's loop ])."""
+    from graphs import LOOPS
+
+    p.add_argument("--loop", choices=LOOPS, default=default,
+                   help=f"the training loop to {what}: 'held' keeps the model's output through backward() "
+                        "(out = model(**batch); out.loss.backward()), 'dropped' drops it first (Trainer; "
+                        "loss = model(**batch).loss)" + (f"; default {default}" if default else ""))
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, positional: bool = True, model_help: str | None = None,

@@ -11,9 +11,8 @@ from solvers import format_bytes
 from ..report import checkpoints_line, describe_target, format_seconds, table
 from ..sizing.memory import DEFAULT_RESERVE, NothingFits, parse_reserve, render_report
 from ..sizing.search import DEFAULT_SOLVERS
-from .common import (add_model_arguments, add_step_flags, add_target_flag, check_outputs, model_files, model_options,
-                     positive_float,
-                     positive_int, solver_flag_options)
+from .common import (add_loop_flag, add_model_arguments, add_step_flags, add_target_flag, check_outputs, model_files,
+                     model_options, positive_float, positive_int, solver_flag_options)
 
 NAME = "fit"
 HELP = "the largest batch or sequence that fits a card, per solver, and the step's memory by category"
@@ -69,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-size", type=positive_int, default=None, help="largest size to try (default: the model's limit, else 4096)")
     p.add_argument("--multiple-of", type=positive_int, default=None,
                    help="try only multiples of this (default 1 for batch, 64 for seq)")
+    add_loop_flag(p)
     p.add_argument("--time-limit", type=positive_float, default=10.0,
                    help="wall-clock seconds per solve for the solvers that take a limit (ilp, cp-sat, frontier; default 10)")
     p.add_argument("-o", "--output", help="write the plan fit reports here (JSON; see --plan-solver), for `ckpt apply`")
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
           " (progress on stderr)", flush=True)
     try:
         res = fit(args.model, args.device_memory, search=dim, batch=batch, seq=seq, solvers=names, options=options,
-                  target=args.target, **kwargs)
+                  target=args.target, loop=args.loop, **kwargs)
     except NothingFits as exc:
         print(render_report(exc.report))
         print()

@@ -14,7 +14,7 @@ from ..sizing.budget import parse_budget, read_budget
 from ..sizing.memory import parse_reserve, step_budget_bytes
 from ..progress import phase
 from ..report import checkpoints_line, cost_model, format_seconds, plan_summary, ratio, table
-from .common import (add_step_flags, check_outputs, gap_fraction, positive_float, solver_flag_options,
+from .common import (add_loop_flag, add_step_flags, check_outputs, gap_fraction, positive_float, solver_flag_options,
                      solver_options_help, split_items)
 
 NAME = "solve"
@@ -85,6 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--help-options", nargs=0, action=_HelpOptions,
                    help="list each solver's options (those of --solver when it comes first) and exit")
     add_step_flags(p, optimizer=None, reserve="0", budget="budget (in bytes)")
+    add_loop_flag(p, default=None, what="plan for (default: the graph's, as traced)")
     p.add_argument("-o", "--output", help="write the plan here (JSON; with --solver all, the cheapest plan that fits)")
 
 
@@ -125,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         parse_reserve(args.reserve, 1 << 62)
     check_outputs([("-o", args.output)], inputs=[args.graph])
     graph = graphs.load(args.graph)
+    if args.loop:  # NOTE [ The user's loop ]: the same graph planned for another loop
+        graph = graph.with_loop(args.loop)
     budget = step_budget_bytes(args.budget, graph, optimizer=args.optimizer, mixed_precision=args.mixed_precision,
                                reserve=args.reserve or 0)
     if budget != parse_budget(args.budget, graph):

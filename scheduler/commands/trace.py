@@ -9,7 +9,7 @@ from graphs import BUILD_META, save
 
 from ..report import describe_target, format_seconds
 from ..sizing.budget import format_bytes
-from .common import add_model_arguments, add_target_flag, check_outputs, granularity, model_files, model_options
+from .common import add_loop_flag, add_model_arguments, add_target_flag, check_outputs, granularity, model_files, model_options
 
 NAME = "trace"
 HELP = "trace a model into a cost graph (recompute costs, bytes autograd saves) and write it as JSON"
@@ -42,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "attention, normalisations...), forward and backward, once on real kernels of the target and "
                         "count what it allocates beyond the tensors the trace sees; default auto: where the target's "
                         "kernels run here (a cpu target; a CUDA target on its GPU)")
+    add_loop_flag(p)
     p.add_argument("-o", "--output", help="write the graph here (JSON)")
 
 
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     with phase(f"tracing {args.model}"):
         traced = capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, granularity=args.granularity,
                          method=args.method, name=args.model, costs=args.costs, target=args.target,
-                         workspaces=args.workspaces)
+                         workspaces=args.workspaces, loop=args.loop)
     g = traced.graph
     g = g.with_nodes(g.nodes, meta={**g.meta, BUILD_META: {"model": args.model, "options": _json_safe(model_options(args))}})
     print(f"{args.model}: traced with {traced.method}, {len(traced.records)} fx nodes -> {len(g)} graph nodes "
@@ -65,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
           f"forward {g.total_fwd_flops():.3e} FLOPs, backward {g.total_bwd_flops():.3e} FLOPs")
     from solvers import store_all_peak
 
-    print(f"store-all peak (simulated): {format_bytes(store_all_peak(g).peak_bytes)}")
+    held = sum(g.nodes[k].out_bytes for k in g.held_outputs())
+    print(f"store-all peak (simulated): {format_bytes(store_all_peak(g).peak_bytes)}, loop {g.loop}"
+          + (f" (the model's outputs, {format_bytes(held)}, held through backward)" if held else ""))
     costs = g.meta.get("costs", {})
     if costs.get("flops_per_s"):
         forward_s = sum(g.recompute_costs()) / costs["flops_per_s"]

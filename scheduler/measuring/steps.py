@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
+from graphs import LOOPS
+
 __all__ = ["LossFn", "clear_grads", "step_tensors", "training_step", "seeded_step", "time_steps", "grad_snapshot",
            "grad_difference", "allocator_step_peak", "measure_step_peak"]
 
@@ -44,18 +46,25 @@ def step_tensors(model: nn.Module, args: Sequence[Any] = (), kwargs: Mapping[str
 
 
 def training_step(run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
-                  loss: LossFn | None = None) -> torch.Tensor:
+                  loss: LossFn | None = None, *, loop: str = "held") -> torch.Tensor:
     """Forward, loss, backward; returns the loss, detached.
 
-    The rest of the output (e.g. logits) is dropped as soon as the loss is
-    taken from it, and the loss only after the backward, as in a training loop.
+    The loss is dropped only after the backward, as in a training loop; the
+    rest of the output (e.g. logits) after the backward too with ``loop="held"``
+    (``out = model(**batch); out.loss.backward()``), or as soon as the loss is
+    taken from it with ``loop="dropped"`` (``Trainer``): NOTE [ The user's loop ]
+    in ``graphs.graph``.
 
     Raises:
         TypeError: the step does not produce a scalar loss (pass ``loss=``).
+        ValueError: ``loop`` is neither ``"held"`` nor ``"dropped"``.
     """
+    if loop not in LOOPS:
+        raise ValueError(f"loop={loop!r} is not one of {', '.join(map(repr, LOOPS))}")
     out = run(*args, **kwargs)
     value = loss(out) if loss is not None else out
-    del out
+    if loop == "dropped":
+        del out
     if not isinstance(value, torch.Tensor) or value.numel() != 1:
         raise TypeError("the step must produce a scalar loss tensor; pass loss= to reduce the model's output")
     value.backward()
@@ -63,14 +72,14 @@ def training_step(run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[
 
 
 def seeded_step(run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], loss: LossFn | None = None,
-                *, seed: int | None = 0) -> Callable[[], torch.Tensor]:
+                *, seed: int | None = 0, loop: str = "held") -> Callable[[], torch.Tensor]:
     """``step()`` running :func:`training_step` from ``torch.manual_seed(seed)`` (dropout masks equal on every run)."""
     args, kwargs = tuple(args), dict(kwargs)
 
     def step() -> torch.Tensor:
         if seed is not None:
             torch.manual_seed(seed)
-        return training_step(run, args, kwargs, loss)
+        return training_step(run, args, kwargs, loss, loop=loop)
 
     return step
 
@@ -139,7 +148,7 @@ def grad_difference(params: Sequence[torch.Tensor], reference: Sequence[torch.Te
 
 
 def measure_step_peak(module: nn.Module, model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
-                      loss: LossFn | None) -> int:
+                      loss: LossFn | None, *, loop: str = "held") -> int:
     """Peak bytes of one training step of ``module`` (sharing ``model``'s parameters), by live tensor storages.
 
     Parameter gradients start at None; parameters, buffers and inputs count as
@@ -147,11 +156,11 @@ def measure_step_peak(module: nn.Module, model: nn.Module, args: Sequence[Any], 
     """
     from .storages import measure_step
 
-    return measure_step(model, tuple(args), dict(kwargs), loss=loss, run=module).peak_bytes
+    return measure_step(model, tuple(args), dict(kwargs), loss=loss, run=module, loop=loop).peak_bytes
 
 
 def allocator_step_peak(module: nn.Module, model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
-                        loss: LossFn | None) -> int:
+                        loss: LossFn | None, *, loop: str = "held") -> int:
     """Peak bytes of one training step by the allocator: what "fits" means.
 
     CUDA: ``torch.cuda.max_memory_allocated`` over the step. Elsewhere: the
@@ -169,11 +178,11 @@ def allocator_step_peak(module: nn.Module, model: nn.Module, args: Sequence[Any]
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        training_step(module, args, kwargs, loss)
+        training_step(module, args, kwargs, loss, loop=loop)
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base + live_bytes_of(live)
 
     def step() -> None:
-        training_step(module, args, kwargs, loss)
+        training_step(module, args, kwargs, loss, loop=loop)
 
     return profile_step(step, baseline_bytes=live_bytes_of(live)).peak_bytes

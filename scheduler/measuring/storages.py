@@ -151,13 +151,14 @@ def measure_peak(fn: Callable[[], Any], *, live: Sequence[torch.Tensor] = (), ti
 
 def measure_step(model: torch.nn.Module, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
                  loss: Callable[[Any], torch.Tensor] | None = None, timeline: bool = False,
-                 run: Callable[..., Any] | None = None) -> MemoryMeasurement:
+                 run: Callable[..., Any] | None = None, loop: str = "held") -> MemoryMeasurement:
     """Peak memory of one training step: forward, loss, backward.
 
     Gradients are set to None first (the optimizer's ``zero_grad(set_to_none=True)``),
     parameters, buffers and inputs are the base; the loss is dropped only after
-    the backward and the rest of the output (e.g. logits) right after the
-    loss is taken from it, as in a training loop.
+    the backward, and the rest of the output (e.g. logits) too with
+    ``loop="held"``, or right after the loss is taken from it with
+    ``loop="dropped"`` (``scheduler.measuring.steps.training_step``).
 
     Args:
         model: the module (its parameters and buffers are the base).
@@ -173,5 +174,6 @@ def measure_step(model: torch.nn.Module, args: Sequence[Any] = (), kwargs: Mappi
     args, kwargs = tuple(args), dict(kwargs or {})
     clear_grads(model)
     call = run if run is not None else model
-    return measure_peak(lambda: float(training_step(call, args, kwargs, loss)), live=step_tensors(model, args, kwargs),
+    return measure_peak(lambda: float(training_step(call, args, kwargs, loss, loop=loop)),
+                        live=step_tensors(model, args, kwargs),
                         timeline=timeline)

@@ -17,6 +17,11 @@ and random seed:
   reports the ratio of the medians beside the predicted one
   (``1 + recompute FLOPs / step FLOPs``).
 
+Each step runs the loop the plan was solved for (``Plan.loop``: the model's
+output held through ``backward()`` or dropped before, NOTE [ The user's
+loop ] in ``graphs.graph``), or the one ``loop=`` names, with the prediction
+for that loop.
+
 Parameters are not updated (no optimizer step), so both runs see the same
 weights; buffers are restored between runs. The model is left as it was
 given: the plan is removed again at the end (apply it yourself to train).
@@ -65,6 +70,7 @@ class Verification:
         max_grad_diff: largest absolute difference over all parameter gradients.
         loss_diff: absolute difference of the losses.
         buffers_equal: every buffer equal after the two steps.
+        loop: the loop the steps ran and the prediction is for (``"held"``, ``"dropped"``).
     """
 
     model: str
@@ -83,6 +89,7 @@ class Verification:
     buffers_equal: bool
     counted_peak_bytes: int = 0
     counted_store_all_bytes: int = 0
+    loop: str = "held"
 
     @property
     def fits(self) -> bool:
@@ -111,6 +118,7 @@ class Verification:
              format_bytes(self.counted_store_all_bytes)),
             ("peak predicted", format_bytes(self.predicted_peak_bytes), format_bytes(self.predicted_store_all_bytes)),
             ("budget", budget, ""),
+            ("loop (model output through backward)", self.loop, ""),
             ("fits the budget", "yes" if self.fits else "NO", ""),
             ("peak error (measured vs predicted)", f"{100 * self.peak_error:+.1f}%", ""),
             ("step time ratio (median)", f"{self.step_time_ratio:.3f}", f"1 ({1000 * self.step_time_s:.1f} ms)"),
@@ -125,7 +133,7 @@ class Verification:
 def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, *, loss: LossFn | None = None,
            applied: CheckpointedModule | None = None, steps: int = 5, warmup: int = 1, seed: int = 0,
            measure_memory: bool = True, name: str | None = None, lower: str = "module",
-           graph: Any = None) -> Verification:
+           graph: Any = None, loop: str | None = None) -> Verification:
     """Run steps with and without ``plan`` and compare them.
 
     Args:
@@ -139,7 +147,9 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
         applied: a module from the graph-level applier (skips applying;
             must have been applied with the same ``loss``).
         lower: ``"module"`` (the plan applied onto ``model`` itself, switched
-            on and off between the runs) or ``"graph"`` (the traced copy).
+            on and off between the runs) or ``"graph"`` (the traced copy,
+            which returns the loss alone: its step drops the model's output
+            whatever ``loop`` says).
         graph: the plan's cost graph, when already traced at these inputs
             (else ``model`` is traced once, as the plan's graph was).
         name: the graph's name as traced (see :func:`scheduler.applying.graph.apply`).
@@ -147,6 +157,9 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
         warmup: un-timed steps of each kind first.
         seed: RNG seed both runs start from (dropout masks equal).
         measure_memory: also measure the peaks (a slower, instrumented step each).
+        loop: ``"held"`` (the step keeps the model's output through
+            ``backward()``) or ``"dropped"``; None: the plan's (``Plan.loop``),
+            else ``"held"``. The prediction is the graph's for that loop.
 
     Returns:
         A :class:`Verification`.
@@ -174,9 +187,10 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
         applied = planned(model, plan)
         losses = {"all": loss, "plan": loss}
         count = len(plan.regions)
+    loop = loop or plan.loop or "held"
     try:
-        return _run(model, plan, graph, applied, count, args, kwargs, losses, steps=steps, warmup=warmup, seed=seed,
-                    measure_memory=measure_memory)
+        return _run(model, plan, graph.with_loop(loop), applied, count, args, kwargs, losses, steps=steps,
+                    warmup=warmup, seed=seed, measure_memory=measure_memory)
     finally:
         if was_applied is not None:
             apply_modules(model, was_applied, check=False)
@@ -191,7 +205,9 @@ def _run(model: nn.Module, plan: Plan, graph: Any, applied: nn.Module, count: in
     initial = [b.detach().clone() for b in buffers]
     params = list(model.parameters())
     modules = {"all": model, "plan": applied}
-    steps_of = {key: seeded_step(module, args, kwargs, losses[key], seed=seed) for key, module in modules.items()}
+    loop = graph.loop
+    steps_of = {key: seeded_step(module, args, kwargs, losses[key], seed=seed, loop=loop)
+                for key, module in modules.items()}
 
     def reset() -> None:
         with torch.no_grad():
@@ -214,10 +230,10 @@ def _run(model: nn.Module, plan: Plan, graph: Any, applied: nn.Module, count: in
         for key, module in modules.items():
             reset()
             torch.manual_seed(seed)
-            counted[key] = measure_step_peak(module, model, args, kwargs, losses[key])
+            counted[key] = measure_step_peak(module, model, args, kwargs, losses[key], loop=loop)
             reset()
             torch.manual_seed(seed)
-            measured[key] = allocator_step_peak(module, model, args, kwargs, losses[key])
+            measured[key] = allocator_step_peak(module, model, args, kwargs, losses[key], loop=loop)
 
     # Time: warm-up, then the two alternated in one run (ABBA), median of each.
     for _ in range(warmup):
@@ -233,7 +249,7 @@ def _run(model: nn.Module, plan: Plan, graph: Any, applied: nn.Module, count: in
         predicted_recompute_ratio=sim_plan.recompute_ratio,
         step_time_ratio=t_plan / base if base else float("nan"), step_time_s=base,
         max_grad_diff=max_diff, loss_diff=loss_diff, buffers_equal=buffers_equal,
-        counted_peak_bytes=counted.get("plan", 0), counted_store_all_bytes=counted.get("all", 0),
+        counted_peak_bytes=counted.get("plan", 0), counted_store_all_bytes=counted.get("all", 0), loop=loop,
     )
     log.info("verified %s/%s: peak %d (predicted %d), time x%.3f, grad diff %.3g", result.model, result.solver,
              result.measured_peak_bytes, result.predicted_peak_bytes, result.step_time_ratio, result.max_grad_diff)

@@ -372,13 +372,16 @@ def check_state_fits(report: MemoryReport, *, what: str = "card") -> None:
 
 def graph_state(graph: Graph, *, optimizer: str | None = None, mixed_precision: bool = False) -> PersistentState:
     """The persistent state of the step ``graph`` was traced for (its parameter count and dtype from its meta,
-    else fp32 parameters of ``graph.param_bytes``)."""
+    else fp32 parameters of ``graph.param_bytes``); frozen parameters (``graph.frozen_param_bytes``) are
+    trained by no optimizer."""
     dtype = str(graph.meta.get("dtype", "fp32"))
     dtype = dtype_name(dtype) if dtype.lower().removeprefix("torch.") in (*DTYPE_BYTES, *_DTYPE_ALIASES) else "fp32"
     params = graph.meta.get("parameters")
     if not isinstance(params, int) or isinstance(params, bool) or params < 0:
         params = graph.param_bytes // DTYPE_BYTES[dtype]
-    return persistent_state(params, dtype=dtype, optimizer=optimizer, mixed_precision=mixed_precision)
+    trainable = min(params, (graph.param_bytes - graph.frozen_param_bytes) // DTYPE_BYTES[dtype])
+    return persistent_state(params, trainable=trainable if graph.frozen_param_bytes else None, dtype=dtype,
+                            optimizer=optimizer, mixed_precision=mixed_precision)
 
 
 def step_budget_bytes(spec: BudgetSpec, graph: Graph, *, optimizer: str | None = None, mixed_precision: bool = False,

@@ -295,12 +295,14 @@ def fit_graphs(model: SizedModel, device_memory: int | str, *, optimizer: str | 
     hi = max_size or model.max_size or 4096
     if model.max_size:
         hi = min(hi, model.max_size)
-    params = model.params
+    params, trainable = model.params, model.trainable
     first_graph = None
     if params is None:
         first_graph = model.graph_at(max(min_size, multiple_of))
         params = first_graph.param_bytes // dtype_bytes(dtype)
-    state = persistent_state(params, trainable=model.trainable, dtype=dtype, optimizer=optimizer,
+        if trainable is None:  # frozen parameters get no gradient or optimizer state
+            trainable = (first_graph.param_bytes - first_graph.frozen_param_bytes) // dtype_bytes(dtype)
+    state = persistent_state(params, trainable=trainable, dtype=dtype, optimizer=optimizer,
                              mixed_precision=mixed_precision)
     base = memory_report(state, card, reserve=reserve, size={**model.fixed})
     budget = base.solver_budget_bytes
@@ -351,6 +353,7 @@ def _report_at(trials: _Trials, names: Sequence[str], size: int, state: Persiste
 
 def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: int = 1, seq: int | None = None,
         solvers: Sequence[str] | None = None, options: Mapping[str, Any] | None = None, target: str | None = None,
+        loop: str = "held",
         **kwargs: Any) -> FitResult:
     """The largest batch or sequence of ``model`` that fits a card of ``device_memory``, per solver.
 
@@ -371,6 +374,7 @@ def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: i
         target: the device the traces plan for (``scheduler.trace``'s ``target``:
             ``cuda``, a GPU such as ``H100``, or ``cpu``; default: the model's
             device, ``cuda`` for the meta-device builds).
+        loop: the training loop a model name is traced for (``scheduler.trace``'s ``loop``).
         **kwargs: as :func:`fit_graphs` (optimizer, dtype, mixed_precision,
             reserve, max_size, multiple_of, solver_options, progress).
 
@@ -380,5 +384,5 @@ def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: i
     kwargs["dtype"] = dtype_name(kwargs.get("dtype", "fp32"))
     if not isinstance(model, SizedModel):
         model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs["dtype"], options=options,
-                            target=target)
+                            target=target, loop=loop)
     return fit_graphs(model, device_memory, solver_names=solvers, **kwargs)

@@ -44,8 +44,8 @@ class SizedModel:
 
 
 def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | None = None, dtype: str = "fp32",
-                granularity: Any = None, options: Mapping[str, Any] | None = None, target: str | None = None
-                ) -> SizedModel:
+                granularity: Any = None, options: Mapping[str, Any] | None = None, target: str | None = None,
+                loop: str = "held") -> SizedModel:
     """``spec`` (a model name) as ``size -> graph`` along ``search``, re-traced at each size.
 
     hf models (``hf:NAME``, a ``config.json`` path) are built once on the meta
@@ -58,6 +58,7 @@ def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | 
             models ``layers`` and ``attn``), checked the same way.
         target: the device the traces plan for (``scheduler.trace``'s ``target``; default ``cuda``, as
             for any model on ``meta``).
+        loop: the training loop each size is traced for (``scheduler.trace``'s ``loop``).
 
     Raises:
         BudgetError: ``search`` is neither ``batch`` nor ``seq``.
@@ -106,6 +107,7 @@ def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | 
         b, s = (size, seq) if search == "batch" else (batch, size)
         model, args, kwargs, loss, built = example(b, s)
         opts = {k: v for k, v in (("granularity", granularity), ("target", target)) if v is not None}
+        opts["loop"] = loop
         g = scheduler.trace(model, args, kwargs, loss=loss, name=spec, **opts)
         if recorded is None:
             return g

@@ -8,8 +8,13 @@ NOTE [ Merging nodes ]
 
     * ``inputs``: the groups owning or producing tensors that members read from
       outside ``G``; ``saves_inputs``: those whose tensors some member saves;
-    * the group's *outputs* are the members' outputs read after ``G`` or
-      returned by the model; ``out_bytes`` is their size;
+    * the group's *outputs* are the members' outputs read after ``G``,
+      returned by the graph or held by the model's return value (NOTE
+      [ Finding the model's outputs ] in ``scheduler.tracing.outputs``);
+      ``out_bytes`` is their size, and the node is one of the graph's
+      ``outputs`` when a member's storage is the model's (then the caller
+      holds all of ``out_bytes`` under a ``"held"`` loop: exact at op
+      granularity, an upper bound where a merged node has other outputs);
     * ``saves_output`` is true when members save every output with bytes;
       when they save only some of them, those are added to ``saved_bytes``
       instead (kept to the backward; the others are freed after their last
@@ -44,7 +49,7 @@ from graphs import Node
 
 from .costs import OpRecord
 
-__all__ = ["group_records", "build_nodes", "GRANULARITIES"]
+__all__ = ["group_records", "build_nodes", "output_names", "GRANULARITIES"]
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +144,8 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
                         internal_saved.add(i)
                     else:
                         saved_ext[group_of[i]] = None
-        outs = [m for m in members if (read_after[m] or records[m].returned) and records[m].out_bytes > 0]
+        outs = [m for m in members if (read_after[m] or records[m].returned or records[m].output)
+                and records[m].out_bytes > 0]
         out_bytes = sum(records[m].out_bytes for m in outs)
         kept = [m for m in internal_saved if m not in outs and records[m].out_bytes > 0]
         saved_outs = [m for m in outs if m in internal_saved]
@@ -185,6 +191,13 @@ def _grad_views(rs: Sequence[OpRecord]) -> bool:
         return owning == [True]
     backward = [r.grad_views for r in rs if r.requires_grad]
     return bool(backward) and all(backward)
+
+
+def output_names(records: Sequence[OpRecord], groups: Sequence[Sequence[int]], nodes: Sequence[Node]) -> tuple[str, ...]:
+    """Names of the cost nodes one of whose members owns storage of the model's return value
+    (``Graph.outputs``, NOTE [ The user's loop ] in ``graphs.graph``)."""
+    return tuple(nd.name for nd, members in zip(nodes, groups)
+                 if any(records[m].output and records[m].out_bytes > 0 for m in members))
 
 
 def _policy_call(records: Sequence[OpRecord], members: Sequence[int], written: set[int]) -> tuple[tuple[str, ...], int]:

@@ -147,7 +147,7 @@ CPU_ATTENTION_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cp
 
 def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_module: str = "",
                 workspaces: torch.device | None = None, device: torch.device | None = None,
-                kernels: Any = None) -> tuple[list[OpRecord], dict[str, int]]:
+                kernels: Any = None, outputs: Sequence[str] = ()) -> tuple[list[OpRecord], dict[str, int]]:
     """Run ``gm`` on fake copies of its state and inputs and measure every node.
 
     Args:
@@ -159,6 +159,9 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
         device: the device the fake copies of ``meta`` tensors live on, or None
             (where they are); kernels: a ``TorchFunctionMode`` the forward runs
             under (NOTE [ Trace targets ] in ``scheduler.tracing.target``).
+        outputs: names of the fx nodes whose values the model returns; the
+            records owning their storages are marked ``output`` (NOTE
+            [ Finding the model's outputs ] in ``scheduler.tracing.outputs``).
 
     Returns:
         ``(records, totals)``: one :class:`OpRecord` per compute node in graph
@@ -254,6 +257,8 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
     tail = tuple(rec.pending_attrs)
     for i in returned:
         records[i] = dataclasses.replace(records[i], returned=True)
+    for i in rec.owners_of(outputs):
+        records[i] = dataclasses.replace(records[i], output=True)
     if tail and records:
         records[-1] = dataclasses.replace(records[-1], members=records[-1].members + tail)
     totals["trainable"] = trainable  # type: ignore[assignment]

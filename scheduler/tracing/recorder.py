@@ -260,6 +260,18 @@ class Recorder(torch.fx.Interpreter):
         ))
         return result
 
+    def owners_of(self, names: Sequence[str]) -> set[int]:
+        """Record positions owning a storage of the values of the fx nodes ``names`` (after :meth:`run`;
+        parameters, buffers and inputs belong to nobody)."""
+        wanted = set(names)
+        found: set[int] = set()
+        for node, value in self.env.items():
+            if node.name in wanted:
+                for t in pytree.tree_leaves(value):
+                    if isinstance(t, torch.Tensor) and (o := self.owner.get(storage_key(t))) is not None:
+                        found.add(o)
+        return found
+
     def _claim_grad_fns(self, pos: int, outs: Sequence[torch.Tensor]) -> int:
         """Mark the autograd nodes this fx node created (reachable from its outputs, not yet claimed); how many."""
         stack = [t.grad_fn for t in outs if t.grad_fn is not None]

@@ -42,6 +42,8 @@ class OpRecord:
             statistics without declaring the write; ``num_batches_tracked``
             is what marks it stateful).
         returned: the graph's output returns this node's value.
+        output: the model's return value holds a storage this node owns
+            (NOTE [ Finding the model's outputs ] in ``scheduler.tracing.outputs``).
         bwd_peak_bytes: the most bytes the node's backward had allocated at
             once (gradients of its inputs and parameters, and temporaries),
             including the sum the engine makes when it adds the node's
@@ -94,6 +96,7 @@ class OpRecord:
     dispatch: tuple[str, ...] = ()
     sac_op: int = -1
     free_calls: bool = False
+    output: bool = False
 
     @property
     def cost(self) -> int:

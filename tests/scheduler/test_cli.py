@@ -173,3 +173,17 @@ def test_solve_takes_the_budget_terms_fit_takes(tmp_path, capsys):
     assert want == card - card // 20 - (1 << 19) * (8 + 4)  # reserve, fp32 Adam state and fp32 master copy
     assert solvers.load_plan(tmp_path / "p.json").budget_bytes == want
     assert f"solvers plan against {solvers.format_bytes(want)}" in out
+
+
+def test_trace_records_the_loop_and_apply_verify_runs_it(tmp_path, capsys):
+    # NOTE [ The user's loop ]: --loop on the commands that trace; the plan carries it to --verify
+    g = tmp_path / "g.json"
+    code, out, _ = run(capsys, "trace", "gpt", "--layers", "1", "--width", "32", "--heads", "2", "--seq", "16",
+                       "-O", "vocab=64", "--loop", "dropped", "-o", str(g))
+    assert code == 0 and "loop dropped" in out
+    data = json.loads(g.read_text())
+    assert data["loop"] == "dropped" and data["outputs"]
+    code, _, _ = run(capsys, "solve", str(g), "--budget", "1", "--solver", "store-all", "-o", str(tmp_path / "p.json"))
+    assert code == 0 and json.loads((tmp_path / "p.json").read_text())["loop"] == "dropped"
+    code, out, _ = run(capsys, "apply", str(tmp_path / "p.json"), "--verify", "--steps", "1", "--loop", "held")
+    assert code == 0 and "loop (model output through backward)" in out and "held" in out
