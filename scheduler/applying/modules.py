@@ -75,8 +75,15 @@ NOTE [ Caches under recompute ]
     (once more by the recompute), and the recompute would then see longer keys
     than the forward did. As transformers does under gradient checkpointing,
     a call that trains (grad enabled) gets ``use_cache=False`` and no cache
-    argument; without grad (evaluation, ``generate``) nothing is checkpointed
-    and the call runs as written.
+    argument, and a ``CacheDropped`` warning says so (a ``warnings`` warning,
+    shown once per region by Python's default filter, where transformers
+    logs its own once); without grad (evaluation,
+    ``generate``) nothing is checkpointed and the call runs as written. A
+    cache the model returns then holds only the calls outside regions.
+    ``apply`` also marks the region modules so that libraries that check
+    for checkpointing see it (NOTE [ Visible to gradient-checkpointing
+    checks ] in ``scheduler.applying.visible``): peft refuses prefix tuning
+    on such a model at once instead of failing in attention.
 """
 
 from __future__ import annotations
@@ -93,6 +100,7 @@ from solvers import Plan, PlanMismatch
 from ..tracer import EvalModeWarning
 from ..tracing.spans import MODULES_META, TREE_META, parse_run_path
 from .regions import RegionForward, SequentialRuns
+from .visible import mark, unmark
 
 __all__ = ["apply", "remove", "applied_plan", "planned", "region_wrappers", "ApplyError", "RegionForward",
            "SequentialRuns"]
@@ -154,9 +162,11 @@ def apply(model: nn.Module, plan: Plan, *, check: bool = True) -> nn.Module:
         previous = module.__dict__.get("forward")
         module.forward = RegionForward(module, path, stochastic=stochastic[r], previous=previous, save_ops=save_ops[r],
                                        save_op_calls=calls[r])
+        mark(module)  # NOTE [ Visible to gradient-checkpointing checks ]
     for parent, items in runs.items():
         module = model.get_submodule(parent)
         module.forward = SequentialRuns(module, items, previous=module.__dict__.get("forward"), save_ops=run_ops[parent])
+        mark(module)
     model.__dict__[_PLAN_ATTR] = plan
     log.info("applied %d checkpoint regions (%s) to %s", len(targets), plan.solver, type(model).__name__)
     return model
@@ -174,6 +184,7 @@ def remove(model: nn.Module) -> nn.Module:
                 del m.__dict__["forward"]
             else:
                 m.__dict__["forward"] = previous
+            unmark(m)  # NOTE [ Visible to gradient-checkpointing checks ]
     model.__dict__.pop(_PLAN_ATTR, None)
     return model
 

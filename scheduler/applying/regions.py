@@ -16,6 +16,7 @@ import functools
 import inspect
 import logging
 import types
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -25,12 +26,18 @@ from torch.utils.checkpoint import checkpoint
 
 from .rng import RngWatch, random_modules, warn_random_region
 from .selective import RegionPolicy, selective_contexts
+from .visible import as_before
 
-__all__ = ["RegionForward", "SequentialRuns", "run_region"]
+__all__ = ["RegionForward", "SequentialRuns", "run_region", "CacheDropped"]
 
 log = logging.getLogger(__name__)
 
 _CACHE_ARGS = ("cache", "layer_past", "past_key_value", "past_key_values")
+
+
+class CacheDropped(UserWarning):
+    """A key/value cache (or ``use_cache=True``) reached a checkpointed call that trains; the call runs
+    without it (NOTE [ Caches under recompute ] in ``scheduler.applying.modules``)."""
 
 
 # ---------------------------------------------------------------------------- the region
@@ -145,8 +152,9 @@ def _cache_params(cls: type) -> tuple[inspect.Signature | None, tuple[str, ...]]
     return (sig if names else None), names
 
 
-def _without_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """NOTE [ Caches under recompute ]: no cache argument and ``use_cache=False`` for a training call."""
+def _without_cache(module: nn.Module, args: tuple, kwargs: dict, where: str = "") -> tuple[tuple, dict]:
+    """NOTE [ Caches under recompute ]: no cache argument and ``use_cache=False`` for a training call,
+    with a :class:`CacheDropped` warning (once per region: Python's default filter shows a message once)."""
     sig, names = _cache_params(type(module))
     if sig is None:
         return args, kwargs
@@ -154,19 +162,22 @@ def _without_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple,
         bound = sig.bind(module, *args, **kwargs)
     except TypeError:
         return args, kwargs
-    changed = False
+    changed: list[str] = []
     for name in names:
         if name in bound.arguments:
             value = bound.arguments[name]
             if name == "use_cache" and value:
                 bound.arguments[name] = False
-                changed = True
+                changed.append("use_cache=False")
             elif name != "use_cache" and value is not None and not isinstance(value, torch.Tensor):
                 bound.arguments[name] = None
-                changed = True
+                changed.append(f"{name}=None")
     if not changed:
         return args, kwargs
-    log.debug("%s: cache arguments dropped under checkpointing", type(module).__name__)
+    warnings.warn(f"{type(module).__name__} ({where or 'a checkpointed call'}): a key/value cache is incompatible with "
+                  f"checkpointing (the recompute would write it twice), so the call runs with {', '.join(changed)}, "
+                  "as transformers does under gradient checkpointing; pass use_cache=False when training with a plan",
+                  CacheDropped, stacklevel=2)
     return tuple(bound.args[1:]), dict(bound.kwargs)
 
 
@@ -209,8 +220,9 @@ class RegionForward:
         fwd = self.original()
         if not torch.is_grad_enabled():
             return fwd(*args, **kwargs)
+        fwd = as_before(self.module, fwd)  # NOTE [ Visible to gradient-checkpointing checks ]
         if not torch.compiler.is_compiling():
-            args, kwargs = _without_cache(self.module, args, kwargs)
+            args, kwargs = _without_cache(self.module, args, kwargs, self.path)
         return run_region(fwd, args, kwargs, modules=(self.module,), path=self.path, stochastic=self.stochastic,
                           counter=self,
                           policy=self.policy)

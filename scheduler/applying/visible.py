@@ -1,0 +1,77 @@
+"""An applied plan, seen by the checks libraries make for gradient checkpointing.
+
+NOTE [ Visible to gradient-checkpointing checks ]
+    Libraries ask a model whether it checkpoints by looking for a true
+    ``gradient_checkpointing`` attribute on any of its modules: transformers'
+    ``is_activation_checkpointing`` (``is_gradient_checkpointing`` before),
+    peft's prefix tuning (which refuses to run under checkpointing, since its
+    prefix is a key/value cache and a region drops caches, NOTE [ Caches under
+    recompute ] in ``scheduler.applying.modules``; unseen, it failed deep in
+    attention), ``Trainer``'s and TRL's checks before generating. So
+    :func:`mark` sets that attribute on each module whose call is a region
+    (the ``nn.Sequential`` holding runs of regions), and :func:`unmark`
+    (``remove``) puts back what was there. It is a plain attribute: names,
+    ``state_dict`` and pickling are unchanged.
+
+    A module may itself read the attribute: transformers' decoder layers
+    checkpoint their own forward when it is true, and some models drop their
+    cache. Inside the region the module runs as without the plan: the
+    region's function (forward and recompute) sees the value the module had
+    before (:func:`as_before`), so nothing is checkpointed twice.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from torch import nn
+
+__all__ = ["FLAG", "mark", "unmark", "as_before"]
+
+#: The attribute libraries read.
+FLAG = "gradient_checkpointing"
+#: Where :func:`mark` keeps the module's own value: ``(had it, value)``.
+_BEFORE = "_ckpt_flag_before"
+
+
+def mark(module: nn.Module) -> None:
+    """Set ``module.gradient_checkpointing = True``, keeping the instance's own value for :func:`unmark`."""
+    d = module.__dict__
+    if _BEFORE not in d:
+        d[_BEFORE] = (FLAG in d, d.get(FLAG))
+    d[FLAG] = True
+
+
+def unmark(module: nn.Module) -> None:
+    """Put back the value :func:`mark` found (no instance attribute, when there was none)."""
+    d = module.__dict__
+    if _BEFORE not in d:
+        return
+    had, value = d.pop(_BEFORE)
+    if had:
+        d[FLAG] = value
+    else:
+        d.pop(FLAG, None)
+
+
+def as_before(module: nn.Module, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run with ``module.gradient_checkpointing`` as it was before :func:`mark` (False if unset)."""
+    d = module.__dict__
+    if _BEFORE not in d:
+        return fn
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:  # a recompute may run after remove(): read the state then
+        present, current = FLAG in d, d.get(FLAG)
+        had, value = d.get(_BEFORE, (False, None))
+        d[FLAG] = bool(value) if had else False
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if present:
+                d[FLAG] = current
+            else:
+                d.pop(FLAG, None)
+
+    return run
