@@ -15,7 +15,7 @@ import time
 
 #: Benchmark modules under benchmarks/, in run order.
 SUITES = ["solvers", "aligned", "scale", "trace_memory", "apply_memory", "apply_shapes", "compare", "selective", "fit",
-          "zoo"]
+          "zoo", "loop"]
 
 log = logging.getLogger("benchmarks")
 
