@@ -190,6 +190,12 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             (default): measure where the target's kernels can run here (the
             allocator's peak is above what the tensors alone say, so plans
             would not fit without it).
+        mode: ``"train"`` (default): the graph is of a training step; a model
+            in eval mode (what ``from_pretrained`` returns) is traced with
+            every module in training mode, its modes and buffers put back
+            after, with an :class:`EvalModeWarning`. ``"as-is"``: trace the
+            modules in the modes they are in (a model in eval mode warns: its
+            graph has no dropout masks and BatchNorm uses running statistics).
         loop: the training loop the graph is planned for (NOTE [ The
             user's loop ] in ``graphs.graph``): ``"held"`` (default), the
             model's output is referenced through ``backward()``, as in
@@ -198,12 +204,6 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             as ``Trainer`` and ``loss = model(**batch).loss`` do. The
             output is every tensor of the model's return value (with
             ``loss=``, of the model's, not the loss's).
-        mode: ``"train"`` (default): the graph is of a training step; a model
-            in eval mode (what ``from_pretrained`` returns) is traced with
-            every module in training mode, its modes and buffers put back
-            after, with an :class:`EvalModeWarning`. ``"as-is"``: trace the
-            modules in the modes they are in (a model in eval mode warns: its
-            graph has no dropout masks and BatchNorm uses running statistics).
         cost_device: the former name of ``target`` (kept working).
 
     Returns:
@@ -242,7 +242,7 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         with _as_training(model):
             return capture(model, args, kwargs, loss=loss, granularity=granularity, method=method, check=check,
                            name=name, costs=costs, target=target, time_repeats=time_repeats,
-                           workspaces=workspaces)
+                           workspaces=workspaces, loop=loop)
     if not model.training:  # mode="as-is": NOTE [ RNG replay decided at run time ] in scheduler.applying.rng
         warnings.warn(
             f"{type(model).__name__} is traced in eval mode: the graph is of an evaluation step (dropout keeps no masks "
