@@ -79,9 +79,9 @@ class MLP(nn.Module):
 
 
 def test_lora_adapters_are_predicted_as_measured():
-    # Rows of features (no sequence axis): each layer's input gradient is one new tensor. (On a 3-d input the
-    # two gradients a LoRA layer's input receives are views of matmul outputs, which the engine adds out of
-    # place: one gradient more for a moment than simulate's in-place rule; that is no frozen-weight matter.)
+    # Rows of features (no sequence axis). On a 3-d input the two gradients a LoRA layer's input receives are
+    # views of matmul outputs, which autograd adds out of place (aten::add, not add_): for a moment one gradient
+    # more than simulate's in-place rule counts, whether the base is frozen or not; a gap of its own.
     torch.manual_seed(0)
     model = MLP().train().requires_grad_(False)
     model.layers = nn.ModuleList(LoRALinear(layer) for layer in model.layers)
