@@ -102,8 +102,8 @@ def capture_exposed(model: nn.Module, loss: Callable[[Any], torch.Tensor], args:
         gm, used = capture(ExposedLoss(model, loss), args, kwargs, method=method)
         return gm, used, strip_exposed(gm, used)
     except Exception as exc:  # noqa: BLE001  (the plain trace below raises what the user should see)
-        log.warning("could not trace %s with its outputs exposed (%s: %s); its outputs are not known, so the "
-                    "graph plans as if the loop dropped them before the backward (loop='dropped')",
-                    type(model).__name__, type(exc).__name__, str(exc)[:200])
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
     gm, used = capture(LossWrapper(model, loss), args, kwargs, method=method)
+    log.warning("could not trace %s with its outputs exposed (%s); its outputs are not known, so the graph plans as "
+                "if the loop dropped them before the backward (loop='dropped')", type(model).__name__, why)
     return gm, used, None
