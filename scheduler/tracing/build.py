@@ -49,7 +49,7 @@ from graphs import Node
 
 from .costs import OpRecord
 
-__all__ = ["group_records", "build_nodes", "output_names", "GRANULARITIES"]
+__all__ = ["group_records", "build_nodes", "output_names", "is_free", "GRANULARITIES"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ log = logging.getLogger(__name__)
 GRANULARITIES = ("op", "fold", "auto")
 
 
-def _is_free(r: OpRecord) -> bool:
+def is_free(r: OpRecord) -> bool:
+    """The record makes no storage, does no work and saves nothing (a view, ``getitem``, an in-place buffer update)."""
     return r.out_bytes == 0 and r.fwd_flops == 0 and r.bwd_flops == 0 and r.own_saved_bytes == 0 and not r.saves
 
 
@@ -88,7 +89,7 @@ def group_records(records: Sequence[OpRecord], granularity: str | int) -> list[l
         key = ""
         if depth is not None and depth > 0 and r.module:
             key = ".".join(r.module.split(".")[:depth])
-        if groups and _is_free(r) and calls[i] == calls[groups[-1][-1]]:
+        if groups and is_free(r) and calls[i] == calls[groups[-1][-1]]:
             groups[-1].append(i)
             continue
         if groups and key and key_of[-1] == key:
@@ -97,7 +98,7 @@ def group_records(records: Sequence[OpRecord], granularity: str | int) -> list[l
         groups.append([i])
         key_of.append(key)
     # A free first record folds into the next group.
-    if len(groups) > 1 and all(_is_free(records[i]) for i in groups[0]) and calls[groups[0][-1]] == calls[groups[1][0]]:
+    if len(groups) > 1 and all(is_free(records[i]) for i in groups[0]) and calls[groups[0][-1]] == calls[groups[1][0]]:
         groups[1] = groups[0] + groups[1]
         groups.pop(0)
     return groups

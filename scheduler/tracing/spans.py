@@ -16,9 +16,35 @@ restricted to submodule calls. Here the tracer's per-node module stacks
   inputs for the recompute and refuses them once modified ("one of the
   variables needed for gradient computation has been modified by an inplace
   operation"; torchvision, timm, monai and smp models did this);
+* a call starts at the views its caller made for it alone and that no op
+  reads (NOTE [ A call's unread arguments ]);
 * a candidate becomes a span of the cost graph when its first fx node starts
   a cost node and its last one ends one (``tracing.build.group_records``
   folds no free op across a call boundary).
+
+NOTE [ A call's unread arguments ]
+    Checkpoint keeps a region's call arguments (the closure that recomputes
+    it) from the region's forward to its backward, read or not, and a view
+    keeps all of the storage it views. ``self.embed_positions(inputs_embeds[:,
+    :, -1])`` (transformers' BART encoder: "needed for the shape only") reads
+    no element of its argument, so no op of the call reads ``inputs_embeds``
+    and the graph, which keeps a tensor alive for its readers, let it go after
+    the encoder's add: a plan checkpointing ``embed_positions`` measured
+    130,808 B over its prediction by the allocator (``inputs_embeds``, a
+    [4, 128, 64] fp32 tensor of 131,072 B).
+    The view is in the graph (a zero-byte node read by nobody, right before
+    the call, made in the caller's frame), so the call's span starts at it:
+    a region equal to the span then reads the view's owner from outside and
+    holds it to the region's backward, as checkpoint does, in ``simulate``
+    and every solver alike (they all take a region's inputs from its nodes'
+    inputs), and no solver changes. The views taken are the free records
+    (``tracing.build.is_free``) just before the call's first node that view
+    a storage, that nothing reads, returns or writes through, and that run in
+    exactly the calls enclosing the call (the caller's frame); the call is
+    the outermost starting at that node. They run outside the checkpoint in
+    eager (before the call), costing nothing and creating no storage. Not
+    covered: an unread argument made earlier than right before the call, or
+    one that is no view (a tensor other ops read too, or none).
 
 Spans carry the module path (``h.3``, ``layer1[0:2]`` for a Sequential run);
 the graph's meta records each span module's class name, so a plan applied to
@@ -35,6 +61,7 @@ from torch import nn
 
 from graphs import Span
 
+from .build import is_free
 from .costs import OpRecord
 
 __all__ = ["module_spans", "sequential_children", "MODULES_META", "TREE_META", "module_tree", "run_path",
@@ -108,6 +135,8 @@ def module_spans(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
         a, b = positions[0], positions[-1]
         if b - a + 1 == len(positions):
             calls[call] = (a, b)
+    unread = _UnreadArguments(records, where)
+    calls = {call: (unread.start(call, a, b), b) for call, (a, b) in calls.items()}
     # Runs of consecutive children of a plain nn.Sequential.
     candidates: list[tuple[str, int, int]] = [(p, a, b) for p, (a, b) in calls.items()]
     for parent, count in sequentials.items():
@@ -143,6 +172,35 @@ def module_spans(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
             modules[run[0]] = "Sequential"
     log.info("%d submodule calls, %d of them spans of the cost graph", len(candidates), len(kept))
     return list(kept.values()), modules
+
+
+class _UnreadArguments:
+    """Where a call's span starts: at the views made for it alone that no op reads (NOTE [ A call's unread
+    arguments ])."""
+
+    def __init__(self, records: Sequence[OpRecord], where: Mapping[str, list[int]]) -> None:
+        self.records = records
+        self.where = where
+        self.read = {i for r in records for i in r.inputs}
+        self.written = {w for r in records for w in r.writes}
+
+    def start(self, call: str, a: int, b: int) -> int:
+        recs = self.records
+        starting = [c for c, _ in recs[a].calls if self.where[c][0] == a]
+        outermost = max(starting, key=lambda c: (self.where[c][-1], -c.count(".")))
+        if outermost != call:
+            return a
+        caller = {c for c, _ in recs[a].calls} - set(starting)
+        p = a
+        while p > 0:
+            r = recs[p - 1]
+            if not (is_free(r) and r.aliases and p - 1 not in self.read and not r.returned and not r.output
+                    and not r.writes and not set(r.aliases) & self.written and {c for c, _ in r.calls} == caller):
+                break
+            p -= 1
+        if p < a:
+            log.debug("%s starts at its unread argument %s (NOTE [ A call's unread arguments ])", call, recs[p].name)
+        return p
 
 
 class _Writes:
