@@ -348,6 +348,9 @@ class Graph:
         fits, not what a plan does, and measurements differ from one trace to
         the next. :meth:`content_hash` covers everything.
         """
+        return self.cached("_fingerprint", self._fingerprint)
+
+    def _fingerprint(self) -> str:
         d = self.to_dict()
         d.pop("spans", None)  # which regions can be lowered onto modules, not what a plan does
         d.pop("rng_state_bytes", None)  # memory accounting, like the workspaces: not what a plan does
@@ -364,6 +367,9 @@ class Graph:
 
     def content_hash(self) -> str:
         """A short hash of the whole graph, costs included (cache keys)."""
+        return self.cached("_content_hash", self._content_hash)
+
+    def _content_hash(self) -> str:
         payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

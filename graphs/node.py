@@ -129,7 +129,9 @@ class Node:
             object.__setattr__(self, "fwd_cost", self.fwd_flops)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        # Every field is a number, a string, a bool or a tuple of strings: a shallow copy is
+        # ``dataclasses.asdict`` (which deep-copies each value: 38 us a node, 3.8 s for 100,000).
+        d = {f.name: getattr(self, f.name) for f in _FIELDS}
         for key in ("inputs", "saves_inputs", "members", "dispatch"):
             d[key] = list(d[key])
         return d
@@ -146,3 +148,6 @@ class Node:
         from .schema import node_from_dict
 
         return node_from_dict(cls, d, where)
+
+
+_FIELDS = dataclasses.fields(Node)
