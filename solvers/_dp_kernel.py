@@ -3,7 +3,10 @@
 Imported only when a :class:`~solvers.dp.DPTable` is filled, so that importing
 ``solvers`` does not load numba. The first call compiles the kernel and caches
 the machine code on disk (``cache=_CACHE``, beside this file or in the user's
-cache); later processes only load it.
+cache); later processes only load it. ``solvers.dp_kernel`` also loads this
+file a second time as plain Python (no numba: every ``njit`` below is then the
+identity), the kernel a solve under a deadline runs while numba loads (NOTE
+[ The dp kernel under a deadline ] in ``solvers.dp_kernel``).
 
 NOTE [ Filtering a stage's candidates by the front so far ]
     A stage's candidates are the stored option (one per entry of the next
@@ -40,10 +43,17 @@ import numpy as np
 
 from .errors import MissingDependency
 
-try:
-    from numba import njit
-except ImportError as exc:  # pragma: no cover - numba is a core dependency
-    raise MissingDependency("the dp solver needs numba to fill its table: pip install 'numba>=0.60'") from exc
+#: This copy is the plain-Python one (``solvers.dp_kernel.PLAIN_NAME``): no numba is imported.
+_PLAIN = __name__.endswith("._dp_plain")
+
+if _PLAIN:
+    def njit(*_args, **_kwargs):  # noqa: D103  (the identity decorator of the plain copy)
+        return lambda fn: fn
+else:
+    try:
+        from numba import njit
+    except ImportError as exc:  # pragma: no cover - numba is a core dependency
+        raise MissingDependency("the dp solver needs numba to fill its table: pip install 'numba>=0.60'") from exc
 
 __all__ = ["merge_stage"]
 
@@ -92,7 +102,7 @@ def _choose_cache() -> bool:
         return False
 
 
-_CACHE = _choose_cache()
+_CACHE = False if _PLAIN else _choose_cache()
 
 #: Survivors held back before they are merged into ``R`` (plus ``|R| / 8``: a
 #: merge costs ``O(|R|)``).

@@ -42,7 +42,9 @@ import numpy as np
 
 from graphs import Graph
 
-from .dp_model import NodeArrays, node_arrays, region_profiles, region_rng, stored_profile
+from .deadline import Deadline, OutOfTime
+from .dp_kernel import WORK_PER_S, compiled_ready, kernel, load_in_background
+from .dp_model import NodeArrays, RegionRows, node_arrays, region_rng, stored_profile
 from .dp_selective import KeptRuns
 from .errors import InfeasibleBudget
 from .options import Option
@@ -52,7 +54,7 @@ from .simulate import simulate
 from .spans import SpanIndex
 from .stages import Stages, stages
 
-__all__ = ["DPTable", "Answer", "dp_table", "dp"]
+__all__ = ["DPTable", "Answer", "dp_table", "dp", "dp_answer", "fill_work"]
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +89,21 @@ class DPTable:
             feasible, optimality is no longer guaranteed).
         selective: regions may keep nodes (see :func:`dp`).
         fill_time_s: seconds spent filling the table.
+        compiled: the table was filled by numba's kernel (else by its plain-Python copy).
+
+    Args:
+        graph, max_front, selective: as for :func:`dp`.
+        deadline: stop (:class:`~solvers.deadline.OutOfTime`) once it passes,
+            and never wait for numba's kernel (NOTE [ The dp kernel under a
+            deadline ] in ``solvers.dp_kernel``); None: no limit, wait for it.
+        max_s: refuse, before filling, a table of more work (:func:`fill_work`)
+            than the kernel at hand does in this many seconds of an idle core
+            (``solvers.dp_kernel.WORK_PER_S``; ``OutOfTime`` by the work limit,
+            the same on any machine); None: any.
     """
 
-    def __init__(self, graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True) -> None:
+    def __init__(self, graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True,
+                 deadline: Deadline | None = None, max_s: float | None = None) -> None:
         t0 = time.perf_counter()
         self.graph = graph
         self.max_front = max_front
@@ -100,6 +114,9 @@ class DPTable:
         self.const = self._na.const
         self.is_chain = len(self.stages) == len(graph)
         self.exact = not self.stages.common
+        _check_work(self.stages, max_s)
+        self._merge, self.compiled = kernel(wait=deadline is None)
+        self._deadline = deadline
         self._fill()
         self.fill_time_s = time.perf_counter() - t0
         log.debug("dp table for %s: %d stages, %d entries at the root, %.3fs",
@@ -109,7 +126,7 @@ class DPTable:
     def _fill(self) -> None:
         st, na = self.stages, self._na
         m = len(st)
-        l0, cost, inp = region_profiles(na, st, self.graph.span_extra_bytes())
+        rows = RegionRows(na, st, self.graph.span_extra_bytes())  # NOTE [ Linear memory in dp ]
         ends = st.ends
         # Which boundary states each stage can be entered with.
         bnd = list(st.boundary[1:]) + [ends[-1]]  # the tensor crossing out of each stage
@@ -135,35 +152,33 @@ class DPTable:
                 need[i].add(lh_reg[i - 1])
             if kept is not None and kept.needs_lh1[i - 1]:
                 need[i].add(1)
-        from ._dp_kernel import merge_stage  # numba: loaded when a table is first filled
-
+        merge_stage, deadline = self._merge, self._deadline
         buf = _SuccessorBuffer(2 * m if kept is not None else m)  # m + j: the set after j entered in state 1
-        lmax = np.full(m, -1, dtype=np.int64)  # last stage j >= i with stages i..j all regionable
-        for i in range(m - 1, -1, -1):
-            lmax[i] = (lmax[i + 1] if i + 1 < m and st.regionable[i + 1] else i) if st.regionable[i] else i - 1
-        l0 = np.ascontiguousarray(l0, dtype=np.int64)
-        cost = np.ascontiguousarray(cost, dtype=np.int64)
+        lmax = last_regionable(st)
         span_ends = SpanIndex(self.graph).ends  # None: any stages i..j may form a region
         no_ret = np.zeros(m, np.int64)
         stage_of_end = {e: s for s, e in enumerate(ends)}
         for i in range(m - 1, -1, -1):
+            if deadline is not None and i % 64 == 0:
+                deadline.check("dp's table")
             if st.regionable[i]:
                 buf.push(i, fronts[i + 1, lh_reg[i]])
                 if kept is not None and kept.needs_lh1[i]:
                     buf.push(m + i, fronts[i + 1, 1])
             jmax = int(lmax[i])
+            l0, cost = rows.row(i, jmax) if jmax >= i else (no_ret[:0], no_ret[:0])
             if span_ends is None:
                 js = np.arange(i, jmax + 1, dtype=np.int64)
-                floor, run_cost = l0[i, i:jmax + 1], cost[i, i:jmax + 1]
+                floor, run_cost = l0, cost
             else:  # NOTE [ Module-aligned regions ]: only the regions i..j that are spans
                 js = np.array([j for b in span_ends[st.starts[i]].tolist()
                                if (j := stage_of_end.get(b, -1)) >= i and j <= jmax], dtype=np.int64)
-                floor, run_cost = np.ascontiguousarray(l0[i, js]), np.ascontiguousarray(cost[i, js])
+                floor, run_cost = np.ascontiguousarray(l0[js - i]), np.ascontiguousarray(cost[js - i])
             segs, ret, code = js, no_ret[:len(js)], js
             if na.rng:  # NOTE [ RNG state per region ]: a stochastic region retains the generator state
                 ret = np.ascontiguousarray(region_rng(na, st.starts[i], np.asarray(ends, dtype=np.int64)[js]))
             if kept is not None:  # the same regions keeping each entry of their menus, after the plain ones
-                k_segs, k_floor, k_cost, k_ret, k_code = kept.runs(i, js, cost[i])
+                k_segs, k_floor, k_cost, k_ret, k_code = kept.runs(i, js, run_cost)
                 if len(k_segs):
                     segs, ret, code = (np.concatenate((x, y)) for x, y in ((js, k_segs), (ret, k_ret), (js, k_code)))
                     floor = np.concatenate((floor, k_floor))
@@ -176,7 +191,7 @@ class DPTable:
                 # (all below collapse to the floor; only the cheapest of them can be
                 # on the front). NOTE [ Filtering a stage's candidates by the front
                 # so far ] in ``solvers._dp_kernel``.
-                extra = int(inp[i]) if lh == 0 else 0
+                extra = rows.inp(i) if lh == 0 else 0
                 front = _Front(*merge_stage(local, retained, nf.h, nf.cost, buf.h, buf.c, buf.seg_start,
                                             buf.seg_end, segs, floor, run_cost, ret, code, extra))
                 if self.max_front is not None and len(front.h) > self.max_front:
@@ -233,14 +248,46 @@ class DPTable:
                 j, v = choice % m, choice // m  # v: the entry of the region's menu (0: keep nothing)
                 regions.append((self.stages.starts[i], self.stages.ends[j]))
                 if v:
-                    saved.extend(self._kept.menus[i, j][v])
-                    lh = self._kept.lh[i, j, v]
+                    kept, lh = self._kept.entry(i, j, v)
+                    saved.extend(kept)
                 else:
                     lh = self._lh_reg[j]
                 i = j + 1
             front = self._fronts[i, lh]
             at = nxt
         return Answer(tuple(regions), self.const + int(root.h[idx]), int(root.cost[idx]), tuple(saved))
+
+
+def last_regionable(st: Stages) -> np.ndarray:
+    """Per stage ``i`` the last stage ``j >= i`` with stages ``i..j`` all regionable (``i - 1``: none)."""
+    m = len(st)
+    lmax = np.full(m, -1, dtype=np.int64)
+    for i in range(m - 1, -1, -1):
+        lmax[i] = (lmax[i + 1] if i + 1 < m and st.regionable[i + 1] else i) if st.regionable[i] else i - 1
+    return lmax
+
+
+def _check_work(st: Stages, max_s: float | None) -> None:
+    """Refuse a table of more work than the kernel at hand does in ``max_s`` (NOTE [ The dp kernel under a
+    deadline ]), starting to load the compiled kernel where it would do it."""
+    if max_s is None:
+        return
+    work, compiled = fill_work(st), compiled_ready()
+    if work <= max_s * WORK_PER_S[compiled]:
+        return
+    if not compiled and work <= max_s * WORK_PER_S[True]:
+        load_in_background()  # for the calls that follow
+    raise OutOfTime(f"dp's table is {work} units of work, more than its kernel fills in {max_s:g} s"
+                    + ("" if compiled else " (plain Python: numba's kernel is not loaded)"), by="work limit")
+
+
+def fill_work(st: Stages) -> int:
+    """The work of filling the table of ``st``, counted before it is filled: the nodes of every region's
+    row (``sum over i of the nodes from stage i to its last regionable stage``) plus the stages."""
+    lmax = last_regionable(st)
+    starts, ends = np.asarray(st.starts, dtype=np.int64), np.asarray(st.ends, dtype=np.int64)
+    ok = lmax >= np.arange(len(st))
+    return int(len(st) + (ends[lmax[ok]] - starts[ok] + 1).sum())
 
 
 class Answer(tuple):
@@ -302,21 +349,28 @@ def _thin(front: _Front, size: int) -> _Front:
     return _Front(front.h[keep], front.cost[keep], front.choice[keep], front.nxt[keep])
 
 
-def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True) -> DPTable:
+def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True,
+             deadline: Deadline | None = None, max_s: float | None = None) -> DPTable:
     """The DP table of ``graph``, cached by content (a budget sweep fills it once).
 
     Args:
         graph: the graph.
         max_front: see :func:`dp`.
         selective: see :func:`dp`.
+        deadline, max_s: see :class:`DPTable` (a table found in the cache is held to ``max_s`` all the same).
 
     Returns:
         The filled :class:`DPTable`.
+
+    Raises:
+        OutOfTime: the table was not filled within ``deadline`` or ``max_work``.
     """
     key = f"{graph.content_hash()}:{max_front}:{bool(selective)}"  # costs included: fingerprints leave them out
     table = _CACHE.get(key)
-    if table is None:
-        table = DPTable(graph, max_front=max_front, selective=selective)
+    if table is not None:
+        _check_work(table.stages, max_s)  # as if it were not cached: the answer does not depend on earlier calls
+    else:
+        table = DPTable(graph, max_front=max_front, selective=selective, deadline=deadline, max_s=max_s)
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = table
@@ -349,7 +403,11 @@ def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_F
     Raises:
         InfeasibleBudget: with the least budget any such plan needs.
     """
-    table = dp_table(graph, max_front=max_front, selective=selective)
+    return dp_answer(graph, dp_table(graph, max_front=max_front, selective=selective), budget_bytes)
+
+
+def dp_answer(graph: Graph, table: DPTable, budget_bytes: int) -> Plan:
+    """:func:`dp`'s plan from a filled table."""
     if not table.exact:
         return _dp_inexact(graph, table, budget_bytes)
     answer = table.solve(budget_bytes)

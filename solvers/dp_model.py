@@ -29,7 +29,8 @@ NOTE [ Decomposing the simulated peak over a chain ]
     where ``L`` is the segment's local peak and ``R`` what it retains. The
     functions here compute ``L`` and ``R`` for every stored stage and every
     region ``(first stage, last stage)``, with prefix sums and numpy, in
-    ``O(stages x nodes)``. On a chain (and on any DAG without common tensors)
+    ``O(stages x nodes)`` time and, one first stage at a time, ``O(nodes)``
+    memory (NOTE [ Linear memory in dp ]). On a chain (and on any DAG without common tensors)
     this is exactly ``simulate``; common tensors make it an upper bound.
 
     Outputs nobody consumes (the loss, returned logits) are held by the caller
@@ -55,7 +56,8 @@ from .gradients import GradientWalk
 from .stages import Stages
 from .terms import INF, terms_of
 
-__all__ = ["NodeArrays", "node_arrays", "stored_profile", "step_rows", "region_profiles", "region_rng", "NEG"]
+__all__ = ["NodeArrays", "node_arrays", "stored_profile", "step_rows", "RegionRows", "region_profiles", "region_rng",
+           "NEG"]
 
 #: Stands for "no step" in max-reductions.
 NEG = -(1 << 62)
@@ -226,23 +228,25 @@ def stored_profile(na: NodeArrays, a: int, b: int, lh: int, p: int | None = None
     return local, retained, lh_next
 
 
-def step_rows(na: NodeArrays, starts: np.ndarray, bnd: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def step_rows(na: NodeArrays, starts: np.ndarray, bnd: np.ndarray, lo: int = 0,
+              hi: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Bytes at every step of regions starting at ``starts`` (one row each).
 
     Args:
         na: the node arrays.
         starts: first node of each region.
         bnd: per row the boundary tensor entering it (``-1``: none).
+        lo, hi: the steps (columns) wanted, ``lo <= k < hi`` (default: all).
 
     Returns:
-        ``(f, rc, bw)``, ``len(starts) x n``: at column ``k`` the bytes of the
-        region's forward step, recompute step and backward step at node ``k``,
-        without its input, the sinks, the gradients before its recompute and
-        its snapshot (:func:`region_profiles` adds them); ``NEG`` before the
-        region and at backward steps of nodes without grad.
+        ``(f, rc, bw)``, ``len(starts) x (hi - lo)``: at column ``k - lo`` the
+        bytes of the region's forward step, recompute step and backward step
+        at node ``k``, without its input, the sinks, the gradients before its
+        recompute and its snapshot (:func:`region_row` adds them); ``NEG``
+        before the region and at backward steps of nodes without grad.
     """
     n = len(na.out)
-    k = np.arange(n)[None, :]
+    k = np.arange(lo, n if hi is None else hi)[None, :]
     a = starts[:, None]
     p = np.maximum(bnd, 0)[:, None]
     has_p = a > 0
@@ -262,47 +266,82 @@ def step_rows(na: NodeArrays, starts: np.ndarray, bnd: np.ndarray) -> tuple[np.n
     return f, rc, bw
 
 
+class RegionRows:
+    """Local peaks of the regions spanning stages ``i..j``, one first stage ``i`` at a time.
+
+    NOTE [ Linear memory in dp ]
+        A row holds the regions of one first stage: ``O(n)`` bytes, where the
+        whole table of every ``(i, j)`` once took ``stages x nodes`` int64s
+        at a time (2.98 GiB for a 20,000-node chain, MemoryError at 100,000).
+        ``dp`` asks for the rows right to left and drops each when the stage is merged.
+
+    Args:
+        na: the node arrays.
+        st: the stage chain.
+        span_extra: ``Graph.span_extra_bytes()``: adds a span's
+            ``extra_bytes`` to every recompute step of the region equal to it
+            (eager lifetimes in a recompute, NOTE [ Execution model ] in
+            ``solvers.simulate``).
+    """
+
+    def __init__(self, na: NodeArrays, st: Stages, span_extra: Mapping[tuple[int, int], int] | None = None) -> None:
+        self.na = na
+        self.starts = np.array(st.starts, dtype=np.int64)
+        self.ends = np.array(st.ends, dtype=np.int64)
+        self.bnd = np.array(st.boundary if st.boundary else [s - 1 for s in st.starts], dtype=np.int64)
+        self.pst = _prefix(na.state)
+        self.pf = _prefix(na.flops)
+        self.sinks = int(na.p_sink[-1])
+        self.extra: dict[int, list[tuple[int, int]]] = {}  # first stage -> (last stage, extra bytes)
+        if span_extra:
+            first, last = {a: i for i, a in enumerate(st.starts)}, {b: j for j, b in enumerate(st.ends)}
+            for (a, b), extra in span_extra.items():
+                if a in first and b in last:
+                    self.extra.setdefault(first[a], []).append((last[b], extra))
+
+    def inp(self, i: int) -> int:
+        """Bytes of the boundary tensor a region starting at stage ``i`` holds (when ``lh == 0``)."""
+        a, pb = int(self.starts[i]), max(int(self.bnd[i]), 0)
+        return int(self.na.out[pb]) * int(a > 0 and self.na.lc[pb] >= a)
+
+    def row(self, i: int, jmax: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(L0, cost)`` of the regions ``i..j`` for ``j`` in ``i..jmax`` (index ``j - i``): the local
+        peak without the input (add :meth:`inp` when ``lh == 0``) and the recompute cost. A stochastic
+        region's stored generator state (:func:`region_rng`) is in ``L0``; what it retains for later
+        segments is the caller's to add."""
+        na = self.na
+        a = int(self.starts[i])
+        ends = self.ends[i:jmax + 1]
+        f, rc, bw = step_rows(na, self.starts[i:i + 1], self.bnd[i:i + 1], a, int(ends[-1]) + 1)
+        at = ends - a
+        fm = np.maximum.accumulate(f[0])[at]
+        rm = np.maximum.accumulate(rc[0])[at]
+        bm = np.maximum.accumulate(bw[0])[at]
+        snapshot = self.pst[ends + 1] - self.pst[a]  # state buffers copied for the recompute
+        for j, extra in self.extra.get(i, ()):  # eager lifetimes: constant over the region's recompute steps
+            if j <= jmax:
+                snapshot[j - i] += extra
+        # NOTE [ RNG state per region ]: a stochastic region holds the generator state at all its steps
+        # (it is also retained), and once more while it recomputes.
+        rng = region_rng(na, a, ends)
+        fm = np.where(fm > NEG, fm + rng, NEG)
+        rm = np.where(rm > NEG, rm + self.sinks + na.gr[ends] + snapshot + 2 * rng, NEG)
+        bm = np.where(bm > NEG, bm + self.sinks + rng, NEG)
+        return np.maximum(fm, np.maximum(rm, bm)), self.pf[ends + 1] - self.pf[a]
+
+
 def region_profiles(na: NodeArrays, st: Stages, span_extra: Mapping[tuple[int, int], int] | None = None,
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Local peaks of every region spanning stages ``i..j``.
-
-    ``span_extra`` (``Graph.span_extra_bytes()``) adds a span's ``extra_bytes``
-    to every recompute step of the region equal to it (eager lifetimes in a
-    recompute, NOTE [ Execution model ] in ``solvers.simulate``).
+    """Every row of :class:`RegionRows` at once, ``stages x stages`` (small graphs and tests only:
+    NOTE [ Linear memory in dp ]).
 
     Returns:
-        ``(L0, cost, inp)``: ``L0[i, j]`` the local peak of the region
-        without its input (add ``inp[i]`` when ``lh == 0``), ``cost[i, j]`` its
-        recompute FLOPs, ``inp[i]`` the bytes of the boundary tensor it holds.
-        Entries with ``j < i`` are meaningless. A stochastic region's stored
-        generator state (:func:`region_rng`) is in ``L0``; what it retains
-        for later segments is the caller's to add.
+        ``(L0, cost, inp)``: ``L0[i, j]`` and ``cost[i, j]`` as :meth:`RegionRows.row` gives them,
+        ``inp[i]`` as :meth:`RegionRows.inp`. Entries with ``j < i`` are 0.
     """
-    starts = np.array(st.starts, dtype=np.int64)
-    ends = np.array(st.ends, dtype=np.int64)
-    bnd = np.array(st.boundary if st.boundary else [s - 1 for s in st.starts], dtype=np.int64)
-    f, rc, bw = step_rows(na, starts, bnd)
-    fm = np.maximum.accumulate(f, axis=1)[:, ends]
-    rm = np.maximum.accumulate(rc, axis=1)[:, ends]
-    bm = np.maximum.accumulate(bw, axis=1)[:, ends]
-    sinks = int(na.p_sink[-1])
-    gr_end = na.gr[ends][None, :]
-    pst = _prefix(na.state)
-    snapshot = pst[ends + 1][None, :] - pst[starts][:, None]  # state buffers copied for the recompute
-    if span_extra:  # eager lifetimes: constant over the region's recompute steps
-        first, last = {a: i for i, a in enumerate(st.starts)}, {b: j for j, b in enumerate(st.ends)}
-        for (a, b), extra in span_extra.items():
-            if a in first and b in last:
-                snapshot[first[a], last[b]] += extra
-    # NOTE [ RNG state per region ]: a stochastic region holds the generator state at all its steps
-    # (it is also retained: ``rng`` below), and once more while it recomputes.
-    rng = region_rng(na, starts[:, None], ends[None, :])
-    fm = np.where(fm > NEG, fm + rng, NEG)
-    rm = np.where(rm > NEG, rm + sinks + gr_end + snapshot + 2 * rng, NEG)
-    bm = np.where(bm > NEG, bm + sinks + rng, NEG)
-    l0 = np.maximum(fm, np.maximum(rm, bm))
-    pf = _prefix(na.flops)
-    cost = pf[ends + 1][None, :] - pf[starts][:, None]
-    pb = np.maximum(bnd, 0)
-    inp = np.where(starts > 0, na.out[pb] * (na.lc[pb] >= starts), 0)
-    return l0, cost, inp.astype(np.int64)
+    rows = RegionRows(na, st, span_extra)
+    m = len(st)
+    l0, cost = np.zeros((m, m), dtype=np.int64), np.zeros((m, m), dtype=np.int64)
+    for i in range(m):
+        l0[i, i:], cost[i, i:] = rows.row(i, m - 1)
+    return l0, cost, np.array([rows.inp(i) for i in range(m)], dtype=np.int64)

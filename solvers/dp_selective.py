@@ -37,7 +37,7 @@ import numpy as np
 from graphs import Graph
 
 from .dp_model import NEG, NodeArrays, region_rng, step_rows
-from .selective import DEFAULT_LIMIT, GrowingMenus
+from .selective import DEFAULT_LIMIT, GrowingMenus, variants
 from .stages import Stages
 
 __all__ = ["KeptRuns"]
@@ -47,9 +47,6 @@ class KeptRuns:
     """The region candidates with kept nodes, per first stage ``i`` (NOTE [ Kept nodes in the chain decomposition ]).
 
     Attributes:
-        menus: ``(i, j) -> menu`` of the regions asked for (entry 0 is ``()``).
-        lh: ``(i, j, v) -> `` the state the next stage is entered in after
-            region ``i..j`` keeps menu entry ``v``.
         needs_lh1: per stage ``j``, a region ending there may keep the
             boundary tensor leaving it (then the set after ``j`` entered in
             state 1 is needed).
@@ -66,14 +63,22 @@ class KeptRuns:
         self._pst = np.concatenate(([0], np.cumsum(na.state))).astype(np.int64)
         self._bnd_in = np.array(st.boundary if st.boundary else [s - 1 for s in st.starts], dtype=np.int64)
         self._menus = GrowingMenus(graph, limit=limit, costs=self.costs)  # variants(), for growing regions
-        self.menus: dict[tuple[int, int], list[tuple[int, ...]]] = {}
-        self.lh: dict[tuple[int, int, int], int] = {}
         self.needs_lh1 = [bool(st.regionable[j]) and not lh_reg[j] and cand[bnd_out[j]] for j in range(len(st))]
 
     @property
     def any(self) -> bool:
         """Some node can be kept at all."""
         return bool(self._pc[-1])
+
+    def entry(self, i: int, j: int, v: int) -> tuple[tuple[int, ...], int]:
+        """``(kept nodes, state the next stage is entered in)`` of region ``i..j`` keeping menu entry ``v``
+        (computed again when a plan is read out: nothing per region is stored, NOTE [ Linear memory in dp ])."""
+        a, b = self.st.starts[i], self.st.ends[j]
+        kept = variants(self.graph, a, b, limit=self.limit, costs=self.costs, saveable=self.saveable)[v]
+        return kept, self._lh(j, kept)
+
+    def _lh(self, j: int, kept: tuple[int, ...]) -> int:
+        return 1 if self.lh_reg[j] or self.bnd_out[j] in kept else 0
 
     def runs(self, i: int, js: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, ...]:
         """The extra runs of regions starting at stage ``i``: one per region
@@ -82,7 +87,7 @@ class KeptRuns:
         Args:
             i: the first stage.
             js: the last stages considered (as for the plain regions).
-            cost: the cost row of stage ``i`` (``region_profiles``' ``cost[i]``).
+            cost: the recompute cost of each region ``i..j``, aligned with ``js``.
 
         Returns:
             ``(segs, floor, run_cost, ret, choice)`` for ``merge_stage``: the
@@ -94,12 +99,11 @@ class KeptRuns:
         a = st.starts[i]
         out: list[tuple[int, int, int, int, int]] = []
         rows = None
-        for j in js.tolist():
+        for j, region_cost in zip(js.tolist(), cost.tolist()):
             b = st.ends[j]
             if self._pc[b + 1] == self._pc[a]:
                 continue
             menu = self._menus.of(a, b)
-            self.menus[i, j] = menu
             if len(menu) == 1:
                 continue
             if rows is None:
@@ -107,11 +111,10 @@ class KeptRuns:
                 rows = (f[0], rc[0], bw[0])
             for v in range(1, len(menu)):
                 floor, ret = self._profile(rows, i, j, menu[v])
-                lh = 1 if self.lh_reg[j] or self.bnd_out[j] in menu[v] else 0
-                self.lh[i, j, v] = lh
+                lh = self._lh(j, menu[v])
                 seg = j if lh == self.lh_reg[j] else m + j
                 saved_cost = sum(self.costs[k] for k in menu[v])
-                out.append((seg, floor, int(cost[j]) - saved_cost, ret, j + m * v))
+                out.append((seg, floor, int(region_cost) - saved_cost, ret, j + m * v))
         if not out:
             e = np.zeros(0, np.int64)
             return e, e, e, e, e
