@@ -19,6 +19,7 @@ import numpy as np
 from graphs import CkptError
 
 from .dp_model import NEG
+from .frontier_kept import _HeldBytes
 
 __all__ = ["BlockPlans", "BlockFrontTooLarge", "block_front", "MAX_PLANS"]
 
@@ -52,6 +53,7 @@ class BlockPlans:
         lf: its largest forward live bytes less the entry's retained bytes.
         lb: the same over its recompute and backward steps (of the reference copy).
         regions: its regions, relative to the block's first node.
+        saved: the nodes it keeps (selective recompute), relative to the block's first node.
     """
 
     exit: tuple[tuple[str, int], ...]
@@ -60,6 +62,7 @@ class BlockPlans:
     lf: np.ndarray
     lb: np.ndarray
     regions: tuple[Regions, ...]
+    saved: tuple[tuple[int, ...], ...]
 
 
 def _prune(chunks: list[tuple]) -> tuple:
@@ -81,14 +84,20 @@ def _prune(chunks: list[tuple]) -> tuple:
 def block_front(prog: Any, s: int, e: int, key: tuple[int, ...]) -> dict[tuple[int, ...], tuple]:
     """The Pareto front of block ``[s, e]`` of ``prog`` entered with the open tensors ``key`` held.
 
+    With kept nodes (the program's ``kept``), every region that is a span is
+    also tried once per non-empty entry of its menu, as the program does
+    (NOTE [ Kept nodes in the frontier DP ] in ``solvers.frontier_kept``).
+
     Returns:
-        ``{exit key: (dA, cost, lf, lb, regions)}`` (exit keys as node positions).
+        ``{exit key: (dA, cost, lf, lb, plans)}`` (exit keys as node positions), ``plans`` their
+        ``(regions, kept nodes)``, relative to ``s``.
 
     Raises:
         BlockFrontTooLarge: a boundary holds more than :data:`MAX_PLANS` plans.
     """
     size = e - s + 1
-    start = (np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, NEG, np.int64), np.full(1, NEG, np.int64), [()])
+    start = (np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, NEG, np.int64), np.full(1, NEG, np.int64),
+             [((), ())])
     states: list[dict[tuple[int, ...], list[tuple]]] = [{} for _ in range(size + 1)]
     states[0][key] = [start]
     ends = prog.span_ends
@@ -103,10 +112,13 @@ def block_front(prog: Any, s: int, e: int, key: tuple[int, ...]) -> dict[tuple[i
         m = int(allowed[-1]) - p + 1 if len(allowed) else 0
         first_reader = prog.reader_bounds(p, m)[0] if m else {}
         maxima: dict[frozenset, tuple] = {}
+        kept = {b: prog.kept.entries(p, b, terms) for b in allowed.tolist()} if prog.kept is not None else {}
+        fas = _HeldBytes(prog, p, m) if kept else None
         for k, chunks in states[r].items():
             dA, cost, lf, lb, regs = _prune(chunks)
             if len(dA) > MAX_PLANS:
                 raise BlockFrontTooLarge(len(dA), p)
+            prog.count(steps=1 + len(allowed), entries=(1 + len(allowed)) * len(dA))
             sdA, slf, slb, nkey = prog.stored_step(p, k)
             push(r + 1, nkey, (dA + sdA, cost, np.maximum(lf, dA + slf), np.maximum(lb, dA + slb), regs))
             held = frozenset(k)
@@ -118,7 +130,13 @@ def block_front(prog: Any, s: int, e: int, key: tuple[int, ...]) -> dict[tuple[i
                 i = b - p
                 push(b - s + 1, prog.region_nkey(eff, p, b),
                      (dA + int(terms[3][i]), cost + int(terms[6][i]), np.maximum(lf, dA + int(rlf[i])),
-                      np.maximum(lb, dA + int(rlb[i])), [x + ((r, b - s),) for x in regs]))
+                      np.maximum(lb, dA + int(rlb[i])), [(x + ((r, b - s),), y) for x, y in regs]))
+                for ent in kept.get(b, ()):  # NOTE [ Kept nodes in the frontier DP ]
+                    rel = tuple(k - s for k in ent.kept)
+                    push(b - s + 1, ent.exit_key(prog, p, b, eff),
+                         (dA + ent.dA, cost + ent.cost, np.maximum(lf, dA + ent.f),
+                          np.maximum(lb, dA + ent.back(fas.of(eff)[:i + 1])),
+                          [(x + ((r, b - s),), y + rel) for x, y in regs]))
         states[r] = {}
     out = {}
     for k, chunks in states[size].items():

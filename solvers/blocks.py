@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from .block_front import BlockPlans, block_front
+from .frontier_kept import BlockStep
 
 __all__ = ["Block", "Chain", "find_chain", "period", "MIN_BLOCKS"]
 
@@ -123,6 +124,7 @@ class Chain:
         for b in blocks:
             self.inside[b.first + 1:b.last + 1] = True
         self._fronts: dict[tuple[int, frozenset], list[BlockPlans]] = {}
+        self._work: dict[tuple[int, frozenset], int] = {}  # the work each front took to build
 
     def block_at(self, p: int) -> Block | None:
         """The crossed copy holding boundary ``p`` strictly inside, if any."""
@@ -131,11 +133,16 @@ class Chain:
     def plans(self, program: Any, group: int, canon: frozenset[int]) -> list[BlockPlans]:
         """The group's Pareto front entered with the canonical key ``canon`` (built once)."""
         got = self._fronts.get((group, canon))
-        if got is None:
+        if got is not None:
+            program.work += self._work[group, canon]  # as if built now: the work does not depend on earlier calls
+        else:
             ref = self.refs[group]
             key = tuple(sorted(ref.entry[c] for c in canon))
+            before = program.work
             raw = block_front(program, ref.first, ref.last, key)
-            got = [BlockPlans(tuple(sorted(ref.exit[j] for j in exit_key)), *arrays)
+            self._work[group, canon] = program.work - before
+            got = [BlockPlans(tuple(sorted(ref.exit[j] for j in exit_key)), *arrays[:4],
+                              tuple(x for x, _ in arrays[4]), tuple(y for _, y in arrays[4]))
                    for exit_key, arrays in raw.items()]
             self._fronts[group, canon] = got
             log.debug("block front of group %d (nodes %d-%d), entry %s: %d plans", group, ref.first, ref.last,
@@ -150,11 +157,14 @@ class Chain:
             for plans in self.plans(program, blk.group, blk.canon(key)):
                 local = np.maximum(plans.lf, plans.lb + blk.off)
                 cuts = np.searchsorted(a, cap - local, side="right")
+                program.count(steps=1, elements=len(local), entries=int(cuts.sum()))
                 nkey = blk.resolve(plans.exit)
                 for t in np.nonzero(cuts)[0].tolist():
-                    regions = tuple((blk.first + x, blk.first + y) for x, y in plans.regions[t])
+                    regions, saved = plans.regions[t], plans.saved[t]
+                    step = BlockStep(tuple((blk.first + x, blk.first + y) for x, y in regions),
+                                     tuple(blk.first + k for k in saved))
                     target.add(nkey, a, o, int(cuts[t]), int(plans.dA[t]), int(plans.cost[t]), int(local[t]),
-                               (p, key, regions))
+                               (p, key, step))
         return blk.last
 
 
@@ -199,7 +209,7 @@ def _cut_spans(spans: np.ndarray, first: int, last: int) -> bool:
 
 def _signature(prog: Any, s: int, e: int) -> tuple[tuple, tuple[int, ...], dict[int, tuple[str, int]], int]:
     """``(signature, entry, exit, base)`` of the block ``[s, e]`` (NOTE [ Composing repeated blocks ])."""
-    na = prog.na
+    na, graph = prog.na, prog.graph
     top = e + 1
 
     def rel(x: int) -> int:
@@ -219,6 +229,9 @@ def _signature(prog: Any, s: int, e: int) -> tuple[tuple, tuple[int, ...], dict[
             tuple(c - s for c in prog.readers[k] if c <= e), tuple(sorted(c - s for c in prog.savers[k] if c <= e)),
             tuple(int(b) - s for b in ends[k] if b <= e) if ends is not None else None,
             tuple(sorted((b - s, x) for b, x in prog.span_extra_from[k] if b <= e)),
+            # with kept nodes, what keeping k does (NOTE [ Kept nodes in the frontier DP ]); its rank in a
+            # region's menu follows from its cost and bytes, its position only breaks ties
+            (bool(graph.nodes[k].sac_op >= 0), int(na.buf[k]), int(na.ws[k])) if prog.kept is not None else None,
         ))
 
     def desc(j: int) -> tuple:

@@ -52,7 +52,7 @@ NOTE [ The frontier DP ]
     every bit pattern it is entered with, instead of walking its nodes.
     With ``selective`` each region is also tried once per entry of its menu
     of kept sets (NOTE [ Kept nodes in the frontier DP ] in
-    ``solvers.frontier_kept``), and blocks are walked node by node.
+    ``solvers.frontier_kept``), in a block's own front too.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ from typing import Any
 
 import numpy as np
 
-from graphs import CkptError, Graph
+from graphs import Graph
 
+from .deadline import Deadline, OutOfTime
 from .dp_model import NEG, node_arrays
 from .errors import SolverBug, SolverOptionError
 from .block_front import BlockFrontTooLarge
@@ -82,8 +83,18 @@ log = logging.getLogger(__name__)
 MAX_WIDTH = 12
 
 
-class FrontierTimeout(CkptError, TimeoutError):
-    """The program did not finish within its time limit."""
+#: Work units (NOTE [ The frontier program's work ]) one idle core does in about a second (fitted on
+#: chains, residual graphs, transformers, repeated blocks and a Llama op graph, with and without kept nodes).
+WORK_PER_S = 15_000_000
+#: What one Python-level step of the program (a call, a loop turn) weighs in work units.
+STEP_WORK = 1200
+#: What one front entry carried over (built, sorted, merged) and one array element handled weigh.
+ENTRY_WORK = 1
+
+
+class FrontierTimeout(OutOfTime):
+    """The program stopped before it finished: at its work limit (``by="work limit"``, the same on any
+    machine) or at the deadline (``by="time limit"``)."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +121,7 @@ class FrontierDP:
             (``solvers.blocks``) where the graph has one; exact either way.
         selective: regions may also keep nodes (selective recompute): exact
             over ``(region, menu entry)`` pairs (NOTE [ Kept nodes in the
-            frontier DP ]); blocks are then not composed where a node may be kept.
+            frontier DP ]), repeated blocks composed with them.
     """
 
     def __init__(self, graph: Graph, *, max_width: int | None = MAX_WIDTH, blocks: bool = True,
@@ -154,14 +165,20 @@ class FrontierDP:
         self.span_extra_from: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         for (a, b), extra in graph.span_extra_bytes().items():
             self.span_extra_from[a].append((b, extra))
+        self.work = 0  # NOTE [ The frontier program's work ]: of the last solve
         self.kept = KeptRegions(self) if selective else None  # NOTE [ Kept nodes in the frontier DP ]
         if self.kept is not None and not self.kept.any:
             self.kept = None
         self.chain: Any = None
-        if blocks and self.kept is None:
+        if blocks:
             from .blocks import find_chain  # the blocks build on this program's steps
 
             self.chain = find_chain(self)
+
+    def count(self, *, steps: int = 0, elements: int = 0, entries: int = 0) -> None:
+        """Add to :attr:`work` (NOTE [ The frontier program's work ]): Python-level steps, array elements
+        handled, front entries carried over (each is built, sorted and merged)."""
+        self.work += STEP_WORK * steps + elements + ENTRY_WORK * entries
 
     # ------------------------------------------------------------- steps
     def stored_step(self, p: int, key: tuple[int, ...]) -> tuple[int, int, int, tuple[int, ...]]:
@@ -273,15 +290,18 @@ class FrontierDP:
 
     # --------------------------------------------------------------- solve
     def solve(self, budget_bytes: int | None, *, objective: str = "flops",
-              upper: int | None = None, time_limit_s: float | None = None,
-              max_free: int | None = None) -> FrontierResult | None:
+              upper: int | None = None, time_limit_s: float | None = None, deadline: Deadline | None = None,
+              max_work: int | None = None, max_free: int | None = None) -> FrontierResult | None:
         """The optimum under ``budget_bytes`` (``objective="flops"``), or the
         least peak (``objective="peak"``; ``budget_bytes``, when given, caps
         the peaks considered); None when no interval plan fits.
 
         Args:
             upper: prune prefixes whose objective exceeds this (a known plan's).
-            time_limit_s: raise :class:`FrontierTimeout` past this.
+            time_limit_s: raise :class:`FrontierTimeout` past this many seconds (a deadline of its own).
+            deadline: raise :class:`FrontierTimeout` once it passes (the solve's, NOTE [ One deadline ]).
+            max_work: raise :class:`FrontierTimeout` once the program has done this much work
+                (NOTE [ The frontier program's work ]): the same answer on any machine. None: no limit.
             max_free: a heuristic for wide graphs: at each boundary keep at
                 most this many open tensors *not* held (the largest); count
                 the others as held. Live bytes are then never under-counted,
@@ -289,16 +309,19 @@ class FrontierDP:
                 among what that count allows; the patterns per boundary are
                 bounded whatever the width. None: exact.
         """
+        if deadline is None and time_limit_s is not None:
+            deadline = Deadline(time_limit_s)
+        self.work = 0
         if self.chain is not None and max_free is None:
             try:
-                return self._solve(budget_bytes, objective, upper, time_limit_s, None, self.chain)
+                return self._solve(budget_bytes, objective, upper, deadline, max_work, None, self.chain)
             except BlockFrontTooLarge as exc:
                 log.info("frontier %s: blocks not composed (%s); walking every node", self.graph.name, exc)
                 self.chain = None
-        return self._solve(budget_bytes, objective, upper, time_limit_s, max_free, None)
+        return self._solve(budget_bytes, objective, upper, deadline, max_work, max_free, None)
 
-    def _solve(self, budget_bytes: int | None, objective: str, upper: int | None, time_limit_s: float | None,
-               max_free: int | None, chain: Any) -> FrontierResult | None:
+    def _solve(self, budget_bytes: int | None, objective: str, upper: int | None, deadline: Deadline | None,
+               max_work: int | None, max_free: int | None, chain: Any) -> FrontierResult | None:
         if objective not in ("flops", "peak"):
             raise SolverOptionError(f"frontier program: objective must be 'flops' or 'peak', not {objective!r}")
         t0 = time.perf_counter()
@@ -317,7 +340,7 @@ class FrontierDP:
         states = crossed = 0
         report = max(1, n // 10)
         for p in range(n):
-            self._check_time(p, t0, time_limit_s, states, report)
+            self._check_limits(p, t0, deadline, max_work, states, report)
             if p:
                 fronts[p - 1].release()  # its entries were all extended
             fr = fronts[p]
@@ -328,7 +351,9 @@ class FrontierDP:
             fr.settle(upper, a_max[p])
             if not fr.keys:
                 continue
-            states += sum(len(v[0]) for v in fr.keys.values())
+            settled = sum(len(v[0]) for v in fr.keys.values())
+            states += settled
+            self.count(steps=len(fr.keys), entries=settled)
             block_end = -1
             if chain is not None and p in chain.seams:
                 # a whole block by its own front; then only regions [p, b] past its end
@@ -360,18 +385,32 @@ class FrontierDP:
         suffix = np.maximum.accumulate(need[::-1])[::-1]
         return [int(cap + sinkcum[p] - suffix[p]) for p in range(self.n)] + [1 << 62]
 
-    def _check_time(self, p: int, t0: float, time_limit_s: float | None, states: int, report: int) -> None:
-        """Log progress; raise :class:`FrontierTimeout` past the limit, or when the run would overrun it."""
-        n = self.n
-        elapsed = time.perf_counter() - t0
+    def _check_limits(self, p: int, t0: float, deadline: Deadline | None, max_work: int | None, states: int,
+                      report: int) -> None:
+        """Log progress; raise :class:`FrontierTimeout` past the work limit, or the deadline.
+
+        NOTE [ The frontier program's work ]
+            The program counts its work as it goes: per boundary the entries
+            it settles and its keys, per step the entries it carries over and
+            the region ends it tries (for every held pattern), per block
+            crossed the block plans it applies. The count is the same on any
+            machine, so a run stopped by ``max_work`` stops at the same node
+            on an idle and on a busy one, and a run that finishes does so
+            under any load; :data:`WORK_PER_S` units take about a second of
+            one idle core. The deadline only stops a run the clock would see
+            overrun. (A projection of the time left from the time so far once
+            stopped a 1,000-node chain after 0.33 s of CPU, "would need about
+            277 s", that finishes in a few seconds.)
+        """
         if p and p % report == 0:
-            log.info("frontier %s: node %d of %d, %d states, %.1fs", self.graph.name, p, n, states, elapsed)
-            # The fronts grow along the order: the whole run takes roughly (n/p)^2 times the time so far.
-            if time_limit_s is not None and elapsed * (n / p) ** 2 > 1.5 * time_limit_s:
-                raise FrontierTimeout(f"the frontier program would need about {elapsed * (n / p) ** 2:.0f}s "
-                                      f"(node {p} of {n} after {elapsed:.1f}s; limit {time_limit_s:g}s)")
-        if time_limit_s is not None and elapsed > time_limit_s:
-            raise FrontierTimeout(f"the frontier program reached node {p} of {n} in {time_limit_s:g}s")
+            log.info("frontier %s: node %d of %d, %d states, work %d, %.1fs", self.graph.name, p, self.n, states,
+                     self.work, time.perf_counter() - t0)
+        if max_work is not None and self.work > max_work:
+            raise FrontierTimeout(f"the frontier program reached node {p} of {self.n} at its work limit "
+                                  f"({max_work} units)", by="work limit")
+        if deadline is not None and deadline.expired():
+            raise FrontierTimeout(f"the frontier program reached node {p} of {self.n} in the {deadline.limit_s:g} s "
+                                  "time limit")
 
     def _extend_stored(self, p: int, fr: Front, target: Front, cap: int, max_free: int | None) -> None:
         """Carry the front at ``p`` over node ``p`` stored."""
@@ -379,6 +418,7 @@ class FrontierDP:
             dA, lf, lb, nkey = self.stored_step(p, key)
             local = max(lf, lb)
             cut = int(np.searchsorted(a, cap - local, side="right"))
+            self.count(steps=1, entries=cut)
             if cut:
                 if max_free is not None:
                     nkey = round_up(nkey, self.opens[p + 1], max_free, self.out)
@@ -432,6 +472,7 @@ class FrontierDP:
             for lo, hi in zip(bounds[:-1], bounds[1:]):
                 eff = held | frozenset(j for j in opens if first_reader[j] <= lo)
                 if eff not in cache:
+                    self.count(steps=1, elements=m)
                     lf, lb, mono = self.region_maxima(terms, eff, p, m)
                     cache[eff] = (mono, np.maximum(lf, lb))
                 mono, local = cache[eff]
@@ -440,6 +481,7 @@ class FrontierDP:
                 cuts = np.searchsorted(a, cap - local[lo - p:end - p], side="right")
                 if endok is not None:
                     cuts = cuts * endok[lo - p:end - p]
+                self.count(steps=1, elements=end - lo, entries=int(cuts.sum()))
                 for off in np.nonzero(cuts)[0].tolist():
                     b = lo + off
                     i = b - p

@@ -11,7 +11,7 @@ import numpy as np
 
 from graphs import CkptError, Graph
 
-from .frontier_kept import KeptStep
+from .frontier_kept import BlockStep, KeptStep
 from .terms import terms_of
 
 __all__ = ["Front", "pareto", "open_counts", "width", "TooWide", "trace_back", "round_up"]
@@ -36,8 +36,8 @@ class Front:
 
     An entry points back to its source entry (``si``, an index into the
     source front) and to ``metas[mi]``: (source boundary, source key, what
-    the step did: a region's last node, -1 for a stored node, or a tuple of
-    regions for a block's plan). Arriving entries stay *lazy* (a slice of
+    the step did: a region's last node, -1 for a stored node, a ``KeptStep``
+    for a region keeping nodes, or a ``BlockStep`` for a block's plan). Arriving entries stay *lazy* (a slice of
     the source front and the step's shifts) until the boundary is reached
     or too many are pending; then they are built and merged at once.
     """
@@ -168,8 +168,9 @@ def trace_back(fronts: list[Front], n: int, key: tuple[int, ...], idx: int) -> t
         if isinstance(step, KeptStep):
             regions.append((src_pos, step.last))
             saved.extend(step.kept)
-        elif isinstance(step, tuple):  # a block's plan
-            regions.extend(reversed(step))
+        elif isinstance(step, BlockStep):  # a block's plan
+            regions.extend(reversed(step.regions))
+            saved.extend(step.saved)
         elif step >= 0:
             regions.append((src_pos, step))
         pos, key, idx = src_pos, src_key, int(si[idx])

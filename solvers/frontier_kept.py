@@ -33,8 +33,12 @@ NOTE [ Kept nodes in the frontier DP ]
     step rows. Keeping may lower a region's recompute and backward peak
     (workspace, shared sinks) but never its forward steps, so the ends
     ``b`` tried are bounded by the forward peak alone, which only grows
-    with ``b``. Chains of repeated blocks are not composed under
-    ``selective`` (their fronts know no kept sets): every node is walked.
+    with ``b``. A chain of repeated blocks is composed with kept nodes too:
+    a block's own front (``solvers.block_front``) tries the same entries with
+    the same terms (:meth:`KeptRegions.entries`), and a block's signature
+    then holds what keeping each node does (NOTE [ Composing repeated
+    blocks ]); a region's menu is the same in every copy of a block, its
+    ranking by cost and bytes and ties broken by position.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from .dp_model import NEG
 from .terms import INF
 from .selective import DEFAULT_LIMIT, GrowingMenus
 
-__all__ = ["KeptStep", "KeptRegions"]
+__all__ = ["KeptStep", "BlockStep", "KeptEntry", "KeptRegions"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,15 @@ class KeptStep:
 
     last: int
     kept: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BlockStep:
+    """The back pointer of a block crossed by its front (NOTE [ Composing repeated blocks ]): its regions
+    and kept nodes."""
+
+    regions: tuple[tuple[int, int], ...]
+    saved: tuple[int, ...] = ()
 
 
 class KeptRegions:
@@ -109,6 +122,25 @@ class KeptRegions:
         saved_cost = sum(self.costs[j] for j in kept)
         return np.cumsum(df)[:size], dr, np.cumsum(db)[:size], dA, saved_cost, held
 
+    def entries(self, p: int, b: int, terms: tuple) -> list[KeptEntry]:
+        """The non-empty entries of region ``[p, b]``'s menu, each with its bit-independent terms.
+
+        Args:
+            p, b: the region (``b`` may only grow for one ``p``, as ``GrowingMenus`` asks).
+            terms: ``program.region_terms(p, kmax)``, ``kmax >= b``.
+        """
+        _, bwd, rc, cA, _, gr, cost, held_b, fwd, rng = terms
+        size = b - p + 1
+        r = int(rng[size - 1])  # the generator state of a stochastic [p, b], at every step
+        out = []
+        for kept in self.menus.of(p, b)[1:]:
+            df, dr, db, dA, saved_cost, held = self.deltas(p, b, kept)
+            bw = bwd[:size]
+            out.append(KeptEntry(kept, int((fwd[:size] + df).max()) + r, np.where(bw > NEG, bw + db, NEG),
+                                 rc[:size] + dr, int(gr[size - 1]) + int(held_b[size - 1]), r,
+                                 int(cA[size - 1]) + dA, int(cost[size - 1]) - saved_cost, held))
+        return out
+
     def extend(self, p: int, fr: Any, fronts: list, terms: tuple, cap: int, endok: np.ndarray | None,
                max_free: int | None) -> None:
         """Carry the front ``fr`` at ``p`` over every region ``[p, b]`` that keeps a menu entry.
@@ -125,47 +157,87 @@ class KeptRegions:
         from .frontier_front import round_up  # frontier_front imports this module
 
         prog = self.prog
-        fwdm, bwd, rc, cA, _, gr, cost, held_b, fwd, rng = terms
+        fwdm = terms[0]
         amin = min(int(v[0][0]) for v in fr.keys.values())
         over = np.nonzero(fwdm > cap - amin)[0]
         m = int(over[0]) if len(over) else len(fwdm)
         first_reader = {j: next((c for c in prog.readers[j] if c >= p), INF) for j in prog.opens[p]}
-        opens_p = prog.opens[p]
-        ks = np.arange(p, p + m)
-        fas: dict[frozenset, np.ndarray] = {}  # per held open tensors: their bytes at each step of the region
+        fas = _HeldBytes(prog, p, m)
         for b in range(p, p + m):
-            menu = self.menus.of(p, b)  # b grows for one p, as GrowingMenus asks
-            if len(menu) == 1 or (endok is not None and not endok[b - p]):
+            if endok is not None and not endok[b - p]:
+                continue
+            entries = self.entries(p, b, terms)
+            if not entries:
                 continue
             size = b - p + 1
-            read = frozenset(j for j in opens_p if first_reader[j] <= b)
+            read = frozenset(j for j in prog.opens[p] if first_reader[j] <= b)
             effs = {key: frozenset(key) | read for key in fr.keys}
-            for eff in set(effs.values()) - set(fas):
-                fa = np.zeros(m, np.int64)
-                for j in eff:
-                    fa += prog.out[j] * (ks < prog.lc[j])
-                fas[eff] = fa
-            for kept in menu[1:]:
-                df, dr, db, dA, saved_cost, held = self.deltas(p, b, kept)
-                r = int(rng[size - 1])  # the generator state of a stochastic [p, b], at every step
-                f = int((fwd[:size] + df).max()) + r
-                bw = bwd[:size]
-                bw = np.where(bw > NEG, bw + db, NEG)
-                rk = rc[:size] + dr
-                tail = int(gr[size - 1]) + int(held_b[size - 1])
+            for ent in entries:
                 nkeys: dict[frozenset, tuple[int, ...]] = {}
                 for key, (a, o, *_rest) in fr.keys.items():
                     eff = effs[key]
-                    fa = fas[eff][:size]
-                    local = max(f, int((bw + fa).max()) + r, int((rk + fa).max()) + tail)
+                    local = max(ent.f, ent.back(fas.of(eff)[:size]))
                     cut = int(np.searchsorted(a, cap - local, side="right"))
+                    prog.count(steps=1, elements=size, entries=cut)
                     if not cut:
                         continue
                     nkey = nkeys.get(eff)
                     if nkey is None:
-                        nkey = tuple(j for j in prog.opens[b + 1] if (j < p and j in eff) or j in held)
+                        nkey = ent.exit_key(prog, p, b, eff)
                         if max_free is not None:
                             nkey = round_up(nkey, prog.opens[b + 1], max_free, prog.out)
                         nkeys[eff] = nkey
-                    fronts[b + 1].add(nkey, a, o, cut, int(cA[size - 1]) + dA, int(cost[size - 1]) - saved_cost,
-                                      local, (p, key, KeptStep(b, kept)))
+                    fronts[b + 1].add(nkey, a, o, cut, ent.dA, ent.cost, local, (p, key, KeptStep(b, ent.kept)))
+
+
+@dataclass(frozen=True)
+class KeptEntry:
+    """One non-empty menu entry of a region ``[p, b]``: what it keeps and its terms, bit-independent.
+
+    Attributes:
+        kept: the kept nodes.
+        f: the largest live bytes of its forward steps, less the retained bytes before the region.
+        bw, rk: its backward and recompute steps (per node of the region), without held open tensors.
+        tail: what its recompute steps add at the region's end (gradients, snapshots, span extras).
+        rng: the generator state it stores.
+        dA: what joins the retained bytes after it.
+        cost: its recompute cost.
+        held: the kept nodes still read after ``b`` (held open tensors from then on).
+    """
+
+    kept: tuple[int, ...]
+    f: int
+    bw: np.ndarray
+    rk: np.ndarray
+    tail: int
+    rng: int
+    dA: int
+    cost: int
+    held: frozenset
+
+    def back(self, fa: np.ndarray) -> int:
+        """The largest live bytes of its recompute and backward steps, less the retained bytes before the
+        region, where ``fa`` are the held open tensors' bytes at each of its steps."""
+        return max(int((self.bw + fa).max()) + self.rng, int((self.rk + fa).max()) + self.tail)
+
+    def exit_key(self, prog: Any, p: int, b: int, eff: frozenset) -> tuple[int, ...]:
+        """The held open tensors after the region, entered with ``eff`` held or read."""
+        return tuple(j for j in prog.opens[b + 1] if (j < p and j in eff) or j in self.held)
+
+
+class _HeldBytes:
+    """Per set of held open tensors, their bytes at each of the ``m`` steps from ``p``, computed once."""
+
+    def __init__(self, prog: Any, p: int, m: int) -> None:
+        self.prog, self.ks, self.m = prog, np.arange(p, p + m), m
+        self._got: dict[frozenset, np.ndarray] = {}
+
+    def of(self, eff: frozenset) -> np.ndarray:
+        got = self._got.get(eff)
+        if got is None:
+            self.prog.count(steps=1, elements=self.m)
+            got = np.zeros(self.m, np.int64)
+            for j in eff:
+                got += self.prog.out[j] * (self.ks < self.prog.lc[j])
+            self._got[eff] = got
+        return got

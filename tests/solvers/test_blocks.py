@@ -17,6 +17,7 @@ import pytest
 import solvers
 from graphs import Graph, Node, Span, synthetic
 from solvers import Plan, activation_budget_bytes, pareto_frontier, simulate, store_all_peak
+from solvers.brute_force import count_selective
 from solvers.blocks import find_chain, period
 from solvers.frontier import FrontierDP
 
@@ -175,3 +176,65 @@ def test_blocks_with_held_outputs_compose_as_walked(seed):
         assert a.objective == b.objective
         sim = simulate(g, Plan(regions=a.regions), record=False)
         assert sim.peak_bytes <= budget and sim.recompute_flops == a.objective
+
+
+# ------------------------------------------------ kept nodes inside composed blocks
+def _small_kept_cases():
+    out, seed = [], 0
+    while len(out) < 24:
+        rng = random.Random(500 + seed)
+        g = synthetic.repeated_blocks(rng.choice([3, 4]), rng.choice([2, 3]), seed=seed, common=rng.choice([1, 2]),
+                                      saveable=0.7)
+        if len(g) <= 13 and solvers.ilp.keepable(g) and count_selective(g) <= 3000:
+            out.append((seed, g))
+        seed += 1
+    return out
+
+
+SMALL_KEPT = _small_kept_cases()
+
+
+@pytest.mark.parametrize("seed,graph", SMALL_KEPT, ids=[f"seed{s}-{len(g)}n" for s, g in SMALL_KEPT])
+def test_composition_with_kept_nodes_equals_brute_force(seed, graph):
+    """NOTE [ Kept nodes in the frontier DP ]: a block's own front tries every menu entry, as walking does."""
+    frontier = pareto_frontier(graph)  # over regions and kept nodes
+    program = FrontierDP(graph, max_width=64, selective=True)
+    for peak, opt, _ in frontier:
+        res = program.solve(peak)
+        assert res is not None and res.objective == opt
+        sim = simulate(graph, Plan(regions=res.regions, saved=res.saved), record=False)
+        assert sim.peak_bytes <= peak and sim.recompute_cost == opt and _aligned(graph, res.regions)
+    assert program.solve(None, objective="peak").objective == frontier[0][0]
+
+
+def test_kept_cases_compose_and_keep_nodes_inside_blocks():
+    chains = [FrontierDP(g, max_width=64, selective=True).chain for _, g in SMALL_KEPT]
+    assert sum(c is not None for c in chains) >= 12
+    inside = 0
+    for (_, g), chain in zip(SMALL_KEPT, chains):
+        if chain is None:
+            continue
+        program = FrontierDP(g, max_width=64, selective=True)
+        for peak, _, _ in pareto_frontier(g):
+            res = program.solve(peak)
+            inside += any(b.first <= k <= b.last for k in res.saved for b in chain.blocks)
+    assert inside >= 10  # the composed fronts' own kept nodes are read back
+
+
+LARGE_KEPT = [(seed, synthetic.repeated_blocks(8, 4 + seed % 5, seed=seed, common=1 + seed % 2, cut=seed % 4 == 0,
+                                               saveable=0.6)) for seed in range(10)]
+
+
+@pytest.mark.parametrize("seed,graph", LARGE_KEPT, ids=[f"seed{s}-{len(g)}n" for s, g in LARGE_KEPT])
+def test_composition_with_kept_nodes_equals_walking_every_node(seed, graph):
+    composed = FrontierDP(graph, max_width=64, selective=True)
+    walked = FrontierDP(graph, max_width=64, blocks=False, selective=True)
+    least = walked.solve(None, objective="peak").objective
+    assert composed.solve(None, objective="peak").objective == least
+    top = solvers.store_all_peak(graph).peak_bytes
+    for t in range(8):
+        budget = least + (top - least) * t // 7
+        a, b = composed.solve(budget), walked.solve(budget)
+        assert a.objective == b.objective
+        sim = simulate(graph, Plan(regions=a.regions, saved=a.saved), record=False)
+        assert sim.peak_bytes <= budget and sim.recompute_cost == a.objective and _aligned(graph, a.regions)
