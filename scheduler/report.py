@@ -139,8 +139,13 @@ def regions_table(graph: Graph, plan: Plan) -> str:
 def plan_summary(graph: Graph, plan: Plan) -> str:
     """Regions, predicted peak vs budget, overhead, solve time, status."""
     method = plan.findings.get("method")
+    over = plan.findings.get("optimal_over")  # NOTE [ One plan space ] in solvers.ilp
+    if over and plan.status == "optimal":
+        over = f" over {over}"
+    elif over:
+        over = f" (optimal over {over}; kept nodes {plan.findings.get('selective', 'not searched')})"
     lines = [f"solver {plan.solver}" + (f" ({method})" if method and method != plan.solver else "") + f": status {plan.status}"
-             + (f" (gap {ratio(plan.gap)})" if plan.gap not in (None, 0.0) else "")
+             + (over or "") + (f" (gap {ratio(plan.gap)})" if plan.gap not in (None, 0.0) else "")
              + f", solved in {plan.solve_time_s:.3f}s"]
     if plan.peak_bytes is not None:
         budget = f" / budget {format_bytes(plan.budget_bytes)}" if plan.budget_bytes else ""

@@ -2,20 +2,29 @@
 
 NOTE [ One deadline ]
     ``time_limit_s`` is a promise about the wall clock: ``ilp``, ``frontier``
-    and ``cp-sat`` return within the limit plus half a second, wherever the
-    time goes (the frontier program, the warm-start solvers, completing the
-    CP-SAT hint, CP-SAT itself, the least-peak search of an infeasible
-    budget). The call makes one :class:`Deadline` and hands it down; each
-    phase asks it what is left and takes at most that, and a phase that
-    cannot be stopped once started (one warm-start solver, building the
-    model) is not started once the deadline has passed. There are no
-    per-phase floors: ``max(1.0, left)`` for each of three phases once made
+    and ``cp-sat`` return within the limit plus a second, cold or warm (numba's
+    kernel compiled or not), idle or loaded, with the best plan found and a
+    status that says what was proven. The call makes one :class:`Deadline`
+    and hands it down; every phase asks it what is left and takes at most
+    that: the frontier programs, the warm starts (each candidate plan, ``dp``'s
+    table as it fills: NOTE [ Bounded warm starts ] in ``solvers.warm``),
+    numba's kernel (never waited for: NOTE [ The dp kernel under a deadline ]
+    in ``solvers.dp_kernel``), building the CP-SAT model (it looks at the
+    deadline as it goes), completing the CP-SAT hint, CP-SAT itself, the
+    least-peak search of an infeasible budget; and the read-out keeps back
+    what one ``simulate`` of the plan takes (``read_out_s`` in
+    ``solvers.ilp_cpsat``; ``solve`` then reuses that simulation). There are
+    no per-phase floors: ``max(1.0, left)`` for each of three phases once made
     ``ilp(time_limit_s=1)`` run 4.1 s on a loaded machine.
 
-    The clock only stops a search that runs too long; it does not decide
-    the answer when the work limit binds first (NOTE [ Deterministic CP-SAT ]
-    in ``solvers.ilp_cpsat``). Tests inject a fake ``clock`` to check that
-    phases consult the deadline, without depending on the machine's speed.
+    The clock only stops a search that runs too long; what a search finds
+    is decided by the work it counts (``work_limit``): CP-SAT's deterministic
+    time (NOTE [ Deterministic CP-SAT ] in ``solvers.ilp_cpsat``), the
+    frontier program's work (NOTE [ The frontier program's work ] in
+    ``solvers.frontier``) and the size of ``dp``'s table, so an answer whose
+    searches all end within their work is the same on a busy machine. Tests
+    inject a fake ``clock`` to check that phases consult the deadline, and
+    small work limits, without depending on the machine's speed.
 """
 
 from __future__ import annotations
@@ -23,7 +32,22 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-__all__ = ["Deadline"]
+from graphs import CkptError
+
+__all__ = ["Deadline", "OutOfTime"]
+
+
+class OutOfTime(CkptError, TimeoutError):
+    """A phase stopped before it finished: at the solve's deadline, or at the work it may do.
+
+    Attributes:
+        by: ``"time limit"`` (the wall clock: depends on the machine's load) or
+            ``"work limit"`` (work the phase counts: the same on any machine).
+    """
+
+    def __init__(self, message: str, *, by: str = "time limit") -> None:
+        super().__init__(message)
+        self.by = by
 
 
 class Deadline:
@@ -51,6 +75,15 @@ class Deadline:
     def expired(self) -> bool:
         """Whether no time is left."""
         return self.left() <= 0.0
+
+    def before(self, keep_s: float) -> "Deadline":
+        """A deadline ``keep_s`` seconds before this one (for a phase that must leave that much), same clock."""
+        return Deadline(max(0.0, self.left() - keep_s), clock=self.clock)
+
+    def check(self, what: str) -> None:
+        """Raise :class:`OutOfTime` naming ``what`` when no time is left."""
+        if self.expired():
+            raise OutOfTime(f"{what} stopped at the {self.limit_s:g} s time limit")
 
     def __repr__(self) -> str:
         return f"Deadline({self.limit_s:g} s, {self.left():.3g} s left)"

@@ -21,21 +21,20 @@ NOTE [ Deterministic CP-SAT ]
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from graphs import CkptError, Graph
 
-from .deadline import Deadline
+from .deadline import Deadline, OutOfTime
 from .errors import InfeasibleBudget, MissingDependency, SolverBug
 from .options import Option
 from .plan import Plan, Status
-from .registry import get_solver, register
+from .registry import register
 from .simulate import simulate
 from .spans import SpanIndex
+from .warm import Incumbent, warm_starts
 
 __all__ = ["IlpTimeout", "IlpSolver", "Incumbent", "WARM_SOLVERS", "CP_SAT_OPTIONS", "DEFAULT_WORK_LIMIT",
            "checkpoint_model", "kept_solver", "warm_start", "cp_sat", "solve_within"]
@@ -44,8 +43,15 @@ log = logging.getLogger(__name__)
 
 #: CP-SAT's default deterministic work limit (``work_limit``).
 DEFAULT_WORK_LIMIT = 30.0
-#: Seconds kept back from CP-SAT for reading its answer out and simulating it (NOTE [ One deadline ]).
+#: Seconds kept back from CP-SAT for reading its answer out and simulating it (NOTE [ One deadline ]),
+#: plus :data:`READ_OUT_S_PER_NODE` a node of the graph (one ``simulate``: 0.65 s for 100,000 nodes).
 READ_OUT_S = 0.1
+READ_OUT_S_PER_NODE = 1e-5
+
+
+def read_out_s(graph: Graph) -> float:
+    """Seconds a solve keeps back at the end for reading its plan out (NOTE [ One deadline ])."""
+    return READ_OUT_S + READ_OUT_S_PER_NODE * len(graph)
 
 #: The options CP-SAT runs take (``cp-sat`` all of them; ``ilp`` adds its own).
 CP_SAT_OPTIONS = (
@@ -81,15 +87,6 @@ def checkpoint_model() -> Any:
             "OR-Tools, which is not installed: pip install ortools (or use solver 'frontier', 'dp' or 'chen')"
         ) from None
     return CheckpointModel
-
-
-@dataclass(frozen=True)
-class Incumbent:
-    """A plan known to fit (checked with ``simulate``) and its recompute cost."""
-
-    regions: tuple[tuple[int, int], ...]
-    flops: int
-    source: str
 
 
 class IlpSolver:
@@ -146,7 +143,7 @@ class IlpSolver:
         return self._plan(inc.regions, Status.OPTIMAL if lb >= inc.flops else Status.FEASIBLE, lb)
 
     def _cp_sat_left(self) -> float:
-        return self.deadline.left() - READ_OUT_S
+        return self.deadline.left() - read_out_s(self.graph)
 
     def _record(self, result: Any) -> None:
         self.findings["cp_sat_status"] = result.status
@@ -183,7 +180,11 @@ class IlpSolver:
                 return self._out_of_time()
             model_class = checkpoint_model()  # OR-Tools loads here, not when there is no time to search
             # Phases: variables, constraints, objective (CheckpointModel), then solve.
-            model = model_class(self.graph, budget_bytes=self.budget_bytes)
+            try:
+                model = model_class(self.graph, budget_bytes=self.budget_bytes, deadline=self.deadline)
+            except (OutOfTime, MemoryError) as exc:
+                log.info("ilp: CP-SAT's model not built (%s)", exc or "out of memory")
+                return self._out_of_time()
             for bad in cuts:
                 model.forbid(bad)
             if self.hint is not None and self.hint not in cuts:
@@ -237,10 +238,15 @@ class IlpSolver:
         (the two meet when it is proven; NOTE [ No unproven floor ]), within the deadline."""
         peaks = simple_peaks(self.graph)
         bound = 0.0
+        result = None
         if self._cp_sat_left() > 0:
-            model = checkpoint_model()(self.graph, budget_bytes=None)
-            result = model.solve(time_limit_s=max(0.01, self._cp_sat_left()), workers=self.workers,
-                                 work_limit=self.work_limit, seed=self.seed)
+            try:
+                model = checkpoint_model()(self.graph, budget_bytes=None, deadline=self.deadline)
+                result = model.solve(time_limit_s=max(0.01, self._cp_sat_left()), workers=self.workers,
+                                     work_limit=self.work_limit, seed=self.seed)
+            except OutOfTime as exc:
+                log.info("ilp least peak: %s", exc)
+        if result is not None:
             if result.regions is not None:
                 peaks.append((simulate(self.graph, Plan(regions=result.regions), record=False).peak_bytes,
                               result.regions))
@@ -257,8 +263,8 @@ def simple_peaks(graph: Graph) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
     return [(simulate(graph, Plan(regions=r), record=False).peak_bytes, r) for r in dict.fromkeys(plans)]
 
 
-#: The fast solvers whose best fitting plan warm-starts ``ilp``.
-WARM_SOLVERS = ("dp", "chen", "uniform", "per-module")
+#: The fast solvers whose best fitting plan warm-starts ``ilp`` (NOTE [ Bounded warm starts ] in ``solvers.warm``).
+WARM_SOLVERS = ("store-all", "per-module", "chen", "dp", "uniform")
 
 
 def fast_advice(tried: Sequence[str] | None) -> str:
@@ -270,46 +276,33 @@ def fast_advice(tried: Sequence[str] | None) -> str:
     return f" ({', '.join(tried or ())} found no plan under this budget either)"
 
 
-def warm_start(graph: Graph, budget_bytes: int, deadline: Deadline | None = None,
-               tried: list[str] | None = None) -> tuple[Incumbent | None, int | None]:
-    """The cheapest fitting plan of the fast solvers (per ``simulate``), and a
-    proven lower bound on the cost when ``dp`` is optimal (on chains). A
-    solver is not started once ``deadline`` has passed (NOTE [ One deadline ]).
-    ``tried`` gets the name of each solver that ran and found no fitting plan."""
-    best: Incumbent | None = None
-    bound = None
-    for name in WARM_SOLVERS:
-        if deadline is not None and deadline.expired():
-            log.info("ilp warm start: out of time before %s", name)
-            break
-        if tried is not None:
-            tried.append(name)  # taken back below when its plan fits
-        try:
-            # ilp searches plans without kept nodes: a selective dp answer would be an incumbent whose
-            # regions alone cost more than its simulated cost (the kept nodes are not carried over)
-            plan = get_solver(name)(graph, budget_bytes, **({"selective": False} if name == "dp" else {}))
-        except CkptError:
-            continue
-        if plan.unaligned_regions(graph):  # NOTE [ Module-aligned regions ]: never a hint ilp may not return
-            log.error("ilp warm start: %s returned regions that are no spans; ignored", name)
-            continue
-        sim = simulate(graph, plan, record=False)
-        if sim.peak_bytes > budget_bytes:
-            continue
-        if tried is not None:
-            tried.remove(name)
-        if best is None or sim.recompute_cost < best.flops:
-            best = Incumbent(tuple(plan.regions), int(sim.recompute_cost), name)
-        if name == "dp" and plan.status == Status.OPTIMAL:
-            bound = sim.recompute_cost
-    return best, bound
+def warm_start(graph: Graph, budget_bytes: int, deadline: Deadline | None = None, tried: list[str] | None = None, *,
+               work_limit: float | None = DEFAULT_WORK_LIMIT) -> tuple[Incumbent | None, int | None]:
+    """The cheapest fitting plan without kept nodes of the fast solvers (per ``simulate``), and a
+    proven lower bound on the cost when ``dp`` is optimal (on chains), within ``deadline`` and the
+    work limit (NOTE [ Bounded warm starts ] in ``solvers.warm``). ``tried`` gets the name of each
+    solver that ran and found no fitting plan."""
+    warm = warm_starts(graph, budget_bytes, deadline, work_limit=work_limit, selective=False)
+    if tried is not None:
+        tried.extend(warm.tried)
+    return warm.plain, warm.bound
 
 
 def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_limit: float | None = DEFAULT_WORK_LIMIT,
-                 workers: int = 2, seed: int = 0, gap_limit: float = 0.0, warm_start_: bool = True) -> Plan:
-    """``cp-sat`` against a given deadline (the solver's body; tests pass a fake clock)."""
-    tried: list[str] | None = [] if warm_start_ else None
-    inc, bound = warm_start(graph, budget_bytes, deadline, tried) if warm_start_ else (None, None)
+                 workers: int = 2, seed: int = 0, gap_limit: float = 0.0, warm_start_: bool = True,
+                 incumbent: Incumbent | None = None, bound: int | None = None,
+                 tried: Sequence[str] | None = None) -> Plan:
+    """``cp-sat`` without kept nodes against a given deadline (the solver's body; tests pass a fake clock).
+
+    Args:
+        incumbent, bound, tried: a plan that fits, a proven lower bound and the fast solvers that found no plan,
+            already known (no warm start is run then).
+    """
+    inc = incumbent
+    if inc is None and warm_start_:
+        found: list[str] = []
+        inc, bound = warm_start(graph, budget_bytes, deadline, found, work_limit=work_limit)
+        tried = found
     if inc is not None and (inc.flops == 0 or (bound is not None and inc.flops <= bound)):
         return Plan(regions=inc.regions, status=Status.OPTIMAL, bound=float(inc.flops),
                     findings={"method": "warm start", "incumbent": inc.source})
@@ -336,46 +329,38 @@ def kept_solver() -> Any:
 
 @register("cp-sat", options=CP_SAT_OPTIONS + (
     Option("selective", bool, "regions may keep op outputs (NOTE [ Kept nodes in the CP-SAT model ]): exact over "
-           "(region, menu entry) pairs up to solvers.ilp_kept.MAX_CHOICES of them; above, the plan keeps none"),
+           "(region, menu entry) pairs up to solvers.ilp_kept.MAX_CHOICES of them; above, the plan keeps none "
+           "(feasible, said so); False: regions only"),
 ), exact=True, part_of="ilp")
 def cp_sat(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
            work_limit: float | None = DEFAULT_WORK_LIMIT, workers: int = 2, seed: int = 0, gap_limit: float = 0.0,
-           warm_start: bool = True, selective: bool = False) -> Plan:
+           warm_start: bool = True, selective: bool = True) -> Plan:
     """The CP-SAT model alone (NOTE [ An exact model of simulate ]): any DAG, a proven bound and gap.
 
-    Deterministic under its work limit (NOTE [ Deterministic CP-SAT ]): the
-    same graph and budget give the same plan on a busy machine;
-    ``time_limit_s`` is only a safety net (NOTE [ One deadline ]).
+    ``ilp`` with ``method="cp-sat"``. Deterministic under its work limit
+    (NOTE [ Deterministic CP-SAT ]): the same graph and budget give the same
+    plan on a busy machine; ``time_limit_s`` is a promise about the wall
+    clock (NOTE [ One deadline ]).
 
     Args:
-        time_limit_s: wall-clock safety net.
+        time_limit_s: wall-clock limit.
         work_limit: CP-SAT's deterministic work limit; None: the clock only.
         workers: search workers.
         seed: CP-SAT's random seed.
         gap_limit: stop once the relative gap is at most this.
         warm_start: hint the search with the cheapest fitting plan of the fast solvers.
-        selective: regions may keep nodes (NOTE [ Kept nodes in the CP-SAT model ] in
-            ``solvers.ilp_kept``); past its size limit the plan keeps none, ``feasible``, ``findings`` say so.
+        selective: regions may keep nodes (the default, NOTE [ One plan space ] in ``solvers.ilp``);
+            past the kept-node model's size limit the plan keeps none, ``feasible``, ``findings`` say so.
 
     Returns:
         ``optimal``, or ``feasible`` with ``bound``; ``findings`` say how it ended.
 
     Raises:
-        InfeasibleBudget: carrying the least peak of any interval plan.
+        InfeasibleBudget: carrying the least peak of any plan.
         IlpTimeout: no plan within the time limit.
         MissingDependency: OR-Tools is not installed.
     """
-    deadline = Deadline(time_limit_s)
-    if selective and any(s and c > 0 for s, c in zip(graph.saveable, graph.recompute_costs())):
-        plan = kept_solver()(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers, seed=seed,
-                             gap_limit=gap_limit, warm_start_=warm_start)
-        if plan is not None:
-            return plan
-        plan = solve_within(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers,
-                            seed=seed, gap_limit=gap_limit, warm_start_=warm_start)
-        if plan.bound == 0:  # recomputes nothing: optimal over any set of plans
-            return plan
-        return dataclasses.replace(plan, status=Status.FEASIBLE, bound=None, findings=dict(
-            plan.findings, selective="not searched: too many (region, menu entry) choices for the model"))
-    return solve_within(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers,
-                        seed=seed, gap_limit=gap_limit, warm_start_=warm_start)
+    from .ilp import solve_within as ilp_within  # ilp builds on this module
+
+    return ilp_within(graph, budget_bytes, Deadline(time_limit_s), work_limit=work_limit, workers=workers, seed=seed,
+                      gap_limit=gap_limit, warm_start=warm_start, method="cp-sat", selective=selective)

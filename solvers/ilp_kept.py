@@ -54,15 +54,16 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
-from graphs import CkptError, Graph
+from graphs import Graph
 
-from .deadline import Deadline
-from .ilp_cpsat import READ_OUT_S, IlpTimeout, warm_start
+from .deadline import Deadline, OutOfTime
+from .ilp_cpsat import IlpTimeout, read_out_s
 from .ilp_cuts import region_literals
 from .ilp_model import CheckpointModel
 from .plan import Plan, Status
 from .selective import DEFAULT_LIMIT, GrowingMenus
 from .simulate import simulate
+from .warm import Incumbent, warm_starts
 
 __all__ = ["MAX_CHOICES", "menu_choices", "KeptModel", "solve_selective"]
 
@@ -102,7 +103,8 @@ class KeptModel(CheckpointModel):
         choices: :func:`menu_choices` of the graph.
     """
 
-    def __init__(self, graph: Graph, *, budget_bytes: int, choices: list[Choice]) -> None:
+    def __init__(self, graph: Graph, *, budget_bytes: int, choices: list[Choice],
+                 deadline: Deadline | None = None) -> None:
         self.choices = choices
         self._rows: tuple | None = None
         self._fa: dict[tuple[int, int], Any] = {}  # the base model's forward-alive literals
@@ -112,7 +114,7 @@ class KeptModel(CheckpointModel):
             for j in entry:
                 self._ended[j].append(i)
         self.saved: tuple[int, ...] = ()
-        super().__init__(graph, budget_bytes=budget_bytes)
+        super().__init__(graph, budget_bytes=budget_bytes, deadline=deadline)
 
     def _variables(self) -> None:
         super()._variables()
@@ -258,30 +260,19 @@ class _Inc(NamedTuple):
     source: str
 
 
-def _incumbent(graph: Graph, budget_bytes: int, deadline: Deadline, use_warm: bool) -> _Inc | None:
-    """The cheapest fitting plan of the fast solvers and ``dp`` with kept nodes."""
-    from .dp import dp
-
-    best = None
-    if use_warm:
-        inc, _ = warm_start(graph, budget_bytes, deadline)  # its bound is over plans keeping none: unused
-        if inc is not None:
-            best = _Inc(inc.regions, (), inc.flops, inc.source)
-        try:
-            plan = dp(graph, budget_bytes)
-        except CkptError:
-            plan = None
-        if plan is not None and not plan.unaligned_regions(graph):
-            sim = simulate(graph, plan, record=False)
-            if sim.peak_bytes <= budget_bytes and (best is None or sim.recompute_cost < best.cost):
-                best = _Inc(tuple(plan.regions), tuple(plan.saved), int(sim.recompute_cost), "dp (selective)")
-    return best
+def _incumbent(graph: Graph, budget_bytes: int, deadline: Deadline, work_limit: float | None) -> _Inc | None:
+    """The cheapest fitting plan of the fast solvers, ``dp`` with kept nodes among them (NOTE [ Bounded warm
+    starts ] in ``solvers.warm``)."""
+    best = warm_starts(graph, budget_bytes, deadline, work_limit=work_limit, selective=True).best
+    return None if best is None else _Inc(best.regions, best.saved, best.flops, best.source)
 
 
 def solve_selective(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_limit: float | None,
                     workers: int = 2, seed: int = 0, gap_limit: float = 0.0, warm_start_: bool = True,
-                    choices: list[Choice] | None = None) -> Plan | None:
+                    choices: list[Choice] | None = None, incumbent: Incumbent | None = None) -> Plan | None:
     """The cheapest plan over ``(region, menu entry)`` pairs that fits (NOTE [ Kept nodes in the CP-SAT model ]).
+
+    ``incumbent``: a plan known to fit (it may keep nodes); the warm starts run only without one.
 
     Returns:
         ``optimal`` (CP-SAT proved it with every cut made), or ``feasible`` with ``bound``;
@@ -294,7 +285,10 @@ def solve_selective(graph: Graph, budget_bytes: int, deadline: Deadline, *, work
     choices = menu_choices(graph) if choices is None else choices
     if choices is None:
         return None
-    inc = _incumbent(graph, budget_bytes, deadline, warm_start_)
+    if incumbent is not None:
+        inc = _Inc(incumbent.regions, incumbent.saved, incumbent.flops, incumbent.source)
+    else:
+        inc = _incumbent(graph, budget_bytes, deadline, work_limit) if warm_start_ else None
     findings: dict[str, Any] = {"method": "cp-sat (kept nodes)", "cuts": 0}
 
     def from_inc(status: str, bound: float | None) -> Plan:
@@ -303,13 +297,21 @@ def solve_selective(graph: Graph, budget_bytes: int, deadline: Deadline, *, work
 
     if inc is not None and inc.cost == 0:
         return from_inc(Status.OPTIMAL, 0.0)
-    model = KeptModel(graph, budget_bytes=budget_bytes, choices=choices)
+    try:
+        model = KeptModel(graph, budget_bytes=budget_bytes, choices=choices, deadline=deadline)
+    except OutOfTime as exc:
+        log.info("ilp (kept nodes): %s", exc)
+        findings["cp_sat_stopped_by"] = "time limit"
+        if inc is not None:
+            return from_inc(Status.FEASIBLE, None)
+        raise IlpTimeout(f"no plan found within {deadline.limit_s:.3g} s for this graph ({len(graph)} nodes; not "
+                         "proven infeasible); raise time_limit_s (--time-limit)") from None
     if inc is not None:
         model.add_upper_bound(inc.cost)
         model.hint_plan(inc.regions, inc.saved)
     bound = None
     while findings["cuts"] < MAX_CUTS:
-        left = deadline.left() - READ_OUT_S
+        left = deadline.left() - read_out_s(graph)
         if left <= 0:
             break
         result = model.solve(time_limit_s=left, workers=workers, gap_limit=gap_limit, work_limit=work_limit,

@@ -11,6 +11,7 @@ from ortools.sat.python import cp_model
 from graphs import Graph
 
 from ._cpsat import Progress, new_solver, run_cp_sat
+from .deadline import Deadline, OutOfTime
 from .dp_model import node_arrays
 from .ilp_cuts import memory_cuts, region_literals
 from .ilp_rng import rng_counts
@@ -49,10 +50,13 @@ class CheckpointModel:
         graph: the cost graph.
         budget_bytes: whole-step budget; ``None`` minimises the peak instead
             of the recompute FLOPs.
+        deadline: building stops (:class:`~solvers.deadline.OutOfTime`) once it
+            passes (NOTE [ One deadline ]: a 700-node DAG takes seconds to build).
     """
 
-    def __init__(self, graph: Graph, *, budget_bytes: int | None) -> None:
+    def __init__(self, graph: Graph, *, budget_bytes: int | None, deadline: Deadline | None = None) -> None:
         self.graph = graph
+        self.deadline = deadline
         self.m = cp_model.CpModel()
         self._na = node_arrays(graph, frozenset())  # exact: no common-tensor shortcut here
         # The objective in units of the FLOPs' common divisor (exact; CP-SAT's
@@ -115,6 +119,12 @@ class CheckpointModel:
             if k:
                 m.Add(self.cont[k] == sum(inner[k]))
 
+    def _tick(self, k: int = 0) -> None:
+        """Stop building once the deadline has passed (looked at every step of each phase)."""
+        if self.deadline is not None and self.deadline.expired():
+            raise OutOfTime(f"building the CP-SAT model of {len(self.graph)} nodes stopped at the "
+                            f"{self.deadline.limit_s:g} s time limit")
+
     def same(self, j: int, t: int):
         """Literal: ``j <= t`` lie in one region (NOTE [ Building same(j, t) ])."""
         return self._same(j, t)
@@ -162,6 +172,7 @@ class CheckpointModel:
         m, x, t = self.m, self.x, self._terms
         self._held_after: list = []
         for j in range(len(self.graph)):
+            self._tick(j)
             if t.sinks[j]:
                 self._held_after.append(m.NewConstant(1))
                 continue
@@ -176,6 +187,7 @@ class CheckpointModel:
 
     def _forward_alive(self, j: int, k: int):
         """The forward copy of j (j <= k < lc[j]) at k's recompute/backward."""
+        self._tick()
         m, x, t = self.m, self.x, self._terms
         f = m.NewBoolVar(f"fa{j}_{k}")
         if t.self_save[j]:
@@ -206,6 +218,7 @@ class CheckpointModel:
             if fs[j] < INF and fs[j] > j:
                 by_saver[fs[j]].append(j)
         for k in range(n):
+            self._tick(k)
             v = m.NewIntVar(0, hi, f"hb{k}")  # sum of out[j] held[j], j <= k, lc[j] <= k
             m.Add(v == (hb[-1] if hb else 0) + sum(out[j] * held[j] for j in enter[k]))
             hb.append(v)
@@ -287,6 +300,7 @@ class CheckpointModel:
                 leaving[last[j] + 1].append(j)
         q = []
         for k in range(n):
+            self._tick(k)
             v = m.NewIntVar(0, hi, f"q{k}")
             if k == 0:
                 m.Add(v == 0)
@@ -315,6 +329,7 @@ class CheckpointModel:
                 spans[k].append(j)
         rng, rs, sr = rng_counts(self)  # NOTE [ RNG state per region ]
         for k in range(n):
+            self._tick(k)
             # Forward step k.
             m.Add(open_fwd[k] + (hb[k - 1] if k else 0) + (sx[k - 1] if k else 0) + cur[k] + rng * rs[k]
                   + self._extra(k, 0) <= self.cap)

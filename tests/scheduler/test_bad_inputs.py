@@ -457,29 +457,29 @@ def test_unproven_least_peak_is_labelled(monkeypatch):
 def test_a_stop_never_advises_a_solver_that_found_nothing(monkeypatch):
     """ilp's time limit passes with no plan after dp, chen and uniform found none under the budget: the message
     names them as tried, and advises only what it has not tried (with no warm start: dp or chen)."""
+    import solvers.warm
     from solvers import ilp_cpsat
     from solvers.deadline import Deadline
     from solvers.ilp import IlpTimeout
 
-    class Clock:  # moves only when a warm-start solver runs: 2 s each, so the third ends past the 5 s limit
+    class Clock:  # moves only when a warm-start plan is tried (NOTE [ Bounded warm starts ]): 1 s each
         t = 0.0
 
         def __call__(self) -> float:
             return self.t
 
-    clock, real = Clock(), ilp_cpsat.get_solver
+    clock, real = Clock(), solvers.warm._candidates
 
-    def get(name):  # type: ignore[no-untyped-def]
-        def run(graph, budget_bytes, **options):  # type: ignore[no-untyped-def]
-            clock.t += 2.0
-            return real(name)(graph, budget_bytes, **options)
-        return run
+    def candidates(graph):  # type: ignore[no-untyped-def]
+        for source, regions in real(graph):
+            yield source, regions
+            clock.t += 1.0
 
-    monkeypatch.setattr(ilp_cpsat, "get_solver", get)
+    monkeypatch.setattr(solvers.warm, "_candidates", candidates)
     g = synthetic.make("unet", 100)
     budget = solvers.simulate(g).breakdown["params"] + 1  # below every plan's peak
     with pytest.raises(IlpTimeout) as info:
-        ilp_cpsat.solve_within(g, budget, Deadline(5.0, clock=clock))
+        ilp_cpsat.solve_within(g, budget, Deadline(12.5, clock=clock))  # past chen's, dp's and uniform's first plans
     assert "(dp, chen, uniform found no plan under this budget either)" in str(info.value)
     assert "use solver" not in str(info.value)
     with pytest.raises(IlpTimeout, match="or use solver 'dp' or 'chen'"):

@@ -139,9 +139,9 @@ def test_ilp_warm_starts_wide_graphs_from_the_heuristic():
     budget = activation_budget_bytes(g, 0.6)
     with pytest.raises(solvers.InfeasibleBudget):
         solvers.solve(g, budget, solver="dp")
-    from solvers.ilp import _frontier_heuristic
+    from solvers.ilp_frontier import frontier_heuristic
 
-    heur = _frontier_heuristic(g, budget, 30)
+    heur = frontier_heuristic(g, budget, solvers.Deadline(30), None)
     assert heur is not None and simulate(g, solvers.Plan(regions=heur.regions)).peak_bytes <= budget
 
 

@@ -187,7 +187,7 @@ def test_ilp_on_a_graph_too_wide_for_the_model_too_says_selective_was_not_search
 
 def test_ilp_falls_back_to_dps_kept_plan_where_it_is_cheaper(monkeypatch):
     # Where neither the program nor the kept-node model can run, ilp returns dp's selective plan when it
-    # beats CP-SAT's (feasible, said so).
+    # beats CP-SAT's; on a chain dp is exact over regions and kept nodes, so it is proven optimal.
     def too_wide(graph, **_):
         raise TooWide(99, MAX_WIDTH, 0)
 
@@ -199,14 +199,15 @@ def test_ilp_falls_back_to_dps_kept_plan_where_it_is_cheaper(monkeypatch):
             continue
         for peak, cost, _ in pareto_frontier(graph):
             try:
-                plain = solvers.solve(graph, peak, solver="cp-sat", time_limit_s=30).recompute_cost
+                plain = solvers.solve(graph, peak, solver="cp-sat", selective=False, time_limit_s=30).recompute_cost
             except InfeasibleBudget:  # only a plan that keeps nodes fits (a kept held output: one copy, not two)
                 plain = None
             if plain is not None and plain <= cost:
                 continue  # keeping nodes does not pay here
             plan = solvers.solve(graph, peak, solver="ilp", selective=True, time_limit_s=30)
-            assert plan.status == "feasible" and plan.saved and plan.recompute_cost == cost  # dp is exact on chains
-            assert plan.findings["incumbent"] == "dp (selective)" and "not searched" in plan.findings["selective"]
+            assert plan.status == "optimal" and plan.saved and plan.recompute_cost == cost  # dp is exact on chains
+            assert plan.findings["incumbent"] == "dp (kept nodes)"
+            assert plan.findings["optimal_over"] == solvers.ilp.KEPT
             checked += 1
         if checked >= 3:
             return
@@ -226,3 +227,36 @@ def test_kept_nodes_with_generator_state_equal_brute_force(i):
         res = program.solve(peak)
         sim = simulate(g, Plan(regions=res.regions, saved=res.saved), record=False)
         assert sim.peak_bytes <= peak and sim.recompute_cost == res.objective == want, (peak, res)
+
+
+# ------------------------------------------------------ ilp with its defaults (NOTE [ One plan space ])
+#: The other registered solvers the default is held against (CP-SAT, slower, on every tenth graph).
+OTHERS = [name for name in solvers.available_solvers(methods=True) if name not in ("ilp", "cp-sat")]
+
+
+@pytest.mark.parametrize("name,graph", CASES, ids=[name for name, _ in CASES])
+def test_ilp_defaults_equal_brute_force_and_beat_every_other_solver(name, graph):
+    """``solvers.solve(graph, budget, solver="ilp")`` with no option searches regions and kept nodes, equals the
+    brute force over them, says so, and is never worse than any other registered solver."""
+    front = pareto_frontier(graph)
+    picks = sorted({0, len(front) // 3, (2 * len(front)) // 3, len(front) - 1})
+    others = OTHERS + (["cp-sat"] if CASES.index((name, graph)) % 10 == 0 else [])
+    for budget in [front[i][0] for i in picks] + [front[picks[-1] // 2][0] + 1]:
+        plan = solvers.solve(graph, budget, solver="ilp")
+        assert plan.status == "optimal" and plan.findings["optimal_over"] == ilp_mod.KEPT, plan.findings
+        assert plan.peak_bytes <= budget and plan.recompute_cost == best_from_frontier(front, budget)[1]
+        for other in others:
+            try:
+                theirs = solvers.solve(graph, budget, solver=other)
+            except solvers.CkptError:
+                continue  # no plan of theirs fits (or none applies): ilp's does
+            assert plan.recompute_cost <= theirs.recompute_cost, (other, budget)
+    with pytest.raises(InfeasibleBudget) as info:
+        solvers.solve(graph, front[0][0] - 1, solver="ilp")
+    assert info.value.min_feasible_bytes == front[0][0]
+
+
+def test_ilp_defaults_are_the_default_everywhere():
+    """The same set of plans in ``solve``, ``fit``, ``compare`` and the CLI: each reaches ``ilp``'s defaults."""
+    for name in ("ilp", "frontier", "cp-sat", "dp"):
+        assert next(o for o in solvers.solver_info(name).options if o.name == "selective").default is True

@@ -146,33 +146,35 @@ class FakeClock:
         return self.t
 
 
-def _counting_solvers(monkeypatch, clock: FakeClock, step_s: float) -> list[str]:
-    """Each warm-start solver takes ``step_s`` on ``clock``; returns the names of those started."""
+def _counting_candidates(monkeypatch, clock: FakeClock, step_s: float) -> list[str]:
+    """Each warm-start candidate (NOTE [ Bounded warm starts ]) takes ``step_s`` on ``clock`` once started;
+    returns the sources of those started, in order."""
     started: list[str] = []
-    real = ilp_cpsat.get_solver
+    real = solvers.warm._candidates
 
-    def get(name):
-        def run(graph, budget_bytes, **options):  # dp gets selective=False (region-only warm start)
-            started.append(name)
+    def candidates(graph):
+        for source, regions in real(graph):
+            yield source, regions  # the warm start looks at the deadline, then works on it...
+            started.append(source)  # ...and asks for the next one when done
             clock.t += step_s
-            return real(name)(graph, budget_bytes, **options)
-        return run
 
-    monkeypatch.setattr(ilp_cpsat, "get_solver", get)
+    monkeypatch.setattr(solvers.warm, "_candidates", candidates)
     return started
 
 
 def test_phases_stop_at_the_deadline(monkeypatch):
     clock = FakeClock()
-    started = _counting_solvers(monkeypatch, clock, 2.0)
-    monkeypatch.setattr(ilp_mod, "_frontier_heuristic", lambda *a: pytest.fail("heuristic run past the deadline"))
+    started = _counting_candidates(monkeypatch, clock, 1.0)
+    monkeypatch.setattr(ilp_mod, "frontier_heuristic", lambda *a: pytest.fail("heuristic run past the deadline"))
     model = ilp_cpsat.checkpoint_model()
     monkeypatch.setattr(model, "solve", lambda *a, **k: pytest.fail("CP-SAT started past the deadline"))
     budget = activation_budget_bytes(WIDE, 0.8)
-    plan = ilp_mod.solve_within(WIDE, budget, Deadline(5.0, clock=clock))
-    assert started == ["dp", "chen", "uniform"]  # per-module not started: 6 s > 5 s
+    plan = ilp_mod.solve_within(WIDE, budget, Deadline(10.5, clock=clock))
+    # store-all, chen's sqrt plan, dp, chen's greedy (5 plans), uniform at k = 1, 2, 3 (the first that fit);
+    # per-module is none (the unet has no blocks); nothing is started after 11 s > 10.5 s
+    assert started[:3] == ["store-all", "chen", "dp"] and len(started) == 11 and started[-1] == "uniform"
     assert plan.status == "feasible" and plan.findings["cp_sat_stopped_by"] == "time limit"
-    assert plan.findings["incumbent"] in started and plan.regions
+    assert plan.findings["incumbent"] == "uniform" and plan.regions
     # Nothing fits and no time: a clear error, no search.
     clock.t = 0.0
     with pytest.raises(IlpTimeout, match="raise time_limit_s"):
@@ -181,7 +183,7 @@ def test_phases_stop_at_the_deadline(monkeypatch):
 
 def test_cp_sat_gets_only_what_is_left(monkeypatch):
     clock = FakeClock()
-    _counting_solvers(monkeypatch, clock, 2.0)
+    started = _counting_candidates(monkeypatch, clock, 0.1)
     model = ilp_cpsat.checkpoint_model()
     asked: list[float] = []
     real_solve = model.solve
@@ -193,7 +195,8 @@ def test_cp_sat_gets_only_what_is_left(monkeypatch):
     monkeypatch.setattr(model, "solve", solve)
     deadline = Deadline(60.0, clock=clock)
     plan = ilp_mod.solve_within(WIDE, activation_budget_bytes(WIDE, 0.8), deadline)
-    assert asked and all(t <= 60.0 - 8.0 for t in asked)  # four warm starts took 8 s of the 60
+    spent = 0.1 * len(started)
+    assert asked and spent > 5 and all(t <= 60.0 - spent for t in asked)  # the warm starts' time is gone
     assert plan.status in ("optimal", "feasible") and plan.findings["method"] == "cp-sat"
 
 

@@ -1,0 +1,119 @@
+"""``ilp``'s frontier-program phases: the exact program (with and without kept nodes) and its bounded-width
+heuristic for wide graphs (NOTE [ The frontier DP ] in ``solvers.frontier``)."""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+from graphs import Graph
+
+from .deadline import Deadline
+from .errors import InfeasibleBudget, SolverBug
+from .frontier import MAX_WIDTH, FrontierDP, FrontierTimeout
+from .ilp_cpsat import simple_peaks
+from .plan import Plan, Status
+from .simulate import simulate
+from .warm import Incumbent
+
+__all__ = ["frontier_program", "keepable", "by_frontier", "frontier_heuristic"]
+
+log = logging.getLogger(__name__)
+
+_PROGRAMS: dict[tuple[int, int | None, bool, bool], tuple[Any, FrontierDP]] = {}
+
+
+def keepable(graph: Graph) -> bool:
+    """Some node may be kept by a selective plan (saveable, of positive recompute cost)."""
+    return any(s and c > 0 for s, c in zip(graph.saveable, graph.recompute_costs()))
+
+
+def frontier_program(graph: Graph, *, max_width: int | None = MAX_WIDTH, blocks: bool = True,
+                     selective: bool = False) -> FrontierDP:
+    """The frontier program of ``graph``, kept for the next call on the same graph object
+    (a chain's block fronts do not depend on the budget: a sweep builds them once).
+
+    Raises:
+        TooWide: more than ``max_width`` tensors open at one position (decided in linear time).
+    """
+    key = (id(graph), max_width, blocks, selective)
+    got = _PROGRAMS.get(key)
+    if got is not None and got[0]() is graph:
+        return got[1]
+    program = FrontierDP(graph, max_width=max_width, blocks=blocks, selective=selective)
+    if len(_PROGRAMS) >= 4:
+        _PROGRAMS.pop(next(iter(_PROGRAMS)))
+    _PROGRAMS[key] = (weakref.ref(graph), program)
+    return program
+
+
+def by_frontier(graph: Graph, budget_bytes: int, program: FrontierDP, deadline: Deadline, *,
+                max_work: int | None, upper: int | None = None) -> Plan:
+    """The optimum by the frontier program (NOTE [ The frontier DP ]) over the plans it searches (kept nodes
+    with a selective program), ``optimal`` with its findings.
+
+    Args:
+        deadline: the program stops when it passes.
+        max_work: the program's work limit (NOTE [ The frontier program's work ]).
+        upper: the cost of a plan known to fit that the program may keep (it prunes above it).
+
+    Raises:
+        InfeasibleBudget: no plan of the program fits; carries its least peak (by the same program).
+        FrontierTimeout: the program stopped at its work limit or the deadline.
+        SolverBug: the program disagrees with ``simulate`` (logged: the caller falls back).
+    """
+    res = program.solve(budget_bytes, upper=upper, deadline=deadline, max_work=max_work)
+    work = program.work
+    if res is None:
+        if upper is not None:
+            log.error("ilp frontier program finds no plan at or under %d, the cost of a plan that fits", upper)
+            raise SolverBug("the frontier program rejects a plan that fits")
+        # No plan fits: the least peak, by the same program, bounded by two plans' peaks.
+        top = min(peak for peak, _ in simple_peaks(graph))
+        least = program.solve(top, objective="peak", deadline=deadline,
+                              max_work=None if max_work is None else max(0, max_work - work))
+        if least is not None and least.objective > budget_bytes:
+            raise InfeasibleBudget(budget_bytes, least.objective, solver="ilp", best_regions=least.regions)
+        log.error("ilp frontier program found no plan under %d, yet its least peak is %s", budget_bytes,
+                  None if least is None else least.objective)
+        raise SolverBug("the frontier program's least peak fits the budget it found no plan under")
+    sim = simulate(graph, Plan(regions=res.regions, saved=res.saved), record=False)
+    if sim.peak_bytes > budget_bytes or sim.recompute_cost != res.objective:
+        log.error("ilp frontier program predicted %d FLOPs under %d for %s keeping %s; simulate says %d FLOPs at %d",
+                  res.objective, budget_bytes, res.regions, res.saved, sim.recompute_cost, sim.peak_bytes)
+        raise SolverBug("the frontier program's plan disagrees with simulate")
+    findings: dict[str, Any] = {"method": "frontier (kept nodes)" if program.kept is not None else "frontier",
+                                "frontier_states": res.states, "frontier_work": work}
+    if res.blocks:
+        findings["blocks_composed"] = res.blocks  # NOTE [ Composing repeated blocks ]
+    return Plan(regions=res.regions, saved=res.saved, status=Status.OPTIMAL, bound=float(res.objective),
+                findings=findings)
+
+
+def frontier_heuristic(graph: Graph, budget_bytes: int, deadline: Deadline, max_work: int | None) -> Incumbent | None:
+    """A plan for a graph too wide for the exact program: the program with at
+    most ``k`` unheld open tensors per boundary (the rest counted as held, so
+    the plan fits), for ``k`` = 0, 2, 4, 8 while the time and the work last; the cheapest."""
+    program = FrontierDP(graph, max_width=None, blocks=False)
+    best: Incumbent | None = None
+    spent = 0
+    for k in (0, 2, 4, 8):
+        if deadline.expired():
+            break
+        try:
+            res = program.solve(budget_bytes, max_free=k, deadline=deadline,
+                                max_work=None if max_work is None else max_work - spent,
+                                upper=best.flops if best is not None else None)
+        except (FrontierTimeout, MemoryError) as exc:
+            log.info("ilp heuristic (max_free %d): %s", k, exc or type(exc).__name__)
+            break
+        finally:
+            spent += program.work
+        if res is None:
+            log.info("ilp heuristic (max_free %d): no plan%s", k, " cheaper" if best is not None else "")
+            continue
+        sim = simulate(graph, Plan(regions=res.regions), record=False)
+        if sim.peak_bytes <= budget_bytes and (best is None or sim.recompute_cost < best.flops):
+            best = Incumbent(res.regions, int(sim.recompute_cost), f"frontier (max_free {k})")
+    return best

@@ -1,0 +1,210 @@
+"""Limits that hold without a clock in the test: work counted, a fake clock, the kernel never waited for.
+
+NOTE [ The frontier program's work ] (``solvers.frontier``), NOTE [ The dp kernel under a deadline ]
+(``solvers.dp_kernel``), NOTE [ Linear memory in dp ] (``solvers.dp_model``), NOTE [ Bounded warm starts ]
+(``solvers.warm``) and NOTE [ One plan space ] (``solvers.ilp``): every check here counts work or moves a
+fake clock by hand, so it gives the same result on an idle and on a busy machine.
+"""
+
+from __future__ import annotations
+
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import solvers
+from graphs import synthetic
+from solvers import Deadline, activation_budget_bytes, dp_kernel, simulate
+from solvers import ilp as ilp_mod
+from solvers.deadline import OutOfTime
+from solvers.dp import DPTable
+from solvers.dp_model import RegionRows, node_arrays
+from solvers.frontier import WORK_PER_S, FrontierDP, FrontierTimeout
+from solvers.ilp_cpsat import IlpTimeout
+
+
+class StepClock:
+    """A clock that reads 0 for its first ``calls`` readings, then ``after``."""
+
+    def __init__(self, calls: int, after: float = 1e9) -> None:
+        self.calls, self.after, self.n = calls, after, 0
+
+    def __call__(self) -> float:
+        self.n += 1
+        return 0.0 if self.n <= self.calls else self.after
+
+
+# ------------------------------------------------------------------ the frontier program's work
+def test_the_program_stops_at_its_work_limit_at_the_same_node_every_time():
+    g = synthetic.make("chain", 300)
+    budget = activation_budget_bytes(g, 0.3)
+    full = FrontierDP(g)
+    assert full.solve(budget) is not None
+    needed = full.work
+    stops = []
+    for _ in range(2):
+        program = FrontierDP(g)
+        with pytest.raises(FrontierTimeout) as info:
+            program.solve(budget, max_work=needed // 3)
+        assert info.value.by == "work limit"
+        stops.append((str(info.value), program.work))
+    assert stops[0] == stops[1] and needed // 3 < stops[0][1] < needed
+    again = FrontierDP(g)
+    assert again.solve(budget, max_work=needed).objective == full.solve(budget).objective and again.work == needed
+
+
+def test_the_program_stops_at_the_deadline():
+    g = synthetic.make("chain", 300)
+    with pytest.raises(FrontierTimeout) as info:
+        FrontierDP(g).solve(activation_budget_bytes(g, 0.3), deadline=Deadline(1.0, clock=StepClock(5)))
+    assert info.value.by == "time limit"
+
+
+# ------------------------------------------------------------------ one plan space, within its work
+def _kept_pays():
+    """A repeated-block graph where keeping nodes is strictly cheaper, and the work of both programs."""
+    g = synthetic.repeated_blocks(6, 6, seed=2, common=1, saveable=0.7)
+    budget = activation_budget_bytes(g, 0.4)
+    plain = FrontierDP(g)
+    p = plain.solve(budget)
+    kept = FrontierDP(g, selective=True)
+    k = kept.solve(budget, upper=p.objective)
+    assert k.objective < p.objective
+    return g, budget, p, plain.work, kept.work
+
+
+def test_kept_nodes_stopped_by_work_give_the_regions_optimum_and_say_so():
+    g, budget, plain, plain_work, kept_work = _kept_pays()
+    limit = (plain_work + kept_work // 2) / WORK_PER_S  # the program without kept nodes ends, the other does not
+    plans = [solvers.solve(g, budget, solver="ilp", method="frontier", work_limit=limit) for _ in range(2)]
+    for plan in plans:
+        assert plan.status == "feasible" and plan.bound is None and not plan.saved
+        assert plan.findings["optimal_over"] == ilp_mod.REGIONS and plan.recompute_cost == plain.objective
+        assert plan.findings["selective"] == ("not searched: the frontier program with kept nodes stopped at its "
+                                              "work limit")
+    assert plans[0].regions == plans[1].regions
+    full = solvers.solve(g, budget, solver="ilp", method="frontier", work_limit=2 * (plain_work + kept_work) / WORK_PER_S)
+    assert full.status == "optimal" and full.findings["optimal_over"] == ilp_mod.KEPT and full.saved
+    assert full.recompute_cost < plain.objective
+
+
+def test_method_frontier_is_obeyed_and_cp_sat_runs_only_where_the_program_does_not(monkeypatch):
+    g, budget, plain, *_ = _kept_pays()
+    model = solvers.ilp_cpsat.checkpoint_model()
+    monkeypatch.setattr(model, "solve", lambda *a, **k: pytest.fail("CP-SAT ran on a narrow graph"))
+    plan = solvers.solve(g, budget, solver="ilp")
+    assert plan.findings["method"] == "frontier (kept nodes)" and plan.status == "optimal"
+    with pytest.raises(IlpTimeout, match="work limit"):
+        solvers.solve(g, budget, solver="ilp", method="frontier", work_limit=1e-9)
+
+
+def test_no_raw_memory_error(monkeypatch):
+    g = synthetic.make("residual", 40)
+    budget = activation_budget_bytes(g, 0.7)
+
+    def no_memory(*_a, **_k):
+        raise MemoryError
+
+    monkeypatch.setattr(FrontierDP, "solve", no_memory)
+    monkeypatch.setattr(DPTable, "__init__", no_memory)
+    plan = solvers.solve(g, budget, solver="ilp")  # CP-SAT takes over from chen's and uniform's plans
+    assert plan.peak_bytes <= budget and "frontier" not in plan.findings["method"]
+
+
+# ------------------------------------------------------------------ building CP-SAT's model
+def test_building_the_model_stops_at_the_deadline():
+    model = solvers.ilp_cpsat.checkpoint_model()
+    g = synthetic.make("unet", 100)
+    with pytest.raises(OutOfTime):
+        model(g, budget_bytes=activation_budget_bytes(g, 0.5), deadline=Deadline(1.0, clock=StepClock(3)))
+
+
+# ------------------------------------------------------------------ dp: kernel, memory, work
+def test_plain_kernel_is_the_compiled_one(monkeypatch):
+    """NOTE [ The dp kernel under a deadline ]: the plain copy fills the very same table."""
+    graphs = [synthetic.make("chain", 60), synthetic.make("residual", 40, seed=1),
+              synthetic.make("transformer", 40, seed=2), synthetic.mark_saveable(synthetic.make("hetero-chain", 40), 0.6),
+              synthetic.repeated_blocks(4, 5, seed=1, saveable=0.5)]
+    compiled = [DPTable(g, max_front=None) for g in graphs]
+    assert all(t.compiled for t in compiled)
+    monkeypatch.setattr(solvers.dp, "kernel", lambda wait: (dp_kernel.plain_kernel(), False))
+    for g, want in zip(graphs, compiled):
+        got = DPTable(g, max_front=None)
+        assert not got.compiled and got._fronts.keys() == want._fronts.keys()
+        for key, front in want._fronts.items():
+            for name in ("h", "cost", "choice", "nxt"):
+                assert np.array_equal(getattr(got._fronts[key], name), getattr(front, name)), (g.name, key, name)
+
+
+def test_a_deadline_never_waits_for_the_kernel(monkeypatch):
+    go, loading = threading.Event(), threading.Event()
+
+    def slow_compile():  # stands for numba's import and a cold compile
+        loading.set()
+        go.wait()
+        dp_kernel._state["compiled"] = dp_kernel.plain_kernel()
+        return dp_kernel._state["compiled"]
+
+    monkeypatch.setattr(dp_kernel, "_state", {})
+    monkeypatch.setattr(dp_kernel, "_compiled", slow_compile)
+    fn, compiled = dp_kernel.kernel(wait=False)
+    assert not compiled and fn is dp_kernel.plain_kernel()
+    dp_kernel.load_in_background()
+    assert loading.wait(60)  # the loader runs in its thread meanwhile
+    assert dp_kernel.kernel(wait=False)[1] is False  # still loading: still the plain copy, no wait
+    go.set()
+    dp_kernel._state["thread"].join(60)
+    assert dp_kernel.kernel(wait=False)[1] is True
+
+
+def test_dp_table_memory_is_linear():
+    """NOTE [ Linear memory in dp ]: a 20,000-node chain's table once took 2.98 GiB before its first merge; the
+    longest row now holds a few arrays of the chain's length."""
+    g = synthetic.make("chain", 20_000)
+    table_rows = RegionRows(node_arrays(g, frozenset()), solvers.stages(g))
+    tracemalloc.start()
+    try:
+        l0, cost = table_rows.row(0, len(g) - 1)  # every region starting at the first node
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(l0) == len(cost) == len(g) and peak < 32 * 2**20  # 3.2 GB for one stages x stages array
+
+
+def test_program_work_does_not_depend_on_earlier_calls():
+    g, budget, *_ = _kept_pays()
+    program = FrontierDP(g, selective=True)
+    works = []
+    for _ in range(2):  # the second call finds the block fronts built: it counts them all the same
+        program.solve(budget)
+        works.append(program.work)
+    assert works[0] == works[1]
+
+
+def test_dp_refuses_a_table_past_its_work_before_filling_it():
+    g = synthetic.make("chain", 20_000)
+    with pytest.raises(OutOfTime) as info:
+        DPTable(g, max_s=1.0)
+    assert info.value.by == "work limit"
+
+
+# ------------------------------------------------------------------ warm starts
+def test_warm_starts_are_bounded():
+    from solvers.warm import UNIFORM_TRIES, _candidates, uniform_ks
+
+    g = synthetic.make("chain", 5000)
+    ks = uniform_ks(len(g))
+    assert len(ks) <= UNIFORM_TRIES and ks[0] == 1 and ks[-1] == len(g)
+    assert sum(1 for _ in _candidates(g)) <= 2 + 1 + 1 + 48 + UNIFORM_TRIES  # not one per k
+
+
+def test_warm_starts_skip_dp_past_its_share_of_the_limit(monkeypatch):
+    from solvers import warm
+
+    g = synthetic.make("chain", 1500)  # a table of 1.1 million units: above its share of a 1 s limit
+    monkeypatch.setattr(DPTable, "_fill", lambda *a, **k: pytest.fail("dp filled past its share"))
+    budget = activation_budget_bytes(g, 0.5)
+    got = warm.warm_starts(g, budget, Deadline(1.0, clock=StepClock(10**9, 0.0)), work_limit=1.0)
+    assert got.best is not None and simulate(g, solvers.Plan(regions=got.best.regions)).peak_bytes <= budget
