@@ -57,12 +57,16 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
         budget: ``"6GiB"``, ``"512MiB"``, bytes, or a fraction in (0, 1] of the
             store-all activation peak.
         solver: a registered solver name (``scheduler.available_solvers()``).
-            The default, ``ilp``, is the one that answers: exact where it can
-            be proven in its time limit (60 s by default), and never without a
-            plan where another registered solver finds one (it starts from the
-            cheapest plan of ``dp``, ``chen``, ``uniform`` and ``per-module``).
-            ``dp`` is faster on chains but plans only at the cuts of its chain,
-            and says "infeasible" on some DAGs where ``ilp`` fits.
+            The default, ``ilp``, is the one that answers: over regions and
+            the nodes they keep (``selective=True``, NOTE [ One plan space ]
+            in ``solvers.ilp``), exact where it can be proven within its work
+            and time limits (``time_limit_s=60``, a promise about the wall
+            clock), saying over which set in ``plan.findings["optimal_over"]``,
+            and never without a plan where another registered solver finds
+            one (it starts from the cheapest plan of store-all,
+            ``per-module``, ``chen``, ``dp`` and ``uniform``). ``dp`` is faster on
+            chains but plans only at the cuts of its chain, and says
+            "infeasible" on some DAGs where ``ilp`` fits.
         optimizer, mixed_precision, reserve: the step's persistent state
             outside the graph, subtracted from a byte budget as ``fit`` does
             for a card (``scheduler.sizing.memory.step_budget_bytes``): the

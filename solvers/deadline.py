@@ -12,9 +12,13 @@ NOTE [ One deadline ]
     in ``solvers.dp_kernel``), building the CP-SAT model (it looks at the
     deadline as it goes), completing the CP-SAT hint, CP-SAT itself, the
     least-peak search of an infeasible budget; and the read-out keeps back
-    what one ``simulate`` of the plan takes (``read_out_s`` in
-    ``solvers.ilp_cpsat``; ``solve`` then reuses that simulation). There are
-    no per-phase floors: ``max(1.0, left)`` for each of three phases once made
+    what one ``simulate`` of the plan takes (:meth:`Deadline.read_out_s`;
+    ``solve`` then reuses that simulation). A phase that is one pass over the
+    graph and cannot stop halfway (a warm-start plan's simulation, building
+    the frontier program) is not started when less than a pass is left: the
+    solve times one pass (the graph's fingerprint, which the read-out needs
+    anyway) at the start, here and at this load (``pass_s``). There are no
+    per-phase floors: ``max(1.0, left)`` for each of three phases once made
     ``ilp(time_limit_s=1)`` run 4.1 s on a loaded machine.
 
     The clock only stops a search that runs too long; what a search finds
@@ -34,7 +38,12 @@ from typing import Callable
 
 from graphs import CkptError
 
-__all__ = ["Deadline", "OutOfTime"]
+__all__ = ["Deadline", "OutOfTime", "READ_OUT_S", "PASS_S_PER_NODE"]
+
+#: Seconds a solve keeps back at the end for reading its plan out, besides one pass over the graph.
+READ_OUT_S = 0.1
+#: Seconds one pass over the graph (a ``simulate``: 0.65 s for 100,000 nodes) takes an idle core, a node.
+PASS_S_PER_NODE = 1e-5
 
 
 class OutOfTime(CkptError, TimeoutError):
@@ -63,6 +72,17 @@ class Deadline:
         self.limit_s = float(limit_s)
         self.clock = clock
         self.start = clock()
+        self.pass_s: float | None = None  # one pass over the graph, as timed by the solve here and now
+
+    def pass_estimate(self, nodes: int) -> float:
+        """Seconds one linear pass over a graph of ``nodes`` nodes takes (one ``simulate``): the pass the
+        solve timed (on this machine, at this load) when it did, and no less than an idle core's
+        :data:`PASS_S_PER_NODE` a node."""
+        return max(PASS_S_PER_NODE * nodes, self.pass_s or 0.0)
+
+    def read_out_s(self, nodes: int) -> float:
+        """Seconds kept back at the end for reading a plan out: :data:`READ_OUT_S` and one pass."""
+        return READ_OUT_S + self.pass_estimate(nodes)
 
     def elapsed(self) -> float:
         """Seconds since the deadline was made."""
@@ -78,7 +98,9 @@ class Deadline:
 
     def before(self, keep_s: float) -> "Deadline":
         """A deadline ``keep_s`` seconds before this one (for a phase that must leave that much), same clock."""
-        return Deadline(max(0.0, self.left() - keep_s), clock=self.clock)
+        sub = Deadline(max(0.0, self.left() - keep_s), clock=self.clock)
+        sub.pass_s = self.pass_s
+        return sub
 
     def check(self, what: str) -> None:
         """Raise :class:`OutOfTime` naming ``what`` when no time is left."""

@@ -154,6 +154,11 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
     """
     if method not in METHODS:  # solve() checks it already; a direct call is checked here
         next(o for o in ILP_OPTIONS if o.name == "method").check(method, "ilp", ILP_OPTIONS)
+    t0 = deadline.clock()
+    graph.fingerprint()  # the read-out needs it: one pass over the graph (0.8 s at 100,000 nodes), within the limit
+    if deadline.clock() - t0 > 0.01:
+        deadline.pass_s = deadline.clock() - t0  # timed here and now (NOTE [ One deadline ])
+    n = len(graph)
     kept = selective and keepable(graph)  # nothing to keep: the plain search is the whole search
     over = KEPT if selective else REGIONS
     max_work = None if work_limit is None else int(work_limit * WORK_PER_S)
@@ -170,8 +175,12 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
             log.info("ilp: %s; solving with CP-SAT", exc)
             program = None
             why = f"the graph is too wide for the frontier program ({exc.width} open tensors)"
-        # The program is exact when it finishes; auto keeps a share of the time for what follows.
-        sub = deadline if method == "frontier" else deadline.before(CP_SAT_SHARE * deadline.limit_s)
+        # The program is exact when it finishes; auto keeps a share of the time for what follows, at least
+        # what a few warm-start plans and the read-out take (a simulation each: 0.65 s at 100,000 nodes).
+        keep = max(CP_SAT_SHARE * deadline.limit_s, 3 * deadline.read_out_s(n))
+        sub = deadline if method == "frontier" else deadline.before(keep)
+        if program is not None and method == "auto" and sub.left() < deadline.pass_estimate(n):
+            program, why = None, "no time left for the frontier program"  # what is left goes to a plan
         if program is not None:
             try:
                 plain = by_frontier(graph, budget_bytes, program, sub, max_work=max_work)
@@ -242,7 +251,9 @@ def _by_cp_sat(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_limi
                max_work: int | None, why: str) -> Plan:
     """The warm starts and CP-SAT (with kept nodes up to its model's size): the graph is too wide for the
     frontier program, it did not finish, or ``method="cp-sat"``."""
-    warm = warm_starts(graph, budget_bytes, deadline, work_limit=work_limit, selective=kept) if warm_start else Warm()
+    # The warm starts leave the read-out its time (a simulation each, checked before it starts).
+    warm = warm_starts(graph, budget_bytes, deadline.before(deadline.read_out_s(len(graph))), work_limit=work_limit,
+                       selective=kept, limit_s=deadline.limit_s) if warm_start else Warm()
     best = warm.best
     if best is not None and (best.flops == 0 or (warm.bound is not None and best.flops <= warm.bound)):
         return _proven(_warm_plan(best, Status.OPTIMAL), over)  # dp's bound is over the plans asked for

@@ -43,16 +43,6 @@ log = logging.getLogger(__name__)
 
 #: CP-SAT's default deterministic work limit (``work_limit``).
 DEFAULT_WORK_LIMIT = 30.0
-#: Seconds kept back from CP-SAT for reading its answer out and simulating it (NOTE [ One deadline ]),
-#: plus :data:`READ_OUT_S_PER_NODE` a node of the graph (one ``simulate``: 0.65 s for 100,000 nodes).
-READ_OUT_S = 0.1
-READ_OUT_S_PER_NODE = 1e-5
-
-
-def read_out_s(graph: Graph) -> float:
-    """Seconds a solve keeps back at the end for reading its plan out (NOTE [ One deadline ])."""
-    return READ_OUT_S + READ_OUT_S_PER_NODE * len(graph)
-
 #: The options CP-SAT runs take (``cp-sat`` all of them; ``ilp`` adds its own).
 CP_SAT_OPTIONS = (
     Option("time_limit_s", float, "wall-clock safety net: the call returns within this + 0.5 s with the best plan "
@@ -143,7 +133,7 @@ class IlpSolver:
         return self._plan(inc.regions, Status.OPTIMAL if lb >= inc.flops else Status.FEASIBLE, lb)
 
     def _cp_sat_left(self) -> float:
-        return self.deadline.left() - read_out_s(self.graph)
+        return self.deadline.left() - self.deadline.read_out_s(len(self.graph))
 
     def _record(self, result: Any) -> None:
         self.findings["cp_sat_status"] = result.status

@@ -57,7 +57,7 @@ from typing import Any, NamedTuple
 from graphs import Graph
 
 from .deadline import Deadline, OutOfTime
-from .ilp_cpsat import IlpTimeout, read_out_s
+from .ilp_cpsat import IlpTimeout
 from .ilp_cuts import region_literals
 from .ilp_model import CheckpointModel
 from .plan import Plan, Status
@@ -311,7 +311,7 @@ def solve_selective(graph: Graph, budget_bytes: int, deadline: Deadline, *, work
         model.hint_plan(inc.regions, inc.saved)
     bound = None
     while findings["cuts"] < MAX_CUTS:
-        left = deadline.left() - read_out_s(graph)
+        left = deadline.left() - deadline.read_out_s(len(graph))
         if left <= 0:
             break
         result = model.solve(time_limit_s=left, workers=workers, gap_limit=gap_limit, work_limit=work_limit,

@@ -179,26 +179,38 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
     """
     if plan is not None:
         plan.validate(graph)
-    key = (tuple(plan.regions), tuple(plan.saved)) if plan is not None else ((), ())
     if not record:
-        for ref, seen, sim in _RECENT:
-            if seen == key and ref() is graph:
+        for i, (ref, seen, sim) in enumerate(_RECENT):
+            if ref() is graph and seen == _key(plan):
+                _RECENT.append(_RECENT.pop(i))  # the most recent again
                 return sim
     walk = _Walk(graph, plan, record)
     walk.forward()
     walk.backward()
     sim = walk.result()
     if not record:
-        _RECENT.append((weakref.ref(graph), key, sim))
-        del _RECENT[:-_RECENT_SIZE]
+        remember(graph, plan, sim)
     return sim
 
 
 #: The last simulations without a timeline, by graph object and plan: ``solve`` re-costs the plan a
 #: solver has just simulated (0.65 s on 100,000 nodes, inside the solver's time limit: NOTE [ One deadline ]
 #: in ``solvers.deadline``). A graph is immutable, and a weak reference never outlives it.
-_RECENT: list[tuple[weakref.ref, tuple, Simulation]] = []
+_RECENT: list[tuple[weakref.ref, tuple, "Simulation"]] = []
 _RECENT_SIZE = 4
+
+
+def _key(plan: Plan | None) -> tuple:
+    return (tuple(plan.regions), tuple(plan.saved)) if plan is not None else ((), ())
+
+
+def remember(graph: Graph, plan: Plan | None, sim: Simulation) -> None:
+    """Keep ``sim``, what ``simulate(graph, plan, record=False)`` returned, as the most recent simulation
+    (a solver that simulated many plans puts the one it answers with last)."""
+    key = _key(plan)
+    _RECENT[:] = [e for e in _RECENT if not (e[0]() is graph and e[1] == key)]
+    _RECENT.append((weakref.ref(graph), key, sim))
+    del _RECENT[:-_RECENT_SIZE]
 
 
 class _Walk:

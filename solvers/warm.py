@@ -17,8 +17,9 @@ NOTE [ Bounded warm starts ]
     rate of the kernel this process has loaded (NOTE [ The dp kernel under a
     deadline ]: never waited for), so whether it runs does not depend on the
     load; its table stays linear in memory (NOTE [ Linear memory in dp ]).
-    Nothing starts once the deadline has passed: each candidate is checked
-    before it is simulated, and ``dp`` checks as it fills.
+    Nothing starts once the deadline has passed, and once a plan is found no
+    candidate starts with less time left than a simulation takes
+    (``Deadline.pass_estimate``); ``dp`` checks the deadline as it fills.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from .chen import greedy_plans, sqrt_plan
 from .deadline import Deadline
 from .errors import InfeasibleBudget
 from .plan import Plan, Status
-from .simulate import simulate
+from .simulate import remember, simulate
 from .spans import SpanIndex
 
 __all__ = ["Incumbent", "Warm", "warm_starts", "uniform_ks", "DP_SHARE"]
@@ -114,13 +115,13 @@ def _candidates(graph: Graph) -> Iterator[tuple[str, Regions]]:
         yield "uniform", regions
 
 
-def _dp(graph: Graph, budget_bytes: int, deadline: Deadline | None, work_limit: float | None,
+def _dp(graph: Graph, budget_bytes: int, deadline: Deadline | None, work_limit: float | None, limit_s: float | None,
         selective: bool) -> Plan | None:
     """``dp``'s plan when its table fits its share of the limit (NOTE [ Bounded warm starts ]), else None;
     raises :class:`~solvers.errors.InfeasibleBudget` when its table holds no plan under the budget."""
     from .dp import DEFAULT_MAX_FRONT, dp_answer, dp_table
 
-    limits = [x for x in (work_limit, deadline.limit_s if deadline is not None else None) if x is not None]
+    limits = [x for x in (work_limit, limit_s) if x is not None]
     try:
         table = dp_table(graph, max_front=DEFAULT_MAX_FRONT, selective=selective, deadline=deadline or Deadline(math.inf),
                          max_s=DP_SHARE * min(limits) if limits else None)  # never waits for numba
@@ -137,7 +138,7 @@ def _dp(graph: Graph, budget_bytes: int, deadline: Deadline | None, work_limit: 
 
 
 def warm_starts(graph: Graph, budget_bytes: int, deadline: Deadline | None = None, *,
-                work_limit: float | None = None, selective: bool = False) -> Warm:
+                work_limit: float | None = None, selective: bool = False, limit_s: float | None = None) -> Warm:
     """The cheapest fitting plans of the fast solvers, within the deadline (NOTE [ Bounded warm starts ]).
 
     Args:
@@ -146,7 +147,10 @@ def warm_starts(graph: Graph, budget_bytes: int, deadline: Deadline | None = Non
         deadline: nothing starts once it has passed (None: no limit).
         work_limit: about seconds of one idle core; bounds ``dp``'s table (None: the time limit does).
         selective: ``dp`` may keep nodes (its plan then counts for :attr:`Warm.best` only).
+        limit_s: the solve's time limit, which also bounds ``dp``'s table (default: ``deadline``'s).
     """
+    if limit_s is None and deadline is not None:
+        limit_s = deadline.limit_s
     best: Incumbent | None = None
     plain: Incumbent | None = None
     bound = None
@@ -154,14 +158,14 @@ def warm_starts(graph: Graph, budget_bytes: int, deadline: Deadline | None = Non
     ran: set[str] = set()
     fit: set[str] = set()
     for source, regions in _candidates(graph):
-        if deadline is not None and deadline.expired():
-            log.info("ilp warm start: out of time before %s", source)
+        if deadline is not None and deadline.left() < (deadline.pass_estimate(len(graph)) if best else 1e-9):
+            log.info("ilp warm start: out of time before %s", source)  # a simulation would overrun the deadline
             break
         saved: tuple[int, ...] = ()
         optimal = False
         if regions is None:  # dp's turn
             try:
-                plan = _dp(graph, budget_bytes, deadline, work_limit, selective)
+                plan = _dp(graph, budget_bytes, deadline, work_limit, limit_s, selective)
             except InfeasibleBudget:
                 ran.add(source)
                 continue
@@ -180,12 +184,13 @@ def warm_starts(graph: Graph, budget_bytes: int, deadline: Deadline | None = Non
         if optimal:
             bound = inc.flops
         if best is None or inc.flops < best.flops:
-            best = inc
+            best, best_sim = inc, sim
         if not saved and (plain is None or inc.flops < plain.flops):
             plain = inc
         if inc.flops == 0:
             break  # recomputes nothing: nothing is cheaper
     if best is not None:
+        remember(graph, Plan(regions=best.regions, saved=best.saved), best_sim)  # the read-out reuses it
         log.info("ilp warm start: %s, %d FLOPs%s", best.source, best.flops,
                  "" if bound is None else f" (dp's optimum: {bound})")
     return Warm(best, plain, bound, tuple(s for s in ("dp", "chen", "uniform", "per-module") if s in ran - fit))
