@@ -14,8 +14,8 @@ import logging
 import time
 
 #: Benchmark modules under benchmarks/, in run order.
-SUITES = ["solvers", "aligned", "scale", "trace_memory", "apply_memory", "apply_shapes", "compare", "selective", "fit",
-          "zoo", "loop"]
+SUITES = ["solvers", "limits", "aligned", "scale", "trace_memory", "apply_memory", "apply_shapes", "compare", "selective",
+          "fit", "zoo", "loop"]
 
 log = logging.getLogger("benchmarks")
 
