@@ -45,10 +45,12 @@ log = logging.getLogger(__name__)
 DEFAULT_WORK_LIMIT = 30.0
 #: The options CP-SAT runs take (``cp-sat`` all of them; ``ilp`` adds its own).
 CP_SAT_OPTIONS = (
-    Option("time_limit_s", float, "wall-clock safety net: the call returns within this + 0.5 s with the best plan "
+    Option("time_limit_s", float, "wall clock: the call returns within this + 1 s with the best plan "
            "found (NOTE [ One deadline ])", minimum=0),
-    Option("work_limit", float, "CP-SAT's deterministic work limit (about seconds of one idle core): the same graph "
-           "and budget give the same plan on a busy machine; None: the wall clock only", above=0, none_ok=True),
+    Option("work_limit", float, "the work each search may do, counted (about seconds of one idle core): CP-SAT's "
+           "deterministic time, the frontier program's work, dp's table in the warm start; the same graph and budget "
+           "give the same plan on a busy machine where they end within it; None: the wall clock only", above=0,
+           none_ok=True),
     Option("workers", int, "CP-SAT search workers (interleaved deterministically under a work limit)", minimum=1),
     Option("seed", int, "CP-SAT's random seed", minimum=0),
     Option("gap_limit", float, "stop once the proven relative gap is at most this (0: prove optimality)",

@@ -83,7 +83,7 @@ def by_frontier(graph: Graph, budget_bytes: int, program: FrontierDP, deadline: 
         log.error("ilp frontier program predicted %d FLOPs under %d for %s keeping %s; simulate says %d FLOPs at %d",
                   res.objective, budget_bytes, res.regions, res.saved, sim.recompute_cost, sim.peak_bytes)
         raise SolverBug("the frontier program's plan disagrees with simulate")
-    findings: dict[str, Any] = {"method": "frontier (kept nodes)" if program.kept is not None else "frontier",
+    findings: dict[str, Any] = {"method": "frontier with kept nodes" if program.kept is not None else "frontier",
                                 "frontier_states": res.states, "frontier_work": work}
     if res.blocks:
         findings["blocks_composed"] = res.blocks  # NOTE [ Composing repeated blocks ]

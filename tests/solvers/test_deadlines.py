@@ -95,7 +95,7 @@ def test_method_frontier_is_obeyed_and_cp_sat_runs_only_where_the_program_does_n
     model = solvers.ilp_cpsat.checkpoint_model()
     monkeypatch.setattr(model, "solve", lambda *a, **k: pytest.fail("CP-SAT ran on a narrow graph"))
     plan = solvers.solve(g, budget, solver="ilp")
-    assert plan.findings["method"] == "frontier (kept nodes)" and plan.status == "optimal"
+    assert plan.findings["method"] == "frontier with kept nodes" and plan.status == "optimal"
     with pytest.raises(IlpTimeout, match="work limit"):
         solvers.solve(g, budget, solver="ilp", method="frontier", work_limit=1e-9)
 
