@@ -106,6 +106,7 @@ def block_front(prog: Any, s: int, e: int, key: tuple[int, ...]) -> dict[tuple[i
         states[r].setdefault(nkey, []).append(entry)
 
     for p in range(s, e + 1):
+        prog.stop_if_over(p)
         r = p - s
         allowed = ends[p][ends[p] <= e] if ends is not None and prog.recomputable[p] else np.zeros(0, np.int64)
         terms = prog.region_terms(p, int(allowed[-1])) if len(allowed) else None

@@ -20,6 +20,7 @@ in ``graphs.graph``).
 from __future__ import annotations
 
 import math
+from typing import Iterator
 
 from graphs import Graph
 
@@ -31,7 +32,7 @@ from .simulate import simulate
 from .spans import SpanIndex
 from .stages import Stages, stages
 
-__all__ = ["sqrt_plan", "greedy_plans", "chen", "chen_sqrt", "chen_greedy"]
+__all__ = ["sqrt_plan", "greedy_plans", "iter_greedy_plans", "chen", "chen_sqrt", "chen_greedy"]
 
 #: Thresholds tried by the greedy, as fractions of the total output bytes.
 GREEDY_GRID = 48
@@ -64,10 +65,15 @@ def sqrt_plan(graph: Graph, segments: int | None = None) -> tuple[tuple[int, int
 
 def greedy_plans(graph: Graph) -> list[tuple[tuple[int, int], ...]]:
     """Chen's greedy (Algorithm 3) for a grid of thresholds."""
+    return list(dict.fromkeys(iter_greedy_plans(graph)))
+
+
+def iter_greedy_plans(graph: Graph) -> Iterator[tuple[tuple[int, int], ...]]:
+    """:func:`greedy_plans` one threshold at a time (a caller under a deadline stops between them);
+    a plan may come more than once."""
     st = stages(graph)
     sizes = [sum(graph.nodes[i].out_bytes for i in range(a, b + 1)) for a, b in zip(st.starts, st.ends)]
     total = max(1, sum(sizes))
-    plans = []
     for g in range(1, GREEDY_GRID + 1):
         threshold = total * (0.5 ** (GREEDY_GRID - g) if g < GREEDY_GRID // 2 else g / GREEDY_GRID)
         groups, first, acc = [], 0, 0
@@ -76,10 +82,7 @@ def greedy_plans(graph: Graph) -> list[tuple[tuple[int, int], ...]]:
             if acc > threshold or s == len(sizes) - 1:
                 groups.append((first, s))
                 first, acc = s + 1, 0
-        regions = _regions(st, groups)
-        if regions not in plans:
-            plans.append(regions)
-    return plans
+        yield _regions(st, groups)
 
 
 def _best(graph: Graph, budget_bytes: int, candidates, solver: str) -> Plan:

@@ -166,6 +166,7 @@ class FrontierDP:
         for (a, b), extra in graph.span_extra_bytes().items():
             self.span_extra_from[a].append((b, extra))
         self.work = 0  # NOTE [ The frontier program's work ]: of the last solve
+        self._limits: tuple[Deadline | None, int | None] = (None, None)  # of the running solve
         self.kept = KeptRegions(self) if selective else None  # NOTE [ Kept nodes in the frontier DP ]
         if self.kept is not None and not self.kept.any:
             self.kept = None
@@ -325,6 +326,7 @@ class FrontierDP:
         if objective not in ("flops", "peak"):
             raise SolverOptionError(f"frontier program: objective must be 'flops' or 'peak', not {objective!r}")
         t0 = time.perf_counter()
+        self._limits = (deadline, max_work)
         peak = objective == "peak"
         n = self.n
         cap = (int(budget_bytes) - self.const) if budget_bytes is not None else (1 << 62)
@@ -405,6 +407,12 @@ class FrontierDP:
         if p and p % report == 0:
             log.info("frontier %s: node %d of %d, %d states, work %d, %.1fs", self.graph.name, p, self.n, states,
                      self.work, time.perf_counter() - t0)
+        self.stop_if_over(p)
+
+    def stop_if_over(self, p: int) -> None:
+        """Raise :class:`FrontierTimeout` past the running solve's work limit or deadline (also looked at
+        while a block's front is built, node ``p`` of it)."""
+        deadline, max_work = self._limits
         if max_work is not None and self.work > max_work:
             raise FrontierTimeout(f"the frontier program reached node {p} of {self.n} at its work limit "
                                   f"({max_work} units)", by="work limit")

@@ -89,7 +89,7 @@ from .deadline import Deadline
 from .errors import InfeasibleBudget, SolverBug
 from .frontier import MAX_WIDTH, WORK_PER_S, FrontierTimeout, TooWide
 from .ilp_cpsat import (CP_SAT_OPTIONS, DEFAULT_WORK_LIMIT, WARM_SOLVERS, IlpSolver, IlpTimeout, Incumbent,
-                        kept_solver, solve_within as cp_sat_within)
+                        cp_sat_may_start, kept_solver, solve_within as cp_sat_within)
 from .ilp_frontier import by_frontier, frontier_heuristic, frontier_program, keepable
 from .options import Option
 from .plan import Plan, Status
@@ -177,7 +177,7 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
             why = f"the graph is too wide for the frontier program ({exc.width} open tensors)"
         # The program is exact when it finishes; auto keeps a share of the time for what follows, at least
         # what a few warm-start plans and the read-out take (a simulation each: 0.65 s at 100,000 nodes).
-        keep = max(CP_SAT_SHARE * deadline.limit_s, 3 * deadline.read_out_s(n))
+        keep = max(CP_SAT_SHARE * deadline.limit_s, deadline.read_out_s(n) + 2 * deadline.pass_estimate(n))
         sub = deadline if method == "frontier" else deadline.before(keep)
         if program is not None and method == "auto" and sub.left() < deadline.pass_estimate(n):
             program, why = None, "no time left for the frontier program"  # what is left goes to a plan
@@ -224,25 +224,21 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
 def _kept_after_program(graph: Graph, budget_bytes: int, deadline: Deadline, plain: Plan | None,
                         infeasible: InfeasibleBudget | None, why: str, work_limit: float | None, workers: int,
                         seed: int, gap_limit: float) -> Plan:
-    """The program proved the optimum without kept nodes (``plain``) or that none fits (``infeasible``), but
-    did not finish with kept nodes: CP-SAT with kept nodes where its model takes the graph, else that."""
-    bound = None
-    if not deadline.expired():
-        inc = None if plain is None else Incumbent(plain.regions, int(plain.bound), "frontier (regions only)")
-        got = kept_solver()(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers, seed=seed,
-                            gap_limit=gap_limit, warm_start_=False, incumbent=inc)
-        if got is None:
-            why = f"{why}; too many (region, menu entry) choices for CP-SAT's kept-node model"
-        elif got.status == Status.OPTIMAL:
-            return _proven(got, KEPT)
-        elif plain is None or got.saved or got.regions != plain.regions:  # cheaper than plain, or the only plan
-            return dataclasses.replace(got, findings=dict(got.findings, selective=f"not searched: {why}"))
-        else:
-            why = f"{why}; CP-SAT with kept nodes found nothing cheaper within its limits"
-            bound = got.bound
+    """The program proved the optimum without kept nodes (``plain``: the answer, ``feasible``, saying so) or
+    that none fits (``infeasible``), but did not finish with kept nodes. Where none fits, CP-SAT with kept
+    nodes, where its model takes the graph and there is time for it, may still find one. (After a proven
+    optimum it is not run: on the graphs the program stops on, its model proves nothing in what is left,
+    and importing OR-Tools and building it took 2 s of a 1 s limit on a Llama-2-7B op graph.)"""
     if plain is not None:
-        return _regions_only(plain, why, bound)
+        return _regions_only(plain, why)
     assert infeasible is not None
+    if cp_sat_may_start(deadline, len(graph)):
+        got = kept_solver()(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers, seed=seed,
+                            gap_limit=gap_limit, warm_start_=False)
+        if got is not None:
+            return _proven(got, KEPT) if got.status == Status.OPTIMAL else dataclasses.replace(
+                got, findings=dict(got.findings, selective=f"not searched: {why}"))
+        why = f"{why}; too many (region, menu entry) choices for CP-SAT's kept-node model"
     raise infeasible.replace(scope=f"the plans that keep no node ({why})") from None
 
 
@@ -257,7 +253,7 @@ def _by_cp_sat(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_limi
     best = warm.best
     if best is not None and (best.flops == 0 or (warm.bound is not None and best.flops <= warm.bound)):
         return _proven(_warm_plan(best, Status.OPTIMAL), over)  # dp's bound is over the plans asked for
-    if kept:  # NOTE [ Kept nodes in the CP-SAT model ]; None: too many choices for it
+    if kept and cp_sat_may_start(deadline, len(graph)):  # NOTE [ Kept nodes in the CP-SAT model ]
         plan = kept_solver()(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers, seed=seed,
                              gap_limit=gap_limit, warm_start_=False, incumbent=best)
         if plan is not None:

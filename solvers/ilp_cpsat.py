@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from typing import Any, Sequence
 
 from graphs import CkptError, Graph
@@ -61,6 +62,20 @@ CP_SAT_OPTIONS = (
 
 class IlpTimeout(CkptError, RuntimeError):
     """CP-SAT found no plan (and none was given as a hint) within the time limit."""
+
+
+#: Seconds importing OR-Tools takes (with pandas, which it pulls in) where it is not imported yet, and the least
+#: a search is worth starting with (NOTE [ One deadline ]).
+IMPORT_S = 1.5
+MIN_SEARCH_S = 0.2
+
+
+def cp_sat_may_start(deadline: Deadline, nodes: int) -> bool:
+    """Whether a CP-SAT search is worth starting with what ``deadline`` leaves: its least search time and the
+    read-out, and importing OR-Tools where it is not imported yet (1.5 s of a 1 s limit, otherwise)."""
+    need = MIN_SEARCH_S + deadline.read_out_s(nodes) + (0.0 if "ortools.sat.python.cp_model" in sys.modules
+                                                         else IMPORT_S)
+    return deadline.left() >= need
 
 
 def checkpoint_model() -> Any:
@@ -168,7 +183,7 @@ class IlpSolver:
         cuts: list[tuple[tuple[int, int], ...]] = []
         inc = self.incumbent
         for _ in range(50):
-            if self._cp_sat_left() <= 0:
+            if not cp_sat_may_start(self.deadline, len(self.graph)):
                 return self._out_of_time()
             model_class = checkpoint_model()  # OR-Tools loads here, not when there is no time to search
             # Phases: variables, constraints, objective (CheckpointModel), then solve.

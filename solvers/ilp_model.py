@@ -119,6 +119,9 @@ class CheckpointModel:
             if k:
                 m.Add(self.cont[k] == sum(inner[k]))
 
+    def _expired(self) -> bool:
+        return self.deadline is not None and self.deadline.expired()
+
     def _tick(self, k: int = 0) -> None:
         """Stop building once the deadline has passed (looked at every step of each phase)."""
         if self.deadline is not None and self.deadline.expired():
@@ -393,7 +396,7 @@ class CheckpointModel:
             if complete_work is not None:
                 solver.parameters.max_deterministic_time = float(complete_work)
             solver.parameters.num_workers = 1
-            if run_cp_sat(solver, copy) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if run_cp_sat(solver, copy, expired=self._expired) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 for i in range(len(self.m.Proto().variables)):
                     self.m.AddHint(self.m.GetIntVarFromProtoIndex(i), solver.Value(copy.GetIntVarFromProtoIndex(i)))
                 return True
@@ -442,7 +445,9 @@ class CheckpointModel:
         solver = new_solver(time_limit_s=time_limit_s, workers=workers, gap_limit=gap_limit,
                             work_limit=work_limit, seed=seed)
         log.info("ilp: CP-SAT searching (%d nodes, %.0f s at most)", len(self.graph), time_limit_s)
-        status = run_cp_sat(solver, self.m, Progress(self.unit))
+        status = run_cp_sat(solver, self.m, Progress(self.unit), expired=self._expired)
+        if status is None:  # NOTE [ CP-SAT past its time limit ]: left running, nothing read from it
+            return ModelResult("unknown", None, float("nan"), float("nan"), time_limit_s, 0.0)
         name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
                 cp_model.INFEASIBLE: "infeasible"}.get(status, "unknown")
         log.info("ilp %s: status %s, objective %s, bound %s, %.2fs", self.graph.name, name,

@@ -122,7 +122,12 @@ class Stages:
 
 
 def stages(graph: Graph) -> Stages:
-    """Split ``graph`` at its articulation cuts (see the module docstring)."""
+    """Split ``graph`` at its articulation cuts (see the module docstring); computed once per graph object
+    (``dp``, both of Chen's plans and the warm starts ask for it: 0.9 s on a 20,000-node chain)."""
+    return graph.cached("_stages", lambda: _stages(graph))
+
+
+def _stages(graph: Graph) -> Stages:
     common = common_tensors(graph)
     cuts, bounds = _cuts_and_boundaries(graph, common)
     starts = [0] + cuts

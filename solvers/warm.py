@@ -27,12 +27,12 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from graphs import CkptError, Graph
 
 from .baselines import _uniform_candidates, block_regions
-from .chen import greedy_plans, sqrt_plan
+from .chen import iter_greedy_plans, sqrt_plan
 from .deadline import Deadline
 from .errors import InfeasibleBudget
 from .plan import Plan, Status
@@ -90,7 +90,7 @@ def uniform_ks(n: int) -> list[int]:
     return sorted(set(min(n, k) for k in ks))
 
 
-def _snapped(graph: Graph, plans: list[Regions]) -> Iterator[Regions]:
+def _snapped(graph: Graph, plans: Iterable[Regions]) -> Iterator[Regions]:
     if not graph.spans:
         yield from plans
         return
@@ -100,19 +100,24 @@ def _snapped(graph: Graph, plans: list[Regions]) -> Iterator[Regions]:
 
 
 def _candidates(graph: Graph) -> Iterator[tuple[str, Regions]]:
-    """The cheap candidates, in order, before and after ``dp`` (``None`` marks where ``dp`` goes)."""
-    yield "store-all", ()
+    """The cheap candidates, in order, each plan once (``None`` marks where ``dp`` goes)."""
+    seen: set[Regions] = set()
+
+    def each(source: str, plans: Iterable[Regions]) -> Iterator[tuple[str, Regions]]:
+        for regions in plans:
+            if regions not in seen:
+                seen.add(regions)
+                yield source, regions
+
+    yield from each("store-all", [()])
     try:
-        yield "per-module", tuple(block_regions(graph))
+        yield from each("per-module", [tuple(block_regions(graph))])
     except CkptError:
         pass
-    for regions in _snapped(graph, [sqrt_plan(graph)]):
-        yield "chen", regions
+    yield from each("chen", _snapped(graph, [sqrt_plan(graph)]))
     yield "dp", None  # type: ignore[misc]
-    for regions in _snapped(graph, greedy_plans(graph)):
-        yield "chen", regions
-    for k, regions in _uniform_candidates(graph, uniform_ks(len(graph))):
-        yield "uniform", regions
+    yield from each("chen", _snapped(graph, iter_greedy_plans(graph)))  # one threshold at a time
+    yield from each("uniform", (regions for _, regions in _uniform_candidates(graph, uniform_ks(len(graph)))))
 
 
 def _dp(graph: Graph, budget_bytes: int, deadline: Deadline | None, work_limit: float | None, limit_s: float | None,
