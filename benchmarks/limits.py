@@ -115,6 +115,7 @@ def _run(graph_path: str, fraction: float, limit: int, busy: bool, folder: str) 
     row.update(status=plan["status"], recompute_flops=plan["recompute_flops"],
                peak_bytes=plan["peak_bytes"], budget_bytes=plan["budget_bytes"], kept=len(plan.get("saved", ())),
                optimal_over=findings.get("optimal_over", ""), method=findings.get("method", ""),
+               incumbent=findings.get("incumbent", ""),
                gap=plan.get("gap"))
     return row
 
@@ -151,10 +152,12 @@ def main(quick: bool = False) -> None:
 
 def _cell(r: dict) -> str:
     if "error" in r:
-        return f"no plan: {r['error'][0][:90]}"
-    over = f", optimal over {r['optimal_over']}" if r["optimal_over"] else ""
+        return "no plan: " + r["error"][0].removeprefix("ckpt solve: error: ")[:120]
+    over = (f" over {r['optimal_over']}" if r["status"] == "optimal" else f" (optimal over {r['optimal_over']})") \
+        if r["optimal_over"] else ""
     kept = f", {r['kept']} kept" if r["kept"] else ""
-    return f"{r['status']}{over}: {r['overhead_pct']:.2f}%{kept} ({r['method']})"
+    via = r["method"] + (f", {r['incumbent']}'s plan" if r.get("incumbent") else "")
+    return f"{r['status']}{over}: {r['overhead_pct']:.2f}%{kept} ({via})"
 
 
 def _write(meta: dict, results: list[dict], quick: bool) -> None:

@@ -16,8 +16,11 @@ NOTE [ One deadline ]
     ``solve`` then reuses that simulation). A phase that is one pass over the
     graph and cannot stop halfway (a warm-start plan's simulation, building
     the frontier program) is not started when less than a pass is left: the
-    solve times one pass (the graph's fingerprint, which the read-out needs
-    anyway) at the start, here and at this load (``pass_s``). There are no
+    solve times the graph's fingerprint (which the read-out needs anyway,
+    about two passes) at the start, here and at this load (``pass_s``), and
+    on a graph whose passes are a large part of the limit first probes the
+    load (``probe_load``) and answers at once, without a plan, when the limit
+    cannot hold the fingerprint, one plan and its read-out. There are no
     per-phase floors: ``max(1.0, left)`` for each of three phases once made
     ``ilp(time_limit_s=1)`` run 4.1 s on a loaded machine.
 
@@ -44,6 +47,10 @@ __all__ = ["Deadline", "OutOfTime", "READ_OUT_S", "PASS_S_PER_NODE"]
 READ_OUT_S = 0.1
 #: Seconds one pass over the graph (a ``simulate``: 0.65 s for 100,000 nodes) takes an idle core, a node.
 PASS_S_PER_NODE = 1e-5
+#: Iterations of :meth:`Deadline.probe_load`'s loop an idle core runs in a second (the fastest of 200 runs here),
+#: and how long the probe runs.
+PROBE_RATE = 20_000_000
+PROBE_S = 0.03
 
 
 class OutOfTime(CkptError, TimeoutError):
@@ -73,12 +80,27 @@ class Deadline:
         self.clock = clock
         self.start = clock()
         self.pass_s: float | None = None  # one pass over the graph, as timed by the solve here and now
+        self.slowdown = 1.0  # how much slower than an idle core this process runs now (:meth:`probe_load`)
 
     def pass_estimate(self, nodes: int) -> float:
         """Seconds one linear pass over a graph of ``nodes`` nodes takes (one ``simulate``): the pass the
         solve timed (on this machine, at this load) when it did, and no less than an idle core's
-        :data:`PASS_S_PER_NODE` a node."""
-        return max(PASS_S_PER_NODE * nodes, self.pass_s or 0.0)
+        :data:`PASS_S_PER_NODE` a node times the slowdown :meth:`probe_load` measured."""
+        return max(PASS_S_PER_NODE * nodes * self.slowdown, self.pass_s or 0.0)
+
+    def probe_load(self, probe_s: float = PROBE_S) -> None:
+        """Run a plain Python loop for about ``probe_s`` and set :attr:`slowdown` from how far it got against
+        an idle core's :data:`PROBE_RATE` (a probe of several scheduler slices: a millisecond's probe often
+        runs whole and sees no load). For a graph whose passes are a large part of the limit only."""
+        done, stop = 0, time.perf_counter() + probe_s
+        start = time.perf_counter()
+        while time.perf_counter() < stop:
+            x = 0
+            for i in range(1000):
+                x += i * i
+            done += 1000
+        took = time.perf_counter() - start
+        self.slowdown = max(1.0, took * PROBE_RATE / max(done, 1))
 
     def read_out_s(self, nodes: int) -> float:
         """Seconds kept back at the end for reading a plan out: :data:`READ_OUT_S` and one pass."""
@@ -99,7 +121,7 @@ class Deadline:
     def before(self, keep_s: float) -> "Deadline":
         """A deadline ``keep_s`` seconds before this one (for a phase that must leave that much), same clock."""
         sub = Deadline(max(0.0, self.left() - keep_s), clock=self.clock)
-        sub.pass_s = self.pass_s
+        sub.pass_s, sub.slowdown = self.pass_s, self.slowdown
         return sub
 
     def check(self, what: str) -> None:

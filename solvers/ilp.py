@@ -85,7 +85,7 @@ import logging
 
 from graphs import Graph
 
-from .deadline import Deadline
+from .deadline import PASS_S_PER_NODE, Deadline
 from .errors import InfeasibleBudget, SolverBug
 from .frontier import MAX_WIDTH, WORK_PER_S, FrontierTimeout, TooWide
 from .ilp_cpsat import (CP_SAT_OPTIONS, DEFAULT_WORK_LIMIT, WARM_SOLVERS, IlpSolver, IlpTimeout, Incumbent,
@@ -108,6 +108,10 @@ METHODS = ("auto", "frontier", "cp-sat")
 CP_SAT_SHARE = 0.2
 #: The share of the time limit (and of the work limit) the bounded-width heuristic may take (wide graphs).
 HEURISTIC_SHARE = 0.1
+#: What the graph's fingerprint costs in passes over it (a JSON dump: about two simulations), and the passes
+#: before any plan is checked: the fingerprint and one plan's simulation.
+FINGERPRINT_PASSES = 2.0
+FIRST_PASSES = FINGERPRINT_PASSES + 1
 #: ``findings["optimal_over"]``: the sets of plans (NOTE [ One plan space ]).
 KEPT = "regions and kept nodes"
 REGIONS = "regions only"
@@ -154,11 +158,17 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
     """
     if method not in METHODS:  # solve() checks it already; a direct call is checked here
         next(o for o in ILP_OPTIONS if o.name == "method").check(method, "ilp", ILP_OPTIONS)
+    n = len(graph)
+    if PASS_S_PER_NODE * n * FIRST_PASSES > 0.1 * deadline.limit_s:  # passes are a large part of the limit
+        deadline.probe_load()
+    if deadline.left() < FIRST_PASSES * deadline.pass_estimate(n) + deadline.read_out_s(n):
+        raise IlpTimeout(f"no plan found within {deadline.limit_s:g} s: one pass over this graph's {n} nodes takes "
+                         f"about {deadline.pass_estimate(n):.2g} s here, and finding and checking a plan about "
+                         f"{FIRST_PASSES + 1:g} passes; raise time_limit_s (--time-limit)")
     t0 = deadline.clock()
     graph.fingerprint()  # the read-out needs it: one pass over the graph (0.8 s at 100,000 nodes), within the limit
     if deadline.clock() - t0 > 0.01:
-        deadline.pass_s = deadline.clock() - t0  # timed here and now (NOTE [ One deadline ])
-    n = len(graph)
+        deadline.pass_s = (deadline.clock() - t0) / FINGERPRINT_PASSES  # timed here and now (NOTE [ One deadline ])
     kept = selective and keepable(graph)  # nothing to keep: the plain search is the whole search
     over = KEPT if selective else REGIONS
     max_work = None if work_limit is None else int(work_limit * WORK_PER_S)

@@ -75,6 +75,7 @@ class CheckpointModel:
         self.y = [m.NewBoolVar(f"y{k}") for k in range(n)]  # a region starts at k
         self.cont = [m.NewConstant(0)] + [m.NewBoolVar(f"cont{k}") for k in range(1, n)]  # k continues k-1's region
         for k in range(n):
+            self._tick()
             if not g.nodes[k].recomputable:
                 m.Add(self.x[k] == 0)
             m.AddImplication(self.y[k], self.x[k])

@@ -17,8 +17,7 @@ NOTE [ Bounded warm starts ]
     rate of the kernel this process has loaded (NOTE [ The dp kernel under a
     deadline ]: never waited for), so whether it runs does not depend on the
     load; its table stays linear in memory (NOTE [ Linear memory in dp ]).
-    Nothing starts once the deadline has passed, and once a plan is found no
-    candidate starts with less time left than a simulation takes
+    No candidate starts with less time left than a simulation takes
     (``Deadline.pass_estimate``); ``dp`` checks the deadline as it fills.
 """
 
@@ -163,7 +162,7 @@ def warm_starts(graph: Graph, budget_bytes: int, deadline: Deadline | None = Non
     ran: set[str] = set()
     fit: set[str] = set()
     for source, regions in _candidates(graph):
-        if deadline is not None and deadline.left() < (deadline.pass_estimate(len(graph)) if best else 1e-9):
+        if deadline is not None and (deadline.expired() or deadline.left() < deadline.pass_estimate(len(graph))):
             log.info("ilp warm start: out of time before %s", source)  # a simulation would overrun the deadline
             break
         saved: tuple[int, ...] = ()
