@@ -13,8 +13,8 @@ from ortools.sat.python import cp_model
 
 __all__ = ["Progress", "new_solver", "run_cp_sat", "STOP_GRACE_S"]
 
-#: Seconds a search told to stop at the deadline may take to return before it is left running (NOTE [ CP-SAT
-#: past its time limit ]).
+#: Seconds a search told to stop at the deadline may take to return before it is left running
+#: (NOTE [ CP-SAT past its time limit ]).
 STOP_GRACE_S = 0.5
 
 log = logging.getLogger(__name__)
