@@ -24,6 +24,10 @@ NOTE [ One plan space ]
        its work: the warm starts and CP-SAT, with kept nodes up to the size
        of its kept-node model (NOTE [ Kept nodes in the CP-SAT model ]).
 
+    On a graph whose passes are a large part of the limit, the warm starts
+    before ``dp`` (store-all, ``per-module``, Chen's ``sqrt(n)`` plan) run
+    before 1, so a program stopped by the clock still leaves a plan (a
+    20,000-node chain at 5 s once had none idle and Chen's plan busy).
     ``method="frontier"`` runs 1 and 2 only, ``method="cp-sat"`` 3 only. A
     plan says over which set it is proven optimal: ``findings["optimal_over"]``
     is "regions and kept nodes" (status ``optimal``), or "regions only" when
@@ -159,7 +163,8 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
     if method not in METHODS:  # solve() checks it already; a direct call is checked here
         next(o for o in ILP_OPTIONS if o.name == "method").check(method, "ilp", ILP_OPTIONS)
     n = len(graph)
-    if PASS_S_PER_NODE * n * FIRST_PASSES > 0.1 * deadline.limit_s:  # passes are a large part of the limit
+    heavy = PASS_S_PER_NODE * n * FIRST_PASSES > 0.1 * deadline.limit_s  # passes are a large part of the limit
+    if heavy:
         deadline.probe_load()
     if deadline.left() < FIRST_PASSES * deadline.pass_estimate(n) + deadline.read_out_s(n):
         raise IlpTimeout(f"no plan found within {deadline.limit_s:g} s: one pass over this graph's {n} nodes takes "
@@ -175,6 +180,9 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
     plain: Plan | None = None  # the optimum over the plans keeping no node, once proven
     infeasible: InfeasibleBudget | None = None  # no plan keeping no node fits (proven)
     why = "method 'cp-sat'" if method == "cp-sat" else "the frontier program could not run"
+    early: Warm | None = None
+    if heavy and method == "auto" and warm_start:  # a plan in hand before the program (NOTE [ One plan space ])
+        early = warm_starts(graph, budget_bytes, deadline.before(deadline.read_out_s(n)), first=True)
     if method != "cp-sat":
         try:
             program = frontier_program(graph, max_width=max_width, blocks=blocks)
@@ -228,7 +236,7 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
                                    gap_limit)
     return _by_cp_sat(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers, seed=seed,
                       warm_start=warm_start, gap_limit=gap_limit, kept=kept, over=over, heuristic=method == "auto",
-                      max_work=max_work, why=why)
+                      max_work=max_work, why=why, early=early)
 
 
 def _kept_after_program(graph: Graph, budget_bytes: int, deadline: Deadline, plain: Plan | None,
@@ -254,12 +262,13 @@ def _kept_after_program(graph: Graph, budget_bytes: int, deadline: Deadline, pla
 
 def _by_cp_sat(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_limit: float | None, workers: int,
                seed: int, warm_start: bool, gap_limit: float, kept: bool, over: str, heuristic: bool,
-               max_work: int | None, why: str) -> Plan:
+               max_work: int | None, why: str, early: Warm | None = None) -> Plan:
     """The warm starts and CP-SAT (with kept nodes up to its model's size): the graph is too wide for the
-    frontier program, it did not finish, or ``method="cp-sat"``."""
+    frontier program, it did not finish, or ``method="cp-sat"``. ``early``: the first warm starts, run
+    before the program."""
     # The warm starts leave the read-out its time (a simulation each, checked before it starts).
     warm = warm_starts(graph, budget_bytes, deadline.before(deadline.read_out_s(len(graph))), work_limit=work_limit,
-                       selective=kept, limit_s=deadline.limit_s) if warm_start else Warm()
+                       selective=kept, limit_s=deadline.limit_s, resume=early) if warm_start else Warm()
     best = warm.best
     if best is not None and (best.flops == 0 or (warm.bound is not None and best.flops <= warm.bound)):
         return _proven(_warm_plan(best, Status.OPTIMAL), over)  # dp's bound is over the plans asked for

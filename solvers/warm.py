@@ -19,14 +19,18 @@ NOTE [ Bounded warm starts ]
     load; its table stays linear in memory (NOTE [ Linear memory in dp ]).
     No candidate starts with less time left than a simulation takes
     (``Deadline.pass_estimate``); ``dp`` checks the deadline as it fills.
+    The candidates before ``dp`` may run on their own (``first=True``) and
+    the rest later (``resume=``): ``ilp`` takes a plan in hand that way
+    before the frontier program on a graph whose passes are a large part of
+    the limit (NOTE [ One plan space ] in ``solvers.ilp``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
 
 from graphs import CkptError, Graph
 
@@ -70,12 +74,16 @@ class Warm:
         bound: ``dp``'s cost where ``dp`` is proven optimal (a chain): a lower bound over the plans it
             searched (with kept nodes when asked for), else None.
         tried: the fast solvers that ran and found no plan under the budget (a stop never advises them).
+        ran: the fast solvers that ran (with ``tried``: what a resumed run starts from).
+        sim: ``best``'s simulation (the read-out reuses it).
     """
 
     best: Incumbent | None = None
     plain: Incumbent | None = None
     bound: int | None = None
     tried: tuple[str, ...] = ()
+    ran: tuple[str, ...] = ()
+    sim: Any = field(default=None, compare=False, repr=False)
 
 
 def uniform_ks(n: int) -> list[int]:
@@ -142,7 +150,8 @@ def _dp(graph: Graph, budget_bytes: int, deadline: Deadline | None, work_limit: 
 
 
 def warm_starts(graph: Graph, budget_bytes: int, deadline: Deadline | None = None, *,
-                work_limit: float | None = None, selective: bool = False, limit_s: float | None = None) -> Warm:
+                work_limit: float | None = None, selective: bool = False, limit_s: float | None = None,
+                first: bool = False, resume: Warm | None = None) -> Warm:
     """The cheapest fitting plans of the fast solvers, within the deadline (NOTE [ Bounded warm starts ]).
 
     Args:
@@ -152,16 +161,25 @@ def warm_starts(graph: Graph, budget_bytes: int, deadline: Deadline | None = Non
         work_limit: about seconds of one idle core; bounds ``dp``'s table (None: the time limit does).
         selective: ``dp`` may keep nodes (its plan then counts for :attr:`Warm.best` only).
         limit_s: the solve's time limit, which also bounds ``dp``'s table (default: ``deadline``'s).
+        first: only the candidates before ``dp`` (store-all, ``per-module``, Chen's ``sqrt(n)`` plan).
+        resume: what a run with ``first`` found: its candidates are not run again.
     """
+    if resume is not None and resume.best is not None and resume.best.flops == 0:
+        return resume  # recomputes nothing: nothing is cheaper
     if limit_s is None and deadline is not None:
         limit_s = deadline.limit_s
-    best: Incumbent | None = None
-    plain: Incumbent | None = None
-    bound = None
+    best, plain, bound, best_sim = (resume.best, resume.plain, resume.bound, resume.sim) if resume else (None,) * 4
     seen: set[tuple[Regions, tuple[int, ...]]] = set()
-    ran: set[str] = set()
-    fit: set[str] = set()
+    ran: set[str] = set(resume.ran) if resume else set()
+    fit: set[str] = ran - set(resume.tried) if resume else set()
+    skipping = resume is not None
     for source, regions in _candidates(graph):
+        if regions is None and first:
+            break  # dp's turn: the rest is for a resumed run
+        if skipping and regions is not None:
+            seen.add((regions, ()))
+            continue
+        skipping = False
         if deadline is not None and (deadline.expired() or deadline.left() < deadline.pass_estimate(len(graph))):
             log.info("ilp warm start: out of time before %s", source)  # a simulation would overrun the deadline
             break
@@ -197,4 +215,5 @@ def warm_starts(graph: Graph, budget_bytes: int, deadline: Deadline | None = Non
         remember(graph, Plan(regions=best.regions, saved=best.saved), best_sim)  # the read-out reuses it
         log.info("ilp warm start: %s, %d FLOPs%s", best.source, best.flops,
                  "" if bound is None else f" (dp's optimum: {bound})")
-    return Warm(best, plain, bound, tuple(s for s in ("dp", "chen", "uniform", "per-module") if s in ran - fit))
+    return Warm(best, plain, bound, tuple(s for s in ("dp", "chen", "uniform", "per-module") if s in ran - fit),
+                tuple(sorted(ran)), best_sim)

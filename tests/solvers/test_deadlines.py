@@ -208,3 +208,39 @@ def test_warm_starts_skip_dp_past_its_share_of_the_limit(monkeypatch):
     budget = activation_budget_bytes(g, 0.5)
     got = warm.warm_starts(g, budget, Deadline(1.0, clock=StepClock(10**9, 0.0)), work_limit=1.0)
     assert got.best is not None and simulate(g, solvers.Plan(regions=got.best.regions)).peak_bytes <= budget
+
+
+class HandClock:
+    """A clock that stands still until a test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("limit_s", [0.5, 100.0])
+def test_a_program_stopped_by_the_clock_leaves_a_plan_where_passes_are_a_large_part_of_the_limit(monkeypatch,
+                                                                                                   limit_s):
+    # NOTE [ One plan space ]: on a graph whose passes are a large part of the limit the warm starts before dp
+    # run before the frontier program, so a program that takes all the time still leaves a plan (a 20,000-node
+    # chain at 5 s once had none). With a long limit they run after it, and here nothing is left for them.
+    g = synthetic.make("chain", 2000)  # 3 passes of 0.02 s: above a tenth of 0.5 s, below a tenth of 100 s
+    budget = activation_budget_bytes(g, 0.3)
+    clock = HandClock()
+
+    def takes_all_the_time(self, *_a, **_k):
+        clock.now = 2 * limit_s
+        raise FrontierTimeout("the frontier program stopped at the time limit")
+
+    monkeypatch.setattr(FrontierDP, "solve", takes_all_the_time)
+    monkeypatch.setattr(Deadline, "probe_load", lambda self, *a: None)  # an idle core, whatever the machine
+    deadline = Deadline(limit_s, clock=clock)
+    if limit_s > 1:
+        with pytest.raises(IlpTimeout):
+            ilp_mod.solve_within(g, budget, deadline)
+        return
+    plan = ilp_mod.solve_within(g, budget, deadline)
+    assert plan.status == "feasible" and plan.findings["incumbent"] == "chen"
+    assert simulate(g, plan, record=False).peak_bytes <= budget
