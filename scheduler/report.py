@@ -7,8 +7,8 @@ from typing import Any, Mapping, Sequence
 from graphs import Graph
 from solvers import Plan, Simulation, format_bytes
 
-__all__ = ["table", "plan_summary", "simulation_summary", "ratio", "format_seconds", "recompute_line", "cost_model",
-           "compact_modules", "checkpoints_line", "regions_table", "describe_target"]
+__all__ = ["table", "plan_summary", "status_text", "simulation_summary", "ratio", "format_seconds", "recompute_line",
+           "cost_model", "compact_modules", "checkpoints_line", "regions_table", "describe_target"]
 
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
@@ -136,16 +136,23 @@ def regions_table(graph: Graph, plan: Plan) -> str:
     return table(rows, ["region", "submodule call", "first node", "last node", "nodes"])
 
 
+def status_text(plan: Plan) -> str:
+    """The plan's status and the set of plans it is proven optimal over, where the solver says
+    (NOTE [ One plan space ] in ``solvers.ilp``): "optimal over regions and kept nodes", "feasible
+    (optimal over regions only; kept nodes not searched: ...)"."""
+    over = plan.findings.get("optimal_over")
+    if over and plan.status == "optimal":
+        return f"{plan.status} over {over}"
+    if over:
+        return f"{plan.status} (optimal over {over}; kept nodes {plan.findings.get('selective', 'not searched')})"
+    return str(plan.status)
+
+
 def plan_summary(graph: Graph, plan: Plan) -> str:
     """Regions, predicted peak vs budget, overhead, solve time, status."""
     method = plan.findings.get("method")
-    over = plan.findings.get("optimal_over")  # NOTE [ One plan space ] in solvers.ilp
-    if over and plan.status == "optimal":
-        over = f" over {over}"
-    elif over:
-        over = f" (optimal over {over}; kept nodes {plan.findings.get('selective', 'not searched')})"
-    lines = [f"solver {plan.solver}" + (f" ({method})" if method and method != plan.solver else "") + f": status {plan.status}"
-             + (over or "") + (f" (gap {ratio(plan.gap)})" if plan.gap not in (None, 0.0) else "")
+    lines = [f"solver {plan.solver}" + (f" ({method})" if method and method != plan.solver else "")
+             + f": status {status_text(plan)}" + (f" (gap {ratio(plan.gap)})" if plan.gap not in (None, 0.0) else "")
              + f", solved in {plan.solve_time_s:.3f}s"]
     if plan.peak_bytes is not None:
         budget = f" / budget {format_bytes(plan.budget_bytes)}" if plan.budget_bytes else ""

@@ -8,7 +8,7 @@ import sys
 from graphs import CkptError
 from solvers import format_bytes
 
-from ..report import checkpoints_line, describe_target, format_seconds, table
+from ..report import checkpoints_line, describe_target, format_seconds, status_text, table
 from ..sizing.memory import DEFAULT_RESERVE, NothingFits, parse_reserve, render_report
 from ..sizing.search import DEFAULT_SOLVERS
 from .common import (add_loop_flag, add_model_arguments, add_step_flags, add_target_flag, check_outputs, model_files,
@@ -187,6 +187,6 @@ def _report_plan(chosen, dim: str, output: str | None) -> None:  # noqa: ANN001
     if chosen is None or chosen.plan is None:
         print(f"plan: {chosen.solver if chosen else 'none'} fits no size" + (f"; nothing written to {output}" if output else ""))
         return
-    print(f"plan: {chosen.solver} at {dim} {chosen.size}, {checkpoints_line(chosen.plan)}")
+    print(f"plan: {chosen.solver} at {dim} {chosen.size} ({status_text(chosen.plan)}), {checkpoints_line(chosen.plan)}")
     if output:
         print(f"plan written to {output} (ckpt apply {output})")

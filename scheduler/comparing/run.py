@@ -33,6 +33,7 @@ from ..measuring.profiler import profile_step
 from ..measuring.steps import (clear_grads, grad_difference, grad_snapshot, measure_step_peak, seeded_step, step_tensors,
                                time_steps)
 from ..measuring.storages import live_bytes_of
+from ..report import status_text
 from ..sizing.budget import parse_budget
 from .choosing import pick_key, plan_key, selective_options, solve_below
 from .tables import format_table, machine, progress_line, timeline
@@ -413,7 +414,7 @@ class _Comparison:
         row = replace(row, predicted_peak_bytes=sim.peak_bytes, recompute_ratio=sim.recompute_ratio,
                       recompute_flops=sim.recompute_flops, recompute_cost=sim.recompute_cost,
                       predicted_extra_s=sim.recompute_time_s, solve_time_s=plan.solve_time_s, regions=len(plan.regions),
-                      note=", ".join(x for x in (row.note, plan.status, f"gap {plan.gap:.1%}" if plan.gap else "") if x))
+                      note=", ".join(x for x in (row.note, status_text(plan), f"gap {plan.gap:.1%}" if plan.gap else "") if x))
         key = plan_key(plan)
         if key in self.measured:
             first, done, _ = self.measured[key]

@@ -131,7 +131,8 @@ def test_fit_takes_model_options_keeps_answers_past_a_stop_and_writes_the_plan(t
             (["store-all"], ["ilp"], ["dp"], ["chen"], ["per-module"])}
     assert [rows[s][1] for s in ("store-all", "ilp", "dp", "chen", "per-module")] == ["no", "yes", "no", "yes", "yes"]
     assert " ".join(rows["dp"]).endswith("stopped at 8: dp gave up here")
-    assert "plan: ilp at batch 8, checkpoints 2 submodule calls: blocks.{0-1}" in out
+    assert ("plan: ilp at batch 8 (optimal over regions and kept nodes), checkpoints 2 submodule calls: "
+            "blocks.{0-1}") in out  # NOTE [ One plan space ]: the status says over which set
     plan = solvers.load_plan(tmp_path / "plan.json")
     assert plan.solver == "ilp" and plan.modules == ("blocks.0", "blocks.1")
     assert plan.graph_meta["build"] == {"model": "tinynet:build", "options": {"layers": 3, "width": 32, "batch": 8}}
@@ -188,3 +189,17 @@ def test_trace_records_the_loop_and_apply_verify_runs_it(tmp_path, capsys):
     assert code == 0 and json.loads((tmp_path / "p.json").read_text())["loop"] == "dropped"
     code, out, _ = run(capsys, "apply", str(tmp_path / "p.json"), "--verify", "--steps", "1", "--loop", "held")
     assert code == 0 and "loop (model output through backward)" in out and "held" in out
+
+
+def test_the_status_says_over_which_set_it_is_optimal():
+    # NOTE [ One plan space ] (solvers.ilp): solve, fit and compare print the set a plan is proven optimal over.
+    from scheduler.report import status_text
+
+    def plan(status, **findings):  # type: ignore[no-untyped-def]
+        return solvers.Plan(regions=((0, 1),), status=status, findings=findings)
+
+    assert status_text(plan("optimal", optimal_over="regions and kept nodes")) == \
+        "optimal over regions and kept nodes"
+    assert status_text(plan("feasible", optimal_over="regions only", selective="not searched: work limit")) == \
+        "feasible (optimal over regions only; kept nodes not searched: work limit)"
+    assert status_text(plan("feasible")) == "feasible"
