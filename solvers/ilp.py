@@ -24,10 +24,12 @@ NOTE [ One plan space ]
        its work: the warm starts and CP-SAT, with kept nodes up to the size
        of its kept-node model (NOTE [ Kept nodes in the CP-SAT model ]).
 
-    On a graph whose passes are a large part of the limit, the warm starts
-    before ``dp`` (store-all, ``per-module``, Chen's ``sqrt(n)`` plan) run
-    before 1, so a program stopped by the clock still leaves a plan (a
-    20,000-node chain at 5 s once had none idle and Chen's plan busy).
+    Where a few passes over the graph (timed at the start) are more than
+    :data:`EARLY_SHARE` of the limit, the warm starts before ``dp``
+    (store-all, ``per-module``, Chen's ``sqrt(n)`` plan) run before 1, so a
+    program stopped by the clock still leaves a plan (a 20,000-node chain at
+    5 s once had none idle and Chen's plan busy, a 100,000-node chain none
+    at 60 s on a loaded machine).
     ``method="frontier"`` runs 1 and 2 only, ``method="cp-sat"`` 3 only. A
     plan says over which set it is proven optimal: ``findings["optimal_over"]``
     is "regions and kept nodes" (status ``optimal``), or "regions only" when
@@ -116,6 +118,8 @@ HEURISTIC_SHARE = 0.1
 #: before any plan is checked: the fingerprint and one plan's simulation.
 FINGERPRINT_PASSES = 2.0
 FIRST_PASSES = FINGERPRINT_PASSES + 1
+#: Where those passes take more than this share of the limit, the first warm starts run before the program.
+EARLY_SHARE = 0.02
 #: ``findings["optimal_over"]``: the sets of plans (NOTE [ One plan space ]).
 KEPT = "regions and kept nodes"
 REGIONS = "regions only"
@@ -163,8 +167,7 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
     if method not in METHODS:  # solve() checks it already; a direct call is checked here
         next(o for o in ILP_OPTIONS if o.name == "method").check(method, "ilp", ILP_OPTIONS)
     n = len(graph)
-    heavy = PASS_S_PER_NODE * n * FIRST_PASSES > 0.1 * deadline.limit_s  # passes are a large part of the limit
-    if heavy:
+    if PASS_S_PER_NODE * n * FIRST_PASSES > 0.1 * deadline.limit_s:  # passes are a large part of the limit
         deadline.probe_load()
     if deadline.left() < FIRST_PASSES * deadline.pass_estimate(n) + deadline.read_out_s(n):
         raise IlpTimeout(f"no plan found within {deadline.limit_s:g} s: one pass over this graph's {n} nodes takes "
@@ -181,8 +184,10 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
     infeasible: InfeasibleBudget | None = None  # no plan keeping no node fits (proven)
     why = "method 'cp-sat'" if method == "cp-sat" else "the frontier program could not run"
     early: Warm | None = None
-    if heavy and method == "auto" and warm_start:  # a plan in hand before the program (NOTE [ One plan space ])
-        early = warm_starts(graph, budget_bytes, deadline.before(deadline.read_out_s(n)), first=True)
+    if method == "auto" and warm_start and FIRST_PASSES * deadline.pass_estimate(n) > EARLY_SHARE * deadline.limit_s:
+        ahead = deadline.before(deadline.read_out_s(n))  # a plan in hand before the program (NOTE [ One plan space ])
+        early = warm_starts(graph, budget_bytes, ahead, first=True)
+        deadline.pass_s = ahead.pass_s  # timed again on each plan simulated
     if method != "cp-sat":
         try:
             program = frontier_program(graph, max_width=max_width, blocks=blocks)

@@ -76,6 +76,7 @@ class Warm:
         tried: the fast solvers that ran and found no plan under the budget (a stop never advises them).
         ran: the fast solvers that ran (with ``tried``: what a resumed run starts from).
         sim: ``best``'s simulation (the read-out reuses it).
+        seen: the plans without kept nodes simulated (a resumed run does not simulate them again).
     """
 
     best: Incumbent | None = None
@@ -84,6 +85,7 @@ class Warm:
     tried: tuple[str, ...] = ()
     ran: tuple[str, ...] = ()
     sim: Any = field(default=None, compare=False, repr=False)
+    seen: frozenset = field(default=frozenset(), compare=False, repr=False)
 
 
 def uniform_ks(n: int) -> list[int]:
@@ -106,25 +108,33 @@ def _snapped(graph: Graph, plans: Iterable[Regions]) -> Iterator[Regions]:
         yield from index.snap(regions)
 
 
-def _candidates(graph: Graph) -> Iterator[tuple[str, Regions]]:
-    """The cheap candidates, in order, each plan once (``None`` marks where ``dp`` goes)."""
+def _candidates(graph: Graph, part: str | None = None) -> Iterator[tuple[str, Regions]]:
+    """The cheap candidates, in order, each plan once (``None`` marks where ``dp`` goes); ``part``: "first"
+    (those before ``dp``), "rest" (``dp`` on) or None (all)."""
     seen: set[Regions] = set()
 
-    def each(source: str, plans: Iterable[Regions]) -> Iterator[tuple[str, Regions]]:
-        for regions in plans:
+    def each(pairs: Iterable[tuple[str, Regions]]) -> Iterator[tuple[str, Regions]]:
+        for source, regions in pairs:
             if regions not in seen:
                 seen.add(regions)
                 yield source, regions
 
-    yield from each("store-all", [()])
-    try:
-        yield from each("per-module", [tuple(block_regions(graph))])
-    except CkptError:
-        pass
-    yield from each("chen", _snapped(graph, [sqrt_plan(graph)]))
-    yield "dp", None  # type: ignore[misc]
-    yield from each("chen", _snapped(graph, iter_greedy_plans(graph)))  # one threshold at a time
-    yield from each("uniform", (regions for _, regions in _uniform_candidates(graph, uniform_ks(len(graph)))))
+    if part != "rest":
+        yield from each([("store-all", ())])
+        try:
+            yield from each([("per-module", tuple(block_regions(graph)))])
+        except CkptError:
+            pass
+        yield from each(("chen", regions) for regions in _snapped(graph, [sqrt_plan(graph)]))
+    if part != "first":
+        yield "dp", None  # type: ignore[misc]
+        yield from each(_rest(graph))
+
+
+def _rest(graph: Graph) -> Iterator[tuple[str, Regions]]:
+    """The candidates after ``dp``: Chen's greedy grid, one threshold at a time, and ``uniform``."""
+    yield from (("chen", regions) for regions in _snapped(graph, iter_greedy_plans(graph)))
+    yield from (("uniform", regions) for _, regions in _uniform_candidates(graph, uniform_ks(len(graph))))
 
 
 def _dp(graph: Graph, budget_bytes: int, deadline: Deadline | None, work_limit: float | None, limit_s: float | None,
@@ -172,15 +182,17 @@ def warm_starts(graph: Graph, budget_bytes: int, deadline: Deadline | None = Non
     seen: set[tuple[Regions, tuple[int, ...]]] = set()
     ran: set[str] = set(resume.ran) if resume else set()
     fit: set[str] = ran - set(resume.tried) if resume else set()
-    skipping = resume is not None
-    for source, regions in _candidates(graph):
-        if regions is None and first:
-            break  # dp's turn: the rest is for a resumed run
-        if skipping and regions is not None:
-            seen.add((regions, ()))
-            continue
-        skipping = False
-        if deadline is not None and (deadline.expired() or deadline.left() < deadline.pass_estimate(len(graph))):
+    if resume is not None:
+        seen.update((regions, ()) for regions in resume.seen)
+    n = len(graph)
+    # Making a candidate (Chen's plans: a pass or less) and simulating it (a pass) each start only with a pass
+    # left; a pass is timed again on each simulation (the load may have grown since the solve timed one).
+    candidates = _candidates(graph) if not (first or resume) else _candidates(graph, "first" if first else "rest")
+    while deadline is None or not (deadline.expired() or deadline.left() < deadline.pass_estimate(n)):
+        source, regions = next(candidates, ("", ()))
+        if not source:
+            break
+        if deadline is not None and (deadline.expired() or deadline.left() < deadline.pass_estimate(n)):
             log.info("ilp warm start: out of time before %s", source)  # a simulation would overrun the deadline
             break
         saved: tuple[int, ...] = ()
@@ -198,7 +210,10 @@ def warm_starts(graph: Graph, budget_bytes: int, deadline: Deadline | None = Non
             continue
         seen.add((regions, saved))
         ran.add(source)
+        started = deadline.clock() if deadline is not None else 0.0
         sim = simulate(graph, Plan(regions=regions, saved=saved), record=False)
+        if deadline is not None:
+            deadline.pass_s = max(deadline.pass_s or 0.0, deadline.clock() - started)
         if sim.peak_bytes > budget_bytes:
             continue
         fit.add(source)
@@ -216,4 +231,4 @@ def warm_starts(graph: Graph, budget_bytes: int, deadline: Deadline | None = Non
         log.info("ilp warm start: %s, %d FLOPs%s", best.source, best.flops,
                  "" if bound is None else f" (dp's optimum: {bound})")
     return Warm(best, plain, bound, tuple(s for s in ("dp", "chen", "uniform", "per-module") if s in ran - fit),
-                tuple(sorted(ran)), best_sim)
+                tuple(sorted(ran)), best_sim, frozenset(regions for regions, saved in seen if not saved))
