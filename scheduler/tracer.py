@@ -191,9 +191,10 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             allocator's peak is above what the tensors alone say, so plans
             would not fit without it).
         mode: ``"train"`` (default): the graph is of a training step; a model
-            in eval mode (what ``from_pretrained`` returns) is traced with
-            every module in training mode, its modes and buffers put back
-            after, with an :class:`EvalModeWarning`. ``"as-is"``: trace the
+            with any module in eval mode (what ``from_pretrained`` returns, and
+            a peft model around such a base) is traced with every module in
+            training mode, its modes and buffers put back after, with an
+            :class:`EvalModeWarning`. ``"as-is"``: trace the
             modules in the modes they are in (a model in eval mode warns: its
             graph has no dropout masks and BatchNorm uses running statistics).
         loop: the training loop the graph is planned for (NOTE [ The
@@ -233,11 +234,16 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
     kwargs = dict(kwargs or {})
     if mode not in ("train", "as-is"):
         raise TraceError(f"mode={mode!r} is not one of 'train' (trace the training step), 'as-is' (the modules' modes)")
-    if not model.training and mode == "train":
+    resting = [path for path, m in model.named_modules() if not m.training] if mode == "train" else []
+    if resting:
+        what = "is in eval mode (from_pretrained returns it so)" if not model.training else (
+            f"is in training mode but {len(resting)} of its modules are not ({', '.join(resting[:2])}"
+            f"{', ...' if len(resting) > 2 else ''}: a from_pretrained model wrapped by get_peft_model is so, and "
+            "model.train() in the training loop puts them in training mode)")
         warnings.warn(
-            f"{type(model).__name__} is in eval mode (from_pretrained returns it so): it is traced as it trains, every "
-            "module in training mode for the trace and put back after, since a plan is for a training step. Call "
-            "model.train() before tracing to say so, or pass mode='as-is' to trace the modes as they are",
+            f"{type(model).__name__} {what}: it is traced as it trains, every module in training mode for the trace "
+            "and put back after, since a plan is for a training step. Call model.train() before tracing to say so, "
+            "or pass mode='as-is' to trace the modes as they are (modules kept in eval mode while training)",
             EvalModeWarning, stacklevel=2)
         with _as_training(model):
             return capture(model, args, kwargs, loss=loss, granularity=granularity, method=method, check=check,
