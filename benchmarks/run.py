@@ -15,7 +15,7 @@ import time
 
 #: Benchmark modules under benchmarks/, in run order.
 SUITES = ["solvers", "limits", "aligned", "scale", "trace_memory", "apply_memory", "apply_shapes", "compare", "selective",
-          "fit", "zoo", "loop"]
+          "fit", "zoo", "loop", "thirdparty"]
 
 log = logging.getLogger("benchmarks")
 

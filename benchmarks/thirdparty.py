@@ -1,0 +1,491 @@
+"""Third-party models as their libraries ship them, planned with ckpt and trained in the user's own loop (issue 23).
+
+Each model is built by its own library from a small config with random weights
+(offline): transformers GPT-2, Llama, BERT, T5 and ViT, timm ViT-S, ResNet-50
+and ConvNeXt, torchvision ResNet, a diffusers ``UNet2DModel``, a peft LoRA
+adapter on GPT-2, monai's ``BasicUNet`` and a segmentation_models_pytorch
+U-Net, each with dropout or stochastic depth on where the model has it. For
+each model:
+
+* the plan is solved (``ilp``) at half its store-all activations (or at the
+  least feasible budget when that is higher), for each loop style, and
+  applied onto the user's module (``scheduler.apply``), which then trains in
+  the user's own loop: ``out = model(**batch); out.loss.backward()`` (the
+  output held through the backward, :func:`held`) or
+  ``loss = model(**batch).loss; loss.backward()`` (dropped before it,
+  :func:`dropped`). The plan solved for the held loop runs in both loops;
+* in two orders: the model built and put in training mode before it is traced
+  (``train``), and the model reloaded the way its library ships weights
+  (``from_pretrained``, or ``load_state_dict`` and ``eval()``), traced in the
+  eval mode that leaves it in, then ``model.train()`` and the plan applied
+  (``eval -> train``);
+* each step is measured by the allocator (the profiler's memory events,
+  ``scheduler.measuring.profiler``: what "fits" means) and its gradients,
+  loss and buffers are compared bitwise with the unplanned step of the same
+  loop from the same seed;
+* a trace of the same model built on ``meta`` and targeting the CPU is held
+  against the CPU trace: store-all peaks within 2 %.
+
+A library that is not installed is skipped with a line saying so. The
+project's own venv has transformers only; the committed results come from a
+throwaway venv with the rest (README, "Third-party models")::
+
+    PYTHONPATH=. /tmp/venv/bin/python -m benchmarks.thirdparty [MODEL ...]
+    python -m benchmarks.run --only thirdparty        # make bench; --quick: gpt2 only
+
+Writes ``benchmarks/results/thirdparty.md`` when every model was asked for
+(``--quick`` or named models: the table is printed only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import scheduler
+import solvers
+from scheduler.measuring.profiler import profile_step
+from scheduler.measuring.steps import clear_grads, step_tensors
+from scheduler.measuring.storages import live_bytes_of
+from scheduler.tracer import EvalModeWarning
+
+log = logging.getLogger(__name__)
+RESULTS = Path(__file__).parent / "results"
+FRACTION = 0.5
+SEED = 0
+BATCH, SEQ, SIDE = 2, 32, 32
+ORDERS = ("train", "eval -> train")
+
+
+# --------------------------------------------------------------- the user's loops
+def held(model: nn.Module, args: tuple, kwargs: dict, loss: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+    """``out = model(**batch); out.loss.backward()``: the output (logits and all) lives through the backward."""
+    out = model(*args, **kwargs)
+    value = loss(out)
+    value.backward()
+    return value.detach()
+
+
+def dropped(model: nn.Module, args: tuple, kwargs: dict, loss: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+    """``loss = model(**batch).loss; loss.backward()`` (as ``Trainer``): the output is gone before the backward."""
+    value = loss(model(*args, **kwargs))
+    value.backward()
+    return value.detach()
+
+
+LOOPS: dict[str, Callable[..., torch.Tensor]] = {"held": held, "dropped": dropped}
+
+
+# --------------------------------------------------------------------- the models
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One model as its library ships it.
+
+    Attributes:
+        library: the distribution the model needs (skipped when it does not import).
+        build: the model with random weights, as its library builds it.
+        inputs: ``(args, kwargs, target)``: a batch and the loss's target (None where the model computes its loss).
+        loss: ``loss(output, target) -> scalar``.
+        reload: the model as the library reloads saved weights (``from_pretrained``: eval mode),
+            given the built model and a scratch folder.
+    """
+
+    library: str
+    build: Callable[[], nn.Module]
+    inputs: Callable[[], tuple[tuple, dict, Any]]
+    loss: Callable[[Any, Any], torch.Tensor]
+    reload: Callable[[nn.Module, Path], nn.Module]
+
+
+def _model_loss(out: Any, target: Any) -> torch.Tensor:
+    return out.loss
+
+
+def _classify(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, target)
+
+
+def _regress(out: Any, target: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(getattr(out, "sample", out), target)
+
+
+LOSS_NAMES = {_model_loss: "out.loss", _classify: "F.cross_entropy", _regress: "F.mse_loss"}
+
+
+def _from_pretrained(model: nn.Module, folder: Path) -> nn.Module:
+    """transformers and diffusers: ``save_pretrained`` then ``from_pretrained`` (which returns eval mode)."""
+    model.save_pretrained(folder)
+    return type(model).from_pretrained(folder)
+
+
+def _state_dict_reload(build: Callable[[], nn.Module]) -> Callable[[nn.Module, Path], nn.Module]:
+    """timm, torchvision, monai, smp: build, ``load_state_dict`` of the saved weights, ``eval()``."""
+    def reload(model: nn.Module, folder: Path) -> nn.Module:
+        torch.save(model.state_dict(), folder / "weights.pt")
+        fresh = build()
+        fresh.load_state_dict(torch.load(folder / "weights.pt"))
+        return fresh.eval()
+    return reload
+
+
+def _hf(config: str, cls: str, inputs: Callable[[Any], dict], **kw: Any) -> Case:
+    def build() -> nn.Module:
+        import transformers
+        return getattr(transformers, cls)(getattr(transformers, config)(**kw))
+
+    def batch() -> tuple[tuple, dict, Any]:
+        import transformers
+        return (), inputs(getattr(transformers, config)(**kw)), None
+    return Case("transformers", build, batch, _model_loss, _from_pretrained)
+
+
+def _causal(cfg: Any) -> dict:
+    ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
+    return {"input_ids": ids, "labels": ids}
+
+
+def _seq2seq(cfg: Any) -> dict:
+    return {"input_ids": torch.randint(0, cfg.vocab_size, (BATCH, SEQ)),
+            "labels": torch.randint(0, cfg.vocab_size, (BATCH, SEQ // 2))}
+
+
+def _pixels(cfg: Any) -> dict:
+    return {"pixel_values": torch.randn(BATCH, 3, cfg.image_size, cfg.image_size), "labels": torch.randint(0, cfg.num_labels, (BATCH,))}
+
+
+def _image_case(library: str, build: Callable[[], nn.Module], *, classes: int | None = 10, side: int = SIDE * 2,
+                batch_size: int = BATCH) -> Case:
+    """A model called on an image batch: classes -> cross entropy on labels, None -> MSE against an image."""
+    def batch() -> tuple[tuple, dict, Any]:
+        x = torch.randn(batch_size, 3, side, side)
+        target = torch.randint(0, classes, (batch_size,)) if classes else torch.randn(batch_size, 2, side, side)
+        return (x,), {}, target
+    return Case(library, build, batch, _classify if classes else _regress, _state_dict_reload(build))
+
+
+def _timm(name: str, side: int, batch_size: int, **kw: Any) -> Case:
+    def build() -> nn.Module:
+        import timm
+        return timm.create_model(name, pretrained=False, num_classes=10, **kw)
+    return _image_case("timm", build, side=side, batch_size=batch_size)
+
+
+def _torchvision() -> Case:
+    def build() -> nn.Module:
+        import torchvision
+        return torchvision.models.resnet18(weights=None, num_classes=10)
+    return _image_case("torchvision", build, side=SIDE * 4, batch_size=4)
+
+
+def _diffusers() -> Case:
+    def build() -> nn.Module:
+        from diffusers import UNet2DModel
+        return UNet2DModel(sample_size=SIDE // 2, in_channels=3, out_channels=3, block_out_channels=(16, 32),
+                           layers_per_block=1, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                           up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8, dropout=0.1)
+
+    def batch() -> tuple[tuple, dict, Any]:
+        side = SIDE // 2
+        return (torch.randn(BATCH, 3, side, side), torch.tensor([10, 500])), {}, torch.randn(BATCH, 3, side, side)
+    return Case("diffusers", build, batch, _regress, _from_pretrained)
+
+
+_GPT2 = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=500, n_positions=SEQ * 2, use_cache=False)
+
+
+def _peft() -> Case:
+    """A LoRA adapter (dropout 0.1) on GPT-2's attention; the base frozen, as ``get_peft_model`` leaves it."""
+    def config() -> Any:
+        from peft import LoraConfig
+        return LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], lora_dropout=0.1, fan_in_fan_out=True)
+
+    def build() -> nn.Module:
+        import transformers
+        from peft import get_peft_model
+        return get_peft_model(transformers.GPT2LMHeadModel(transformers.GPT2Config(**_GPT2)), config())
+
+    def reload(model: nn.Module, folder: Path) -> nn.Module:  # the usual start: a pretrained base, a new adapter
+        import transformers
+        from peft import get_peft_model
+        transformers.GPT2LMHeadModel(transformers.GPT2Config(**_GPT2)).save_pretrained(folder)
+        return get_peft_model(transformers.GPT2LMHeadModel.from_pretrained(folder), config())
+
+    def batch() -> tuple[tuple, dict, Any]:
+        return (), _causal(types.SimpleNamespace(**_GPT2)), None
+    return Case("peft", build, batch, _model_loss, reload)
+
+
+def _monai() -> Case:
+    def build() -> nn.Module:
+        from monai.networks.nets import BasicUNet
+        return BasicUNet(spatial_dims=2, in_channels=3, out_channels=2, features=(8, 8, 16, 32, 64, 8), dropout=0.1)
+    return _image_case("monai", build, classes=None)
+
+
+def _smp() -> Case:
+    def build() -> nn.Module:
+        import segmentation_models_pytorch as smp
+        return smp.Unet("resnet18", encoder_weights=None, classes=2)
+    return _image_case("segmentation_models_pytorch", build, classes=None)
+
+
+CASES: dict[str, Callable[[], Case]] = {
+    "gpt2": lambda: _hf("GPT2Config", "GPT2LMHeadModel", _causal, **_GPT2),
+    "llama": lambda: _hf("LlamaConfig", "LlamaForCausalLM", _causal, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=500,
+                         attention_dropout=0.1, use_cache=False),
+    "bert": lambda: _hf("BertConfig", "BertForMaskedLM", _causal, hidden_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=128, vocab_size=500),
+    "t5": lambda: _hf("T5Config", "T5ForConditionalGeneration", _seq2seq, d_model=64, d_ff=128, num_layers=2,
+                      num_heads=4, d_kv=16, vocab_size=500, decoder_start_token_id=0, pad_token_id=0),
+    "vit": lambda: _hf("ViTConfig", "ViTForImageClassification", _pixels, hidden_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, intermediate_size=128, image_size=SIDE * 2, patch_size=8, num_labels=10,
+                       hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
+    # activations above the parameters' bytes, or no plan beats store-all (ViT-S: 86 MB of weights)
+    "timm-vit-s": lambda: _timm("vit_small_patch16_224", SIDE * 4, 4, img_size=SIDE * 4, drop_rate=0.1,
+                                attn_drop_rate=0.1, drop_path_rate=0.1),
+    "timm-resnet50": lambda: _timm("resnet50", SIDE * 4, 4, drop_path_rate=0.1),
+    "timm-convnext": lambda: _timm("convnext_atto", SIDE * 2, BATCH, drop_path_rate=0.1),
+    "tv-resnet18": _torchvision,
+    "diffusers-unet": _diffusers,
+    "peft-lora": _peft,
+    "monai-basicunet": _monai,
+    "smp-unet": _smp,
+}
+QUICK = ("gpt2",)
+
+
+# ---------------------------------------------------------------------- measuring
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One seeded step of a user's loop: the allocator's peak and what the step computed."""
+
+    peak_bytes: int
+    loss: torch.Tensor
+    grads: tuple[torch.Tensor | None, ...]
+    buffers: tuple[torch.Tensor, ...]
+
+    def same_as(self, other: "Step") -> bool:
+        """Loss, every gradient and every buffer bitwise equal."""
+        grads = all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+                    for a, b in zip(self.grads, other.grads))
+        return torch.equal(self.loss, other.loss) and grads and len(self.grads) == len(other.grads) and \
+            all(torch.equal(a, b) for a, b in zip(self.buffers, other.buffers))
+
+
+def _step(model: nn.Module, loop: str, batch: tuple, loss: Callable[[Any], torch.Tensor],
+          buffers: list[torch.Tensor]) -> Step:
+    """The user's ``loop`` once from ``SEED``, buffers as in ``buffers`` and no gradients, under the profiler."""
+    args, kwargs = batch
+    with torch.no_grad():
+        for b, saved in zip(model.buffers(), buffers):
+            b.copy_(saved)
+    clear_grads(model)
+    out: list[torch.Tensor] = []
+    torch.manual_seed(SEED)
+    trace = profile_step(lambda: out.append(LOOPS[loop](model, args, kwargs, loss)),
+                         baseline_bytes=live_bytes_of(step_tensors(model, args, kwargs)))
+    grads = tuple(None if p.grad is None else p.grad.detach().clone() for p in model.parameters())
+    return Step(trace.peak_bytes, out[0], grads, tuple(b.detach().clone() for b in model.buffers()))
+
+
+def _solve(graph: Any, budget: int) -> tuple[Any, int]:
+    """``ilp``'s plan at ``budget``, or at the least feasible budget when ``budget`` is below it."""
+    try:
+        return scheduler.solve(graph, budget, solver="ilp", time_limit_s=20), budget
+    except solvers.InfeasibleBudget as exc:
+        return scheduler.solve(graph, exc.min_feasible_bytes, solver="ilp", time_limit_s=20), exc.min_feasible_bytes
+
+
+def _runs(model: nn.Module, graph: Any, budget: int, batch: tuple, loss: Callable[[Any], torch.Tensor]
+          ) -> list[dict]:
+    """Plans for each loop applied onto ``model`` and run in the user's loops, beside the unplanned steps."""
+    buffers = [b.detach().clone() for b in model.buffers()]
+    plain = {loop: _step(model, loop, batch, loss, buffers) for loop in LOOPS}
+    rows = []
+    for solved_for in LOOPS:
+        plan, at = _solve(graph.with_loop(solved_for), budget)
+        scheduler.apply(model, plan)
+        try:
+            for run_as in (LOOPS if solved_for == "held" else (solved_for,)):  # a held plan fits a dropped loop too
+                step = _step(model, run_as, batch, loss, buffers)
+                predicted = solvers.simulate(graph.with_loop(run_as), plan, record=False).peak_bytes
+                rows.append({"plan_for": solved_for, "run_as": run_as, "regions": len(plan.regions),
+                             "status": str(plan.status), "budget": at, "predicted": predicted,
+                             "allocator": step.peak_bytes, "plain_allocator": plain[run_as].peak_bytes,
+                             "bitwise": step.same_as(plain[run_as])})
+        finally:
+            scheduler.remove(model)
+    return rows
+
+
+def _to_meta(value: Any, moved: dict[int, Any]) -> Any:
+    """``value`` on ``meta``; one tensor passed twice (ids as labels) stays one tensor."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return moved.setdefault(id(value), value.to("meta"))
+
+
+def _meta_store_all(case: Case, batch: tuple, target: Any) -> int:
+    """Store-all peak of the same model built on ``meta``, traced for the CPU (``target="cpu"``)."""
+    with torch.device("meta"):
+        twin = case.build().train()
+    moved: dict[int, Any] = {}
+    args = tuple(_to_meta(a, moved) for a in batch[0])
+    kwargs = {k: _to_meta(v, moved) for k, v in batch[1].items()}
+    on_meta = _to_meta(target, moved)
+    graph = scheduler.trace(twin, args, kwargs, loss=lambda out: case.loss(out, on_meta), target="cpu")
+    return solvers.simulate(graph, record=False).peak_bytes
+
+
+def run_case(name: str, case: Case) -> dict:
+    """Every measurement of one model: its two orders, its meta trace."""
+    t0 = time.perf_counter()
+    torch.manual_seed(SEED)
+    model = case.build().train()
+    args, kwargs, target = case.inputs()
+    batch = (args, kwargs)
+
+    def loss(out: Any) -> torch.Tensor:
+        return case.loss(out, target)
+
+    graph = scheduler.trace(model, args, kwargs, loss=loss)  # the held loop (the default)
+    budget = _solve(graph, solvers.activation_budget_bytes(graph, FRACTION))[1]
+    row: dict[str, Any] = {
+        "model": name, "library": f"{case.library} {importlib.metadata.version(_distribution(case.library))}",
+        "class": type(model).__name__, "loss": LOSS_NAMES[case.loss], "params": sum(p.numel() for p in model.parameters()),
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad), "nodes": len(graph),
+        "store_all": solvers.simulate(graph, record=False).peak_bytes, "budget": budget,
+        "meta_store_all": _meta_store_all(case, batch, target),
+        "runs": {"train": _runs(model, graph, budget, batch, loss)}}
+    with tempfile.TemporaryDirectory() as folder:
+        shipped = case.reload(model, Path(folder))
+    row["reloaded_in_eval"] = not shipped.training
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", EvalModeWarning)
+        shipped_graph = scheduler.trace(shipped, args, kwargs, loss=loss)
+    row["eval_warned"] = any(issubclass(w.category, EvalModeWarning) for w in caught)
+    row["same_graph"] = shipped_graph.fingerprint() == graph.fingerprint()
+    shipped.train()
+    row["runs"]["eval -> train"] = _runs(shipped, shipped_graph, budget, batch, loss)
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def _distribution(library: str) -> str:
+    return {"segmentation_models_pytorch": "segmentation-models-pytorch"}.get(library, library)
+
+
+# ----------------------------------------------------------------------- report
+def _b(v: int) -> str:
+    return f"{v:,}"
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100 * (a - b) / b:+.2f} %"
+
+
+def _header(command: str) -> str:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           cwd=Path(__file__).parent).stdout.strip()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return (f"- commit: {commit}{' (with uncommitted changes)' if dirty else ''}\n"
+            f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n"
+            f"- machine: {platform.machine()} {cpu}, {os.cpu_count()} cores shared with other work, "
+            f"{torch.get_num_threads()} torch threads, Python {platform.python_version()}, torch {torch.__version__}\n"
+            f"- command: `{command}`\n")
+
+
+def report(rows: list[dict], skipped: list[str], header: str) -> str:
+    runs = [(r, order, x) for r in rows if "error" not in r for order, xs in r["runs"].items() for x in xs]
+    ok = [r for r in rows if "error" not in r]
+    fits = sum(x["allocator"] <= x["budget"] for _, _, x in runs)
+    under = sum(x["allocator"] <= x["predicted"] for _, _, x in runs)
+    same = sum(x["bitwise"] for _, _, x in runs)
+    close = sum(abs(r["meta_store_all"] - r["store_all"]) <= 0.02 * r["store_all"] for r in ok)
+    lines = ["# Third-party models as their libraries ship them (issue 23)", "", header,
+             "Each model is built by its library (small config, random weights, dropout or stochastic depth on), "
+             f"traced with its loss, planned by `ilp` at {FRACTION:g} of its store-all activations (or at the least "
+             "feasible budget), applied onto the model (`scheduler.apply`) and trained one step in the user's own "
+             "loop: `held` is `out = model(**batch); out.loss.backward()`, `dropped` is "
+             "`loss = model(**batch).loss; loss.backward()`. Order `train`: built, `model.train()`, traced; "
+             "`eval -> train`: reloaded as the library ships weights (`from_pretrained`, or `load_state_dict` and "
+             "`eval()`), traced in eval mode, then `model.train()`. Allocator: the profiler's peak of the step "
+             "(parameters, buffers and inputs included); bitwise: loss, gradients and buffers equal to the "
+             "unplanned step of the same loop from the same seed.", "",
+             f"**{fits} of {len(runs)} applied plans at or below their budget by the allocator, {under} at or below "
+             f"their prediction; {same} of {len(runs)} bitwise; meta trace for the CPU within 2 % of the CPU trace "
+             f"(store-all) on {close} of {len(ok)} models.**", "",
+             "| model | order | plan for | run as | regions | budget | predicted | allocator | allocator - predicted "
+             "| fits | bitwise |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r, order, x in runs:
+        lines.append(f"| {r['model']} | {order} | {x['plan_for']} | {x['run_as']} | {x['regions']} | {_b(x['budget'])} "
+                     f"| {_b(x['predicted'])} | {_b(x['allocator'])} | {x['allocator'] - x['predicted']:+,} "
+                     f"| {'yes' if x['allocator'] <= x['budget'] else '**NO**'} "
+                     f"| {'yes' if x['bitwise'] else '**NO**'} |")
+    lines += ["", "| model | library | class | loss | parameters (trainable) | nodes | store-all: cpu trace | meta trace "
+              "for cpu | difference | eval trace warned | eval graph = train graph | time |", "|---|---|---|---|---|---|---"
+              "|---|---|---|---|---|"]
+    for r in ok:
+        lines.append(f"| {r['model']} | {r['library']} | {r['class']} | `{r['loss']}` | {_b(r['params'])} ({_b(r['trainable'])}) "
+                     f"| {r['nodes']} | {_b(r['store_all'])} | {_b(r['meta_store_all'])} "
+                     f"| {_pct(r['meta_store_all'], r['store_all'])} | {'yes' if r['eval_warned'] else 'no'} "
+                     f"| {'yes' if r['same_graph'] else 'no'} | {r['seconds']} s |")
+    lines += [""] + [f"- {r['model']}: **failed**: {r['error']}" for r in rows if "error" in r]
+    lines += [f"- {line}" for line in skipped]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(quick: bool = False, names: list[str] | None = None, command: str | None = None) -> list[dict]:
+    """Run the models in ``names`` (default: all, ``QUICK`` with ``quick``); write the results page."""
+    torch.set_num_threads(2)
+    chosen = list(names or (QUICK if quick else CASES))
+    command = command or ("python -m benchmarks.run --only thirdparty" + (" --quick" if quick else ""))
+    header = _header(command)  # the commit that runs, before anything is written
+    rows, skipped = [], []
+    for name in chosen:
+        case = CASES[name]()
+        if importlib.util.find_spec(case.library) is None:
+            skipped.append(f"{name}: skipped, {case.library} is not installed")
+            print(skipped[-1], flush=True)
+            continue
+        log.info("thirdparty: %s", name)
+        try:
+            rows.append(run_case(name, case))
+        except Exception as exc:  # a model that breaks the pipeline is a result to report, not a crash
+            log.exception("thirdparty model %s failed", name)
+            rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        log.info("%s", rows[-1])
+    text = report(rows, skipped, header)
+    if chosen == list(CASES):  # a part of the models prints its table only
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "thirdparty.md").write_text(text)
+    print(text)
+    return rows
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    log.setLevel(logging.INFO)
+    warnings.filterwarnings("ignore", category=EvalModeWarning)  # recorded per model in the table
+    main(names=sys.argv[1:] or None, command=" ".join(["python -m benchmarks.thirdparty", *sys.argv[1:]]))
