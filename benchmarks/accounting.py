@@ -17,13 +17,10 @@ Rows (default traces: op workspaces measured, roofline costs):
 * ``hf-t5``: T5, 4 + 4 layers at t5-small widths, batch 4, 128 / 64 tokens:
   store-all, ``ilp`` at its least feasible budget, transformers' checkpointing.
 
-Writes ``benchmarks/results/accounting.md`` (the rows run, with the commit).
+Writes ``benchmarks/results/accounting.md`` (``benchmarks.pages``: with the commit, machine and command).
 """
 
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +30,9 @@ from scheduler.measuring.steps import allocator_step_peak
 from scheduler.tracer import capture
 from solvers import InfeasibleBudget, simulate
 
+from benchmarks.pages import write_page
+
 torch.set_num_threads(2)
-RESULTS = Path(__file__).parent / "results" / "accounting.md"
 
 
 def _timm(name):
@@ -130,21 +128,16 @@ def _bytes(v):
 
 
 def main(names):
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = ["| model | step | budget | predicted | allocator | allocator - predicted | plan |", "|---|---|---|---|---|---|---|"]
-    t0 = time.perf_counter()
     for name in names:
         for row in run(name):
             model, step, budget, predicted, measured, plan = row
             diff = "-" if predicted is None else f"{measured - predicted:+,}"
             lines.append(f"| {model} | {step} | {_bytes(budget)} | {_bytes(predicted)} | {_bytes(measured)} | {diff} | {plan} |")
             print(lines[-1], flush=True)
-    RESULTS.write_text(
-        "# Off by a tensor: predicted vs allocator peaks (issue 23)\n\n"
-        f"`python -m benchmarks.accounting {' '.join(names)}` at commit {commit}, torch "
-        f"{torch.__version__}, {time.perf_counter() - t0:.0f} s on 2 shared CPU cores. Predicted: `simulate` of "
-        "the traced graph (op workspaces measured); allocator: the profiler's peak of one real CPU step "
-        "(`scheduler.measuring.steps.allocator_step_peak`).\n\n" + "\n".join(lines) + "\n")
+    write_page("accounting.md", "Off by a tensor: predicted vs allocator peaks",
+               ["Predicted: `simulate` of the traced graph (op workspaces measured); allocator: the profiler's peak "
+                "of one real CPU step (`scheduler.measuring.steps.allocator_step_peak`).", "", *lines])
 
 
 if __name__ == "__main__":

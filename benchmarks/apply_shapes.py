@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -32,8 +31,9 @@ from scheduler.sizing.budget import format_bytes
 from scheduler.measuring.steps import allocator_step_peak
 from solvers import InfeasibleBudget, activation_budget_bytes, simulate
 
+from benchmarks.pages import out_dir, write_page
+
 log = logging.getLogger(__name__)
-RESULTS = Path(__file__).parent / "results"
 
 
 def _hf_loss(out: Any) -> torch.Tensor:
@@ -129,7 +129,8 @@ def run_model(name: str) -> dict:
             t0 = time.perf_counter()
             try:
                 p = solvers.solve(g, budget, solver="ilp", time_limit_s=60)
-                entry[key] = {"recompute_pct": round(100 * simulate(g, p).recompute_ratio, 2),
+                sim = simulate(g, p)
+                entry[key] = {"recompute_pct": round(100 * sim.recompute_ratio, 2), "recompute_s": sim.recompute_time_s,
                               "status": str(p.status), "regions": len(p.regions),
                               "seconds": round(time.perf_counter() - t0, 2)}
             except InfeasibleBudget as exc:
@@ -143,15 +144,14 @@ def run_model(name: str) -> dict:
 def _cell(e: dict) -> str:
     if "infeasible" in e:
         return f"infeasible (needs {format_bytes(e['infeasible'])})"
-    return f"{e['recompute_pct']}% ({e['status']}, {e['regions']} regions, {e['seconds']} s)"
+    secs = "" if e.get("recompute_s") is None else f", {1000 * e['recompute_s']:.1f} ms"
+    return f"{e['recompute_pct']}%{secs} ({e['status']}, {e['regions']} regions, {e['seconds']} s)"
 
 
 def main(quick: bool = False) -> None:
-    RESULTS.mkdir(exist_ok=True)
     results = [run_model(name) for name in MODELS]
-    (RESULTS / "apply_shapes.json").write_text(json.dumps(results, indent=1) + "\n")
-    lines = ["# Plans applied onto the module: other shapes, and the price of alignment", "",
-             "`python -m benchmarks.run --only apply_shapes` (2 CPU cores). Each model is traced at its largest "
+    (out_dir(quick) / "apply_shapes.json").write_text(json.dumps(results, indent=1) + "\n")
+    lines = ["Each model is traced at its largest "
              "shape, solved with `ilp` at per-module's own peak over module-aligned plans, and applied onto the "
              "model itself (`scheduler.apply`). Peaks: the allocator's (profiler memory events) for one real step; "
              "gradients: bitwise against the same step without the plan.", "",
@@ -166,13 +166,15 @@ def main(quick: bool = False) -> None:
     lines += ["", "Regions: " + "; ".join(f"{r['model']}: {', '.join(r['modules'])}" for r in results), "",
               "## The price of alignment", "",
               "`ilp` over module-aligned plans (applied onto the module) vs over every interval plan (only the "
-              "traced-graph fallback can run those); recompute FLOPs as % of the step.", "",
+              "traced-graph fallback can run those); recompute FLOPs as % of the step, and the predicted recompute "
+              "time (the roofline cost at the graph's rate: what `ilp` minimises).", "",
               "| model | nodes | spans | budget | aligned | unaligned |", "|---|---|---|---|---|---|"]
     for r in results:
         for e in r["price"]:
             lines.append(f"| {r['model']} | {r['nodes']} | {r['spans']} | {e['fraction']} "
                          f"({format_bytes(e['budget'])}) | {_cell(e['aligned'])} | {_cell(e['unaligned'])} |")
-    (RESULTS / "apply_shapes.md").write_text("\n".join(lines) + "\n")
+    write_page("apply_shapes.md", "Plans applied onto the module: other shapes, and the price of alignment", lines,
+               quick=quick)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ Writes under ``benchmarks/results/``:
 * ``compare_<model>.json`` and ``compare_<model>_{pareto,timeline}.png``;
 * ``compare_maxbatch.json``;
 * ``compare_scaling.png`` (and ``compare_scaling.json`` when it measured);
-* ``compare_summary.md``: every table, the claims, the command and machine.
+* ``compare_summary.md``: every table and the claims (``benchmarks.pages``: the commit, command and machine).
 
-``main(quick=True)`` runs one small model and a short max-batch search.
+``main(quick=True)`` runs one small model and a short max-batch search (under ``results/quick/``).
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from scheduler.comparing.run import compare, format_table, machine
+from scheduler.comparing.run import compare, format_table
 from scheduler.comparing.workloads import BENCH_MODELS, QUICK_MODELS, workload
+
+from benchmarks.pages import out_dir, write_page
 
 log = logging.getLogger("benchmarks.compare")
 
-RESULTS = os.path.join(os.path.dirname(__file__), "results")
 FRACTIONS = (0.2, 0.3, 0.5, 0.7)
 QUICK_FRACTIONS = (0.3, 0.5)
 #: Fewer budgets where a step is slow (GPT-2's 50k-token head on a CPU).
@@ -65,11 +66,11 @@ def run_models(quick: bool) -> list[dict[str, Any]]:
         d = cmp.to_dict()
         d["wall_s"] = time.perf_counter() - t0
         slug = spec.replace(":", "-")
-        with open(os.path.join(RESULTS, f"compare_{slug}.json"), "w", encoding="utf-8") as fh:
+        with open(os.path.join(out_dir(quick), f"compare_{slug}.json"), "w", encoding="utf-8") as fh:
             json.dump(d, fh, indent=1)
         try:
-            for path in plot_comparison(cmp, RESULTS):
-                os.replace(path, os.path.join(RESULTS, f"compare_{slug}_{path.rsplit('_', 1)[1]}"))
+            for path in plot_comparison(cmp, str(out_dir(quick))):
+                os.replace(path, os.path.join(out_dir(quick), f"compare_{slug}_{path.rsplit('_', 1)[1]}"))
         except Exception as exc:  # plotting is optional (matplotlib missing): the numbers still stand
             log.warning("plots for %s skipped: %s", spec, exc)
         out.append({"spec": spec, "table": format_table(cmp), "cmp": d})
@@ -93,7 +94,7 @@ def run_maxbatch(quick: bool) -> dict[str, Any]:
                                   progress=lambda s: log.info("  maxbatch (workspaces measured) %s", s))]
     d = {"budget_bytes": budget, "meta": meta, "checkmate_vgg19": CHECKMATE_VGG19,
          "rows": [r.__dict__ for r in rows]}
-    with open(os.path.join(RESULTS, "compare_maxbatch.json"), "w", encoding="utf-8") as fh:
+    with open(os.path.join(out_dir(quick), "compare_maxbatch.json"), "w", encoding="utf-8") as fh:
         json.dump(d, fh, indent=1)
     return d
 
@@ -102,15 +103,15 @@ def run_scaling(quick: bool) -> dict[str, Any]:
     """Solve time vs graph size: plot benchmarks/solvers.py's table when present, else measure."""
     from scheduler.comparing.plots import plot_scaling
 
-    path = os.path.join(RESULTS, "solvers.csv")
+    path = os.path.join(out_dir(quick), "solvers.csv")
     points = points_from_solvers_csv(path) if os.path.exists(path) else {}
     source = "benchmarks/results/solvers.csv (benchmarks/solvers.py), median over families and budgets"
     if not points:
         source = "measured here (benchmarks/solvers.py wrote no solvers.csv)"
         points = measure_scaling(quick)
-        with open(os.path.join(RESULTS, "compare_scaling.json"), "w", encoding="utf-8") as fh:
+        with open(os.path.join(out_dir(quick), "compare_scaling.json"), "w", encoding="utf-8") as fh:
             json.dump(points, fh, indent=1)
-    plot_scaling(points, os.path.join(RESULTS, "compare_scaling.png"), title="solve time vs graph size")
+    plot_scaling(points, os.path.join(out_dir(quick), "compare_scaling.png"), title="solve time vs graph size")
     return {"source": source, "points": points}
 
 
@@ -156,14 +157,10 @@ def measure_scaling(quick: bool) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def write_summary(models: list[dict[str, Any]], maxbatch: dict[str, Any], scaling: dict[str, Any], quick: bool,
-                  wall_s: float) -> str:
+def write_summary(models: list[dict[str, Any]], maxbatch: dict[str, Any], scaling: dict[str, Any],
+                  quick: bool) -> str:
     """``compare_summary.md``: the tables, claims, max batch and how they were made."""
-    text = summary_markdown(models, maxbatch, scaling, quick=quick, wall_s=wall_s)
-    path = os.path.join(RESULTS, "compare_summary.md")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    return path
+    return str(write_page("compare_summary.md", TITLE, summary_markdown(models, maxbatch, scaling), quick=quick))
 
 
 def _md(rows: list[tuple], head: list[str]) -> str:
@@ -182,20 +179,21 @@ def model_markdown(d: dict[str, Any]) -> str:
     for r in d["rows"]:
         budget = f"{r['budget']:g}" if r["budget"] is not None else (f"={r['matched_to']}" if r.get("matched_to") else "")
         if r["reason"] is not None or r["measured_peak_bytes"] is None:
-            rows.append((r["method"], budget, _mib(r["predicted_peak_bytes"]), "", "", "", "", "", "",
+            rows.append((r["method"], budget, _mib(r["predicted_peak_bytes"]), "", "", "", "", "", "", "",
                          f"not run: {r['reason']}"))
             continue
         rows.append((r["method"], budget, _mib(r["predicted_peak_bytes"]), _mib(r["measured_peak_bytes"]),
                      _mib(r.get("meter_peak_bytes")), f"{r['step_time_ratio']:.2f}",
                      "" if r["recompute_ratio"] is None else f"{100 * r['recompute_ratio']:.0f}%",
+                     "" if r.get("predicted_extra_s") is None else f"{1000 * r['predicted_extra_s']:.1f}",
                      "" if r["measured_recompute_ratio"] is None else f"{100 * r['measured_recompute_ratio']:.0f}%",
                      f"{r['grad_max_abs_diff']:.1e}", r["note"]))
     meta = ", ".join(f"{k}={v}" for k, v in d["meta"].items()
                      if k not in ("machine", "torch", "store_all_predicted_bytes"))
     out = [f"### {d['model']}", "", f"{meta}; {d['graph_nodes']} graph nodes; "
            f"{d.get('wall_s', 0):.0f}s", "",
-           _md(rows, ["method", "budget", "pred MiB", "meas MiB", "storages MiB", "time x", "recomp pred", "recomp meas",
-                      "max grad diff", "note"]), ""]
+           _md(rows, ["method", "budget", "pred MiB", "meas MiB", "storages MiB", "time x", "recomp pred",
+                      "recomp pred ms", "recomp meas", "max grad diff", "note"]), ""]
     for c in d["claims"]:
         out.append(f"- {'holds' if c['holds'] else '**does not hold**'}: {c['claim']} ({c['detail']})")
     return "\n".join(out) + "\n"
@@ -220,18 +218,19 @@ def maxbatch_markdown(d: dict[str, Any]) -> str:
                                  "pred MiB", "meas MiB", "storages MiB", "recompute", "note"])]) + "\n"
 
 
-def summary_markdown(models: list[dict[str, Any]], maxbatch: dict[str, Any], scaling: dict[str, Any], *,
-                     quick: bool, wall_s: float) -> str:
-    """The whole suite as Markdown (``compare_summary.md``)."""
-    cmd = "python -m benchmarks.run --quick --only compare" if quick else "make bench (python -m benchmarks.run)"
-    parts = ["# Compare: our solvers vs per-block, checkpoint_sequential, torch.compile", "",
-             f"Command: `{cmd}`; machine: {machine()}, measured with {THREADS} torch thread; "
-             f"suite wall time {wall_s:.0f}s.", "",
+TITLE = "Compare: our solvers vs per-block, checkpoint_sequential, torch.compile"
+
+
+def summary_markdown(models: list[dict[str, Any]], maxbatch: dict[str, Any], scaling: dict[str, Any]) -> str:
+    """The whole suite as Markdown, below its title and header (``compare_summary.md``)."""
+    parts = [f"Measured with {THREADS} torch thread.", "",
              "Peaks are whole-step bytes (parameters, inputs, gradients, activations). `meas` is the "
              "profiler's allocator events, the same for every method (compiled included), kernel workspaces "
              "included; `storages` is `scheduler.measuring.storages` (tensor storages, what `simulate` models; blind to "
              "compiled code); `pred` is `simulate`. time x is the median step time over the un-checkpointed "
-             "step's, alternated in one run; grad diff is the largest absolute gradient difference from the "
+             "step's, alternated in one run; `recomp pred` is the plan's recompute FLOPs over the step's, `recomp pred ms` "
+             "its predicted recompute time (what the solvers minimise: the roofline cost at the graph's rate), "
+             "`recomp meas` the extra matmul/convolution FLOPs the profiler saw; grad diff is the largest absolute gradient difference from the "
              "un-checkpointed step with the same seed.", ""]
     parts += [model_markdown(m["cmp"]) for m in models]
     parts += ["## Max batch on VGG-19 (Checkmate protocol)", "", maxbatch_markdown(maxbatch),
@@ -242,7 +241,6 @@ def summary_markdown(models: list[dict[str, Any]], maxbatch: dict[str, Any], sca
 def main(quick: bool = False) -> None:
     import torch
 
-    os.makedirs(RESULTS, exist_ok=True)
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
@@ -252,7 +250,7 @@ def main(quick: bool = False) -> None:
         scaling = run_scaling(quick)
     finally:
         torch.set_num_threads(threads)
-    path = write_summary(models, maxbatch, scaling, quick, time.perf_counter() - t0)
+    path = write_summary(models, maxbatch, scaling, quick)
     log.info("compare suite written to %s in %.0fs", path, time.perf_counter() - t0)
 
 

@@ -32,9 +32,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import platform
 import statistics
+import sys
 
 import torch
 
@@ -45,8 +44,9 @@ from scheduler.tracing.calibration import cpu_peaks
 from scheduler.tracing.timing import measure_node_times
 from solvers import InfeasibleBudget, Plan, activation_budget_bytes
 
+from benchmarks.pages import out_dir, write_page
+
 log = logging.getLogger("benchmarks.cost_models")
-OUT = os.path.join(os.path.dirname(__file__), "results")
 REPEATS = 7
 FRACTIONS = (0.4, 0.6, 0.8)
 MODELS = {
@@ -120,14 +120,10 @@ def run_model(name: str, options: dict) -> dict:
 
 
 def main(quick: bool = False) -> None:
-    os.makedirs(OUT, exist_ok=True)
     torch.set_num_threads(1)
     cpu = cpu_peaks()
     results = [run_model(name, (QUICK if quick else MODELS)[name]) for name in MODELS]
-    lines = ["# Cost models: predicted vs measured recompute time", "",
-             f"`python -m benchmarks.run --only cost_models{' --quick' if quick else ''}` on "
-             f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-             f"{torch.get_num_threads()} threads. CPU peaks (measured, cached): "
+    lines = [f"{torch.get_num_threads()} torch thread(s). CPU peaks (measured, cached): "
              f"float32 {cpu.peak('float32') / 1e9:.3g} GFLOP/s, copy {cpu.bytes_per_s / 1e9:.3g} GB/s, "
              f"{cpu.op_overhead_s * 1e6:.2g} us per op.", "",
              "Measured: the recomputed nodes' forward times (fx Interpreter, median of "
@@ -146,14 +142,11 @@ def main(quick: bool = False) -> None:
         for row in r["rows"]:  # the first row is the whole forward, every node once
             lines.append(f"| {row['plan']} | {row['regions']} | {row['nodes']} | {row['measured_ms']:.2f} | "
                          f"{row['roofline_ms']:.2f} | {row['flops_ms']:.2f} | {row['time_ms']:.2f} |")
-    suffix = "_quick" if quick else ""
-    with open(os.path.join(OUT, f"cost_models{suffix}.md"), "w", encoding="utf-8") as fh:
-        fh.write("\n".join(lines) + "\n")
-    with open(os.path.join(OUT, f"cost_models{suffix}.json"), "w", encoding="utf-8") as fh:
+    write_page("cost_models.md", "Cost models: predicted vs measured recompute time", lines, quick=quick)
+    with open(out_dir(quick) / "cost_models.json", "w", encoding="utf-8") as fh:
         json.dump({"cpu": cpu.to_dict(), "results": results}, fh, indent=1)
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    main(quick=bool(os.environ.get("QUICK")))
+    main(quick="--quick" in sys.argv)

@@ -12,23 +12,23 @@
    sequence 4096 at batch 1 fits an 80 GiB card with and without a plan,
    under bf16 mixed precision (AdamW) and pure bf16 (AdamW).
 
-Writes ``benchmarks/results/fit.md`` and ``fit.json``.
+Writes ``benchmarks/results/fit.md`` and ``fit.json`` (``--quick``: under ``results/quick/``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 
 import solvers
 from scheduler.sizing.memory import NothingFits, render_report
 
+from benchmarks.pages import out_dir, write_page
+
 log = logging.getLogger("benchmarks.fit")
 
 GiB = 1 << 30
-RESULTS = os.path.join(os.path.dirname(__file__), "results")
 LLAMA2_7B = 32000 * 4096 * 2 + 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096) + 4096
 
 
@@ -66,7 +66,7 @@ def gpt_on_2gib(quick: bool) -> dict:
     out["search_s"] = time.perf_counter() - t0
     out["report"] = render_report(res.report)
     out["solvers"] = {r.solver: {"batch": r.size, "peak_bytes": r.peak_bytes, "recompute_ratio": r.recompute_ratio,
-                                 "probes": len(r.probes)} for r in res.results}
+                                 "recompute_s": getattr(r.plan, "recompute_time_s", None), "probes": len(r.probes)} for r in res.results}
     out["traces"] = res.traces
     best = res.best()  # the plan ckpt fit reports (NOTE [ The plan fit reports ])
     out["best_solver"], out["best_batch"] = best.solver, best.size
@@ -105,6 +105,7 @@ def llama_on_80gib() -> dict:
             rep = res.report
             case["verdicts"] = {r.solver: r.size is not None for r in res.results}
             case["recompute"] = {r.solver: r.recompute_ratio for r in res.results if r.size}
+            case["recompute_s"] = {r.solver: getattr(r.plan, "recompute_time_s", None) for r in res.results if r.size}
             case["totals"] = {p.solver: rep.total_bytes(p) for p in rep.plans}
         except NothingFits as exc:
             rep = exc.report
@@ -121,17 +122,28 @@ def llama_on_80gib() -> dict:
     return out
 
 
+def _recompute(case: dict, solver: str) -> str:
+    """`` (+12.3 % FLOPs, 1.234 s predicted)`` for a solver that fits in a Llama case, else empty."""
+    ratio, secs = case.get("recompute", {}).get(solver), case.get("recompute_s", {}).get(solver)
+    if ratio is None:
+        return ""
+    return f" (+{100 * ratio:.1f} % FLOPs" + (f", {secs:.3f} s predicted)" if secs is not None else ")")
+
+
 def _markdown(gpt: dict, llama: dict) -> str:
     g = gpt
-    lines = ["# `ckpt fit` results", "",
-             f"## gpt (GPT-2 small shape), seq {g['seq']}, fp32, 2 GiB card, CPU", "",
+    lines = [f"## gpt (GPT-2 small shape), seq {g['seq']}, fp32, 2 GiB card, CPU", "",
              f"With Adam: {g['adam']}", "", "With plain SGD (no optimizer state):", "",
              "```", g["report"], "```", "",
-             "| solver | largest batch | simulated step peak | recompute | sizes tried |", "|---|---|---|---|---|"]
+             "Recompute: FLOPs over the step's; predicted time: the plan's recompute time at the graph's rate "
+             "(the roofline cost, what the solvers minimise; `fit` reports the plan with the least of it).", "",
+             "| solver | largest batch | simulated step peak | recompute | predicted recompute time | sizes tried |",
+             "|---|---|---|---|---|---|"]
     for name, r in g["solvers"].items():
         peak = f"{r['peak_bytes'] / GiB:.3f} GiB" if r["peak_bytes"] else "-"
         rec = f"+{100 * r['recompute_ratio']:.1f}%" if r["recompute_ratio"] is not None else "-"
-        lines.append(f"| {name} | {r['batch']} | {peak} | {rec} | {r['probes']} |")
+        secs = f"{1000 * r['recompute_s']:.0f} ms" if r.get("recompute_s") is not None else "-"
+        lines.append(f"| {name} | {r['batch']} | {peak} | {rec} | {secs} | {r['probes']} |")
     lines += ["", f"Search: {g['traces']} traces, {g['search_s']:.0f} s. Measured step at batch {g['best_batch']} "
               f"with the {g['best_solver']} plan applied: **{g['measured_peak_bytes'] / GiB:.3f} GiB** "
               f"(predicted {g['predicted_peak_bytes'] / GiB:.3f} GiB; "
@@ -140,7 +152,8 @@ def _markdown(gpt: dict, llama: dict) -> str:
               f"Hand count: 32000 x 4096 x 2 + 32 x (4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096) + 4096 = "
               f"{llama['hand_params']:,} parameters.", ""]
     for c in llama["cases"]:
-        verdict = ", ".join(f"{k}: {'fits' if v else 'does not fit'}" for k, v in c["verdicts"].items())
+        verdict = ", ".join(f"{k}: {'fits' if v else 'does not fit'}{_recompute(c, k)}"
+                            for k, v in c["verdicts"].items())
         lines += [f"### {c['label']} ({c['elapsed_s']:.0f} s)", "",
                   f"parameters {c['params']:,}, weights {c['param_bytes']:,} B, gradients {c['grad_bytes']:,} B, "
                   f"optimizer state {c['optimizer_bytes']:,} B, master {c['master_bytes']:,} B: "
@@ -153,15 +166,12 @@ def _markdown(gpt: dict, llama: dict) -> str:
 
 
 def main(quick: bool = False) -> None:
-    os.makedirs(RESULTS, exist_ok=True)
     logging.getLogger("scheduler").setLevel(logging.WARNING)
     gpt = gpt_on_2gib(quick)
     llama = llama_on_80gib()
-    with open(os.path.join(RESULTS, "fit.json"), "w") as f:
+    with open(out_dir(quick) / "fit.json", "w") as f:
         json.dump({"gpt": gpt, "llama": llama}, f, indent=1, default=str)
-    with open(os.path.join(RESULTS, "fit.md"), "w") as f:
-        f.write(_markdown(gpt, llama))
-    log.info("wrote %s", os.path.join(RESULTS, "fit.md"))
+    log.info("wrote %s", write_page("fit.md", "`ckpt fit` results", _markdown(gpt, llama), quick=quick))
 
 
 if __name__ == "__main__":

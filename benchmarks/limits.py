@@ -30,8 +30,9 @@ import sys
 import tempfile
 import time
 
+from benchmarks.pages import out_dir, write_page
+
 log = logging.getLogger("benchmarks.limits")
-OUT = os.path.join(os.path.dirname(__file__), "results")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIMITS = (1, 5, 60)
 #: (name, synthetic family and size, or None for the Llama-2-7B op graph, budget as a fraction of store-all's
@@ -123,7 +124,6 @@ def _run(graph_path: str, fraction: float, limit: int, busy: bool, folder: str) 
 def main(quick: bool = False) -> None:
     from graphs import load
 
-    os.makedirs(OUT, exist_ok=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="ckpt-limits-") as folder:
         for name, spec, fraction in (QUICK if quick else GRAPHS):
@@ -140,12 +140,8 @@ def main(quick: bool = False) -> None:
                     log.info("%s, %s s, %s: %s", name, limit, "busy" if busy else "idle", row)
                     info["rows"].append(row)
             results.append(info)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=ROOT).stdout.strip()
-    meta = {"commit": commit + (" (with uncommitted changes)" if dirty else ""), "cpus": os.cpu_count(),
-            "machine": platform.processor() or platform.machine()}
-    with open(os.path.join(OUT, "limits.json"), "w") as fh:
+    meta = {"cpus": os.cpu_count(), "machine": platform.processor() or platform.machine()}
+    with open(out_dir(quick) / "limits.json", "w") as fh:
         json.dump({"meta": meta, "results": results}, fh, indent=1)
     _write(meta, results, quick)
 
@@ -161,10 +157,8 @@ def _cell(r: dict) -> str:
 
 
 def _write(meta: dict, results: list[dict], quick: bool) -> None:
-    lines = ["# Time limits that hold", "",
-             f"`python -m benchmarks.run --only limits{' --quick' if quick else ''}` at commit {meta['commit']}, "
-             f"{meta['cpus']} CPU cores ({meta['machine']}), a machine shared with other jobs (the 1-minute load "
-             "average before each run is in the table: \"idle\" means none of ours, not an idle machine). Each run "
+    lines = ["The 1-minute load average before each run is in the table: \"idle\" means none of ours running, not "
+             "an idle machine. Each run "
              "is `ckpt solve GRAPH --budget F --time-limit N -o plan.json` in a fresh process with "
              "an empty numba cache (`NUMBA_CACHE_DIR` a new folder), the default solver (`ilp`, regions and kept "
              "nodes). solve: the solver call's wall time, to the plan costed by `simulate` or the error (the "
@@ -191,8 +185,7 @@ def _write(meta: dict, results: list[dict], quick: bool) -> None:
     lines += ["", f"Largest overrun of the limit by the solve: {max(over):+.2f} s." if over else "",
               "", "Same answer idle and busy where a status is `optimal`: " + ("; ".join(same_rows) or "none optimal")
               + "."]
-    with open(os.path.join(OUT, "limits.md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    write_page("limits.md", "Time limits that hold", lines, quick=quick)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -27,8 +26,9 @@ import solvers
 from scheduler.measuring.steps import allocator_step_peak, measure_step_peak
 from scheduler.sizing.budget import format_bytes
 
+from benchmarks.pages import out_dir, write_page
+
 log = logging.getLogger(__name__)
-RESULTS = Path(__file__).parent / "results"
 LOOPS = ("held", "dropped")
 FRACTION = 0.5
 
@@ -113,7 +113,11 @@ def run_one(name: str, *, time_limit_s: float = 30.0) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    out = ["| model | plan solved for | step run as | predicted | allocator | storages | allocator vs budget |",
+    out = ["Transformers models built from configs (random weights). The budget is half the held loop's store-all "
+           "activations or, above that, its least feasible budget; `ilp` solves the graph for each loop at it, and "
+           "each plan runs a step in each loop style (`held`: the output kept through `backward()`; `dropped`: "
+           "freed first), measured by the allocator (the profiler's events) and by live tensor storages.", "",
+           "| model | plan solved for | step run as | predicted | allocator | storages | allocator vs budget |",
            "|---|---|---|---|---|---|---|"]
     for r in rows:
         hf = r["hf_checkpointing"]
@@ -133,11 +137,8 @@ def main(quick: bool = False, names: list[str] | None = None) -> None:
     for name in names:
         log.info("loop: %s", name)
         rows.append(run_one(name))
-    RESULTS.mkdir(exist_ok=True)
-    suffix = "_quick" if quick else ""
-    (RESULTS / f"loop{suffix}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (RESULTS / f"loop{suffix}.md").write_text(_table(rows))
-    print(_table(rows))
+    (out_dir(quick) / "loop.json").write_text(json.dumps(rows, indent=1) + "\n")
+    write_page("loop.md", "The user's loop: a plan per loop, each step run in both", _table(rows), quick=quick)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """``make bench``: run every benchmark module in turn and write results/.
 
-Each module in ``SUITES`` exposes ``main(quick: bool = False) -> None`` and
-writes its tables (Markdown/CSV/JSON) and small plots under
-``benchmarks/results/``. ``--quick`` runs reduced sizes (used by tests);
+Each module in ``SUITES`` (``benchmarks.pages.SUITES``, where each suite
+declares its pages and the code they measure) exposes
+``main(quick: bool = False) -> None`` and writes its pages through
+``benchmarks.pages.write_page`` (NOTE [ Results pages ]), with its data
+(CSV/JSON) and small plots, under ``benchmarks/results/``. ``--quick`` runs
+reduced sizes and writes under ``benchmarks/results/quick/`` (not committed);
 ``--only NAME`` runs one suite.
 """
 
@@ -13,9 +16,10 @@ import importlib
 import logging
 import time
 
+from benchmarks import pages
+
 #: Benchmark modules under benchmarks/, in run order.
-SUITES = ["solvers", "limits", "aligned", "scale", "trace_memory", "apply_memory", "apply_shapes", "compare", "selective",
-          "fit", "zoo", "loop", "thirdparty"]
+SUITES = pages.bench_suites()
 
 log = logging.getLogger("benchmarks")
 
@@ -35,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             raise
         t0 = time.perf_counter()
+        pages.mark_start()
         log.info("suite %s: start", name)
         mod.main(quick=args.quick)
         log.info("suite %s: done in %.1fs", name, time.perf_counter() - t0)

@@ -20,14 +20,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 
+from benchmarks.pages import out_dir, write_page
+
 log = logging.getLogger("benchmarks.scale")
-OUT = os.path.join(os.path.dirname(__file__), "results")
 # Traced for their CUDA target (attention saves no S x S scores), these models' least feasible budgets sit
 # above 0.5 of the activation peak: 0.2-0.5, the fractions of the math-path traces, were all infeasible.
 FRACTIONS = (0.7, 0.8, 0.9)
@@ -101,6 +101,7 @@ def _solve_child(op_path: str, coarse_path: str) -> dict:
                 continue
             rows.append({"fraction": f, "graph": label, "budget_bytes": budget, "status": plan.status,
                          "recompute_flops": plan.recompute_flops, "overhead_pct": 100 * plan.recompute_flops / step,
+                         "recompute_s": plan.recompute_time_s,
                          "peak_bytes": plan.peak_bytes, "solve_s": round(plan.solve_time_s, 3),
                          "method": plan.findings.get("method", plan.findings.get("incumbent", "")),
                          "blocks": plan.findings.get("blocks_composed", 0), "regions": len(plan.regions)})
@@ -119,11 +120,11 @@ def _cell(r: dict) -> str:
     if r["status"] == "infeasible":
         return f"infeasible (least {_gib(r['least_bytes'])})"
     blocks = f", {r['blocks']} blocks composed" if r.get("blocks") else ""
-    return f"{r['overhead_pct']:.2f}% in {r['solve_s']:.2f} s ({r['status']}{blocks})"
+    time_s = f", {1000 * r['recompute_s']:.0f} ms" if r.get("recompute_s") is not None else ""
+    return f"{r['overhead_pct']:.2f}%{time_s} in {r['solve_s']:.2f} s ({r['status']}{blocks})"
 
 
 def main(quick: bool = False) -> None:
-    os.makedirs(OUT, exist_ok=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="ckpt-scale-") as folder:
         for name, opts in (QUICK if quick else MODELS):
@@ -139,19 +140,18 @@ def main(quick: bool = False) -> None:
             log.info("%s: %s", name, solved["rows"])
     for r in results:
         r.pop("paths", None)
-    with open(os.path.join(OUT, "scale.json"), "w") as fh:
+    with open(out_dir(quick) / "scale.json", "w") as fh:
         json.dump(results, fh, indent=1)
     _write(results, quick)
 
 
 def _write(results: list[dict], quick: bool) -> None:
-    lines = ["# Real LLMs at op granularity", "",
-             f"`python -m benchmarks.run --only scale{' --quick' if quick else ''}` on {os.cpu_count()} CPU cores "
-             f"({platform.processor() or platform.machine()}). Models on the `meta` device, bf16, batch 1, traced once "
+    lines = ["Models on the `meta` device, bf16, batch 1, traced once "
              "at op granularity (every module call a span: the plans are module-aligned, as `scheduler.apply` needs) "
              "and regrouped at the coarse default (`granularity=\"auto\"`). `ilp`, 300 s limit, 2 workers, in a "
              "fresh process without torch; budgets are fractions of the op graph's store-all activation peak, the "
-             "same bytes for both graphs. Overhead: recompute FLOPs as % of the step's. Solve times include the "
+             "same bytes for both graphs. Overhead: recompute FLOPs as % of the step's, and the predicted recompute time "
+             "(the roofline cost at the graph's rate, an H100's: what `ilp` minimises). Solve times include the "
              "final `simulate` of the plan and, for the first budget, building the block fronts; \"walking every node\": "
              "the same program without composing blocks.", ""]
     lines += ["| model | graph | nodes | spans | open tensors | store-all | least feasible (ilp) | trace |",
@@ -184,8 +184,7 @@ def _write(results: list[dict], quick: bool) -> None:
               + "; ".join(f"{r['model']} {r['max_rss_bytes'] / 2**20:.0f} MiB for every composed solve, "
                           f"{r['max_rss_walk_bytes'] / 2**20:.0f} MiB once it also walked every node" for r in results)
               + "."]
-    with open(os.path.join(OUT, "scale.md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    write_page("scale.md", "Real LLMs at op granularity", lines, quick=quick)
 
 
 if __name__ == "__main__":

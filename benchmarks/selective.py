@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
+from benchmarks.pages import out_dir, write_page
+
 log = logging.getLogger("benchmarks.selective")
 
-RESULTS = os.path.join(os.path.dirname(__file__), "results")
 #: torch intra-op threads while measuring (the machine is shared: one thread is steadier).
 THREADS = 1
 #: Alternated rounds per head-to-head (median of each method's 7 steps).
@@ -113,14 +114,14 @@ def _ms(s: Any) -> str:
     return f"{s * 1e3:.1f}" if isinstance(s, (int, float)) else ""
 
 
-def report(doc: dict[str, Any], command: str) -> str:
-    """The Markdown tables of a :func:`run` document."""
+TITLE = "Ours vs per-block checkpointing at per-block's measured peak"
+
+
+def report(doc: dict[str, Any]) -> str:
+    """The Markdown tables of a :func:`run` document (the page below its title and header)."""
     sel = "on (kept nodes run as one selective-checkpoint policy per region)" if doc["selective"] else "off"
     lines = [
-        "# Ours vs per-block checkpointing at per-block's measured peak (issue 15)",
-        "",
-        f"Command: `{command}`; machine: {doc['machine']}, torch {doc['torch']}, {doc['threads']} torch thread; "
-        f"our solvers: {', '.join(doc['solvers'])}, picked by `recompute_cost` (roofline); selective recompute {sel}.",
+        f"{doc['threads']} torch thread; our solvers: {', '.join(doc['solvers'])}, picked by `recompute_cost` (roofline); selective recompute {sel}.",
         "",
         f"Each pair is measured in one process: the plain step, the peer and our plan run in {doc['repeats']} "
         "alternated rounds (the order rotates every round) and each time is the median of its "
@@ -187,15 +188,11 @@ def claims(doc: dict[str, Any]) -> list[str]:
 
 
 def main(quick: bool = False) -> None:
-    os.makedirs(RESULTS, exist_ok=True)
     doc = run(quick=quick)
-    suffix = "_quick" if quick else ""
-    with open(os.path.join(RESULTS, f"selective{suffix}.json"), "w", encoding="utf-8") as fh:
+    with open(out_dir(quick) / "selective.json", "w", encoding="utf-8") as fh:
         json.dump(doc, fh, indent=1)
-    cmd = "python -m benchmarks.run --only selective" + (" --quick" if quick else "")
-    with open(os.path.join(RESULTS, f"selective{suffix}.md"), "w", encoding="utf-8") as fh:
-        fh.write(report(doc, cmd))
-    log.info("selective: wrote results/selective%s.{json,md}", suffix)
+    path = write_page("selective.md", TITLE, report(doc), quick=quick)
+    log.info("selective: wrote %s and its .json", path)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ Targets (issue "a house a newcomer can walk"): ``import solvers`` under 1 s,
 ``ckpt --help`` under 1.5 s. The absolute numbers depend on the machine and
 its load; the list of heavy modules does not.
 
-Run: ``python -m benchmarks.startup [--repeats 5] [--compare OTHER_CHECKOUT]``; writes
-``results/startup.md``. ``--compare`` measures another checkout of the project
+Run: ``python -m benchmarks.run --only startup`` (part of ``make bench``) or
+``python -m benchmarks.startup [--repeats 5] [--compare OTHER_CHECKOUT]``; writes
+``results/startup.md`` (``--quick``: under ``results/quick/``). ``--compare`` measures another checkout of the project
 (e.g. the commit before a change) in the same run, each repeat alternating
 between the two, so both see the same load.
 """
@@ -21,17 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.pages import write_page
+
 __all__ = ["CASES", "HEAVY", "measure", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).resolve().parent / "results"
 
 #: Libraries that must not load on the start-up paths.
 HEAVY = ("ortools", "pandas", "torch", "transformers", "timm", "matplotlib", "networkx", "scipy", "sympy", "numba")
@@ -82,12 +83,7 @@ def main(quick: bool = False, repeats: int = 5, compare: str | None = None, labe
             print(f"{case:20s} {name:12s} median {statistics.median(times):.2f}s  ({min(times):.2f}-{max(times):.2f})"
                   f"  heavy: {', '.join(heavy) or 'none'}")
     lines = [
-        "# Start-up time",
-        "",
-        f"Median of {repeats} new processes each (`python -m benchmarks.startup"
-        + (" --compare ..." if compare else "") + f"`), Python {platform.python_version()}, {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.1f} at the end.",
-        "Targets: `import solvers` < 1 s, `ckpt --help` < 1.5 s. Absolute times follow the machine's load; "
+        f"Median of {repeats} new processes each. Targets: `import solvers` < 1 s, `ckpt --help` < 1.5 s. Absolute times follow the machine's load; "
         "the heavy modules do not.",
         "",
         "| case | tree | median | range | heavy modules loaded |",
@@ -95,8 +91,7 @@ def main(quick: bool = False, repeats: int = 5, compare: str | None = None, labe
     ]
     lines += [f"| `{c}` | {n} | {m:.2f} s | {lo:.2f}-{hi:.2f} s | {', '.join(h) or 'none'} |"
               for c, n, m, lo, hi, h in rows]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "startup.md").write_text("\n".join(lines) + "\n")
+    write_page("startup.md", "Start-up time", lines, quick=quick)
 
 
 if __name__ == "__main__":

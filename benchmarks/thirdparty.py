@@ -40,14 +40,11 @@ Writes ``benchmarks/results/thirdparty.md`` and ``thirdparty.json`` when every m
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import importlib.metadata
 import importlib.util
 import json
 import logging
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,10 +62,10 @@ from scheduler.measuring.steps import clear_grads, step_tensors
 from scheduler.measuring.storages import live_bytes_of
 from scheduler.tracer import EvalModeWarning
 
+from .pages import out_dir, write_page
 from .thirdparty_models import CASES, LOSS_NAMES, MSE_NOTE, QUICK, Case
 
 log = logging.getLogger(__name__)
-RESULTS = Path(__file__).parent / "results"
 FRACTION = 0.5
 SEED = 0
 
@@ -222,29 +219,18 @@ def _pct(a: int, b: int) -> str:
     return f"{100 * (a - b) / b:+.2f} %"
 
 
-def _header(command: str) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=Path(__file__).parent).stdout.strip()
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return (f"- commit: {commit}{' (with uncommitted changes)' if dirty else ''}\n"
-            f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n"
-            f"- machine: {platform.machine()} {cpu}, {os.cpu_count()} cores shared with other work, "
-            f"{torch.get_num_threads()} torch threads, Python {platform.python_version()}, torch {torch.__version__}\n"
-            f"- command: `{command}`\n")
+TITLE = "Third-party models as their libraries ship them"
 
 
-def report(rows: list[dict], skipped: list[str], header: str) -> str:
+def report(rows: list[dict], skipped: list[str]) -> str:
+    """The page below its title and header (``benchmarks.pages``)."""
     runs = [(r, order, x) for r in rows if "error" not in r for order, xs in r["runs"].items() for x in xs]
     ok = [r for r in rows if "error" not in r]
     fits = sum(x["allocator"] <= x["budget"] for _, _, x in runs)
     under = sum(x["allocator"] <= x["predicted"] for _, _, x in runs)
     same = sum(x["bitwise"] for _, _, x in runs)
     close = sum(abs(r["meta_store_all"] - r["store_all"]) <= 0.02 * r["store_all"] for r in ok)
-    lines = ["# Third-party models as their libraries ship them (issue 23)", "", header,
-             "Each model is built by its library (small config, random weights, dropout or stochastic depth on), "
+    lines = [f"{torch.get_num_threads()} torch threads. Each model is built by its library (small config, random weights, dropout or stochastic depth on), "
              f"traced with its loss, planned by `ilp` at {FRACTION:g} of its store-all activations (or at the least "
              "feasible budget), applied onto the model (`scheduler.apply`) and trained one step in the user's own "
              "loop: `held` is `out = model(**batch); out.loss.backward()`, `dropped` is "
@@ -289,8 +275,6 @@ def main(quick: bool = False, names: list[str] | None = None, command: str | Non
     """Run the models in ``names`` (default: all, ``QUICK`` with ``quick``); write the results page."""
     torch.set_num_threads(2)
     chosen = list(names or (QUICK if quick else CASES))
-    command = command or ("python -m benchmarks.run --only thirdparty" + (" --quick" if quick else ""))
-    header = _header(command)  # the commit that runs, before anything is written
     rows, skipped = [], []
     for name in chosen:
         case = CASES[name]()
@@ -305,12 +289,10 @@ def main(quick: bool = False, names: list[str] | None = None, command: str | Non
             log.exception("thirdparty model %s failed", name)
             rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
         log.info("%s", rows[-1])
-    text = report(rows, skipped, header)
-    if chosen == list(CASES):  # a part of the models prints its table only
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "thirdparty.md").write_text(text)
-        (RESULTS / "thirdparty.json").write_text(json.dumps({"header": header, "skipped": skipped, "rows": rows},
-                                                            indent=1) + "\n")
+    text = report(rows, skipped)
+    if chosen == list(CASES) or quick:  # a part of the models prints its table only
+        write_page("thirdparty.md", TITLE, text, quick=quick, command=command)
+        (out_dir(quick) / "thirdparty.json").write_text(json.dumps({"skipped": skipped, "rows": rows}, indent=1) + "\n")
     print(text)
     return rows
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 import torch
 
@@ -24,9 +23,9 @@ from scheduler.models import build
 from scheduler.report import table
 from scheduler.tracer import capture
 
-log = logging.getLogger(__name__)
+from benchmarks.pages import write_page
 
-RESULTS = Path(__file__).parent / "results"
+log = logging.getLogger(__name__)
 
 MODELS = [
     ("gpt", dict(layers=4, width=128, heads=4, vocab=2000, batch=2, seq=128)),
@@ -73,9 +72,10 @@ def granularity_table(name: str, opts: dict, fraction: float = 0.5) -> list[tupl
         try:
             plan = solvers.solve(g, budget, solver=solver)
             sim = solvers.simulate(g, plan)
-            cell = (f"{100 * sim.recompute_ratio:.1f}%", format_bytes(sim.peak_bytes))
+            secs = "-" if sim.recompute_time_s is None else f"{1000 * sim.recompute_time_s:.1f} ms"
+            cell = (f"{100 * sim.recompute_ratio:.1f}%", secs, format_bytes(sim.peak_bytes))
         except solvers.InfeasibleBudget:
-            cell = ("infeasible", "-")
+            cell = ("infeasible", "-", "-")
         rows.append((gran, len(g), solver, f"{time.perf_counter() - t0:.2f}s", *cell, format_bytes(budget)))
     return rows
 
@@ -88,18 +88,17 @@ def main(quick: bool = False) -> None:
     if quick:
         gopts = dict(gopts, layers=2)
     gran = table(granularity_table(gname, gopts), ["granularity", "nodes", "solver", "solve time",
-                                                    "recompute", "peak", "budget (params+grads + 50% of the rest)"])
-    text = ("# Traced graphs: predicted vs measured memory\n\n"
-            "Predicted: `solvers.simulate` store-all peak of the traced graph. Measured: peak of live tensor "
+                                                    "recompute FLOPs", "recompute time", "peak",
+                                                    "budget (params+grads + 50% of the rest)"])
+    text = ("Predicted: `solvers.simulate` store-all peak of the traced graph. Measured: peak of live tensor "
             "storages in one real CPU training step (`scheduler.measuring.storages.measure_step`).\n\n"
             f"```\n{mem}\n```\n\n"
             f"## Granularity ({gname} {_opts(gopts)})\n\n"
-            f"```\n{gran}\n```\n\n"
-            "Command: `python -m benchmarks.run --only trace_memory`\n")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "trace_memory.md").write_text(text)
-    log.info("wrote %s", RESULTS / "trace_memory.md")
-    print(text)
+            "Recompute: the plan's recompute FLOPs over the step's, and its predicted recompute time (the roofline "
+            "cost at the graph's rate: what the solver minimises).\n\n"
+            f"```\n{gran}\n```\n")
+    path = write_page("trace_memory.md", "Traced graphs: predicted vs measured memory", text, quick=quick)
+    log.info("wrote %s", path)
 
 
 if __name__ == "__main__":

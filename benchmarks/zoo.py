@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -34,8 +33,9 @@ from scheduler.sizing.budget import format_bytes
 from scheduler.measuring.verification import verify
 from solvers import InfeasibleBudget, activation_budget_bytes
 
+from benchmarks.pages import out_dir, write_page
+
 log = logging.getLogger(__name__)
-RESULTS = Path(__file__).parent / "results"
 FRACTION = 0.4
 BATCH, SEQ, TARGET_SEQ = 4, 128, 64
 _SMALL = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128, vocab_size=500)
@@ -162,6 +162,7 @@ def run_one(name: str, *, fraction: float = FRACTION, time_limit_s: float = 20.0
             "predicted_store_all": v.predicted_store_all_bytes, "measured_store_all": v.measured_store_all_bytes,
             "counted_peak": v.counted_peak_bytes, "counted_store_all": v.counted_store_all_bytes,
             "fits": bool(v.fits), "recompute_pct": round(100 * v.predicted_recompute_ratio, 2),
+            "recompute_s": plan.recompute_time_s,
             "max_grad_diff": v.max_grad_diff, "loss_diff": v.loss_diff, "buffers_equal": bool(v.buffers_equal),
             "store_all_error_pct": round(100 * (v.predicted_store_all_bytes - v.measured_store_all_bytes)
                                          / max(v.measured_store_all_bytes, 1), 2),
@@ -175,7 +176,6 @@ def _markdown(rows: list[tuple], headers: list[str]) -> str:
 
 
 def main(quick: bool = False) -> None:
-    RESULTS.mkdir(exist_ok=True)
     rows = []
     for name in (QUICK if quick else ZOO):
         try:
@@ -184,33 +184,36 @@ def main(quick: bool = False) -> None:
             log.exception("zoo model %s failed", name)
             rows.append({"model": name, "architecture": "", "error": f"{type(exc).__name__}: {exc}"[:300]})
         log.info("%s", rows[-1])
-    (RESULTS / "zoo.json").write_text(json.dumps({"fraction": FRACTION, "batch": BATCH, "seq": SEQ, "rows": rows},
+    (out_dir(quick) / "zoo.json").write_text(json.dumps({"fraction": FRACTION, "batch": BATCH, "seq": SEQ, "rows": rows},
                                                   indent=1) + "\n")
     ok = [r for r in rows if "error" not in r]
     body = [(r["model"], r["architecture"], r["nodes"], r["budget"], r["regions"], format_bytes(r["predicted_peak"]),
              format_bytes(r["measured_peak"]), format_bytes(r["budget_bytes"]), "yes" if r["fits"] else "NO",
-             f"{r['recompute_pct']}%", f"{r['max_grad_diff']:.2g}",
+             f"{r['recompute_pct']}%", "-" if r.get("recompute_s") is None else f"{1000 * r['recompute_s']:.1f} ms",
+             f"{r['max_grad_diff']:.2g}",
              "yes" if r["buffers_equal"] else "NO",
              f"{format_bytes(r['predicted_store_all'])} / {format_bytes(r['measured_store_all'])}",
              f"{r['store_all_error_pct']:+.2f}%", f"{r['seconds']}s")
             for r in ok]
-    lines = ["# Models nobody here wrote", "",
-             f"`python -m benchmarks.run --only zoo{' --quick' if quick else ''}`: transformers architectures built "
+    lines = ["Transformers architectures built "
              f"from configs (random weights, batch {BATCH}, {SEQ} tokens or 64x64 images), traced with their own "
              f"`out.loss`, `ilp` at {FRACTION:g} of the store-all activation peak (or the least feasible budget), "
              "applied onto the model itself (each region one submodule call) and run for one real CPU step with "
-             "and without the plan. Measured: the allocator's peak of the user's eager step (profiler memory events).", "",
+             "and without the plan. Measured: the allocator's peak of the user's eager step (profiler memory events). "
+             "Recompute: the plan's recompute FLOPs over the step's, and its predicted recompute time (the roofline "
+             "cost on this CPU: what `ilp` minimises).", "",
              f"**{sum(r['fits'] for r in ok)} of {len(rows)} fit as measured; "
              f"{sum(r['max_grad_diff'] == 0 and r['loss_diff'] == 0 for r in ok)} have gradients and loss bitwise "
              f"equal to eager; store-all predicted within 2 % of eager's measured peak on "
              f"{sum(abs(r['store_all_error_pct']) <= 2 for r in ok)}.**", "",
              _markdown(body, ["model", "architecture", "nodes", "budget", "regions", "predicted peak",
-                              "measured peak", "budget bytes", "fits", "recompute", "max grad diff vs eager",
+                              "measured peak", "budget bytes", "fits", "recompute", "predicted recompute time",
+                              "max grad diff vs eager",
                               "buffers equal", "store-all predicted / measured", "store-all error", "time"])]
     for r in rows:
         if "error" in r:
             lines.append(f"\n- {r['model']} ({r['architecture']}): **failed**: {r['error']}")
-    (RESULTS / "zoo.md").write_text("\n".join(lines) + "\n")
+    write_page("zoo.md", "Models nobody here wrote", lines, quick=quick)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def test_benchmark_writes_a_table_and_its_checks(monkeypatch, tmp_path):
 
     assert "selective" in suite.SUITES
     doc = selective.run(models={"gpt": TINY}, with_compile=False, repeats=2)
-    text = selective.report(doc, "python -m benchmarks.run --only selective")
+    text = selective.report(doc)
     assert "| gpt | per-block |" in text
     assert "roofline's prediction error" in text and "no slower than per-block" in text
     assert doc["models"][0]["pairs"][0]["errors"].keys() == {"roofline", "flops"}
