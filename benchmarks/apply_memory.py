@@ -21,7 +21,7 @@ import torch
 import solvers
 from solvers import InfeasibleBudget, activation_budget_bytes, simulate
 
-from benchmarks.pages import out_dir, write_page
+from benchmarks.pages import out_dir, seconds, write_page
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +93,6 @@ def _measure(name, opts, fractions, steps, warmup=1):
     return rows
 
 
-def _ms(r) -> str:
-    return "-" if r.get("recompute_s") is None else f"{1000 * r['recompute_s']:.1f} ms"
-
-
 def _md(rows, tradeoff, meta):
     mib = 2 ** 20
     out = [f"{meta}", "",
@@ -118,8 +114,8 @@ def _md(rows, tradeoff, meta):
         out.append(f"| {r['model']} | {r['nodes']} | {r['fraction']} ({r['budget_bytes'] / mib:.1f} MiB) | {r['solver']} "
                    f"| {r['regions']} | {r['measured'] / mib:.1f} MiB | {r['predicted'] / mib:.1f} MiB | "
                    f"{100 * r['error']:+.1f}% | {'yes' if r['fits'] else 'NO'} | {r['store_all'] / mib:.1f} MiB | "
-                   f"{r['time_ratio']:.2f} | {r['predicted_time_ratio']:.2f} | {_ms(r)} | "
-                   f"{1000 * r['step_s']:.0f} ms | {r['grad_diff']:.3g} |")
+                   f"{r['time_ratio']:.2f} | {r['predicted_time_ratio']:.2f} | {seconds(r.get('recompute_s'))} | "
+                   f"{seconds(r['step_s'])} | {r['grad_diff']:.3g} |")
     out += ["", "## Trade-off on the GPT-2-shaped model", "",
             "| budget | solver | measured peak | predicted | time overhead measured | predicted (FLOPs) "
             "| recompute time predicted | plain step |",
@@ -129,8 +125,8 @@ def _md(rows, tradeoff, meta):
             out.append(f"| {r['fraction']} | infeasible | | | | | | |")
             continue
         out.append(f"| {r['fraction']} | {r['solver']} | {r['measured'] / mib:.1f} MiB | {r['predicted'] / mib:.1f} MiB "
-                   f"| {100 * (r['time_ratio'] - 1):+.1f}% | {100 * (r['predicted_time_ratio'] - 1):+.1f}% | {_ms(r)} "
-                   f"| {1000 * r['step_s']:.0f} ms |")
+                   f"| {100 * (r['time_ratio'] - 1):+.1f}% | {100 * (r['predicted_time_ratio'] - 1):+.1f}% | {seconds(r.get('recompute_s'))} "
+                   f"| {seconds(r['step_s'])} |")
     floors = {r["floor"] for r in rows + tradeoff if "floor" in r}
     if floors:
         out += ["", "What sets the floor where no plan fits:", ""] + [f"- {t}" for t in sorted(floors)]

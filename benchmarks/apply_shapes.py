@@ -31,7 +31,7 @@ from scheduler.sizing.budget import format_bytes
 from scheduler.measuring.steps import allocator_step_peak
 from solvers import InfeasibleBudget, activation_budget_bytes, simulate
 
-from benchmarks.pages import out_dir, write_page
+from benchmarks.pages import out_dir, seconds, write_page
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def run_model(name: str) -> dict:
 def _cell(e: dict) -> str:
     if "infeasible" in e:
         return f"infeasible (needs {format_bytes(e['infeasible'])})"
-    secs = "" if e.get("recompute_s") is None else f", {1000 * e['recompute_s']:.1f} ms"
+    secs = "" if e.get("recompute_s") is None else f", {seconds(e['recompute_s'])}"
     return f"{e['recompute_pct']}%{secs} ({e['status']}, {e['regions']} regions, {e['seconds']} s)"
 
 

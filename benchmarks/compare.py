@@ -27,7 +27,7 @@ from typing import Any
 from scheduler.comparing.run import compare, format_table
 from scheduler.comparing.workloads import BENCH_MODELS, QUICK_MODELS, workload
 
-from benchmarks.pages import out_dir, write_page
+from benchmarks.pages import out_dir, seconds, write_page
 
 log = logging.getLogger("benchmarks.compare")
 
@@ -185,7 +185,7 @@ def model_markdown(d: dict[str, Any]) -> str:
         rows.append((r["method"], budget, _mib(r["predicted_peak_bytes"]), _mib(r["measured_peak_bytes"]),
                      _mib(r.get("meter_peak_bytes")), f"{r['step_time_ratio']:.2f}",
                      "" if r["recompute_ratio"] is None else f"{100 * r['recompute_ratio']:.0f}%",
-                     "" if r.get("predicted_extra_s") is None else f"{1000 * r['predicted_extra_s']:.1f}",
+                     seconds(r.get("predicted_extra_s")),
                      "" if r["measured_recompute_ratio"] is None else f"{100 * r['measured_recompute_ratio']:.0f}%",
                      f"{r['grad_max_abs_diff']:.1e}", r["note"]))
     meta = ", ".join(f"{k}={v}" for k, v in d["meta"].items()
@@ -193,7 +193,7 @@ def model_markdown(d: dict[str, Any]) -> str:
     out = [f"### {d['model']}", "", f"{meta}; {d['graph_nodes']} graph nodes; "
            f"{d.get('wall_s', 0):.0f}s", "",
            _md(rows, ["method", "budget", "pred MiB", "meas MiB", "storages MiB", "time x", "recomp pred",
-                      "recomp pred ms", "recomp meas", "max grad diff", "note"]), ""]
+                      "recomp pred time", "recomp meas", "max grad diff", "note"]), ""]
     for c in d["claims"]:
         out.append(f"- {'holds' if c['holds'] else '**does not hold**'}: {c['claim']} ({c['detail']})")
     return "\n".join(out) + "\n"
@@ -228,7 +228,7 @@ def summary_markdown(models: list[dict[str, Any]], maxbatch: dict[str, Any], sca
              "profiler's allocator events, the same for every method (compiled included), kernel workspaces "
              "included; `storages` is `scheduler.measuring.storages` (tensor storages, what `simulate` models; blind to "
              "compiled code); `pred` is `simulate`. time x is the median step time over the un-checkpointed "
-             "step's, alternated in one run; `recomp pred` is the plan's recompute FLOPs over the step's, `recomp pred ms` "
+             "step's, alternated in one run; `recomp pred` is the plan's recompute FLOPs over the step's, `recomp pred time` "
              "its predicted recompute time (what the solvers minimise: the roofline cost at the graph's rate), "
              "`recomp meas` the extra matmul/convolution FLOPs the profiler saw; grad diff is the largest absolute gradient difference from the "
              "un-checkpointed step with the same seed.", ""]

@@ -24,7 +24,7 @@ import time
 import solvers
 from scheduler.sizing.memory import NothingFits, render_report
 
-from benchmarks.pages import out_dir, write_page
+from benchmarks.pages import out_dir, seconds, write_page
 
 log = logging.getLogger("benchmarks.fit")
 
@@ -127,7 +127,7 @@ def _recompute(case: dict, solver: str) -> str:
     ratio, secs = case.get("recompute", {}).get(solver), case.get("recompute_s", {}).get(solver)
     if ratio is None:
         return ""
-    return f" (+{100 * ratio:.1f} % FLOPs" + (f", {secs:.3f} s predicted)" if secs is not None else ")")
+    return f" (+{100 * ratio:.1f} % FLOPs" + (f", {seconds(secs)} predicted)" if secs is not None else ")")
 
 
 def _markdown(gpt: dict, llama: dict) -> str:
@@ -142,8 +142,7 @@ def _markdown(gpt: dict, llama: dict) -> str:
     for name, r in g["solvers"].items():
         peak = f"{r['peak_bytes'] / GiB:.3f} GiB" if r["peak_bytes"] else "-"
         rec = f"+{100 * r['recompute_ratio']:.1f}%" if r["recompute_ratio"] is not None else "-"
-        secs = f"{1000 * r['recompute_s']:.0f} ms" if r.get("recompute_s") is not None else "-"
-        lines.append(f"| {name} | {r['batch']} | {peak} | {rec} | {secs} | {r['probes']} |")
+        lines.append(f"| {name} | {r['batch']} | {peak} | {rec} | {seconds(r.get('recompute_s'))} | {r['probes']} |")
     lines += ["", f"Search: {g['traces']} traces, {g['search_s']:.0f} s. Measured step at batch {g['best_batch']} "
               f"with the {g['best_solver']} plan applied: **{g['measured_peak_bytes'] / GiB:.3f} GiB** "
               f"(predicted {g['predicted_peak_bytes'] / GiB:.3f} GiB; "

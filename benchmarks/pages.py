@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Iterable
 
 __all__ = ["Header", "Suite", "SUITES", "RESULTS", "out_dir", "write_page", "read_header", "mark_start",
-           "bench_suites"]
+           "bench_suites", "seconds"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -132,6 +132,16 @@ def out_dir(quick: bool = False) -> Path:
     path = RESULTS / "quick" if quick else RESULTS
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def seconds(value: float | None) -> str:
+    """A predicted or measured time to three significant digits in a unit that fits (``-`` for None)."""
+    if value is None:
+        return "-"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(value) >= scale or unit == "us":
+            return f"{value / scale:.3g} {unit}"
+    return "-"
 
 
 def _git(*args: str) -> str | None:

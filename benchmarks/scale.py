@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.pages import out_dir, write_page
+from benchmarks.pages import out_dir, seconds, write_page
 
 log = logging.getLogger("benchmarks.scale")
 # Traced for their CUDA target (attention saves no S x S scores), these models' least feasible budgets sit
@@ -120,7 +120,7 @@ def _cell(r: dict) -> str:
     if r["status"] == "infeasible":
         return f"infeasible (least {_gib(r['least_bytes'])})"
     blocks = f", {r['blocks']} blocks composed" if r.get("blocks") else ""
-    time_s = f", {1000 * r['recompute_s']:.0f} ms" if r.get("recompute_s") is not None else ""
+    time_s = f", {seconds(r['recompute_s'])}" if r.get("recompute_s") is not None else ""
     return f"{r['overhead_pct']:.2f}%{time_s} in {r['solve_s']:.2f} s ({r['status']}{blocks})"
 
 

@@ -23,7 +23,7 @@ from scheduler.models import build
 from scheduler.report import table
 from scheduler.tracer import capture
 
-from benchmarks.pages import write_page
+from benchmarks.pages import seconds, write_page
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,7 @@ def granularity_table(name: str, opts: dict, fraction: float = 0.5) -> list[tupl
         try:
             plan = solvers.solve(g, budget, solver=solver)
             sim = solvers.simulate(g, plan)
-            secs = "-" if sim.recompute_time_s is None else f"{1000 * sim.recompute_time_s:.1f} ms"
-            cell = (f"{100 * sim.recompute_ratio:.1f}%", secs, format_bytes(sim.peak_bytes))
+            cell = (f"{100 * sim.recompute_ratio:.1f}%", seconds(sim.recompute_time_s), format_bytes(sim.peak_bytes))
         except solvers.InfeasibleBudget:
             cell = ("infeasible", "-", "-")
         rows.append((gran, len(g), solver, f"{time.perf_counter() - t0:.2f}s", *cell, format_bytes(budget)))

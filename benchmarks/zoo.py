@@ -33,7 +33,7 @@ from scheduler.sizing.budget import format_bytes
 from scheduler.measuring.verification import verify
 from solvers import InfeasibleBudget, activation_budget_bytes
 
-from benchmarks.pages import out_dir, write_page
+from benchmarks.pages import out_dir, seconds, write_page
 
 log = logging.getLogger(__name__)
 FRACTION = 0.4
@@ -189,7 +189,7 @@ def main(quick: bool = False) -> None:
     ok = [r for r in rows if "error" not in r]
     body = [(r["model"], r["architecture"], r["nodes"], r["budget"], r["regions"], format_bytes(r["predicted_peak"]),
              format_bytes(r["measured_peak"]), format_bytes(r["budget_bytes"]), "yes" if r["fits"] else "NO",
-             f"{r['recompute_pct']}%", "-" if r.get("recompute_s") is None else f"{1000 * r['recompute_s']:.1f} ms",
+             f"{r['recompute_pct']}%", seconds(r.get("recompute_s")),
              f"{r['max_grad_diff']:.2g}",
              "yes" if r["buffers_equal"] else "NO",
              f"{format_bytes(r['predicted_store_all'])} / {format_bytes(r['measured_store_all'])}",
