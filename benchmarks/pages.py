@@ -52,7 +52,7 @@ _STEP = _TRACE + ("scheduler/applying/", "scheduler/measuring/", "scheduler/sizi
 
 @dataclass(frozen=True)
 class Suite:
-    """One benchmark module (``benchmarks/NAME.py``) and what its pages depend on.
+    """One benchmark module (``name`` under ``benchmarks/``) and what its pages depend on.
 
     Attributes:
         name: the module under ``benchmarks/``.

@@ -1,5 +1,6 @@
 """The docs point at things that exist: every note cited is defined once, every dotted module
-name in a docstring or comment imports, every repository path the README names is there.
+name in a docstring or comment imports, every repository path the README, docs/ or a docstring names
+is there, and every link in the README and docs/ leads to a file and heading.
 
 Names move (the applier became ``scheduler.applying``); these tests fail the commit that moves one and
 leaves a pointer behind.
@@ -106,9 +107,55 @@ _REPO_PATH = re.compile(r"`((?:graphs|solvers|scheduler|tests|benchmarks|docs)/[
 
 
 def test_paths_the_readme_names_exist():
+    """Every `path/in/the/repository` the README, docs/ or a docstring or comment names is there."""
     missing = []
-    for doc in DOCS:
+    for doc in [*DOCS, *SOURCES]:
         for m in _REPO_PATH.finditer(_text(doc)):
             if not (ROOT / m.group(1)).exists():
-                missing.append(f"{doc.name}: {m.group(1)}")
+                missing.append(f"{doc.relative_to(ROOT)}: {m.group(1)}")
     assert not missing, f"paths named in the docs that are not in the repository: {missing}"
+
+
+#: The README is the user's manual: what it is, the two commands, the loop, the CLI, what works with
+#: what, and links; everything else lives in docs/ (issue 27).
+README_MAX_LINES = 350
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    out = set()
+    for line in text.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", title)))
+    return out
+
+
+def test_the_readme_is_a_manual_of_at_most_350_lines():
+    lines = _text(ROOT / "README.md").splitlines()
+    assert len(lines) <= README_MAX_LINES, (f"README.md has {len(lines)} lines, more than {README_MAX_LINES}: "
+                                            "move the detail into docs/ and link it")
+
+
+def test_the_readme_states_how_long_make_test_takes():
+    text = _flat(_text(ROOT / "README.md"))
+    m = re.search(r"`make test` about (\d+) minutes", text)
+    assert m, "README.md must say how long `make test` takes (\"`make test` about N minutes\")"
+    assert int(m.group(1)) < 10, "the whole suite must stay under 10 minutes on an idle 2-core machine"
+
+
+def test_links_in_the_docs_resolve():
+    broken = []
+    for doc in DOCS:
+        for m in _LINK.finditer(_text(doc)):
+            target = m.group(1)
+            if re.match(r"[a-z]+:", target):
+                continue  # a URL
+            path, _, anchor = target.partition("#")
+            file = (doc.parent / path).resolve() if path else doc
+            if not file.exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(_text(file)):
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, f"links in the docs that lead nowhere: {broken}"

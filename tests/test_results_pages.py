@@ -116,3 +116,9 @@ def test_a_written_page_names_this_commit(tmp_path, monkeypatch):
 def test_a_page_without_a_header_names_no_commit():
     assert pages.read_header("# Solver benchmark\n\n`python -m benchmarks.run` on 2 cores\n") is None
     assert pages.read_header("# t\n\n- commit: `abc1234+dirty`\n").dirty
+
+
+def test_every_page_is_listed_in_the_results_doc():
+    text = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    missing = [p for s in pages.SUITES for p in s.pages if f"(../benchmarks/results/{p})" not in text]
+    assert not missing, f"results pages docs/results.md does not link: {missing}"
