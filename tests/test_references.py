@@ -159,3 +159,12 @@ def test_links_in_the_docs_resolve():
             elif anchor and file.suffix == ".md" and anchor not in _anchors(_text(file)):
                 broken.append(f"{doc.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, f"links in the docs that lead nowhere: {broken}"
+
+
+def test_every_note_is_listed_in_the_execution_model():
+    """docs/execution-model.md lists every note by the file that defines it (its last section)."""
+    listed = _text(ROOT / "docs" / "execution-model.md")
+    missing = {name: where[0] for name, where in _definitions(_BLOCK).items()
+               if f"[ {name} ]" not in listed and name not in _TORCH_NOTES}
+    assert not missing, ("notes missing from docs/execution-model.md's list (add each to its file's line): "
+                         f"{missing}")
