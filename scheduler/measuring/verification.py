@@ -71,6 +71,8 @@ class Verification:
         loss_diff: absolute difference of the losses.
         buffers_equal: every buffer equal after the two steps.
         loop: the loop the steps ran and the prediction is for (``"held"``, ``"dropped"``).
+        predicted_recompute_s: the plan's predicted recompute time, what the solvers
+            minimise (``Simulation.recompute_time_s``; None when the graph has no rate).
     """
 
     model: str
@@ -90,6 +92,7 @@ class Verification:
     counted_peak_bytes: int = 0
     counted_store_all_bytes: int = 0
     loop: str = "held"
+    predicted_recompute_s: float | None = None
 
     @property
     def fits(self) -> bool:
@@ -124,6 +127,8 @@ class Verification:
             ("step time ratio (median)", f"{self.step_time_ratio:.3f}", f"1 ({1000 * self.step_time_s:.1f} ms)"),
             ("step time ratio predicted", f"{self.predicted_time_ratio:.3f}", ""),
             ("recompute ratio predicted", f"{100 * self.predicted_recompute_ratio:.1f}%", ""),
+            ("recompute time predicted", "-" if self.predicted_recompute_s is None
+             else f"{1000 * self.predicted_recompute_s:.1f} ms", ""),
             ("max gradient difference", f"{self.max_grad_diff:.3g}", ""),
             ("loss difference", f"{self.loss_diff:.3g}", ""),
             ("buffers equal", "yes" if self.buffers_equal else "NO", ""),
@@ -246,7 +251,7 @@ def _run(model: nn.Module, plan: Plan, graph: Any, applied: nn.Module, count: in
         model=graph.name, solver=plan.solver, regions=count, budget_bytes=plan.budget_bytes,
         predicted_peak_bytes=sim_plan.peak_bytes, measured_peak_bytes=measured.get("plan", 0),
         predicted_store_all_bytes=sim_all.peak_bytes, measured_store_all_bytes=measured.get("all", 0),
-        predicted_recompute_ratio=sim_plan.recompute_ratio,
+        predicted_recompute_ratio=sim_plan.recompute_ratio, predicted_recompute_s=sim_plan.recompute_time_s,
         step_time_ratio=t_plan / base if base else float("nan"), step_time_s=base,
         max_grad_diff=max_diff, loss_diff=loss_diff, buffers_equal=buffers_equal,
         counted_peak_bytes=counted.get("plan", 0), counted_store_all_bytes=counted.get("all", 0), loop=loop,
