@@ -1,4 +1,4 @@
-"""``ckpt compare MODEL --budgets 0.2,0.3,0.5,0.7``."""
+"""``ckpt compare MODEL --budgets 0.5,0.7``."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ built-ins and hf:gpt2 run at a CPU-sized shape of their own unless flags say
 otherwise; --quick picks a smaller one.
 
 examples:
-  ckpt compare gpt --budgets 0.2,0.3,0.5,0.7 --json out.json --plots plots/
-  ckpt compare gpt --quick"""
+  ckpt compare gpt --budgets 0.5,0.7 --json out.json --plots plots/
+  ckpt compare gpt --quick --budgets 0.6,0.8"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -44,7 +44,7 @@ Exit status 0 when some solver fits, 1 when nothing fits (the numbers and
 the levers that would help are printed), 2 on errors.
 
 examples:
-  ckpt fit gpt --device-memory 2GiB --seq 256 --optimizer adam
+  ckpt fit gpt --device-memory 2GiB --seq 256 --optimizer sgd
   ckpt fit gpt --layers 4 -O vocab=8192 --seq 256 --device-memory 1GiB -o plan.json && ckpt apply plan.json
   ckpt fit hf:llama-2-7b --device-memory 80GiB --dtype bf16 --search none --batch 1 --seq 4096
   ckpt fit hf:gpt2-xl --device-memory 24GiB --mixed-precision --search seq --batch 4"""
