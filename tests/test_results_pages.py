@@ -122,3 +122,8 @@ def test_every_page_is_listed_in_the_results_doc():
     text = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
     missing = [p for s in pages.SUITES for p in s.pages if f"(../benchmarks/results/{p})" not in text]
     assert not missing, f"results pages docs/results.md does not link: {missing}"
+
+
+def test_times_are_written_in_a_unit_that_fits():
+    assert [pages.seconds(s) for s in (12.34, 0.00123, 4.5e-7, 0.0, None)] == ["12.3 s", "1.23 ms", "0.45 us", "0 us",
+                                                                               "-"]
