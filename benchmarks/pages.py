@@ -11,8 +11,9 @@ NOTE [ Results pages ]
 A results page is only as good as the commit it names. Its header is four
 lines, written here and nowhere else:
 
-    - commit: `abc1234` (``git rev-parse --short HEAD``; ``+dirty`` when
-      tracked files outside ``benchmarks/results/`` differed from it)
+    - commit: `abc1234` (``git rev-parse --short HEAD`` when the suite
+      started; ``+dirty`` when tracked files outside ``benchmarks/results/``
+      differed from it then or when the page was written, or HEAD moved)
     - date: the UTC time the page was written, and the suite's wall time
     - machine: CPU model, cores, load average, torch and Python versions
     - command: the exact command line that wrote it
@@ -119,12 +120,14 @@ class Header:
 
 
 _started = time.perf_counter()
+_start_commit: str | None = None  # the commit when the suite started (set below, on import)
 
 
 def mark_start() -> None:
-    """Start the wall-time clock the next page reports (``benchmarks.run`` calls it before each suite)."""
-    global _started
-    _started = time.perf_counter()
+    """Start the clock and note the commit the next page reports (``benchmarks.run`` calls it before each suite;
+    importing this module does it for a suite run on its own)."""
+    global _started, _start_commit
+    _started, _start_commit = time.perf_counter(), _commit()
 
 
 def out_dir(quick: bool = False) -> Path:
@@ -193,10 +196,18 @@ def _command() -> str:
     return " ".join(argv)
 
 
+def _provenance() -> str:
+    """The commit at the start, ``+dirty`` if the tree was dirty then or is now, or HEAD moved meanwhile."""
+    now, start = _commit(), _start_commit or _commit()
+    if now != start and not start.endswith("+dirty`") and start.startswith("`"):
+        start = start[:-1] + "+dirty`"
+    return start
+
+
 def header_lines() -> list[str]:
     """The four provenance lines of NOTE [ Results pages ], for a page written now."""
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return [f"- commit: {_commit()}",
+    return [f"- commit: {_provenance()}",
             f"- date: {now} (this suite: {time.perf_counter() - _started:.0f} s)",
             f"- machine: {_machine()}",
             f"- command: `{_command()}`"]
@@ -237,3 +248,6 @@ def read_header(text: str) -> Header | None:
         return None
     return Header(commit=m.group(1), dirty=m.group(2) is not None, date=fields.get("date", ""),
                   machine=fields.get("machine", ""), command=fields.get("command", "").strip("`"))
+
+
+mark_start()
