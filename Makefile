@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 EXTRAS  ?= dev,hf,plot
 
-.PHONY: demo test bench bench-quick install clean
+.PHONY: demo test bench bench-quick check-results install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,7 +19,11 @@ demo: $(STAMP)
 	$(BIN)/ckpt demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not results"
+
+# after make bench: every committed results page names a clean commit no later code change outdates
+check-results: $(STAMP)
+	$(BIN)/python -m pytest -m results tests/test_results_pages.py
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
