@@ -1,0 +1,264 @@
+"""One stage's plan when it holds several micro-batches at once: exact, by bounding what a plan retains.
+
+NOTE [ Solving with micro-batches in flight ]
+    A stage holding ``k`` micro-batches at its peak (NOTE [ Micro-batches in
+    flight ] in ``scheduler.distributed.schedule``) runs one of them while the
+    ``k - 1`` others hold what their forward retained, so a plan ``p`` costs
+    the stage ``V(p) = P(p) + (k - 1) * R(p)``, with ``P`` the step's peak and
+    ``R`` the bytes held from the end of the forward to the backward (both by
+    ``simulate``, on the stage's graph with its parameters and gradients
+    held throughout: after the first micro-batch a stage's gradients exist
+    for the whole of every later one, and each backward's new gradients are
+    made before they are added into them). The fewest recompute FLOPs under
+    ``V(p) <= B`` is what a stage's plan minimises. (It counts every
+    gradient at a stage's first backward too, where they are still being
+    made, as under GPipe: conservative there; the rank's predicted peak
+    walks the schedule's order instead, ``schedule.rank_peak``.)
+
+    The exact solvers bound ``P`` only. Bounding ``R`` too takes one node,
+    the *ballast*, appended after the last node ``L``: it reads nothing,
+    holds nothing but ``W`` bytes of workspace in its forward and backward
+    step, and, being last, takes the ``ones`` of ``backward()`` (no bytes) in
+    place of ``L``'s gradient, whose bytes move into the graph's
+    ``param_bytes`` (the gradients of unattributed parameters, made at the
+    start of the backward and held to the end) and as much out of
+    ``input_bytes``, so the forward is unchanged. Every step of the original
+    graph then costs what it did; the ballast's backward step, the first of
+    the backward, holds ``R + W`` above the persistent bytes ``K`` and that
+    gradient's ``o``, so a plan fits budget ``b`` exactly when ``P <= b`` and
+    ``R <= r`` for ``W = b - K - o - r``. (When ``K`` is less than ``o``,
+    every step is over by the same difference, and the budget is raised by
+    it.)
+
+    With that oracle ``O(r, b)`` (least recompute with ``R <= r``, ``P <=
+    b``), a branch and bound over ``r``: the plans whose ``R`` lies in
+    ``[lo, hi]`` cost at least ``O(hi, B - (k - 1) * lo)``, and when that
+    plan meets ``V <= B`` it is the best of them; otherwise the interval is
+    split where that plan's ``R`` passes ``(B - P) / (k - 1)``, which cuts it
+    off both halves. An interval of one value of ``r`` is always settled, so
+    the search ends with the optimum over the plans the inner solver is
+    exact over (``ilp``: every span-aligned interval plan), or stops at
+    ``max_solves`` with the best plan found and the least open bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import solvers
+from graphs import Graph, Node
+from solvers import InfeasibleBudget, Plan, Status, simulate
+from solvers.meter import FORWARD
+from solvers.registry import finalize
+
+from .schedule import ChunkMemory
+
+__all__ = ["InflightSolve", "persistent_graph", "ballast_graph", "chunk_memory", "solve_inflight", "stage_value"]
+
+log = logging.getLogger(__name__)
+
+#: Oracle calls a stage's search may make before it answers with the best plan found.
+MAX_SOLVES = 48
+
+
+@dataclass(frozen=True)
+class InflightSolve:
+    """A stage's plan with ``inflight`` micro-batches held (NOTE [ Solving with micro-batches in flight ]).
+
+    Attributes:
+        plan: the plan, on the stage's graph (costed by ``simulate`` there).
+        inflight: micro-batches held at the stage's peak.
+        value_bytes: ``P + (inflight - 1) * R`` with the gradients held throughout (``simulate``'s
+            categories): what the plan was solved against.
+        memory: per micro-batch, above ``base_bytes`` (:class:`~scheduler.distributed.schedule.ChunkMemory`).
+        base_bytes: the stage's parameters and inputs (buffers included).
+        status: ``optimal`` when the search closed over exact answers, else ``feasible``.
+        bound: the least recompute cost no plan can beat (None when unknown).
+        solves: inner solver calls made.
+    """
+
+    plan: Plan
+    inflight: int
+    value_bytes: int
+    memory: ChunkMemory
+    base_bytes: int
+    status: str
+    bound: float | None
+    solves: int
+
+
+def persistent_graph(graph: Graph) -> Graph:
+    """``graph`` with its parameters and their gradients held for the whole step (as ``input_bytes``): a
+    stage's gradients exist from its first micro-batch's backward on. A node's backward then makes its new
+    gradient before adding it into the held one (``AccumulateGrad``): that gradient is charged as the
+    node's workspace (in its forward too, where it does not exist: conservative)."""
+    grads = sum(nd.param_bytes for nd in graph.nodes)
+    unattributed = max(0, graph.param_bytes - grads)
+    held = graph.input_bytes + graph.param_bytes + grads + unattributed
+    nodes = [dataclasses.replace(nd, param_bytes=0, workspace_bytes=nd.workspace_bytes + nd.param_bytes)
+             if nd.param_bytes else nd for nd in graph.nodes]
+    return graph.with_nodes(nodes, param_bytes=0, input_bytes=held)
+
+
+def _seed_bytes(graph: Graph) -> int:
+    last = graph.nodes[-1]
+    return last.out_bytes if last.requires_grad else 0
+
+
+def ballast_graph(graph: Graph, workspace_bytes: int) -> tuple[Graph, int]:
+    """``(graph with the ballast, shift)`` for a graph from :func:`persistent_graph` (NOTE [ Solving with
+    micro-batches in flight ]): every step of the ballast graph but the ballast's own holds ``shift`` bytes
+    more than the same step of ``graph`` (0 unless its persistent bytes are fewer than those moved)."""
+    moved = _seed_bytes(graph)
+    ballast = Node(name=f"{graph.nodes[-1].name}__ballast", out_bytes=0, workspace_bytes=int(workspace_bytes),
+                   requires_grad=True, recomputable=False, op="ballast")
+    shift = max(0, moved - graph.input_bytes)
+    return graph.with_nodes(graph.nodes + (ballast,), param_bytes=moved,
+                            input_bytes=max(0, graph.input_bytes - moved)), shift
+
+
+def chunk_memory(graph: Graph, plan: Plan | None) -> ChunkMemory:
+    """What one micro-batch of ``plan`` holds on ``graph`` (a stage's rank graph), above its parameters and
+    inputs: by ``simulate`` with the gradients made as it goes and with them held, and ``R`` as the
+    ballast's forward step sees it."""
+    bare = None if plan is None else Plan(regions=plan.regions, saved=plan.saved)
+    base = graph.param_bytes + graph.input_bytes
+    plain = simulate(graph, bare)
+    held = persistent_graph(graph)
+    full = simulate(held, bare)
+    g, _ = ballast_graph(held, 0)
+    end = simulate(g, bare)
+    z = len(g.nodes) - 1
+    retained = next(live for (phase, node), live in zip(end.steps, end.live_bytes) if phase == FORWARD and node == z)
+
+    def most(sim, forward: bool) -> int:
+        return max((live for (phase, _), live in zip(sim.steps, sim.live_bytes) if (phase == FORWARD) == forward),
+                   default=base) - base
+
+    sent = sum(nd.out_bytes for nd in graph.nodes if nd.op == "stage_input" and nd.requires_grad)
+    return ChunkMemory(retained_bytes=retained - g.input_bytes - g.param_bytes, forward_bytes=most(plain, True),
+                       first_backward_bytes=most(plain, False), backward_bytes=most(full, False),
+                       grad_bytes=held.input_bytes - base, sent_bytes=sent)
+
+
+def stage_value(memory: ChunkMemory, inflight: int) -> int:
+    """``P + (inflight - 1) * R`` above the stage's parameters and inputs, its gradients held throughout
+    (what a stage's plan is solved against; ``schedule.rank_peak`` walks the order for the exact peak)."""
+    return max(memory.forward_bytes + memory.grad_bytes, memory.backward_bytes) + (inflight - 1) * memory.retained_bytes
+
+
+@dataclass(frozen=True)
+class _Answer:
+    plan: Plan
+    memory: ChunkMemory
+    proven: bool
+
+    @property
+    def cost(self) -> int:
+        return int(self.plan.recompute_cost or 0)
+
+
+def solve_inflight(graph: Graph, budget_bytes: int, inflight: int, *, held_grads: bool | None = None,
+                   solver: str = "ilp", max_solves: int = MAX_SOLVES, **options: Any) -> InflightSolve:
+    """The least-recompute plan of a stage holding ``inflight`` micro-batches within ``budget_bytes``.
+
+    Args:
+        graph: the stage's per-rank graph (``scheduler.distributed.ranks.rank_graph``).
+        budget_bytes: what ``simulate``'s categories may reach on the rank.
+        inflight: micro-batches held at the stage's peak.
+        held_grads: count the gradients as held for the whole step (they are from the second
+            micro-batch on); default: when ``inflight > 1``.
+        solver: the inner solver (exact ones make the answer exact).
+        max_solves: inner solver calls before answering with the best plan found.
+        **options: the inner solver's options.
+
+    Raises:
+        InfeasibleBudget: no plan fits; ``min_feasible_bytes`` is the least stage peak over the plans tried
+            (not proven least).
+    """
+    held_grads = inflight > 1 if held_grads is None else held_grads
+    if inflight == 1:
+        target = persistent_graph(graph) if held_grads else graph
+        found = solvers.solve(target, budget_bytes, solver=solver, **options)
+        plan = found if target is graph else _restamp(graph, found, budget_bytes, found.status, found.bound, {})
+        mem = chunk_memory(graph, plan)
+        value = int(found.peak_bytes or 0)
+        return InflightSolve(plan, 1, value, mem, graph.param_bytes + graph.input_bytes, plan.status, plan.bound, 1)
+    base = persistent_graph(graph)
+    held = base.input_bytes
+    fixed = graph.param_bytes + graph.input_bytes
+    seed = _seed_bytes(base)
+    k = inflight
+    calls = 0
+    best: _Answer | None = None
+    tried: list[int] = []
+
+    def oracle(r: int, b: int) -> _Answer | None:
+        nonlocal calls
+        calls += 1
+        g, shift = ballast_graph(base, max(0, b - held - seed - r))
+        try:
+            plan = solvers.solve(g, b + shift, solver=solver, **options)
+        except InfeasibleBudget as exc:
+            if exc.best_regions is not None:
+                tried.append(fixed + stage_value(chunk_memory(graph, Plan(regions=exc.best_regions)), k))
+            return None if exc.proven else _Unproven()
+        mem = chunk_memory(graph, plan)
+        tried.append(fixed + stage_value(mem, k))
+        return _Answer(plan, mem, plan.status == Status.OPTIMAL)
+
+    r_top = max(0, (budget_bytes - held - seed) // k)
+    answer = oracle(r_top, budget_bytes - (k - 1) * r_top)
+    if isinstance(answer, _Answer):
+        best = answer
+    heap: list[tuple[float, int, int]] = [(float("-inf"), 0, r_top)]
+    open_bound: float | None = None
+    proven = True
+    while heap:
+        lb, lo, hi = heapq.heappop(heap)
+        if best is not None and lb >= best.cost:
+            continue
+        if calls >= max_solves:
+            open_bound = lb if open_bound is None else min(open_bound, lb)
+            proven = False
+            continue
+        res = oracle(hi, budget_bytes - (k - 1) * lo)
+        if isinstance(res, _Unproven):
+            proven = False
+            continue
+        if res is None or (best is not None and res.cost >= best.cost):
+            continue
+        proven = proven and res.proven
+        if fixed + stage_value(res.memory, k) <= budget_bytes:
+            best = res
+            continue
+        split = (budget_bytes - fixed - stage_value(res.memory, 1)) // (k - 1)
+        split = min(hi - 1, max(lo, split))
+        if split >= lo and hi > lo:
+            heapq.heappush(heap, (res.cost, lo, split))
+            heapq.heappush(heap, (res.cost, split + 1, hi))
+    if best is None:
+        least = min(tried) if tried else budget_bytes + 1
+        raise InfeasibleBudget(budget_bytes, max(least, budget_bytes + 1), proven=False,
+                               lower_bound_bytes=budget_bytes + 1 if proven else None)
+    status = Status.OPTIMAL if proven and best.proven else Status.FEASIBLE
+    plan = _restamp(graph, best.plan, budget_bytes, status, None if open_bound is None else float(open_bound),
+                    {"inflight": k, "inner_solves": calls})
+    value = fixed + stage_value(best.memory, k)
+    return InflightSolve(plan, k, value, best.memory, fixed, plan.status, plan.bound, calls)
+
+
+def _restamp(graph: Graph, found: Plan, budget_bytes: int, status: str, bound: float | None,
+             findings: dict[str, Any]) -> Plan:
+    """``found`` (solved on a graph derived from ``graph``, same nodes first) as a plan of ``graph``."""
+    plan = dataclasses.replace(Plan.from_regions(graph, found.regions, saved=found.saved), status=status, bound=bound,
+                               findings={**found.findings, **findings})
+    return finalize(graph, plan, budget_bytes, found.solver, dict(found.options), 0.0)
+
+
+class _Unproven:
+    """An inner solve stopped by its time limit without a plan: nothing is known of its interval."""

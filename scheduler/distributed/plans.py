@@ -1,0 +1,270 @@
+"""Plans for a layout: one per pipeline stage, each solved for what its rank holds.
+
+``solve_layout(graph, "80GiB", Layout(shard=8, pp=4, microbatches=8))``
+cuts the graph into stages (``scheduler.distributed.stages``), builds the
+graph one rank runs for each (``scheduler.distributed.ranks``), and solves
+each stage for the micro-batches it holds in flight under the schedule
+(``scheduler.distributed.inflight``): exactly, where each pipeline rank runs
+one stage. Each plan names module paths and applies in place onto that
+stage's module (``scheduler.apply(stage_module, plan)``).
+
+NOTE [ Interleaved stages share a rank ]
+    Under ``interleaved-1f1b`` a rank runs ``virtual_stages`` stages, and its
+    peak mixes their micro-batches (``schedule.rank_peak``). Each stage is
+    solved as if every micro-batch the rank holds at once were its own
+    (the count over the rank's order), against the rank's budget less the
+    other stages' persistent bytes; the rank's peak is then walked over its
+    order with the plans found, and while it is over the budget every
+    stage of the rank is solved again for as much less. The plans fit;
+    they are not proven the cheapest (``status`` feasible).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from graphs import Graph
+from solvers import InfeasibleBudget, Plan, Status, format_bytes
+
+from ..sizing.budget import read_budget
+from .inflight import InflightSolve, chunk_memory, persistent_graph, solve_inflight
+from .layout import Layout, LayoutError
+from .ranks import RankState, rank_graph, rank_state
+from .schedule import ChunkMemory, inflight, rank_peak, stages_of_rank
+from .stages import pipeline_buffer_bytes, stage_bounds, stage_graph
+
+__all__ = ["StagePlan", "LayoutPlan", "solve_layout", "stage_graphs"]
+
+log = logging.getLogger(__name__)
+
+#: Re-solves of an interleaved rank's stages before its answer is "no plan fits".
+MAX_ROUNDS = 6
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage's plan and what its rank holds (NOTE [ What a rank holds ] in ``scheduler.distributed.ranks``).
+
+    Attributes:
+        index: the stage.
+        rank: the pipeline rank that runs it.
+        modules: its first and last module calls (``("transformer.h.0", "transformer.h.5")``).
+        graph: the graph one rank runs for it, per micro-batch (what ``plan`` was solved on).
+        plan: the plan (None when none fits).
+        inflight: micro-batches it holds at its peak.
+        inflight_reason: where that count comes from (the schedule's rule).
+        memory: per micro-batch, what it retains and its forward and backward peaks above ``base_bytes``.
+        base_bytes: what the rank holds for the whole step before any gradient: its parameters, its inputs
+            and the pipeline's buffers (``simulate``'s categories).
+        state: the optimizer state and master copy of the rank (outside ``simulate``).
+        peak_bytes: the rank's predicted peak: ``base_bytes``, the micro-batches in flight and the running one
+            over the schedule's order (``schedule.rank_peak``), and ``state``; for an interleaved rank, its
+            stages' together.
+        needs_bytes: without a plan, the least card that was seen to fit (not proven least), else None.
+        solves: inner solver calls made.
+    """
+
+    index: int
+    rank: int
+    modules: tuple[str, str]
+    graph: Graph
+    plan: Plan | None
+    inflight: int
+    inflight_reason: str
+    memory: ChunkMemory | None
+    base_bytes: int
+    state: RankState | None
+    peak_bytes: int | None
+    needs_bytes: int | None = None
+    solves: int = 0
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None
+
+
+@dataclass(frozen=True)
+class LayoutPlan:
+    """The plans of a layout, one per stage (:func:`solve_layout`).
+
+    Attributes:
+        layout: the layout.
+        budget_bytes: the card per rank, as asked.
+        stages: one :class:`StagePlan` per stage, in order.
+    """
+
+    layout: Layout
+    budget_bytes: int
+    stages: tuple[StagePlan, ...]
+
+    @property
+    def fits(self) -> bool:
+        """Every stage has a plan within the budget."""
+        return all(s.fits for s in self.stages)
+
+    @property
+    def plans(self) -> tuple[Plan | None, ...]:
+        return tuple(s.plan for s in self.stages)
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """The largest rank's predicted peak (None when a stage has no plan)."""
+        return None if not self.fits else max(s.peak_bytes or 0 for s in self.stages)
+
+    def files(self, path: str | os.PathLike) -> list[str]:
+        """The files :meth:`save` writes for ``path``: ``path`` itself for one stage, else
+        ``NAME.stage{i}.json`` beside it, each followed by its graph (``NAME.stage{i}.graph.json``)."""
+        path = os.fspath(path)
+        root, ext = os.path.splitext(path)
+        ext = ext or ".json"
+        if len(self.stages) == 1:
+            return [path, f"{root}.graph{ext}"]
+        return [f for s in self.stages for f in (f"{root}.stage{s.index}{ext}", f"{root}.stage{s.index}.graph{ext}")]
+
+    def save(self, path: str | os.PathLike) -> list[str]:
+        """Write each stage's plan and rank graph (:meth:`files`), atomically; returns the paths written.
+
+        Raises:
+            LayoutError: a stage has no plan.
+        """
+        import graphs
+
+        missing = [s.index for s in self.stages if s.plan is None]
+        if missing:
+            raise LayoutError(f"stage(s) {missing} have no plan within the budget; nothing to write")
+        names = self.files(path)
+        for k, s in enumerate(self.stages):
+            s.plan.save(names[2 * k])  # type: ignore[union-attr]
+            graphs.save(s.graph, names[2 * k + 1])
+        return names
+
+
+def stage_graphs(graph: Graph, layout: Layout) -> list[Graph]:
+    """Each stage's graph, before tensor parallelism and FSDP (NOTE [ A stage's graph ])."""
+    bounds = stage_bounds(graph, layout)
+    return [stage_graph(graph, a, b, index=k, stages=len(bounds)) for k, (a, b) in enumerate(bounds)]
+
+
+def _with_buffers(graph: Graph, layout: Layout, stage: int) -> Graph:
+    """``graph`` holding the pipeline's buffers too (``stages.pipeline_buffer_bytes``)."""
+    extra = pipeline_buffer_bytes(graph, layout.microbatches, inflight(layout, stage)[0])
+    return graph.with_nodes(graph.nodes, input_bytes=graph.input_bytes + extra) if extra else graph
+
+
+def _modules(graph: Graph) -> tuple[str, str]:
+    mods = [sp.module for sp in graph.spans if sp.module]
+    return (mods[0], mods[-1]) if mods else ("", "")
+
+
+def solve_layout(graph: Graph, budget: int | str, layout: Layout, *, solver: str = "ilp",
+                 optimizer: str | None = None, mixed_precision: bool = False, dtype: str | None = None,
+                 strict: bool = True, **options: Any) -> LayoutPlan:
+    """One plan per pipeline stage of ``graph`` under ``layout``, each within ``budget`` on its rank.
+
+    Args:
+        graph: the model's graph at the micro-batch one rank runs (``scheduler.trace``).
+        budget: the card per rank: ``"80GiB"`` or bytes (what ``simulate`` counts, plus the optimizer
+            state and master copy when ``optimizer`` is given).
+        layout: the parallel layout.
+        solver: the solver for each stage (``ilp``: exact where it proves it).
+        optimizer: the optimizer whose sharded state is subtracted on each rank (None: nothing).
+        mixed_precision, dtype: the persistent state (``scheduler.sizing.memory``).
+        strict: raise when a stage has no plan (else that stage's plan is None).
+        **options: the solver's options.
+
+    Raises:
+        LayoutError: a fractional budget, or stage starts that do not fit the graph.
+        InfeasibleBudget: (strict) a stage has no plan; the message names it.
+    """
+    kind, value = read_budget(budget)
+    if kind == "fraction":
+        raise LayoutError("a layout's budget is the memory of one rank's card (e.g. 80GiB); a fraction of the "
+                          "store-all activations has no meaning per rank")
+    budget_bytes = int(value)
+    stages = stage_graphs(graph, layout)
+    ranks = [_with_buffers(rank_graph(sg, layout), layout, k) for k, sg in enumerate(stages)]
+    states = [rank_state(sg, layout, optimizer=optimizer, dtype=dtype, mixed_precision=mixed_precision)
+              if optimizer else None for sg in stages]
+    out: list[StagePlan | None] = [None] * len(stages)
+    for r in range(layout.pp):
+        mine = stages_of_rank(layout, r)
+        for s, answer in zip(mine, _solve_rank(layout, r, mine, ranks, states, budget_bytes, solver, options)):
+            out[s] = answer
+    result = LayoutPlan(layout, budget_bytes, tuple(out))  # type: ignore[arg-type]
+    if strict and not result.fits:
+        bad = next(s for s in result.stages if not s.fits)
+        need = f"; a card of {format_bytes(bad.needs_bytes)} was seen to fit" if bad.needs_bytes else ""
+        raise InfeasibleBudget(budget_bytes, bad.needs_bytes or budget_bytes + 1, proven=False,
+                               floor=f"Stage {bad.index} ({bad.modules[0]} .. {bad.modules[1]}, {bad.inflight} "
+                                     f"micro-batch(es) in flight: {bad.inflight_reason}) has no plan{need}.")
+    return result
+
+
+def _solve_rank(layout: Layout, rank: int, mine: Sequence[int], ranks: Sequence[Graph],
+                states: Sequence[RankState | None], budget_bytes: int, solver: str,
+                options: dict[str, Any]) -> list[StagePlan]:
+    """The plans of the stages pipeline rank ``rank`` runs (NOTE [ Interleaved stages share a rank ])."""
+    outside = sum(states[s].outside_simulation_bytes for s in mine if states[s] is not None)  # type: ignore[union-attr]
+    held = {s: persistent_graph(ranks[s]).input_bytes for s in mine}  # parameters, inputs, gradients
+    base = sum(ranks[s].param_bytes + ranks[s].input_bytes for s in mine)
+    counts = {s: inflight(layout, s) for s in mine}
+    grads = layout.microbatches > 1
+    total = counts[mine[0]][0] if len(mine) == 1 else _rank_count(layout, rank)
+    margin = 0
+    answers: dict[int, InflightSolve | InfeasibleBudget] = {}
+    for _ in range(MAX_ROUNDS if len(mine) > 1 else 1):
+        for s in mine:
+            others = sum(held[o] for o in mine if o != s)
+            answers[s] = _try(ranks[s], budget_bytes - outside - others - margin, total, solver, options,
+                              held_grads=grads)
+        if any(not isinstance(a, InflightSolve) for a in answers.values()):
+            break
+        chunks = {s: a.memory for s, a in answers.items()}  # type: ignore[union-attr]
+        peak = rank_peak(layout, rank, chunks).bytes + base + outside
+        if peak <= budget_bytes:
+            return [_stage(layout, s, ranks[s], states[s], counts[s], answers[s], peak, interleaved=len(mine) > 1)
+                    for s in mine]
+        margin += peak - budget_bytes
+    return [_stage(layout, s, ranks[s], states[s], counts[s], answers[s], None) for s in mine]
+
+
+def _rank_count(layout: Layout, rank: int) -> int:
+    """The most micro-batches (of all its stages) pipeline rank ``rank`` holds at once."""
+    from .schedule import rank_order
+
+    held = most = 0
+    for op in rank_order(layout, rank):
+        held += 1 if op.kind == "F" else 0
+        most = max(most, held)
+        held -= 0 if op.kind == "F" else 1
+    return most
+
+
+def _try(graph: Graph, budget_bytes: int, count: int, solver: str, options: dict[str, Any], *, held_grads: bool
+         ) -> InflightSolve | InfeasibleBudget:
+    try:
+        return solve_inflight(graph, budget_bytes, count, held_grads=held_grads, solver=solver, **options)
+    except InfeasibleBudget as exc:
+        return exc
+
+
+def _stage(layout: Layout, s: int, graph: Graph, state: RankState | None, count: tuple[int, str],
+           answer: InflightSolve | InfeasibleBudget, peak: int | None, *, interleaved: bool = False) -> StagePlan:
+    base = graph.param_bytes + graph.input_bytes
+    outside = state.outside_simulation_bytes if state is not None else 0
+    if not isinstance(answer, InflightSolve) or peak is None:
+        needs = None
+        if isinstance(answer, InfeasibleBudget) and answer.min_feasible_bytes > answer.budget_bytes:
+            needs = answer.min_feasible_bytes + outside
+        return StagePlan(s, layout.rank_of_stage(s), _modules(graph), graph, None, count[0], count[1],
+                         chunk_memory(graph, None), base, state, None, needs)
+    plan = dataclasses.replace(answer.plan, findings={**answer.plan.findings, "stage": s, "layout": layout.describe(),
+                                                      "rank_peak_bytes": peak})
+    if interleaved:
+        plan = dataclasses.replace(plan, status=Status.FEASIBLE)
+    return StagePlan(s, layout.rank_of_stage(s), _modules(graph), graph, plan, count[0], count[1], answer.memory,
+                     base, state, peak, None, answer.solves)
