@@ -49,7 +49,7 @@ def __getattr__(name: str) -> Any:
 
 
 def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: str | None = None,
-          mixed_precision: bool = False, reserve: ReserveSpec = 0, **options: Any) -> Plan:
+          mixed_precision: bool = False, reserve: ReserveSpec = 0, layout: Any = None, **options: Any) -> Plan:
     """Choose which activations to keep for ``graph`` under ``budget``.
 
     Args:
@@ -73,6 +73,11 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
             optimizer's state (``adam``, ``adamw``, ``sgd``, ...), the fp32
             master copy and fp32 state under mixed precision, and a reserve
             (a share such as ``"5%"`` or a size; default 0).
+        layout: a :class:`scheduler.distributed.Layout` (FSDP, tensor and
+            pipeline parallelism, micro-batches, schedule): ``budget`` is then
+            the card of one rank, and the answer a
+            :class:`scheduler.distributed.LayoutPlan`, one plan per pipeline
+            stage (``scheduler.distributed.solve_layout``).
         **options: solver options (e.g. ``time_limit_s`` for ``ilp``).
 
     Raises:
@@ -82,6 +87,11 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
         InfeasibleBudget: nothing fits; ``.min_feasible_bytes`` says what would
             and ``.floor`` which step sets the least peak (``scheduler.sizing.floor``).
     """
+    if layout is not None:
+        from .distributed import solve_layout
+
+        return solve_layout(graph, budget, layout, solver=solver, optimizer=optimizer,  # type: ignore[return-value]
+                            mixed_precision=mixed_precision, reserve=reserve, **options)
     budget_bytes = step_budget_bytes(budget, graph, optimizer=optimizer, mixed_precision=mixed_precision,
                                      reserve=reserve)
     try:

@@ -11,6 +11,7 @@ from solvers import format_bytes
 from ..report import checkpoints_line, describe_target, format_seconds, status_text, table
 from ..sizing.memory import DEFAULT_RESERVE, NothingFits, parse_reserve, render_report
 from ..sizing.search import DEFAULT_SOLVERS
+from .layout import add_layout_arguments, layout_from_args, run_fit as run_layout_fit
 from .common import (add_loop_flag, add_model_arguments, add_step_flags, add_target_flag, check_outputs, model_files,
                      model_options, positive_float, positive_int, solver_flag_options)
 
@@ -75,6 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan-solver", default=None, metavar="NAME",
                    help="the solver whose plan is reported and written (default: the one that fits the largest size, "
                         "then the least recompute, then the first asked: ilp by default)")
+    add_layout_arguments(p, budget="card")
 
 
 def _solvers(args: argparse.Namespace) -> list[str]:
@@ -114,6 +116,14 @@ def run(args: argparse.Namespace) -> int:
     if "device" in options:
         raise CkptError("ckpt fit builds every model on the meta device (shapes only, for a card this machine need "
                         "not have); drop --device")
+    layout = layout_from_args(args)
+    if layout is not None:  # the micro-batch per rank, the stage plans, the smallest card (commands.layout)
+        from ..sizing.sized import sized_model
+
+        model = sized_model(args.model, search="batch" if args.search == "none" else args.search, batch=batch,
+                            seq=seq, dtype=dtype, options=options, target=args.target,
+                            loop=args.loop)
+        return run_layout_fit(args, layout, model, args.device_memory, batch=batch)
     names = _solvers(args)
     if args.plan_solver is not None and args.plan_solver not in names:
         raise CkptError(f"--plan-solver {args.plan_solver}: not among the solvers searched ({', '.join(names)})")

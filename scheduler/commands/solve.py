@@ -14,6 +14,7 @@ from ..sizing.budget import parse_budget, read_budget
 from ..sizing.memory import parse_reserve, step_budget_bytes
 from ..progress import phase
 from ..report import checkpoints_line, cost_model, format_seconds, plan_summary, ratio, table
+from .layout import add_layout_arguments, layout_from_args, run_solve as run_layout_solve
 from .common import (add_loop_flag, add_step_flags, check_outputs, gap_fraction, positive_float, solver_flag_options,
                      solver_options_help, split_items)
 
@@ -86,7 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="list each solver's options (those of --solver when it comes first) and exit")
     add_step_flags(p, optimizer=None, reserve="0", budget="budget (in bytes)")
     add_loop_flag(p, default=None, what="plan for (default: the graph's, as traced)")
-    p.add_argument("-o", "--output", help="write the plan here (JSON; with --solver all, the cheapest plan that fits)")
+    p.add_argument("-o", "--output", help="write the plan here (JSON; with --solver all, the cheapest plan that fits; "
+                                          "with --pp, one file per stage: NAME.stage0.json, ...)")
+    add_layout_arguments(p, budget="budget")
 
 
 def _options(name: str, args: argparse.Namespace, *, strict: bool = True) -> dict:
@@ -113,6 +116,10 @@ def _terms(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    layout = layout_from_args(args)
+    if layout is not None:  # one rank's card, one plan per pipeline stage (scheduler.commands.layout)
+        read_budget(args.budget)
+        return run_layout_solve(args, layout)
     args.solver = args.solver or "ilp"
     if args.solver != "all" and args.solver not in available_solvers(methods=True):
         raise CkptError(f"unknown solver {args.solver!r}; available: {', '.join(available_solvers(methods=True))}, "

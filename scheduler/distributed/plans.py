@@ -31,13 +31,14 @@ from graphs import Graph
 from solvers import InfeasibleBudget, Plan, Status, format_bytes
 
 from ..sizing.budget import read_budget
+from ..sizing.memory import ReserveSpec, parse_reserve
 from .inflight import InflightSolve, chunk_memory, persistent_graph, solve_inflight
 from .layout import Layout, LayoutError
 from .ranks import RankState, rank_graph, rank_state
 from .schedule import ChunkMemory, inflight, rank_peak, stages_of_rank
 from .stages import pipeline_buffer_bytes, stage_bounds, stage_graph
 
-__all__ = ["StagePlan", "LayoutPlan", "solve_layout", "stage_graphs"]
+__all__ = ["StagePlan", "LayoutPlan", "solve_layout", "stage_graphs", "rank_graphs", "plan_files"]
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +96,13 @@ class LayoutPlan:
         layout: the layout.
         budget_bytes: the card per rank, as asked.
         stages: one :class:`StagePlan` per stage, in order.
+        reserve_bytes: held back from each card (NOTE [ Reserve ]).
     """
 
     layout: Layout
     budget_bytes: int
     stages: tuple[StagePlan, ...]
+    reserve_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -116,14 +119,8 @@ class LayoutPlan:
         return None if not self.fits else max(s.peak_bytes or 0 for s in self.stages)
 
     def files(self, path: str | os.PathLike) -> list[str]:
-        """The files :meth:`save` writes for ``path``: ``path`` itself for one stage, else
-        ``NAME.stage{i}.json`` beside it, each followed by its graph (``NAME.stage{i}.graph.json``)."""
-        path = os.fspath(path)
-        root, ext = os.path.splitext(path)
-        ext = ext or ".json"
-        if len(self.stages) == 1:
-            return [path, f"{root}.graph{ext}"]
-        return [f for s in self.stages for f in (f"{root}.stage{s.index}{ext}", f"{root}.stage{s.index}.graph{ext}")]
+        """The files :meth:`save` writes for ``path`` (:func:`plan_files`)."""
+        return plan_files(path, len(self.stages))
 
     def save(self, path: str | os.PathLike) -> list[str]:
         """Write each stage's plan and rank graph (:meth:`files`), atomically; returns the paths written.
@@ -143,25 +140,46 @@ class LayoutPlan:
         return names
 
 
+def plan_files(path: str | os.PathLike, stages: int) -> list[str]:
+    """Where the plans of ``stages`` stages go for ``-o path``: ``path`` itself for one stage, else
+    ``NAME.stage{i}.json`` beside it; each followed by its stage's rank graph (``NAME[.stage{i}].graph.json``)."""
+    path = os.fspath(path)
+    root, ext = os.path.splitext(path)
+    ext = ext or ".json"
+    if stages == 1:
+        return [path, f"{root}.graph{ext}"]
+    return [f for k in range(stages) for f in (f"{root}.stage{k}{ext}", f"{root}.stage{k}.graph{ext}")]
+
+
 def stage_graphs(graph: Graph, layout: Layout) -> list[Graph]:
     """Each stage's graph, before tensor parallelism and FSDP (NOTE [ A stage's graph ])."""
     bounds = stage_bounds(graph, layout)
     return [stage_graph(graph, a, b, index=k, stages=len(bounds)) for k, (a, b) in enumerate(bounds)]
 
 
-def _with_buffers(graph: Graph, layout: Layout, stage: int) -> Graph:
-    """``graph`` holding the pipeline's buffers too (``stages.pipeline_buffer_bytes``)."""
-    extra = pipeline_buffer_bytes(graph, layout.microbatches, inflight(layout, stage)[0])
-    return graph.with_nodes(graph.nodes, input_bytes=graph.input_bytes + extra) if extra else graph
+def rank_graphs(graph: Graph, layout: Layout, stages: Sequence[Graph] | None = None) -> list[Graph]:
+    """The graph one rank runs per micro-batch for each stage (``ranks.rank_graph``), holding the
+    pipeline's buffers too (``stages.pipeline_buffer_bytes``, as inputs)."""
+    out = []
+    for k, sg in enumerate(stage_graphs(graph, layout) if stages is None else stages):
+        rg = rank_graph(sg, layout)
+        extra = pipeline_buffer_bytes(rg, layout.microbatches, inflight(layout, k)[0])
+        out.append(rg.with_nodes(rg.nodes, input_bytes=rg.input_bytes + extra) if extra else rg)
+    return out
 
 
 def _modules(graph: Graph) -> tuple[str, str]:
-    mods = [sp.module for sp in graph.spans if sp.module]
-    return (mods[0], mods[-1]) if mods else ("", "")
+    """The first and last outermost submodule calls of a stage's graph."""
+    outer, end = [], -1
+    for sp in graph.spans:  # sorted by (first, -last): an outer call comes before the calls inside it
+        if sp.first > end and sp.module:
+            outer.append(sp.module)
+            end = sp.last
+    return (outer[0], outer[-1]) if outer else ("", "")
 
 
 def solve_layout(graph: Graph, budget: int | str, layout: Layout, *, solver: str = "ilp",
-                 optimizer: str | None = None, mixed_precision: bool = False, dtype: str | None = None,
+                 optimizer: str | None = None, mixed_precision: bool = False, reserve: ReserveSpec = 0,
                  strict: bool = True, **options: Any) -> LayoutPlan:
     """One plan per pipeline stage of ``graph`` under ``layout``, each within ``budget`` on its rank.
 
@@ -172,7 +190,8 @@ def solve_layout(graph: Graph, budget: int | str, layout: Layout, *, solver: str
         layout: the parallel layout.
         solver: the solver for each stage (``ilp``: exact where it proves it).
         optimizer: the optimizer whose sharded state is subtracted on each rank (None: nothing).
-        mixed_precision, dtype: the persistent state (``scheduler.sizing.memory``).
+        mixed_precision: the fp32 master copy and state beside low-precision weights (``scheduler.sizing.memory``).
+        reserve: held back from each card (NOTE [ Reserve ]; a share such as ``"5%"`` or a size; default 0).
         strict: raise when a stage has no plan (else that stage's plan is None).
         **options: the solver's options.
 
@@ -184,17 +203,18 @@ def solve_layout(graph: Graph, budget: int | str, layout: Layout, *, solver: str
     if kind == "fraction":
         raise LayoutError("a layout's budget is the memory of one rank's card (e.g. 80GiB); a fraction of the "
                           "store-all activations has no meaning per rank")
-    budget_bytes = int(value)
+    card = int(value)
+    budget_bytes = card - parse_reserve(reserve, card)
     stages = stage_graphs(graph, layout)
-    ranks = [_with_buffers(rank_graph(sg, layout), layout, k) for k, sg in enumerate(stages)]
-    states = [rank_state(sg, layout, optimizer=optimizer, dtype=dtype, mixed_precision=mixed_precision)
-              if optimizer else None for sg in stages]
+    ranks = rank_graphs(graph, layout, stages)
+    states = [rank_state(sg, layout, optimizer=optimizer, mixed_precision=mixed_precision)
+              if optimizer or mixed_precision else None for sg in stages]
     out: list[StagePlan | None] = [None] * len(stages)
     for r in range(layout.pp):
         mine = stages_of_rank(layout, r)
         for s, answer in zip(mine, _solve_rank(layout, r, mine, ranks, states, budget_bytes, solver, options)):
             out[s] = answer
-    result = LayoutPlan(layout, budget_bytes, tuple(out))  # type: ignore[arg-type]
+    result = LayoutPlan(layout, card, tuple(out), card - budget_bytes)  # type: ignore[arg-type]
     if strict and not result.fits:
         bad = next(s for s in result.stages if not s.fits)
         need = f"; a card of {format_bytes(bad.needs_bytes)} was seen to fit" if bad.needs_bytes else ""

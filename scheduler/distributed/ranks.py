@@ -31,12 +31,12 @@ from dataclasses import dataclass
 
 from graphs import Graph
 
-from ..sizing.memory import PersistentState, dtype_bytes, persistent_state
+from ..sizing.memory import PersistentState, graph_state
 from .fsdp import shard_fsdp
 from .layout import Layout
 from .tensor_parallel import split_bytes, split_tensor_parallel
 
-__all__ = ["RankState", "rank_graph", "rank_state", "graph_dtype"]
+__all__ = ["RankState", "rank_graph", "rank_state"]
 
 
 @dataclass(frozen=True)
@@ -71,35 +71,15 @@ def rank_graph(graph: Graph, layout: Layout) -> Graph:
     return shard_fsdp(tp, layout.shard, units=layout.fsdp_units, forward_prefetch=layout.forward_prefetch)
 
 
-def graph_dtype(graph: Graph) -> str:
-    """The parameters' dtype a traced graph records (``meta["dtype"]``; the widest when several)."""
-    names = [d for d in str(graph.meta.get("dtype", "float32")).split(",") if d]
-    known = []
-    for d in names:
-        try:
-            known.append((dtype_bytes(d), d))
-        except Exception:  # noqa: BLE001  (an integer or odd dtype: not a weight dtype we size)
-            continue
-    return max(known)[1] if known else "float32"
-
-
-def rank_state(graph: Graph, layout: Layout, *, optimizer: str | None = "adam", dtype: str | None = None,
-               mixed_precision: bool = False, trainable_share: float = 1.0) -> RankState:
+def rank_state(graph: Graph, layout: Layout, *, optimizer: str | None = "adam",
+               mixed_precision: bool = False) -> RankState:
     """The optimizer state and master copy one rank holds for ``graph``'s parameters (a stage's graph,
-    before :func:`rank_graph`): ``1/tp`` of the tensor-parallel modules' parameters, then ``1/shard``.
-
-    Args:
-        graph: the stage's (or model's) graph.
-        layout: the layout.
-        optimizer, dtype, mixed_precision: as ``scheduler.sizing.memory.persistent_state`` (dtype:
-            the graph's by default).
-        trainable_share: the share of parameters that are trained.
-    """
-    name = dtype or graph_dtype(graph)
-    tp_bytes = split_tensor_parallel(graph, layout.tp).param_bytes if layout.tp > 1 else graph.param_bytes
-    params = tp_bytes // dtype_bytes(name)
-    state = persistent_state(params, trainable=int(params * trainable_share), dtype=name, optimizer=optimizer,
-                             mixed_precision=mixed_precision)
-    return RankState(params=params, shard=layout.shard, state=state,
+    before :func:`rank_graph`): ``1/tp`` of the tensor-parallel modules' parameters, then ``1/shard``
+    (the dtype from the graph's meta, as ``scheduler.sizing.memory.graph_state`` reads it)."""
+    if layout.tp > 1:
+        split = split_tensor_parallel(graph, layout.tp)
+        graph = split.with_nodes(split.nodes, meta={k: v for k, v in split.meta.items() if k != "parameters"})
+    state = graph_state(graph, optimizer=optimizer, mixed_precision=mixed_precision)
+    return RankState(params=state.params, shard=layout.shard, state=state,
                      optimizer_bytes=split_bytes(state.optimizer_bytes, layout.shard),
                      master_bytes=split_bytes(state.master_bytes, layout.shard))

@@ -351,9 +351,10 @@ def _report_at(trials: _Trials, names: Sequence[str], size: int, state: Persiste
                          size={**model.fixed, model.dimension: size})
 
 
-def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: int = 1, seq: int | None = None,
+def fit(model: Any, device_memory: int | str | None, *, search: str = "batch", batch: int = 1, seq: int | None = None,
         solvers: Sequence[str] | None = None, options: Mapping[str, Any] | None = None, target: str | None = None,
         loop: str = "held",
+        layout: Any = None,
         **kwargs: Any) -> FitResult:
     """The largest batch or sequence of ``model`` that fits a card of ``device_memory``, per solver.
 
@@ -375,6 +376,12 @@ def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: i
             ``cuda``, a GPU such as ``H100``, or ``cpu``; default: the model's
             device, ``cuda`` for the meta-device builds).
         loop: the training loop a model name is traced for (``scheduler.trace``'s ``loop``).
+        layout: a :class:`scheduler.distributed.Layout`: the size searched is
+            then the micro-batch (or sequence) one rank runs, ``device_memory``
+            one rank's card (None: only the smallest card at ``batch`` and
+            ``seq``), ``solvers`` at most one name (default ``ilp``), and the
+            answer a :class:`scheduler.distributed.fit.LayoutFit` with the
+            stage plans and the smallest card.
         **kwargs: as :func:`fit_graphs` (optimizer, dtype, mixed_precision,
             reserve, max_size, multiple_of, solver_options, progress).
 
@@ -385,4 +392,11 @@ def fit(model: Any, device_memory: int | str, *, search: str = "batch", batch: i
     if not isinstance(model, SizedModel):
         model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs["dtype"], options=options,
                             target=target, loop=loop)
+    if layout is not None:
+        from ..distributed.fit import fit_with_layout
+
+        return fit_with_layout(model, device_memory, layout, solvers=solvers, **kwargs)  # type: ignore[return-value]
+    if device_memory is None:
+        raise BudgetError("fit needs the card's memory (device_memory); only a layout's smallest card is found "
+                          "without one")
     return fit_graphs(model, device_memory, solver_names=solvers, **kwargs)
