@@ -142,13 +142,14 @@ def chunk_memory(graph: Graph, plan: Plan | None) -> ChunkMemory:
     sent = sum(nd.out_bytes for nd in graph.nodes if nd.op == "stage_input" and nd.requires_grad)
     return ChunkMemory(retained_bytes=retained - g.input_bytes - g.param_bytes, forward_bytes=most(plain, True),
                        first_backward_bytes=most(plain, False), backward_bytes=most(full, False),
-                       grad_bytes=held.input_bytes - base, sent_bytes=sent)
+                       grad_bytes=held.input_bytes - base, sent_bytes=sent, held_peak_bytes=full.peak_bytes - base)
 
 
 def stage_value(memory: ChunkMemory, inflight: int) -> int:
-    """``P + (inflight - 1) * R`` above the stage's parameters and inputs, its gradients held throughout
-    (what a stage's plan is solved against; ``schedule.rank_peak`` walks the order for the exact peak)."""
-    return max(memory.forward_bytes + memory.grad_bytes, memory.backward_bytes) + (inflight - 1) * memory.retained_bytes
+    """``P + (inflight - 1) * R`` above the stage's parameters and inputs, ``P`` on the graph a stage's plan is
+    solved on (:func:`persistent_graph`), plus the gradient a pending send holds (one of them: ``R`` holds
+    what it received, as large; ``schedule.rank_peak`` walks the order for the peak predicted)."""
+    return memory.held_peak_bytes + (inflight - 1) * memory.retained_bytes + memory.sent_bytes
 
 
 @dataclass(frozen=True)
@@ -181,12 +182,14 @@ def solve_inflight(graph: Graph, budget_bytes: int, inflight: int, *, held_grads
             (not proven least).
     """
     held_grads = inflight > 1 if held_grads is None else held_grads
+    sent = sum(nd.out_bytes for nd in graph.nodes if nd.op == "stage_input" and nd.requires_grad)
+    room = budget_bytes - sent  # what the graph's steps may reach beside a pending send
     if inflight == 1:
         target = persistent_graph(graph) if held_grads else graph
-        found = solvers.solve(target, budget_bytes, solver=solver, **options)
+        found = solvers.solve(target, room, solver=solver, **options)
         plan = found if target is graph else _restamp(graph, found, budget_bytes, found.status, found.bound, {})
         mem = chunk_memory(graph, plan)
-        value = int(found.peak_bytes or 0)
+        value = int(found.peak_bytes or 0) + sent
         return InflightSolve(plan, 1, value, mem, graph.param_bytes + graph.input_bytes, plan.status, plan.bound, 1)
     base = persistent_graph(graph)
     held = base.input_bytes
@@ -211,8 +214,8 @@ def solve_inflight(graph: Graph, budget_bytes: int, inflight: int, *, held_grads
         tried.append(fixed + stage_value(mem, k))
         return _Answer(plan, mem, plan.status == Status.OPTIMAL)
 
-    r_top = max(0, (budget_bytes - held - seed) // k)
-    answer = oracle(r_top, budget_bytes - (k - 1) * r_top)
+    r_top = max(0, (room - held - seed) // k)
+    answer = oracle(r_top, room - (k - 1) * r_top)
     if isinstance(answer, _Answer):
         best = answer
     heap: list[tuple[float, int, int]] = [(float("-inf"), 0, r_top)]
@@ -226,7 +229,7 @@ def solve_inflight(graph: Graph, budget_bytes: int, inflight: int, *, held_grads
             open_bound = lb if open_bound is None else min(open_bound, lb)
             proven = False
             continue
-        res = oracle(hi, budget_bytes - (k - 1) * lo)
+        res = oracle(hi, room - (k - 1) * lo)
         if isinstance(res, _Unproven):
             proven = False
             continue

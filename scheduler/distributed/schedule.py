@@ -66,6 +66,8 @@ class ChunkMemory:
         grad_bytes: the stage's parameter gradients, once made.
         sent_bytes: the gradient of what it received, which it sends back after its backward (the
             schedule holds it while the send is pending).
+        held_peak_bytes: its peak as a stage's plan is solved (``inflight.persistent_graph``: the gradients
+            held throughout, each backward's new ones charged to its node in both passes).
     """
 
     retained_bytes: int
@@ -74,6 +76,7 @@ class ChunkMemory:
     backward_bytes: int
     grad_bytes: int
     sent_bytes: int = 0
+    held_peak_bytes: int = 0
 
 
 @dataclass(frozen=True)
