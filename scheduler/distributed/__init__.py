@@ -14,7 +14,7 @@ from __future__ import annotations
 from .layout import SCHEDULES, SINGLE, Layout, LayoutError
 from .plans import LayoutPlan, StagePlan, solve_layout, stage_graphs
 from .ranks import RankState, rank_graph, rank_state
-from .schedule import inflight, rank_order
+from .schedule import in_flight, rank_order
 
 __all__ = ["Layout", "LayoutError", "SCHEDULES", "SINGLE", "LayoutPlan", "StagePlan", "solve_layout", "stage_graphs",
-           "RankState", "rank_graph", "rank_state", "inflight", "rank_order"]
+           "RankState", "rank_graph", "rank_state", "in_flight", "rank_order"]

@@ -39,7 +39,7 @@ from .inflight import chunk_memory, persistent_graph, stage_value
 from .layout import Layout, LayoutError
 from .plans import LayoutPlan, rank_graphs, solve_layout, stage_graphs
 from .ranks import rank_state
-from .schedule import inflight
+from .schedule import in_flight
 
 __all__ = ["LayoutFit", "CardFit", "least_card", "fit_layout", "fit_with_layout", "CARD_TOLERANCE"]
 
@@ -108,7 +108,7 @@ def least_card(graph: Graph, layout: Layout, *, optimizer: str | None = "adam", 
     """The smallest card (per rank) on which ``layout`` fits ``graph`` (NOTE [ The smallest card ])."""
     lows, highs = [], []
     for k, (sg, rg) in enumerate(zip(stage_graphs(graph, layout), rank_graphs(graph, layout))):
-        count = inflight(layout, k)[0]
+        count = in_flight(layout, k)[0]
         state = rank_state(sg, layout, optimizer=optimizer, mixed_precision=mixed_precision) \
             if optimizer or mixed_precision else None
         outside = state.outside_simulation_bytes if state is not None else 0

@@ -35,7 +35,7 @@ from ..sizing.memory import ReserveSpec, parse_reserve
 from .inflight import InflightSolve, chunk_memory, persistent_graph, solve_inflight
 from .layout import Layout, LayoutError
 from .ranks import RankState, rank_graph, rank_state
-from .schedule import ChunkMemory, inflight, rank_peak, stages_of_rank
+from .schedule import ChunkMemory, in_flight, rank_peak, stages_of_rank
 from .stages import pipeline_buffer_bytes, stage_bounds, stage_graph
 
 __all__ = ["StagePlan", "LayoutPlan", "solve_layout", "stage_graphs", "rank_graphs", "plan_files"]
@@ -163,7 +163,7 @@ def rank_graphs(graph: Graph, layout: Layout, stages: Sequence[Graph] | None = N
     out = []
     for k, sg in enumerate(stage_graphs(graph, layout) if stages is None else stages):
         rg = rank_graph(sg, layout)
-        extra = pipeline_buffer_bytes(rg, layout.microbatches, inflight(layout, k)[0])
+        extra = pipeline_buffer_bytes(rg, layout.microbatches, in_flight(layout, k)[0])
         out.append(rg.with_nodes(rg.nodes, input_bytes=rg.input_bytes + extra) if extra else rg)
     return out
 
@@ -231,7 +231,7 @@ def _solve_rank(layout: Layout, rank: int, mine: Sequence[int], ranks: Sequence[
     outside = sum(states[s].outside_simulation_bytes for s in mine if states[s] is not None)  # type: ignore[union-attr]
     held = {s: persistent_graph(ranks[s]).input_bytes for s in mine}  # parameters, inputs, gradients
     base = sum(ranks[s].param_bytes + ranks[s].input_bytes for s in mine)
-    counts = {s: inflight(layout, s) for s in mine}
+    counts = {s: in_flight(layout, s) for s in mine}
     grads = layout.microbatches > 1
     total = counts[mine[0]][0] if len(mine) == 1 else _rank_count(layout, rank)
     margin = 0

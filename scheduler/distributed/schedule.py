@@ -24,7 +24,7 @@ NOTE [ Micro-batches in flight ]
     micro-batches held at that moment retain plus what the running forward or
     backward needs beyond its own retained bytes (:func:`rank_peak`). With one
     stage per rank that is ``(k - 1) * retained + one micro-batch's peak``
-    for the stage's count ``k`` (:func:`inflight`).
+    for the stage's count ``k`` (:func:`in_flight`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Mapping
 
 from .layout import Layout
 
-__all__ = ["Op", "ChunkMemory", "RankPeak", "rank_order", "inflight", "rank_peak", "stages_of_rank"]
+__all__ = ["Op", "ChunkMemory", "RankPeak", "rank_order", "in_flight", "rank_peak", "stages_of_rank"]
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def _held_counts(order: tuple[Op, ...]) -> dict[int, int]:
     return most
 
 
-def inflight(layout: Layout, stage: int) -> tuple[int, str]:
+def in_flight(layout: Layout, stage: int) -> tuple[int, str]:
     """How many micro-batches ``stage`` holds at most at once, and where that count comes from."""
     m, pp = layout.microbatches, layout.pp
     if pp == 1:

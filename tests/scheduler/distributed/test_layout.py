@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from scheduler.distributed import Layout, LayoutError, inflight, rank_order
+from scheduler.distributed import Layout, LayoutError, in_flight, rank_order
 from scheduler.distributed.schedule import ChunkMemory, rank_peak
 
 
@@ -77,8 +77,8 @@ def test_gpipe_and_1f1b_orders_hold_what_torchs_do(pp, m):
         # the same forwards and backwards in the same order (torch's IR numbers the last rank's forwards from 1)
         assert [a[0] for a in ours] == [a[0] for a in _actions(onef[rank])]
         assert _most_held(ours, rank) == _most_held(_actions(onef[rank]), rank) == min(m, pp - rank)
-        assert inflight(Layout(pp=pp, microbatches=m, schedule="1f1b"), rank)[0] == min(m, pp - rank)
-        assert inflight(Layout(pp=pp, microbatches=m, schedule="gpipe"), rank)[0] == m
+        assert in_flight(Layout(pp=pp, microbatches=m, schedule="1f1b"), rank)[0] == min(m, pp - rank)
+        assert in_flight(Layout(pp=pp, microbatches=m, schedule="gpipe"), rank)[0] == m
 
 
 @pytest.mark.parametrize("pp, v, m", [(2, 2, 4), (4, 2, 8), (2, 3, 4), (4, 2, 4)])
@@ -93,12 +93,12 @@ def test_interleaved_order_is_torchs(pp, v, m):
         theirs = _actions(ScheduleInterleaved1F1B._calculate_single_rank_operations(me, rank))
         assert _ours(layout, rank) == theirs
         for stage in range(rank, pp * v, pp):
-            count, reason = inflight(layout, stage)
+            count, reason = in_flight(layout, stage)
             assert count == _most_held(theirs, stage) and f"rank {rank}" in reason
 
 
 def test_without_a_pipeline_micro_batches_run_one_after_another():
-    assert inflight(Layout(microbatches=4), 0) == (1, "no pipeline: the micro-batches run one after another "
+    assert in_flight(Layout(microbatches=4), 0) == (1, "no pipeline: the micro-batches run one after another "
                                                        "(gradient accumulation)")
 
 
