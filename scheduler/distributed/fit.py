@@ -16,7 +16,10 @@ NOTE [ The smallest card ]
     least peak over all plans for one micro-batch, its gradients held when
     there are several micro-batches: no plan holding more needs less) and an upper one (store-all
     on every stage), to ``CARD_TOLERANCE`` of the upper bound: the answer is
-    a card that fits, with the largest budget seen not to fit below it.
+    a card that fits, with the largest budget seen not to fit below it. A
+    probe asks only whether each stage has a plan (``first_fit``: its
+    search stops at the first plan that fits), and the plans answered are
+    solved again on the card found.
 """
 
 from __future__ import annotations
@@ -130,12 +133,15 @@ def least_card(graph: Graph, layout: Layout, *, optimizer: str | None = "adam", 
     while hi - lo > step:
         mid = (lo + hi) // 2
         found = solve_layout(graph, mid, layout, solver=solver, optimizer=optimizer, mixed_precision=mixed_precision,
-                             reserve=reserve, strict=False, **options)
+                             reserve=reserve, strict=False, first_fit=True, **options)
         log.info("card %s: %s", format_bytes(mid), "fits" if found.fits else "does not fit")
         if found.fits:
-            hi, best = mid, found
+            hi, best = mid, None
         else:
             lo = mid
+    if best is None:  # the probes only asked whether a plan fits: the plans on the card found
+        best = solve_layout(graph, hi, layout, solver=solver, optimizer=optimizer, mixed_precision=mixed_precision,
+                            reserve=reserve, strict=False, **options)
     return CardFit(hi, lo, best)
 
 

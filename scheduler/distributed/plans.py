@@ -193,7 +193,7 @@ def solve_layout(graph: Graph, budget: int | str, layout: Layout, *, solver: str
         mixed_precision: the fp32 master copy and state beside low-precision weights (``scheduler.sizing.memory``).
         reserve: held back from each card (NOTE [ Reserve ]; a share such as ``"5%"`` or a size; default 0).
         strict: raise when a stage has no plan (else that stage's plan is None).
-        **options: the solver's options.
+        **options: the solver's options (and ``first_fit``: each stage answers with the first plan that fits).
 
     Raises:
         LayoutError: a fractional budget, or stage starts that do not fit the graph.
