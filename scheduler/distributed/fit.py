@@ -38,7 +38,7 @@ from ..sizing.budget import parse_size
 from ..sizing.memory import ReserveSpec, parse_reserve
 from ..sizing.search import search_largest
 from ..sizing.sized import SizedModel
-from .inflight import chunk_memory, persistent_graph, stage_value
+from .inflight import STOPPED, chunk_memory, persistent_graph, stage_value
 from .layout import Layout, LayoutError
 from .plans import LayoutPlan, rank_graphs, solve_layout, stage_graphs
 from .ranks import rank_state
@@ -121,6 +121,8 @@ def least_card(graph: Graph, layout: Layout, *, optimizer: str | None = "adam", 
             least = 1
         except InfeasibleBudget as exc:
             least = exc.lower_bound_bytes if not exc.proven and exc.lower_bound_bytes else exc.min_feasible_bytes
+        except STOPPED:  # its time limit: no bound known beyond the persistent bytes
+            least = 1
         lows.append(least + outside)
         highs.append(rg.param_bytes + rg.input_bytes + stage_value(chunk_memory(rg, None), count) + outside)
     lo = _card_for(max(lows), reserve) - 1

@@ -59,15 +59,19 @@ from typing import Any
 import solvers
 from graphs import Graph, Node
 from solvers import InfeasibleBudget, Plan, Status, simulate
+from solvers.frontier import FrontierTimeout
+from solvers.ilp import IlpTimeout
 from solvers.meter import FORWARD
 from solvers.registry import check_options, finalize
 
 from .schedule import ChunkMemory
 
-__all__ = ["InflightSolve", "persistent_graph", "ballast_graph", "chunk_memory", "solve_inflight", "stage_value"]
+__all__ = ["STOPPED", "InflightSolve", "persistent_graph", "ballast_graph", "chunk_memory", "solve_inflight", "stage_value"]
 
 log = logging.getLogger(__name__)
 
+#: What an inner solver raises when its time limit stopped it without a plan (nothing known either way).
+STOPPED = (IlpTimeout, FrontierTimeout)
 #: Oracle calls a stage's search may make before it answers with the best plan found.
 MAX_SOLVES = 64
 #: The default tolerance of the search over ``R``, a share of the budget (NOTE [ Solving with micro-batches
@@ -201,7 +205,7 @@ def solve_inflight(graph: Graph, budget_bytes: int, inflight: int, *, held_grads
 
     Raises:
         InfeasibleBudget: no plan fits; ``min_feasible_bytes`` is the least stage peak over the plans tried
-            (not proven least).
+            (not proven least; the budget itself when no plan was seen at all).
     """
     held_grads = inflight > 1 if held_grads is None else held_grads
     sent = sum(nd.out_bytes for nd in graph.nodes if nd.op == "stage_input" and nd.requires_grad)
@@ -237,6 +241,9 @@ def solve_inflight(graph: Graph, budget_bytes: int, inflight: int, *, held_grads
                 memory, _ = _evaluate(graph, Plan(regions=exc.best_regions))
                 tried.append(fixed + stage_value(memory, k))
             return None if exc.proven else _Unproven()
+        except STOPPED as exc:
+            log.info("in-flight search: an inner solve stopped without a plan (%s)", exc)
+            return _Unproven()
         memory, cost = _evaluate(graph, Plan(regions=raw.regions, saved=raw.saved))
         tried.append(fixed + stage_value(memory, k))
         return _Answer(raw.regions, raw.saved, memory, cost, raw.status == Status.OPTIMAL, solver, checked,
@@ -282,8 +289,8 @@ def solve_inflight(graph: Graph, budget_bytes: int, inflight: int, *, held_grads
         heapq.heappush(heap, (res.cost, lo, mid))
         heapq.heappush(heap, (res.cost, mid + 1, hi))
     if best is None:
-        least = min(tried) if tried else budget_bytes + 1
-        raise InfeasibleBudget(budget_bytes, max(least, budget_bytes + 1), proven=False,
+        least = max(min(tried), budget_bytes + 1) if tried else budget_bytes  # budget_bytes: no plan seen at all
+        raise InfeasibleBudget(budget_bytes, least, proven=False,
                                lower_bound_bytes=budget_bytes + 1 if proven else None)
     optimal = proven and best.proven and open_bound is None and not first_fit
     bound = None if open_bound is None else float(min(open_bound, best.cost))

@@ -32,7 +32,7 @@ from solvers import InfeasibleBudget, Plan, Status, format_bytes
 
 from ..sizing.budget import read_budget
 from ..sizing.memory import ReserveSpec, parse_reserve
-from .inflight import InflightSolve, chunk_memory, persistent_graph, solve_inflight
+from .inflight import STOPPED, InflightSolve, chunk_memory, persistent_graph, solve_inflight
 from .layout import Layout, LayoutError
 from .ranks import RankState, rank_graph, rank_state
 from .schedule import ChunkMemory, in_flight, rank_peak, stages_of_rank
@@ -270,6 +270,9 @@ def _try(graph: Graph, budget_bytes: int, count: int, solver: str, options: dict
         return solve_inflight(graph, budget_bytes, count, held_grads=held_grads, solver=solver, **options)
     except InfeasibleBudget as exc:
         return exc
+    except STOPPED as exc:  # its time limit: no plan, none proven impossible
+        log.warning("a stage's solve stopped without a plan: %s", exc)
+        return InfeasibleBudget(budget_bytes, budget_bytes, proven=False)  # no card seen to fit
 
 
 def _stage(layout: Layout, s: int, graph: Graph, state: RankState | None, count: tuple[int, str],

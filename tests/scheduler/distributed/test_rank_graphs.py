@@ -142,3 +142,19 @@ def test_balanced_stages_minimise_the_slowest_stage():
                       for n, c in zip(g.nodes, costs)])
     assert stage_bounds(g, Layout(pp=2, microbatches=2)) == ((0, 4), (5, 5))
     assert stage_bounds(g, Layout(pp=3, microbatches=3)) == ((0, 2), (3, 4), (5, 5))
+
+
+def test_a_stage_whose_solve_stops_has_no_plan(graph, monkeypatch):
+    """An inner solver stopped by its time limit (``STOPPED``) leaves its stage without a plan; nothing raises."""
+    import solvers
+    from scheduler.distributed import solve_layout
+    from solvers.ilp import IlpTimeout
+
+    def stopped(*args, **kwargs):
+        raise IlpTimeout("no plan found within 0 s")
+
+    monkeypatch.setattr(solvers, "solve", stopped)
+    monkeypatch.setattr(solvers, "get_solver", lambda name: stopped)
+    for layout in (Layout(pp=2, microbatches=2), Layout(shard=2)):
+        plans = solve_layout(graph, "1GiB", layout, strict=False)
+        assert not plans.fits and all(s.plan is None and s.needs_bytes is None for s in plans.stages)
