@@ -93,6 +93,8 @@ SUITES: tuple[Suite, ...] = (
     Suite("fit", ("fit.md",), _STEP),
     Suite("zoo", ("zoo.md",), _STEP),
     Suite("loop", ("loop.md",), _STEP),
+    Suite("distributed", ("distributed.md",), _STEP + ("scheduler/distributed/", "scheduler/measuring/distributed.py",
+                                                     "scheduler/models/staged.py")),
     Suite("thirdparty", ("thirdparty.md",), _STEP + ("benchmarks/thirdparty_models.py",),
           how="PYTHONPATH=. VENV/bin/python -m benchmarks.thirdparty, in a venv with timm, torchvision, diffusers, "
               "peft, monai and segmentation_models_pytorch (make bench skips the models whose library is missing)"),
