@@ -117,6 +117,8 @@ def run_solve(args: argparse.Namespace, layout: Layout) -> int:
     options = _options(name, args)
     _outputs(args, layout, [args.graph])
     graph = graphs.load(args.graph)
+    if getattr(args, "loop", None):  # NOTE [ The user's loop ]: the same graph planned for another loop
+        graph = graph.with_loop(args.loop)
     plans = solve_layout(graph, args.budget, layout, solver=name, optimizer=args.optimizer,
                          mixed_precision=args.mixed_precision, reserve=args.reserve or 0, strict=False, **options)
     _write(plans, args.output)
