@@ -259,10 +259,10 @@ def run_part(name: str, command: str) -> None:
     """Run one part and write its JSON (with the command, the commit and the time it took)."""
     import torch
 
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                            cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"  # the code as it starts
     t0 = time.perf_counter()
     data = measured() if name == "measured" else llama(f"hf:{name}")
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                            cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
     data["ran"] = {"command": command, "commit": commit, "torch": torch.__version__,
                    "elapsed_s": time.perf_counter() - t0}
     os.makedirs(RESULTS, exist_ok=True)
