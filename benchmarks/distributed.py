@@ -237,8 +237,9 @@ def _render_llama(parts: list[dict]) -> list[str]:
              "[ What a rank holds ]), optimizer state included; recompute: the stage's recompute FLOPs as a share "
              f"of its step; smallest card: bisected to {100 * CARD_SHARE:g} % of its upper bound (NOTE [ The "
              "smallest card ]).", "",
-             "| model | layout | stage | modules | in flight | rank peak | recompute | plan | smallest card |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"| model | layout | stage | modules | in flight | fits {parts[0]['card']} | rank peak | recompute | plan | "
+             "smallest card |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for part in parts:
         for r in part["rows"]:
             peak = _gib(r["peak_bytes"]) if r["peak_bytes"] is not None else (
@@ -246,7 +247,8 @@ def _render_llama(parts: list[dict]) -> list[str]:
             rec = "—" if r["recompute"] is None else f"{100 * r['recompute']:.1f}% ({r['status']})"
             card = _gib(r["card_bytes"]) if r["card_bytes"] else f"none up to {_gib(r['card_below_bytes'])}"
             mods = " .. ".join(dict.fromkeys(r["modules"]))
-            lines.append(f"| {r['model']} | {r['layout']} | {r['stage']} | {mods} | {r['inflight']} | {peak} | "
+            fits = "yes" if r["peak_bytes"] is not None else "**no**"
+            lines.append(f"| {r['model']} | {r['layout']} | {r['stage']} | {mods} | {r['inflight']} | {fits} | {peak} | "
                          f"{rec} | {r['plan']} | {card} |")
     return lines + [""]
 
