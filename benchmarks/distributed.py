@@ -235,8 +235,8 @@ def _render_llama(parts: list[dict]) -> list[str]:
              "back; AdamW under bf16 mixed precision (fp32 state and master copy, split over the FSDP ranks). `ilp` "
              f"per stage ({TIME_LIMIT_S} s limit per inner solve). Rank peak: what the rank holds at its peak (NOTE "
              "[ What a rank holds ]), optimizer state included; recompute: the stage's recompute FLOPs as a share "
-             f"of its step; smallest card: bisected to {100 * CARD_SHARE:g} % of its upper bound (NOTE [ The "
-             "smallest card ]).", "",
+             f"of its step; smallest card: bisected to {100 * CARD_SHARE:g} % of its upper bound "
+             "(NOTE [ The smallest card ]).", "",
              f"| model | layout | stage | modules | in flight | fits {parts[0]['card']} | rank peak | recompute | plan | "
              "smallest card |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -74,8 +74,8 @@ log = logging.getLogger(__name__)
 STOPPED = (IlpTimeout, FrontierTimeout)
 #: Oracle calls a stage's search may make before it answers with the best plan found.
 MAX_SOLVES = 64
-#: The default tolerance of the search over ``R``, a share of the budget (NOTE [ Solving with micro-batches
-#: in flight ]).
+#: The default tolerance of the search over ``R``, a share of the budget
+#: (NOTE [ Solving with micro-batches in flight ]).
 TOLERANCE = 0.001
 
 

@@ -5,8 +5,8 @@ their own FSDP2 script: the FSDP (or HSDP) shard degree, the tensor-parallel
 degree with or without sequence parallelism, the pipeline stages, the
 micro-batches and the pipeline schedule. It decides what each rank holds
 (NOTE [ What a rank holds ] in ``scheduler.distributed.ranks``) and, for a
-pipeline, how many micro-batches each stage holds in flight (NOTE [ Micro-
-batches in flight ] in ``scheduler.distributed.schedule``).
+pipeline, how many micro-batches each stage holds in flight
+(NOTE [ Micro-batches in flight ] in ``scheduler.distributed.schedule``).
 
 The graph a layout plans is the one a rank runs per micro-batch: trace the
 model at the micro-batch size one rank sees (the global batch divided by
