@@ -65,6 +65,7 @@ from graphs import COSTS_META, LOOPS, TARGET_META, WORKSPACES_META, Graph
 
 from .tracing.build import attribute_params, build_nodes, group_records, output_names
 from .tracing.spans import MODULES_META, TREE_META, module_spans, module_tree, sequential_children
+from .tracing.loss_storage import split_loss_storage
 from .tracing.capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .tracing.costs import OpRecord, measure_ops
 from .tracing.outputs import capture_exposed, returned_nodes
@@ -390,6 +391,9 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     nodes = attribute_params(nodes, records, groups, dict(totals.get("trainable", {})))
     spans, modules = module_spans(records, groups, sequentials)
     spans = [dataclasses.replace(sp, extra_bytes=int(extras.get(sp.module, 0))) for sp in spans]
+    outputs = output_names(records, groups, nodes)
+    loss_extra = sum(records[m].storage_extra_bytes for m in groups[-1] if records[m].returned)
+    nodes, spans = split_loss_storage(nodes, spans, loss_extra)  # NOTE [ A loss's input-sized storage ]
     meta = dict(meta, granularity=str(chosen), estimated_flops=sum(r.estimated_flops for r in records))
     meta[MODULES_META] = modules
     scalars = int(totals.get("scalar_bytes", 0))  # NOTE [ Saved Python scalars ] in scheduler.tracing.costs
@@ -399,7 +403,7 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]), frozen_param_bytes=frozen,
                   input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]) + scalars, name=name, meta=meta,
                   spans=tuple(spans), rng_state_bytes=int(totals.get("rng_state_bytes", 0)),
-                  outputs=output_names(records, groups, nodes), loop=loop)
+                  outputs=outputs, loop=loop)
     return graph, tuple(nd.members for nd in nodes), chosen
 
 

@@ -214,7 +214,7 @@ class Recorder(torch.fx.Interpreter):
             self.owner[k] = pos
             created.add(k)
             self.keep.append(t)
-            out_bytes += storage_bytes(t)
+            out_bytes += storage_bytes(t) + self.watch.extra_storage.get(k, 0)
             if fwd == 0:
                 estimated += t.numel()  # NOTE [ Ops without a FLOP formula ]
         # Saved tensors, by storage.
@@ -257,6 +257,7 @@ class Recorder(torch.fx.Interpreter):
             writes=tuple(sorted({self.owner[k] for k in self.watch.written if k in self.owner})),
             dispatch=dispatch, sac_op=-1 if self.watch.stochastic or self.watch.stateful else sac_op,
             free_calls=all(free for _, _, free in self.watch.policy_calls),
+            storage_extra_bytes=sum(self.watch.extra_storage.get(k, 0) for k in created),
         ))
         return result
 

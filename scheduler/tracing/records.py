@@ -25,7 +25,11 @@ class OpRecord:
         inputs: positions (in the record list) of the records this one reads:
             direct producers and the owners of storages it reads through views.
         owners: the subset of ``inputs`` that own storage this node reads.
-        out_bytes: bytes of the storages this node creates and returns.
+        out_bytes: bytes of the storages this node creates and returns (on the
+            target's kernels: ``storage_extra_bytes`` included).
+        storage_extra_bytes: what the target's kernel holds behind a returned
+            loss beyond its fake storage (NOTE [ A loss's input-sized storage ]
+            in ``scheduler.tracing.loss_storage``).
         saves: positions of records whose output this node saves (may include
             its own position).
         own_saved_bytes: bytes of saved tensors owned by nobody else.
@@ -97,6 +101,7 @@ class OpRecord:
     sac_op: int = -1
     free_calls: bool = False
     output: bool = False
+    storage_extra_bytes: int = 0
 
     @property
     def cost(self) -> int:

@@ -16,6 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .loss_storage import resized_bytes
 from .records import storage_bytes, storage_key
 
 __all__ = ["OpWatch", "kernel_of", "draws_random", "sac_ignored"]
@@ -122,6 +123,9 @@ class OpWatch(TorchDispatchMode):
         # (overload, storage keys of its tensor outputs, does no work) per op a selective-checkpoint
         # policy would see: NOTE [ Which op a policy keeps ] in scheduler.tracing.recorder
         self.policy_calls: list[tuple[str, tuple[int, ...], bool]] = []
+        # storage key -> bytes the target's kernel holds beyond the fake storage (NOTE [ A loss's
+        # input-sized storage ] in scheduler.tracing.loss_storage)
+        self.extra_storage: dict[int, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
@@ -171,6 +175,10 @@ class OpWatch(TorchDispatchMode):
                 if k is not None and k not in self.tracking and k not in self.param_keys:
                     st = t.untyped_storage()
                     nbytes = int(st.nbytes())
+                    extra = max(0, resized_bytes(func, args, kwargs, t) - nbytes)
+                    if extra:
+                        self.extra_storage[k] = extra
+                        nbytes += extra
                     self.tracking.add(k)
                     self.live += nbytes
                     weakref.finalize(st, self._freed, k, nbytes)
