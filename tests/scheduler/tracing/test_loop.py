@@ -137,4 +137,8 @@ def test_verify_runs_the_plans_loop_or_the_one_asked_for():
     assert v.loop == "dropped" and v.counted_peak_bytes <= v.predicted_peak_bytes and v.max_grad_diff == 0
     held = verify(model, plan, args, loop="held", **kw)
     assert held.loop == "held" and held.predicted_peak_bytes > v.predicted_peak_bytes
-    assert held.counted_peak_bytes - v.counted_peak_bytes == held.predicted_peak_bytes - v.predicted_peak_bytes
+    # each loop's count to the byte but for the loss's 4-byte total_weight, which eager frees inside the
+    # merged loss node's backward and simulate holds to its end (NOTE [ Saved Python scalars ]): the dropped
+    # plan peaks there
+    for run in (v, held):
+        assert 0 <= run.predicted_peak_bytes - run.counted_peak_bytes <= 4, run
