@@ -63,7 +63,7 @@ from scheduler.measuring.storages import live_bytes_of
 from scheduler.tracer import EvalModeWarning
 
 from .pages import out_dir, write_page
-from .thirdparty_models import CASES, LOSS_NAMES, MSE_NOTE, QUICK, Case
+from .thirdparty_models import CASES, LOSS_NAMES, QUICK, Case
 
 log = logging.getLogger(__name__)
 FRACTION = 0.5
@@ -264,8 +264,6 @@ def report(rows: list[dict], skipped: list[str]) -> str:
     losses = {r["model"]: r["loss"] for r in ok}
     lines += [""] + [f"- {m} (`{losses[m]}`): over its prediction by {', '.join(f'{d:,}' for d in sorted(ds))} B"
                      for m, ds in over.items()]
-    if any(losses[m] == "F.mse_loss" for m in over):
-        lines.append(f"- {MSE_NOTE}")
     lines += [f"- {r['model']}: **failed**: {r['error']}" for r in rows if "error" in r]
     lines += [f"- {line}" for line in skipped]
     return "\n".join(lines).rstrip() + "\n"

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Case", "CASES", "QUICK", "LOSS_NAMES", "MSE_NOTE"]
+__all__ = ["Case", "CASES", "QUICK", "LOSS_NAMES"]
 
 BATCH, SEQ, SIDE = 2, 32, 32
 
@@ -53,11 +53,6 @@ def _regress(out: Any, target: torch.Tensor) -> torch.Tensor:
 
 
 #: Why the models trained with ``F.mse_loss`` run over their predictions (not fixed: see the report).
-MSE_NOTE = ("`F.mse_loss` on the CPU returns its 0-dim loss on a storage the size of its input (aten's kernel "
-            "resizes the elementwise result to a scalar in place), held until `backward()` returns; the trace's "
-            "fake kernel gives it 4 bytes, and `simulate` sizes the loss's gradient by its output, so the "
-            "storage cannot simply be charged to the loss node: one output-sized tensor less 4 bytes over, "
-            "whatever the plan (`F.mse_loss(x, y)` on a `[2, 2, 64, 64]` output: 65,532 B).")
 LOSS_NAMES = {_model_loss: "out.loss", _classify: "F.cross_entropy", _regress: "F.mse_loss"}
 
 
