@@ -14,6 +14,7 @@ from graphs import LOOPS, TARGET_META, Graph
 from graphs.files import read_json, write_text_atomic
 from graphs.schema import count, reject_unknown
 
+from .chunks import ChunkError, expand
 from .errors import PlanError, PlanMismatch
 from .selective import recompute_reach
 
@@ -120,9 +121,11 @@ class Plan:
     save_op_calls: tuple[tuple[tuple[str, int], ...], ...] = ()
     findings: Mapping[str, Any] = field(default_factory=dict)
     loop: str = ""
+    chunks: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         regions = _normalise_regions(self.regions)
+        object.__setattr__(self, "chunks", _normalise_chunks(self.chunks))
         object.__setattr__(self, "regions", regions)
         object.__setattr__(self, "options", dict(self.options))
         object.__setattr__(self, "graph_meta", dict(self.graph_meta))
@@ -181,6 +184,7 @@ class Plan:
 
     def labelled(self, graph: Graph) -> "Plan":
         """A copy naming each region's end nodes and module call in ``graph``."""
+        graph = _expanded(graph, self.chunks)
         names = tuple((graph.nodes[a].name, graph.nodes[b].name) for a, b in self.regions)
         modules = tuple(graph.span_module(r) for r in self.regions) if graph.spans else ()
         stochastic = tuple(any(graph.nodes[i].stochastic for i in range(a, b + 1)) for a, b in self.regions)
@@ -202,6 +206,7 @@ class Plan:
         Raises:
             PlanError: naming the region and node at fault.
         """
+        graph = _expanded(graph, self.chunks)
         n = len(graph)
         for a, b in self.regions:
             if b >= n:
@@ -300,6 +305,9 @@ class Plan:
             del d["save_op_calls"]  # plans without kept calls read as before
         if not self.loop:
             del d["loop"]  # likewise plans of graphs without outputs
+        d["chunks"] = [list(c) for c in self.chunks]
+        if not self.chunks:
+            del d["chunks"]  # plans without a chunked head read as before
         return {"format": PLAN_FORMAT_VERSION, **d}
 
     @classmethod
@@ -369,6 +377,10 @@ class Plan:
                     for r in value):
                 raise PlanError(f"plan field {key!r} must list, per region, {what} pairs, got {_short(value)}")
             pairs[key] = tuple(tuple((p[0], p[1]) for p in r) for r in value)
+        chunks = d.get("chunks", ())
+        if not isinstance(chunks, (list, tuple)) or not all(isinstance(c, (list, tuple)) and len(c) == 2 for c in chunks):
+            raise PlanError(f"plan field 'chunks' must be a list of [first, k] pairs, got {_short(chunks)}")
+        kw["chunks"] = tuple(tuple(count(v, "chunks", "plan", PlanError) for v in c) for c in chunks)
         return cls(node_names=tuple(tuple(p) for p in node_names), modules=tuple(modules),
                    stochastic=tuple(stochastic), saved=saved, **pairs, **kw)
 
@@ -399,6 +411,23 @@ def load_plan(path: str | os.PathLike) -> Plan:
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _expanded(graph: Graph, chunks: Sequence[tuple[int, int]]) -> Graph:
+    try:
+        return expand(graph, chunks)
+    except ChunkError as exc:
+        raise PlanError(f"the plan's chunked head does not fit this graph: {exc}") from None
+
+
+def _normalise_chunks(chunks: Iterable[Sequence[int]]) -> tuple[tuple[int, int], ...]:
+    out = tuple(tuple(c) for c in chunks)
+    for c in out:
+        if len(c) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in c) or c[0] < 0 or c[1] < 2:
+            raise PlanError(f"a chunked head is a (first node, k >= 2 chunks) pair of integers, got {c!r}")
+    if len(out) > 1:
+        raise PlanError(f"a plan chunks one head and its loss, got {len(out)} chunk entries")
+    return out
 
 
 def _normalise_saved(saved: Iterable[int], regions: Sequence[tuple[int, int]]) -> tuple[int, ...]:

@@ -108,6 +108,7 @@ from typing import Mapping
 
 from graphs import COSTS_META, Graph
 
+from .chunks import expand
 from .errors import SolverInputError
 from .gradients import GradientWalk
 from .plan import Plan
@@ -179,6 +180,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
     """
     if plan is not None:
         plan.validate(graph)
+        graph = expand(graph, plan.chunks)  # NOTE [ Chunked head ] in solvers.chunks
     if not record:
         for i, (ref, seen, sim) in enumerate(_RECENT):
             if ref() is graph and seen == _key(plan):
