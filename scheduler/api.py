@@ -15,11 +15,12 @@ neither torch, OR-Tools, matplotlib nor transformers:
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Sequence
 
 import solvers
 from graphs import Graph
 from solvers import InfeasibleBudget, Plan, Simulation
+from solvers.chunks import solve_chunked
 
 from .sizing.budget import BudgetSpec
 from .sizing.memory import ReserveSpec, step_budget_bytes
@@ -49,7 +50,8 @@ def __getattr__(name: str) -> Any:
 
 
 def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: str | None = None,
-          mixed_precision: bool = False, reserve: ReserveSpec = 0, layout: Any = None, **options: Any) -> Plan:
+          mixed_precision: bool = False, reserve: ReserveSpec = 0, layout: Any = None,
+          chunks: Sequence[int] | None = None, **options: Any) -> Plan:
     """Choose which activations to keep for ``graph`` under ``budget``.
 
     Args:
@@ -78,6 +80,11 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
             the card of one rank, and the answer a
             :class:`scheduler.distributed.LayoutPlan`, one plan per pipeline
             stage (``scheduler.distributed.solve_layout``).
+        chunks: chunk counts to try for the LM head and its loss (e.g.
+            ``solvers.chunks.CHUNK_MENU``, ``(1, 2, 4, 8, 16)``): the solver
+            runs once per count and the cheapest plan that fits wins (NOTE
+            [ Chunked head ] in ``solvers.chunks``; transformers causal and
+            masked LMs traced with their labels). None: the head as traced.
         **options: solver options (e.g. ``time_limit_s`` for ``ilp``).
 
     Raises:
@@ -95,6 +102,9 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
     budget_bytes = step_budget_bytes(budget, graph, optimizer=optimizer, mixed_precision=mixed_precision,
                                      reserve=reserve)
     try:
+        if chunks:
+            return solve_chunked(graph, budget_bytes, lambda g, b: solvers.solve(g, b, solver=solver, **options),
+                                 chunks)
         return solvers.solve(graph, budget_bytes, solver=solver, **options)
     except InfeasibleBudget as exc:
         if exc.floor:

@@ -81,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=("auto", "frontier", "cp-sat"), default=None,
                    help="ilp: 'frontier' (exact program for graphs where few tensors cross any position), "
                         "'cp-sat' (any DAG, with a bound and gap) or 'auto' (the first when it applies; default)")
+    p.add_argument("--chunks", type=_chunk_counts, default=None, metavar="K,K,...",
+                   help="also try the LM head and its loss in K row chunks, each recomputed (e.g. 1,2,4,8,16); the "
+                        "cheapest plan that fits wins (transformers causal/masked LMs traced with labels)")
     p.add_argument("-S", "--solver-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a solver option, repeatable, e.g. -S work_limit=10 (see --help-options)")
     p.add_argument("--help-options", nargs=0, action=_HelpOptions,
@@ -115,6 +118,16 @@ def _terms(args: argparse.Namespace) -> str:
     return ", ".join(t for t in terms if t)
 
 
+def _chunk_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--chunks takes counts >= 1 separated by commas (1,2,4,8,16), got {text!r}")
+    return counts
+
+
 def run(args: argparse.Namespace) -> int:
     layout = layout_from_args(args)
     if layout is not None:  # one rank's card, one plan per pipeline stage (scheduler.commands.layout)
@@ -142,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
               f"{_terms(args)})")
     if args.solver != "all":
         with phase(f"solving with {args.solver}"):
-            plan = solve(graph, budget, solver=args.solver, **_options(args.solver, args))
+            plan = solve(graph, budget, solver=args.solver, chunks=args.chunks, **_options(args.solver, args))
         if args.output:
             plan.save(args.output)  # before printing: a closed stdout must not lose the plan
         print(plan_summary(graph, plan))

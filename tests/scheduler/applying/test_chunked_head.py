@@ -1,0 +1,118 @@
+"""A chunked head applied onto transformers models (NOTE [ Chunked head (applying) ]): the loss and the
+gradients of the plain step (the loss sum is reassociated over chunks: 1e-6 relative), the allocator's
+peak at or below the prediction, remove() restores the model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import scheduler  # noqa: E402
+from scheduler.applying.chunked import ChunkedHead, ChunkedHeadError  # noqa: E402
+from scheduler.measuring.steps import allocator_step_peak, measure_step_peak  # noqa: E402
+from solvers import Plan, simulate  # noqa: E402
+from solvers.chunks import chunked_graph, find_tail  # noqa: E402
+
+VOCAB, BATCH, SEQ = 2000, 2, 64
+
+
+def _model(kind: str):
+    torch.manual_seed(0)
+    small = dict(num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=SEQ,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        model, kwargs = transformers.GPT2LMHeadModel(cfg), {"input_ids": ids, "labels": ids}
+    elif kind == "llama":
+        cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_key_value_heads=2, **small)
+        labels = ids.clone()
+        labels[0, :5] = -100  # ignored tokens (a prompt) count in neither sum nor mean
+        model, kwargs = transformers.LlamaForCausalLM(cfg), {"input_ids": ids, "labels": labels}
+    else:
+        cfg = transformers.BertConfig(hidden_size=64, intermediate_size=128, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0, **small)
+        labels = ids.clone()
+        labels[:, ::3] = -100
+        model = transformers.BertForMaskedLM(cfg)
+        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    return model.train(), kwargs
+
+
+def _loss(out):
+    return out.loss
+
+
+def _chunked_plan(graph, k: int, checkpointed: bool = True) -> Plan:
+    first = find_tail(graph).first
+    gk = chunked_graph(graph, first, k)
+    regions = [(sp.first, sp.last) for sp in gk.spans if "@chunk" in sp.module] if checkpointed else []
+    plan = Plan.from_regions(gk, regions)
+    return dataclasses.replace(plan, chunks=((first, k),), fingerprint=graph.fingerprint(), graph_meta=graph.meta,
+                               findings={"chunk_head": find_tail(graph).head}).labelled(graph)
+
+
+def _step(model, kwargs):
+    model.zero_grad(set_to_none=True)
+    out = model(**kwargs)
+    out.loss.backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("kind,k", [("gpt2", 4), ("llama", 8), ("bert", 4)])
+def test_chunked_head_keeps_the_step_and_fits_its_prediction(kind, k):
+    model, kwargs = _model(kind)
+    graph = scheduler.trace(model, (), kwargs, loss=_loss)
+    plain_out, plain = _step(model, kwargs)
+    plan = _chunked_plan(graph, k)
+    predicted = simulate(graph, plan).peak_bytes
+    assert predicted < simulate(graph).peak_bytes
+    scheduler.apply(model, plan)
+    assert isinstance(model.__dict__["forward"], ChunkedHead)
+    out, grads = _step(model, kwargs)
+    assert out.logits is None  # NOTE [ Chunked head (applying) ]: never whole
+    assert torch.allclose(out.loss, plain_out.loss, rtol=1e-6, atol=0)
+    assert grads.keys() == plain.keys()
+    for name, g in grads.items():
+        scale = plain[name].abs().max().clamp_min(1e-30)
+        assert ((g - plain[name]).abs().max() / scale).item() <= 1e-6, name
+    assert model.__dict__["forward"].recomputes == k
+    assert measure_step_peak(model, model, (), kwargs, _loss) <= predicted
+    assert allocator_step_peak(model, model, (), kwargs, _loss) <= predicted
+    scheduler.remove(model)
+    assert "forward" not in model.__dict__ and "forward" not in model.get_submodule(find_tail(graph).head).__dict__
+    again, _ = _step(model, kwargs)
+    assert again.logits is not None and torch.equal(again.loss, plain_out.loss)
+
+
+def test_chunks_without_checkpoint_and_without_labels_run_as_written():
+    model, kwargs = _model("gpt2")
+    graph = scheduler.trace(model, (), kwargs, loss=_loss)
+    plain_out, plain = _step(model, kwargs)
+    scheduler.apply(model, _chunked_plan(graph, 2, checkpointed=False))
+    out, grads = _step(model, kwargs)
+    assert model.__dict__["forward"].recomputes == 0
+    assert torch.allclose(out.loss, plain_out.loss, rtol=1e-6, atol=0)
+    with torch.no_grad():
+        logits = model(input_ids=kwargs["input_ids"]).logits
+    assert logits.shape == (BATCH, SEQ, VOCAB)
+
+
+def test_a_model_that_changes_its_logits_after_the_head_is_refused():
+    model, kwargs = _model("gpt2")
+    graph = scheduler.trace(model, (), kwargs, loss=_loss)
+    scheduler.apply(model, _chunked_plan(graph, 2))
+    forward = model.__dict__["forward"]
+    original = forward.original()
+
+    def scaled(*args, **kw):
+        out = original(*args, **kw)
+        return type(out)(logits=out.logits * 2.0)
+
+    forward.previous = scaled
+    with pytest.raises(ChunkedHeadError, match="changes the logits after its head 'lm_head'"):
+        model(**kwargs)

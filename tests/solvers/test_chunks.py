@@ -1,0 +1,137 @@
+"""Chunked head (NOTE [ Chunked head ] in solvers.chunks): the chunked graph, simulate, and the exact
+solvers choosing k against brute force over the menu."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import solvers
+from graphs import Graph, Node, Span
+from solvers import InfeasibleBudget, Plan, brute_force, simulate
+from solvers.chunks import ChunkError, chunked_graph, find_tail, parse_chunk_module, solve_chunked
+
+MENU = (1, 2, 4)
+
+
+def lm_graph(seed: int = 0, *, blocks: int = 1, vocab_x: int = 8, tail_op: str = "") -> Graph:
+    """A tiny language model: blocks, a head (linear, then ``tail_op`` if given) over vocab_x times the hidden
+    bytes, labels, CE; small enough for brute force on its chunked graphs (13-14 nodes at k = 4 / k = 2)."""
+    rng = random.Random(seed)
+    h = 256 * rng.randint(2, 6)
+    nodes = [Node("emb", out_bytes=h, fwd_flops=h, param_bytes=4 * h, op="aten.embedding.default", saves_inputs=())]
+    spans = [Span(0, 0, "emb")]
+    prev = "emb"
+    for b in range(blocks):
+        w = h * rng.randint(1, 4)
+        nodes += [Node(f"fc{b}", inputs=(prev,), out_bytes=w, fwd_flops=rng.randint(5, 50) * w,
+                       op="aten.linear.default", param_bytes=w),
+                  Node(f"act{b}", inputs=(f"fc{b}",), out_bytes=w, fwd_flops=w, saves_inputs=(f"fc{b}",),
+                       op="aten.gelu.default"),
+                  Node(f"out{b}", inputs=(f"act{b}",), out_bytes=h, fwd_flops=rng.randint(5, 50) * w,
+                       op="aten.linear.default", param_bytes=w)]
+        spans.append(Span(len(nodes) - 3, len(nodes) - 1, f"block{b}"))
+        prev = f"out{b}"
+    v = vocab_x * h
+    nodes.append(Node("head", inputs=(prev,), out_bytes=v, fwd_flops=100 * v, param_bytes=v // 8,
+                      op="aten.linear.default"))
+    if tail_op:
+        nodes.append(Node("head_act", inputs=("head",), out_bytes=v, fwd_flops=v, saves_inputs=("head",), op=tail_op))
+    spans.append(Span(len(nodes) - 1 - bool(tail_op), len(nodes) - 1, "lm_head"))
+    nodes += [Node("labels", out_bytes=64, op="aten.contiguous.default", requires_grad=False),
+              Node("loss", inputs=(nodes[-1].name, "labels"), out_bytes=4, saved_bytes=v + 4, workspace_bytes=v,
+                   fwd_flops=2 * v, saves_inputs=("labels",), op="aten.cross_entropy_loss.default")]
+    return Graph(nodes=tuple(nodes), param_bytes=sum(nd.param_bytes for nd in nodes), input_bytes=128,
+                 name=f"lm{seed}", spans=tuple(spans))
+
+
+def test_tail_and_chunked_graph():
+    g = lm_graph()
+    tail = find_tail(g)
+    assert (tail.head, g.nodes[tail.first].name) == ("lm_head", "head")
+    assert [g.nodes[i].name for i in tail.shared] == ["labels"] and len(tail.chunked) == 2
+    gk = chunked_graph(g, tail.first, 4)
+    copies = [sp for sp in gk.spans if parse_chunk_module(sp.module)]
+    assert [parse_chunk_module(sp.module) for sp in copies] == [("lm_head", c, 4) for c in range(4)]
+    head = g.nodes[tail.first]
+    # bytes split exactly where they divide; the parameter gradient is made once (the last chunk's backward)
+    assert sum(gk.nodes[sp.first].out_bytes for sp in copies) == head.out_bytes
+    assert [gk.nodes[sp.first].param_bytes for sp in copies] == [0, 0, 0, head.param_bytes]
+    assert [gk.nodes[sp.first].workspace_bytes for sp in copies] == [head.param_bytes] * 2 + [2 * head.param_bytes, 0]
+    assert gk.nodes[-1].inputs == tuple(gk.nodes[sp.last].name for sp in copies)
+
+
+def test_simulate_reads_the_chunked_graph_and_chunking_lowers_the_floor():
+    g = lm_graph()
+    first = find_tail(g).first
+    floors = []
+    for k in (2, 4, 8, 16):
+        gk = chunked_graph(g, first, k)
+        regions = [(sp.first, sp.last) for sp in gk.spans]
+        plan = Plan(regions=regions, chunks=((first, k),))
+        direct = simulate(gk, Plan(regions=regions))
+        assert simulate(g, plan).peak_bytes == direct.peak_bytes
+        assert simulate(g, plan).recompute_cost == direct.recompute_cost
+        floors.append(direct.peak_bytes)
+    least = [solvers.pareto_frontier(gg, selective=False)[0][0]
+             for gg in (g, *(chunked_graph(g, first, k) for k in MENU[1:]))]
+    assert least == sorted(least, reverse=True) and least[2] < least[0]
+    assert floors == sorted(floors, reverse=True)
+
+
+def test_plan_json_keeps_chunks(tmp_path):
+    g = lm_graph()
+    first = find_tail(g).first
+    budget = solvers.pareto_frontier(chunked_graph(g, first, 4), selective=False)[0][0]
+    plan = solve_chunked(g, budget, lambda gg, b: solvers.solve(gg, b, "ilp"), MENU)
+    assert plan.chunks[0][0] == first and plan.chunks[0][1] > 1 and plan.findings["chunk_head"] == "lm_head"
+    plan.save(tmp_path / "p.json")
+    again = solvers.load_plan(tmp_path / "p.json")
+    assert again == plan
+    plan.check_graph(g)
+    assert simulate(g, again).peak_bytes == plan.peak_bytes
+
+
+@pytest.mark.parametrize("solver", ["ilp", "frontier", "cp-sat", "dp"])
+@pytest.mark.parametrize("seed,blocks,menu", [(s, 1, (1, 2, 4)) for s in range(3)] + [(s, 2, (1, 2)) for s in range(3)])
+def test_exact_solvers_choose_k_as_brute_force(seed, blocks, menu, solver):
+    """The exact solvers equal brute force over the menu; dp (exact on chains only: the chunked graph is
+    none) never beats it and fits when it answers."""
+    exact = solver in solvers.exact_solvers()
+    g = lm_graph(seed, blocks=blocks)
+    first = find_tail(g).first
+    graphs = {k: g if k == 1 else chunked_graph(g, first, k) for k in menu}
+    fronts = {k: solvers.pareto_frontier(gk, selective=False) for k, gk in graphs.items()}
+    least = min(front[0][0] for front in fronts.values())
+    assert least < fronts[1][0][0]  # chunking lowers the floor on every case
+    store_all = simulate(g).peak_bytes
+    for budget in (least - 1, least, (least + store_all) // 2, store_all):
+        best = None
+        for k, gk in graphs.items():
+            try:
+                cost = brute_force(gk, budget, selective=False, frontier=fronts[k]).recompute_cost
+            except InfeasibleBudget:
+                continue
+            best = cost if best is None else min(best, cost)
+        if best is None:
+            with pytest.raises(InfeasibleBudget) as info:
+                solve_chunked(g, budget, lambda gg, b: solvers.solve(gg, b, solver, selective=False), menu)
+            assert info.value.min_feasible_bytes == least if exact else info.value.min_feasible_bytes >= least
+            continue
+        try:
+            plan = solve_chunked(g, budget, lambda gg, b: solvers.solve(gg, b, solver, selective=False), menu)
+        except InfeasibleBudget:
+            assert not exact
+            continue
+        assert plan.recompute_cost == best if exact else plan.recompute_cost >= best
+        assert simulate(g, plan).peak_bytes <= budget
+
+
+def test_a_tail_that_is_not_row_wise_is_refused():
+    g = lm_graph(tail_op="aten.bmm.default")
+    with pytest.raises(ChunkError, match="aten.bmm.default.*not known to compute each token row alone"):
+        find_tail(g)
+    plain = Graph(nodes=lm_graph().nodes[:-2], spans=lm_graph().spans)
+    with pytest.raises(ChunkError, match="not in a cross-entropy loss"):
+        solve_chunked(plain, 10**9, lambda gg, b: solvers.solve(gg, b, "dp"), MENU)
