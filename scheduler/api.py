@@ -110,7 +110,7 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
         if exc.floor:
             raise
         best = None if exc.best_regions is None else Plan(regions=exc.best_regions)
-        floor = explain_floor(graph, best).text
+        floor = explain_floor(graph, best, levers=not chunks).text
         raise exc.with_floor(floor) from None
 
 

@@ -22,6 +22,7 @@ from typing import Mapping
 
 from graphs import Graph
 from solvers import Plan, Simulation, format_bytes, simulate, terms_of
+from solvers.chunks import CHUNK_MENU, ChunkError, chunked_graph, expand, find_tail, parse_chunk_module
 
 __all__ = ["NodeFloor", "Floor", "node_floors", "explain_floor"]
 
@@ -97,25 +98,28 @@ def node_floors(graph: Graph) -> list[NodeFloor]:
     return out
 
 
-def explain_floor(graph: Graph, plan: Plan | None = None) -> Floor:
+def explain_floor(graph: Graph, plan: Plan | None = None, *, levers: bool = True) -> Floor:
     """Explain the least peak: which node sets it and why no plan goes lower.
 
     Args:
         graph: the cost graph.
         plan: the plan with the lowest peak found (e.g. every node
             checkpointed, or a solver's answer); ``None``: store-all.
+        levers: also say what a chunked head would buy (NOTE [ Chunked head ]
+            in ``solvers.chunks``), where the graph has one and ``plan`` does not chunk it.
 
     Returns:
         A :class:`Floor` with the bound, the plan's simulated peak and a text.
     """
     sim = simulate(graph, plan)
+    planned = expand(graph, plan.chunks) if plan is not None else graph  # chunked plans name the chunked graph's nodes
     who = "storing everything" if plan is None or not plan.regions else "the lowest-peak plan found"
     bound = max(node_floors(graph), key=lambda f: f.bytes)
     tight = sim.peak_bytes <= bound.bytes * (1 + TIGHT)
     node = graph.nodes[graph.index[bound.name]]
     where = f"{bound.name}" + (f" [{node.module}]" if node.module else "") + (f" ({node.op})" if node.op else "")
     parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in bound.parts.items() if v)
-    peak_node = graph.nodes[graph.index[sim.peak_node]]
+    peak_node = planned.nodes[planned.index[sim.peak_node]]
     peak_at = f"{sim.peak_phase} of {sim.peak_node}" + (f" [{peak_node.module}]" if peak_node.module else "")
     if tight:
         text = (f"The floor is set by the {bound.phase} of {where}: it needs {format_bytes(bound.bytes)} at once "
@@ -128,4 +132,25 @@ def explain_floor(graph: Graph, plan: Plan | None = None) -> Floor:
         text = (f"{who[0].upper()}{who[1:]} peaks at {format_bytes(sim.peak_bytes)} during the {peak_at} ({brk}). The largest "
                 f"single-op need is {format_bytes(bound.bytes)} in the {bound.phase} of {where}; the rest of the "
                 "peak is what other nodes keep at that moment.")
+    text += _chunk_lever(graph, plan, sim.peak_bytes) if levers else ""
     return Floor(bound=bound, best_peak_bytes=sim.peak_bytes, sim=sim, tight=tight, text=text)
+
+
+def _chunk_lever(graph: Graph, plan: Plan | None, peak_bytes: int) -> str:
+    """What running the LM head and its loss in chunks would buy this plan (NOTE [ Chunked head ]), or ""."""
+    if plan is not None and plan.chunks:
+        return ""
+    try:
+        tail = find_tail(graph)
+    except ChunkError:
+        return ""
+    k = CHUNK_MENU[-1]
+    chunked = chunked_graph(graph, tail.first, k)
+    kept = [r for r in (plan.regions if plan is not None else ()) if r[1] < tail.first]
+    regions = kept + [(sp.first, sp.last) for sp in chunked.spans if parse_chunk_module(sp.module)]
+    lower = simulate(graph, Plan(regions=regions, chunks=((tail.first, k),))).peak_bytes
+    if lower >= peak_bytes:
+        return ""
+    return (f" Running the head {tail.head!r} and its loss in {k} chunks, each recomputed, would bring this plan to "
+            f"{format_bytes(lower)} (-{format_bytes(peak_bytes - lower)}): solve with --chunks "
+            f"{','.join(map(str, CHUNK_MENU))} (scheduler.solve(..., chunks=...)).")
