@@ -1,46 +1,58 @@
-"""Chunked regions: the LM head and its loss run over k row chunks, each chunk its own checkpoint region.
+"""Chunked regions: a call run over k row chunks, each chunk its own checkpoint region.
 
 NOTE [ Chunked head ]
     On a language model the logits (tokens x vocabulary, fp32 for the loss)
     and the cross-entropy's saved log-softmax are the largest tensors of the
     step, and no interval plan can shrink them: a region around the head
-    still recomputes all of them at once in the backward. A chunked head
-    runs the head call and the loss over k equal chunks of the token rows
-    (batch x sequence flattened), each chunk one non-reentrant checkpoint
-    region, so one chunk's logits are alive at a time in the forward and in
-    the backward. The loss is the sum of the chunks' summed token losses
-    divided by the count of tokens whose label is not ``-100`` (what
-    transformers' mean over non-ignored tokens is, reassociated: the loss
-    and the head's weight gradient agree with the plain step to rounding,
-    about 1e-7 relative; every other gradient is computed by the same
-    per-row formula).
+    still recomputes all of them at once in the backward. A chunked call
+    runs a submodule call over k equal chunks of the token rows (batch x
+    sequence flattened), each chunk one non-reentrant checkpoint region (or
+    not, as the plan says), so one chunk's intermediates are alive at a time.
+    Two kinds (:func:`find_tail`, :func:`find_calls`):
 
-    The model: the traced graph's *tail* is the head's call (the outermost
-    submodule call that produces the logits, :func:`find_tail`) and every
-    node after it up to the loss, the graph's last node. Its nodes that do
-    not depend on the head (the labels' shift) are *shared*; the others are
-    *chunked*. ``chunked_graph(graph, first, k)`` is the graph the plan runs:
-    the nodes before the tail, the shared nodes once, then k copies of the
-    chunked nodes (each a span named ``HEAD@chunk{c}/{k}``, so a plan may
-    checkpoint each chunk or not), then one node summing the k losses. A
-    copy carries ``b // k + b % k`` of each of its node's bytes and FLOPs
+    * the *tail*: the head call (the outermost call producing the logits)
+      together with the loss, the graph's last node (a cross-entropy). The
+      loss is the sum of the chunks' summed token losses divided by the count
+      of tokens whose label is not ``-100``: transformers' mean over
+      non-ignored tokens, reassociated;
+    * a *row-wise call* (an MLP): a call whose every node computes each row
+      from that row alone, reading one tensor from before it and read after
+      it only through its last node; the chunks' outputs are concatenated.
+
+    Row independence is read from the traced graph: every op is one of
+    :data:`ROWWISE_OPS` (views are taken to keep the token dimension leading,
+    as the calls transformers writes do), none draws random numbers or
+    updates state, and a matrix product reads one tensor (up to views) of the
+    call, its other operand a parameter. Chunking reassociates only sums over
+    rows: parameter gradients (and the loss) agree with the plain step to
+    rounding, about 1e-7 relative.
+
+    The model: ``expand(graph, chunks)`` is the graph a plan runs. For each
+    ``(first, last, k)`` the call's nodes that do not depend on its input
+    (the labels' shift) run once, then k copies of the others, each a span
+    named ``PATH@chunk{c}/{k}`` (``HEAD+loss@chunk{c}/{k}`` for the tail;
+    a plan checkpoints any of them), then one
+    node joining them: the sum of the losses, or a ``cat`` (its backward
+    hands each chunk a view of its gradient) read where the call's output
+    was. A copy carries ``b // k + b % k`` of each node's bytes and FLOPs
     (exact when k divides the rows: the remainder is what does not scale,
-    the 4-byte loss and the 4-byte total weight the loss saves). The head's
-    parameter gradient is created by the backward of the last chunk (the
-    first to run); each earlier chunk's backward computes its own (a
-    transient of the same size) and autograd adds it into the first. The
-    first of those additions is out of place (the first gradient is the
-    transposed view ``mm`` hands ``linear``'s weight, which autograd's
-    input buffer does not add into: measured on torch 2.13), so chunk
-    ``k - 2`` holds two transients and the earlier ones one. That transient
-    is the copy's ``workspace_bytes``, so its forward step is charged it
-    too (an over-estimate there only).
+    such as the 4-byte loss). A parameter's gradient is created by the
+    backward of the last chunk (the first to run); each earlier chunk's
+    backward computes its own (a transient of that size) and autograd adds it
+    into the first. The first of those additions is out of place (the first
+    gradient is the transposed view ``mm`` hands ``linear``'s weight, which
+    autograd's input buffer does not add into: measured on torch 2.13), so
+    chunk ``k - 2`` holds two transients and the earlier ones one. That
+    transient is the copy's ``workspace_bytes``, so its forward step is
+    charged it too (an over-estimate there only). Spans around the call grow
+    to hold the copies; spans inside it are replaced by the chunks'.
 
-    Plans are solved on the chunked graph with every solver unchanged:
-    ``Plan.chunks`` lists ``(first, k)`` and the plan's regions and kept
-    nodes are positions of :func:`expand` ``(graph, plan.chunks)``, which
-    ``simulate``, ``Plan.validate`` and the brute force read. The exact
-    solvers choose k by solving once per k of a menu (:func:`solve_chunked`).
+    Plans are solved on the expanded graph with every solver unchanged;
+    ``Plan.chunks`` lists the ``(first, last, k)`` and the plan's regions and
+    kept nodes are positions of the expanded graph, which ``simulate``,
+    ``Plan.validate`` and the brute force read. :func:`solve_chunked`
+    chooses k by solving once per menu entry (one k for the tail, one for
+    every row-wise call), so an exact solver is exact over the menu.
 """
 
 from __future__ import annotations
@@ -54,56 +66,95 @@ from graphs import Graph, Node, Span
 
 from .errors import InfeasibleBudget, SolverInputError
 
-__all__ = ["CHUNK_MENU", "ChunkError", "Tail", "find_tail", "chunked_graph", "expand", "chunk_module",
-           "parse_chunk_module", "solve_chunked"]
+__all__ = ["CHUNK_MENU", "ROWWISE_OPS", "LOSS_SUFFIX", "ChunkError", "Tail", "find_tail", "find_calls", "chunk_entries", "chunked_graph", "expand",
+           "chunk_module", "parse_chunk_module", "solve_chunked"]
 
 log = logging.getLogger(__name__)
 
-#: The chunk counts the solvers try (1: the head as traced).
+#: The chunk counts the solvers try (1: the call as traced).
 CHUNK_MENU = (1, 2, 4, 8, 16)
 
+#: Matrix products: row-wise when they read one tensor of the call (the other operand a parameter).
+_MATMUL_OPS = frozenset({"aten.linear.default", "aten.addmm.default", "aten.mm.default", "aten.matmul.default"})
 #: ATen ops that compute each token row from that row alone (with parameters and label rows).
-ROWWISE_OPS = frozenset({
-    "aten.linear.default", "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
-    "aten.alias.default", "aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy.default",
-    "aten.contiguous.default", "aten.clone.default", "aten._assert_tensor_metadata.default",
-    "aten.gelu.default", "aten.relu.default", "aten.silu.default", "aten.tanh.default",
-    "aten.layer_norm.default", "aten.native_layer_norm.default", "aten.rms_norm.default",
-    "aten.add.Tensor", "aten.mul.Tensor", "aten.cross_entropy_loss.default",
+ROWWISE_OPS = _MATMUL_OPS | frozenset({
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.alias.default",
+    "aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy.default", "aten.contiguous.default",
+    "aten.clone.default", "aten._assert_tensor_metadata.default", "aten.gelu.default", "aten.relu.default",
+    "aten.silu.default", "aten.tanh.default", "aten.sigmoid.default", "aten.layer_norm.default",
+    "aten.native_layer_norm.default", "aten.add.Tensor", "aten.mul.Tensor", "aten.cross_entropy_loss.default",
 })
 #: The losses a chunked tail may end in (the sum over chunks is the loss of the whole).
 LOSS_OPS = frozenset({"aten.cross_entropy_loss.default"})
 _CHUNK_TAG = "@chunk"
+#: Added to the head's module path to name the tail (the head call with the loss) in plans.
+LOSS_SUFFIX = "+loss"
 
 
 class ChunkError(SolverInputError):
-    """The graph has no tail that chunking can run (the message names the node and why)."""
+    """The graph has no call that chunking can run (the message names the node and why)."""
 
 
 @dataclass(frozen=True)
 class Tail:
-    """The chunkable tail of a graph (NOTE [ Chunked head ]).
+    """The chunkable tail of a graph: the head call and the loss (NOTE [ Chunked head ]).
 
     Attributes:
         first: position of the head call's first node; the tail is ``first..len(graph)-1``.
         head: module path of the head call (``lm_head``, ``cls``).
-        chunked: tail positions that depend on the head (copied per chunk).
-        shared: tail positions that do not (the labels' preparation), run once.
     """
 
     first: int
     head: str
-    chunked: tuple[int, ...]
-    shared: tuple[int, ...]
+
+
+def _base(graph: Graph, j: int) -> int:
+    """The tensor ``j`` is a view of (through zero-byte nodes), or ``j``."""
+    while graph.nodes[j].out_bytes == 0 and graph.preds[j]:
+        j = graph.preds[j][0]
+    return j
+
+
+def _split(graph: Graph, first: int, last: int, *, what: str, loss: bool) -> tuple[list[int], list[int]]:
+    """``(chunked, shared)`` positions of ``first..last``, checked row-wise (NOTE [ Chunked head ])."""
+    nodes, preds = graph.nodes, graph.preds
+    inside: dict[int, bool] = {}
+    for i in range(first, last + 1):
+        inside[i] = any(j < first or inside[j] for j in preds[i])  # depends on what the call reads
+    chunked = [i for i in range(first, last + 1) if inside[i]]
+    shared = [i for i in range(first, last + 1) if not inside[i]]
+    if not loss and shared:
+        raise ChunkError(f"node {nodes[shared[0]].name!r} of {what} does not depend on its input; only a loss's "
+                         "labels may be shared by the chunks")
+    entry = {_base(graph, j) for i in chunked for j in preds[i] if j < first}
+    if len(entry) > 1:
+        names = sorted(nodes[j].name for j in entry)
+        raise ChunkError(f"{what} reads {len(entry)} tensors from before it ({', '.join(names[:3])}); a chunked call "
+                         "reads one, split into row chunks")
+    for i in chunked:
+        nd = nodes[i]
+        if nd.op not in ROWWISE_OPS:
+            raise ChunkError(f"node {nd.name!r} ({nd.op or 'no op'}) of {what} is not known to compute each token row "
+                             "alone, so it cannot run in chunks")
+        if nd.stochastic or nd.stateful:
+            raise ChunkError(f"node {nd.name!r} of {what} draws random numbers or updates state; chunks would draw or "
+                             "update otherwise than the whole")
+        if nd.op in _MATMUL_OPS and len({_base(graph, j) for j in preds[i]}) > 1:
+            raise ChunkError(f"node {nd.name!r} ({nd.op}) of {what} multiplies two tensors of the call; only a "
+                             "product with a parameter is row-wise")
+        for j in preds[i]:
+            if j >= first and not inside[j] and nd.op not in LOSS_OPS:
+                raise ChunkError(f"node {nd.name!r} of {what} reads the label tensor {nodes[j].name!r}; only the "
+                                 "loss may")
+    return chunked, shared
 
 
 def find_tail(graph: Graph) -> Tail:
-    """The head call and loss at the end of ``graph``, checked row-independent.
+    """The head call and loss at the end of ``graph``, checked row-wise.
 
     Raises:
         ChunkError: the last node is no cross-entropy, no submodule call
-            produces its logits, or a node of the tail is no row-wise op or
-            reads a tensor from before the head other than the head's input.
+            produces its logits, or the tail is not row-wise (the node and why).
     """
     return graph.cached("_chunk_tail", lambda: _find_tail(graph))
 
@@ -114,44 +165,50 @@ def _find_tail(graph: Graph) -> Tail:
         last = nodes[-1].name if n else "none"
         raise ChunkError(f"the graph ends in {last!r} ({nodes[-1].op if n else 'empty'}), not in a cross-entropy "
                          "loss: only a head whose loss the traced step computes can be chunked (trace with the labels)")
-    logits = preds[n - 1][0] if preds[n - 1] else -1
-    while logits >= 0 and nodes[logits].out_bytes == 0 and preds[logits]:
-        logits = preds[logits][0]  # through views and casts
+    logits = _base(graph, preds[n - 1][0]) if preds[n - 1] else -1
     heads = [sp for sp in graph.spans if sp.first <= logits <= sp.last and sp.last < n - 1]
     if logits < 0 or not heads:
         raise ChunkError(f"no submodule call produces the logits the loss {nodes[-1].name!r} reads: a chunked head "
                          "is one submodule call (trace the model itself, so the graph records its calls)")
     head = min(heads, key=lambda sp: (sp.first, -sp.last))
-    chunked, shared = [], []
-    inside = [False] * n
-    for i in range(head.first, n):
-        inside[i] = i <= head.last or any(inside[j] for j in preds[i])
-        (chunked if inside[i] else shared).append(i)
-    entry = set(preds[head.first])
-    for i in chunked:
-        nd = nodes[i]
-        if nd.op not in ROWWISE_OPS:
-            raise ChunkError(f"node {nd.name!r} ({nd.op}) of the head {head.module!r} and its loss is not known to "
-                             "compute each token row alone, so the head cannot run in chunks")
-        if nd.stochastic or nd.stateful:
-            raise ChunkError(f"node {nd.name!r} of the head {head.module!r} draws random numbers or updates state; "
-                             "chunks would draw or update differently than the whole")
-        for j in preds[i]:
-            if j < head.first and j not in entry:
-                raise ChunkError(f"node {nd.name!r} of the head {head.module!r} reads {nodes[j].name!r} from before "
-                                 "the head besides its input; chunking would have to split that tensor too")
-            if j >= head.first and not inside[j] and nd.op not in LOSS_OPS:
-                raise ChunkError(f"node {nd.name!r} reads the label tensor {nodes[j].name!r}; only the loss may")
-    return Tail(first=head.first, head=head.module, chunked=tuple(chunked), shared=tuple(shared))
+    _split(graph, head.first, n - 1, what=f"the head {head.module!r} and its loss", loss=True)
+    return Tail(first=head.first, head=head.module)
 
 
-def chunk_module(head: str, c: int, k: int) -> str:
-    """The span name of chunk ``c`` of ``k`` of the head call ``head``."""
-    return f"{head}{_CHUNK_TAG}{c}/{k}"
+def find_calls(graph: Graph) -> tuple[Span, ...]:
+    """The row-wise calls of ``graph`` that chunks may run (an MLP's), outermost only, outside the tail."""
+    return graph.cached("_chunk_calls", lambda: _find_calls(graph))
+
+
+def _find_calls(graph: Graph) -> tuple[Span, ...]:
+    try:
+        end = find_tail(graph).first
+    except ChunkError:
+        end = len(graph)
+    last_reader = [max(s, default=-1) for s in graph.succs]
+    found: list[Span] = []
+    for sp in graph.spans:  # sorted by (first, -last): an outer call comes before the calls inside it
+        if sp.last >= end or (found and sp.first <= found[-1].last):
+            continue
+        if not any(graph.nodes[i].op in _MATMUL_OPS for i in range(sp.first, sp.last + 1)):
+            continue
+        if any(last_reader[i] > sp.last for i in range(sp.first, sp.last)) or not graph.succs[sp.last]:
+            continue  # read after the call besides its output
+        try:
+            _split(graph, sp.first, sp.last, what=f"call {sp.module!r}", loss=False)
+        except ChunkError:
+            continue
+        found.append(sp)
+    return tuple(found)
+
+
+def chunk_module(path: str, c: int, k: int) -> str:
+    """The span name of chunk ``c`` of ``k`` of the call at ``path``."""
+    return f"{path}{_CHUNK_TAG}{c}/{k}"
 
 
 def parse_chunk_module(path: str) -> tuple[str, int, int] | None:
-    """``(head, c, k)`` of a chunk's span name, or None for any other path."""
+    """``(path, c, k)`` of a chunk's span name, or None for any other path."""
     head, tag, rest = path.rpartition(_CHUNK_TAG)
     if not tag or "/" not in rest:
         return None
@@ -163,31 +220,63 @@ def _part(value: int, k: int) -> int:
     return value // k + value % k  # NOTE [ Chunked head ]: the remainder is what does not scale
 
 
-def chunked_graph(graph: Graph, first: int, k: int) -> Graph:
-    """The graph a plan with the tail at ``first`` in ``k`` chunks runs (NOTE [ Chunked head ]).
+def chunk_entries(graph: Graph, head_k: int, call_k: int = 1) -> tuple[tuple[int, int, int], ...]:
+    """``Plan.chunks`` for the tail in ``head_k`` chunks and every row-wise call in ``call_k`` (1: unchunked)."""
+    out = [(sp.first, sp.last, call_k) for sp in find_calls(graph)] if call_k > 1 else []
+    if head_k > 1:
+        out.append((find_tail(graph).first, len(graph) - 1, head_k))
+    return tuple(out)
+
+
+def chunked_graph(graph: Graph, head_k: int, call_k: int = 1) -> Graph:
+    """The graph a plan with the tail in ``head_k`` chunks and every row-wise call in ``call_k`` runs."""
+    return expand(graph, chunk_entries(graph, head_k, call_k))
+
+
+def expand(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
+    """The graph a plan with ``chunks`` (``Plan.chunks``) runs: ``graph`` itself when there are none.
 
     Raises:
-        ChunkError: ``first`` is not where :func:`find_tail` puts the tail, or ``k < 2``.
+        ChunkError: an entry is no chunkable call of ``graph`` (:func:`find_tail`, :func:`find_calls`), or k < 2.
     """
-    tail = find_tail(graph)
-    if first != tail.first:
-        raise ChunkError(f"a chunked tail starts at node {first}, but the head {tail.head!r} of this graph starts at "
-                         f"node {tail.first}; solve again")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise ChunkError(f"a chunked tail runs in k >= 2 chunks, got k={k!r}")
-    return graph.cached(f"_chunked_{k}", lambda: _build(graph, tail, k))
+    if not chunks:
+        return graph
+    key = "_chunked_" + ",".join(f"{a}:{b}:{k}" for a, b, k in sorted(chunks))
+    return graph.cached(key, lambda: _expand(graph, sorted(chunks)))
 
 
-def _build(graph: Graph, tail: Tail, k: int) -> Graph:
+def _expand(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
+    calls = {(sp.first, sp.last): sp.module for sp in find_calls(graph)}
+    n = len(graph)
+    out = graph
+    for first, last, k in reversed(chunks):  # from the end, so earlier positions stay where they are
+        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+            raise ChunkError(f"a chunked call runs in k >= 2 chunks, got k={k!r}")
+        if last == n - 1:
+            tail = find_tail(graph)
+            if first != tail.first:
+                raise ChunkError(f"a chunked tail starts at node {first}, but the head {tail.head!r} of this graph "
+                                 f"starts at node {tail.first}; solve again")
+            out = _build(out, first, last, k, tail.head + LOSS_SUFFIX, loss=True)
+        elif (first, last) in calls:
+            out = _build(out, first, last, k, calls[(first, last)], loss=False)
+        else:
+            raise ChunkError(f"nodes {first}..{last} are no call of this graph that chunks can run (row-wise, one "
+                             "input, one output); solve again")
+    meta = {**graph.meta, "chunks": [list(c) for c in chunks]}
+    return dataclasses.replace(out, meta=meta)
+
+
+def _build(graph: Graph, first: int, last: int, k: int, path: str, *, loss: bool) -> Graph:
     nodes = graph.nodes
-    out: list[Node] = list(nodes[:tail.first]) + [nodes[i] for i in tail.shared]
-    spans = [sp for sp in graph.spans if sp.last < tail.first]
-    name_of = [nd.name for nd in nodes]
-    losses = []
+    chunked, shared = _split(graph, first, last, what=path, loss=loss)
+    out: list[Node] = list(nodes[:first]) + [nodes[i] for i in shared]
+    spans: list[Span] = []
+    copies = []
     for c in range(k):
-        rename = {name_of[i]: f"{name_of[i]}@{c}" for i in tail.chunked}
+        rename = {nodes[i].name: f"{nodes[i].name}@{c}" for i in chunked}
         start = len(out)
-        for i in tail.chunked:
+        for i in chunked:
             nd = nodes[i]
             extra = nd.param_bytes * (2 if c == k - 2 else 1 if c < k - 2 else 0)  # NOTE [ Chunked head ]
             out.append(dataclasses.replace(
@@ -196,58 +285,66 @@ def _build(graph: Graph, tail: Tail, k: int) -> Graph:
                 saved_bytes=_part(nd.saved_bytes, k), workspace_bytes=_part(nd.workspace_bytes, k) + extra,
                 param_bytes=nd.param_bytes if c == k - 1 else 0, fwd_flops=_part(nd.fwd_flops, k),
                 bwd_flops=_part(nd.bwd_flops, k), fwd_cost=_part(nd.fwd_cost, k), members=()))
-        spans.append(Span(start, len(out) - 1, chunk_module(tail.head, c, k)))
-        losses.append(out[-1].name)
-    loss = nodes[-1]
-    out.append(Node(name=f"{loss.name}@sum", inputs=tuple(losses), out_bytes=loss.out_bytes,
-                    workspace_bytes=loss.out_bytes, fwd_flops=k, bwd_flops=0, op="aten.add.Tensor",
-                    saves_inputs=(), module=loss.module))
-    meta = {**graph.meta, "chunks": {"head": tail.head, "first": tail.first, "k": k}}
-    return dataclasses.replace(graph, nodes=tuple(out), spans=tuple(spans), meta=meta)
-
-
-def expand(graph: Graph, chunks: Sequence[tuple[int, int]]) -> Graph:
-    """The graph a plan with ``chunks`` (``Plan.chunks``) runs: ``graph`` itself when there are none."""
-    if not chunks:
-        return graph
-    if len(chunks) > 1:
-        raise ChunkError(f"a plan chunks one tail (the head and its loss), got {len(chunks)} chunk entries")
-    first, k = chunks[0]
-    return chunked_graph(graph, first, k)
+        spans.append(Span(start, len(out) - 1, chunk_module(path, c, k)))
+        copies.append(out[-1].name)
+    end = nodes[last]
+    join = f"{end.name}@{'sum' if loss else 'cat'}"
+    out.append(Node(name=join, inputs=tuple(copies), out_bytes=end.out_bytes, requires_grad=end.requires_grad,
+                    workspace_bytes=end.out_bytes if loss else 0, fwd_flops=k if loss else 0, bwd_flops=0,
+                    op="aten.add.Tensor" if loss else "aten.cat.default", saves_inputs=(), grad_views=not loss,
+                    module=end.module))
+    delta = len(out) - (last + 1)
+    for nd in nodes[last + 1:]:
+        out.append(dataclasses.replace(nd, inputs=tuple(join if x == end.name else x for x in nd.inputs),
+                                       saves_inputs=tuple(join if x == end.name else x for x in nd.saves_inputs)))
+    for sp in graph.spans:
+        if sp.last < first:
+            spans.append(sp)
+        elif sp.first > last:
+            spans.append(dataclasses.replace(sp, first=sp.first + delta, last=sp.last + delta))
+        elif sp.first <= first and sp.last >= last and (sp.first, sp.last) != (first, last):
+            spans.append(dataclasses.replace(sp, last=sp.last + delta))  # a call around the chunked one
+    return dataclasses.replace(graph, nodes=tuple(out), spans=tuple(spans))
 
 
 def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, int], Any],
-                  menu: Sequence[int] = CHUNK_MENU) -> Any:
-    """The cheapest plan over every chunk count in ``menu`` (NOTE [ Chunked head ]).
+                  menu: Sequence[int] = CHUNK_MENU, call_menu: Sequence[int] = (1,)) -> Any:
+    """The cheapest plan over the chunk counts of ``menu`` (the tail) and ``call_menu`` (every row-wise call).
 
     ``solve_one(g, budget_bytes)`` solves one graph (a registered solver
-    through ``solvers.solve``); each k >= 2 is solved on
-    :func:`chunked_graph`, and the plan with the least recompute cost that
-    fits wins (ties: fewer chunks). With an exact ``solve_one`` the answer is
-    optimal over the menu's chunkings of the tail and every interval plan.
+    through ``solvers.solve``); each pair of counts is solved on
+    :func:`expand`, and the plan with the least recompute cost that fits
+    wins (ties: fewer chunks). With an exact ``solve_one`` the answer is
+    optimal over the menus and every interval plan (NOTE [ Chunked head ]).
 
     Raises:
-        ChunkError: ``menu`` asks for chunks and the graph has no chunkable tail.
-        InfeasibleBudget: no k fits; its least feasible budget is the least over the menu.
+        ChunkError: a menu asks for chunks the graph has no call for.
+        InfeasibleBudget: no pair fits; its least feasible budget is the least over the menus.
     """
-    ks = sorted(set(int(k) for k in menu))
-    if not ks or ks[0] < 1:
-        raise ChunkError(f"chunk counts are integers >= 1, got {list(menu)!r}")
-    tail = find_tail(graph) if ks[-1] > 1 else None
+    heads, calls = sorted(set(int(k) for k in menu)), sorted(set(int(k) for k in call_menu))
+    if not heads or not calls or min(heads + calls) < 1:
+        raise ChunkError(f"chunk counts are integers >= 1, got {list(menu)!r} and {list(call_menu)!r}")
+    if heads[-1] > 1:
+        find_tail(graph)  # the reason there is none
+    if calls[-1] > 1 and not find_calls(graph):
+        raise ChunkError("no call of this graph is row-wise (one input, one output, row-wise ops only), so none can "
+                         "run in chunks")
     best, failures = None, []
-    for k in ks:
-        g = graph if k == 1 else chunked_graph(graph, tail.first, k)
-        try:
-            plan = solve_one(g, budget_bytes)
-        except InfeasibleBudget as exc:
-            failures.append(exc if k == 1 else exc.replace(best_regions=None))  # those are chunked-graph positions
-            continue
-        if k > 1:
-            plan = dataclasses.replace(plan, chunks=((tail.first, k),), fingerprint=graph.fingerprint(),
-                                       graph_meta=graph.meta, findings={**plan.findings, "chunks": k, "chunk_head": tail.head})
-        if best is None or plan.recompute_cost < best.recompute_cost:
-            best = plan
-        log.info("chunks %d: recompute %d", k, plan.recompute_cost)
+    for kc in calls:
+        for kh in heads:
+            chunks = chunk_entries(graph, kh, kc)
+            try:
+                plan = solve_one(expand(graph, chunks), budget_bytes)
+            except InfeasibleBudget as exc:
+                failures.append(exc.replace(best_regions=None) if chunks else exc)  # positions of another graph
+                continue
+            if chunks:
+                plan = dataclasses.replace(plan, chunks=chunks, fingerprint=graph.fingerprint(),
+                                           graph_meta=graph.meta, findings={**plan.findings, "head_chunks": kh,
+                                                                            "call_chunks": kc}).labelled(graph)
+            if best is None or plan.recompute_cost < best.recompute_cost:
+                best = plan
+            log.info("chunks head %d, calls %d: recompute %d", kh, kc, plan.recompute_cost)
     if best is None:
         raise min(failures, key=lambda e: e.min_feasible_bytes)
     return best

@@ -14,7 +14,7 @@ from graphs import LOOPS, TARGET_META, Graph
 from graphs.files import read_json, write_text_atomic
 from graphs.schema import count, reject_unknown
 
-from .chunks import ChunkError, expand
+from .chunks import LOSS_SUFFIX, ChunkError, expand, find_tail
 from .errors import PlanError, PlanMismatch
 from .selective import recompute_reach
 
@@ -121,11 +121,15 @@ class Plan:
     save_op_calls: tuple[tuple[tuple[str, int], ...], ...] = ()
     findings: Mapping[str, Any] = field(default_factory=dict)
     loop: str = ""
-    chunks: tuple[tuple[int, int], ...] = ()
+    chunks: tuple[tuple[int, int, int], ...] = ()
+    chunk_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         regions = _normalise_regions(self.regions)
         object.__setattr__(self, "chunks", _normalise_chunks(self.chunks))
+        object.__setattr__(self, "chunk_modules", tuple(self.chunk_modules))
+        if self.chunk_modules and len(self.chunk_modules) != len(self.chunks):
+            raise PlanError(f"plan lists {len(self.chunk_modules)} chunk_modules for {len(self.chunks)} chunked calls")
         object.__setattr__(self, "regions", regions)
         object.__setattr__(self, "options", dict(self.options))
         object.__setattr__(self, "graph_meta", dict(self.graph_meta))
@@ -184,6 +188,7 @@ class Plan:
 
     def labelled(self, graph: Graph) -> "Plan":
         """A copy naming each region's end nodes and module call in ``graph``."""
+        chunk_modules = _chunk_modules(graph, self.chunks)
         graph = _expanded(graph, self.chunks)
         names = tuple((graph.nodes[a].name, graph.nodes[b].name) for a, b in self.regions)
         modules = tuple(graph.span_module(r) for r in self.regions) if graph.spans else ()
@@ -191,7 +196,7 @@ class Plan:
         save_ops = _save_ops(graph, self.regions, self.saved) if self.saved else ()
         calls = _save_op_calls(graph, self.regions, save_ops) if save_ops else ()
         return dataclasses.replace(self, node_names=names, modules=modules, stochastic=stochastic,
-                                   save_ops=save_ops, save_op_calls=calls)
+                                   save_ops=save_ops, save_op_calls=calls, chunk_modules=chunk_modules)
 
     def unaligned_regions(self, graph: Graph) -> list[tuple[int, int]]:
         """The regions that are no submodule call of ``graph`` (NOTE [ Module-aligned regions ])."""
@@ -306,8 +311,9 @@ class Plan:
         if not self.loop:
             del d["loop"]  # likewise plans of graphs without outputs
         d["chunks"] = [list(c) for c in self.chunks]
+        d["chunk_modules"] = list(self.chunk_modules)
         if not self.chunks:
-            del d["chunks"]  # plans without a chunked head read as before
+            del d["chunks"], d["chunk_modules"]  # plans without chunked calls read as before
         return {"format": PLAN_FORMAT_VERSION, **d}
 
     @classmethod
@@ -378,9 +384,13 @@ class Plan:
                 raise PlanError(f"plan field {key!r} must list, per region, {what} pairs, got {_short(value)}")
             pairs[key] = tuple(tuple((p[0], p[1]) for p in r) for r in value)
         chunks = d.get("chunks", ())
-        if not isinstance(chunks, (list, tuple)) or not all(isinstance(c, (list, tuple)) and len(c) == 2 for c in chunks):
-            raise PlanError(f"plan field 'chunks' must be a list of [first, k] pairs, got {_short(chunks)}")
+        if not isinstance(chunks, (list, tuple)) or not all(isinstance(c, (list, tuple)) and len(c) == 3 for c in chunks):
+            raise PlanError(f"plan field 'chunks' must be a list of [first, last, k] triples, got {_short(chunks)}")
         kw["chunks"] = tuple(tuple(count(v, "chunks", "plan", PlanError) for v in c) for c in chunks)
+        chunk_modules = d.get("chunk_modules", ())
+        if not isinstance(chunk_modules, (list, tuple)) or not all(isinstance(m, str) for m in chunk_modules):
+            raise PlanError(f"plan field 'chunk_modules' must be a list of module paths, got {_short(chunk_modules)}")
+        kw["chunk_modules"] = tuple(chunk_modules)
         return cls(node_names=tuple(tuple(p) for p in node_names), modules=tuple(modules),
                    stochastic=tuple(stochastic), saved=saved, **pairs, **kw)
 
@@ -413,20 +423,31 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _expanded(graph: Graph, chunks: Sequence[tuple[int, int]]) -> Graph:
+def _expanded(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
     try:
         return expand(graph, chunks)
     except ChunkError as exc:
-        raise PlanError(f"the plan's chunked head does not fit this graph: {exc}") from None
+        raise PlanError(f"the plan's chunked calls do not fit this graph: {exc}") from None
 
 
-def _normalise_chunks(chunks: Iterable[Sequence[int]]) -> tuple[tuple[int, int], ...]:
-    out = tuple(tuple(c) for c in chunks)
+def _chunk_modules(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> tuple[str, ...]:
+    """The module path of each chunked call (NOTE [ Chunked head ] in ``solvers.chunks``)."""
+    if not chunks:
+        return ()
+    _expanded(graph, chunks)  # refuses entries that are no chunkable call
+    return tuple(find_tail(graph).head + LOSS_SUFFIX if b == len(graph) - 1 else graph.span_module((a, b))
+                 for a, b, _ in chunks)
+
+
+def _normalise_chunks(chunks: Iterable[Sequence[int]]) -> tuple[tuple[int, int, int], ...]:
+    out = tuple(sorted(tuple(c) for c in chunks))
     for c in out:
-        if len(c) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in c) or c[0] < 0 or c[1] < 2:
-            raise PlanError(f"a chunked head is a (first node, k >= 2 chunks) pair of integers, got {c!r}")
-    if len(out) > 1:
-        raise PlanError(f"a plan chunks one head and its loss, got {len(out)} chunk entries")
+        if len(c) != 3 or any(isinstance(v, bool) or not isinstance(v, int) for v in c) or not 0 <= c[0] <= c[1] \
+                or c[2] < 2:
+            raise PlanError(f"a chunked call is a (first node, last node, k >= 2 chunks) triple of integers, got {c!r}")
+    for (a1, b1, _), (a2, b2, _) in zip(out, out[1:]):
+        if a2 <= b1:
+            raise PlanError(f"chunked calls ({a1}, {b1}) and ({a2}, {b2}) overlap; they must be disjoint")
     return out
 
 

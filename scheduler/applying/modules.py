@@ -99,7 +99,7 @@ from solvers import Plan, PlanMismatch
 
 from ..tracer import EvalModeWarning
 from ..tracing.spans import MODULES_META, TREE_META, parse_run_path
-from .chunked import ChunkedHead, split_chunks
+from .chunked import _Chunks, split_chunks
 from .chunked import install as install_chunked
 from .regions import RegionForward, SequentialRuns
 from .visible import mark, unmark
@@ -142,9 +142,9 @@ def apply(model: nn.Module, plan: Plan, *, check: bool = True) -> nn.Module:
         >>> plan = scheduler.solve(graph, "6GiB", solver="ilp")
         >>> scheduler.apply(model, plan)   # then train as before
     """
-    whole, chunked = plan, None
+    whole, chunked = plan, []
     if plan.chunks:  # NOTE [ Chunked head (applying) ]
-        plan, *chunked = split_chunks(plan)
+        plan, chunked = split_chunks(plan)
     targets = _resolve(model, plan, check=check)
     if check and plan.graph_meta.get("training") is False and targets:
         warnings.warn(f"this plan was traced from {plan.graph_meta.get('model', 'a model')} in eval mode: training "
@@ -172,8 +172,7 @@ def apply(model: nn.Module, plan: Plan, *, check: bool = True) -> nn.Module:
         module = model.get_submodule(parent)
         module.forward = SequentialRuns(module, items, previous=module.__dict__.get("forward"), save_ops=run_ops[parent])
         mark(module)
-    if chunked:
-        install_chunked(model, *chunked)
+    install_chunked(model, chunked)
     model.__dict__[_PLAN_ATTR] = whole
     log.info("applied %d checkpoint regions (%s) to %s", len(targets), plan.solver, type(model).__name__)
     return model
@@ -183,9 +182,9 @@ def remove(model: nn.Module) -> nn.Module:
     """Undo :func:`apply`: every checkpointed submodule gets its own ``forward`` back."""
     for m in model.modules():
         wrapper = m.__dict__.get("forward")
-        if isinstance(wrapper, (RegionForward, SequentialRuns, ChunkedHead)):
+        if isinstance(wrapper, (RegionForward, SequentialRuns, _Chunks)):
             previous = wrapper.previous
-            while isinstance(previous, (RegionForward, SequentialRuns, ChunkedHead)):  # wrapped twice: every layer of ours goes
+            while isinstance(previous, (RegionForward, SequentialRuns, _Chunks)):  # wrapped twice: every layer of ours goes
                 previous = previous.previous
             if previous is None:
                 del m.__dict__["forward"]

@@ -22,7 +22,7 @@ from typing import Mapping
 
 from graphs import Graph
 from solvers import Plan, Simulation, format_bytes, simulate, terms_of
-from solvers.chunks import CHUNK_MENU, ChunkError, chunked_graph, expand, find_tail, parse_chunk_module
+from solvers.chunks import CHUNK_MENU, ChunkError, chunk_entries, chunked_graph, expand, find_tail, parse_chunk_module
 
 __all__ = ["NodeFloor", "Floor", "node_floors", "explain_floor"]
 
@@ -145,10 +145,10 @@ def _chunk_lever(graph: Graph, plan: Plan | None, peak_bytes: int) -> str:
     except ChunkError:
         return ""
     k = CHUNK_MENU[-1]
-    chunked = chunked_graph(graph, tail.first, k)
+    chunked = chunked_graph(graph, k)
     kept = [r for r in (plan.regions if plan is not None else ()) if r[1] < tail.first]
     regions = kept + [(sp.first, sp.last) for sp in chunked.spans if parse_chunk_module(sp.module)]
-    lower = simulate(graph, Plan(regions=regions, chunks=((tail.first, k),))).peak_bytes
+    lower = simulate(graph, Plan(regions=regions, chunks=chunk_entries(graph, k))).peak_bytes
     if lower >= peak_bytes:
         return ""
     return (f" Running the head {tail.head!r} and its loss in {k} chunks, each recomputed, would bring this plan to "

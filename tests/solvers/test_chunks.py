@@ -10,7 +10,7 @@ import pytest
 import solvers
 from graphs import Graph, Node, Span
 from solvers import InfeasibleBudget, Plan, brute_force, simulate
-from solvers.chunks import ChunkError, chunked_graph, find_tail, parse_chunk_module, solve_chunked
+from solvers.chunks import ChunkError, chunk_entries, chunked_graph, find_tail, parse_chunk_module, solve_chunked
 
 MENU = (1, 2, 4)
 
@@ -50,10 +50,12 @@ def test_tail_and_chunked_graph():
     g = lm_graph()
     tail = find_tail(g)
     assert (tail.head, g.nodes[tail.first].name) == ("lm_head", "head")
-    assert [g.nodes[i].name for i in tail.shared] == ["labels"] and len(tail.chunked) == 2
-    gk = chunked_graph(g, tail.first, 4)
+    gk = chunked_graph(g, 4)
     copies = [sp for sp in gk.spans if parse_chunk_module(sp.module)]
-    assert [parse_chunk_module(sp.module) for sp in copies] == [("lm_head", c, 4) for c in range(4)]
+    assert [parse_chunk_module(sp.module) for sp in copies] == [("lm_head+loss", c, 4) for c in range(4)]
+    names = [nd.name for nd in gk.nodes]
+    assert names.count("labels") == 1 and names.index("labels") < copies[0].first  # the labels run once
+    assert [sp.last - sp.first for sp in copies] == [1] * 4  # head and loss in each chunk
     head = g.nodes[tail.first]
     # bytes split exactly where they divide; the parameter gradient is made once (the last chunk's backward)
     assert sum(gk.nodes[sp.first].out_bytes for sp in copies) == head.out_bytes
@@ -67,15 +69,15 @@ def test_simulate_reads_the_chunked_graph_and_chunking_lowers_the_floor():
     first = find_tail(g).first
     floors = []
     for k in (2, 4, 8, 16):
-        gk = chunked_graph(g, first, k)
+        gk = chunked_graph(g, k)
         regions = [(sp.first, sp.last) for sp in gk.spans]
-        plan = Plan(regions=regions, chunks=((first, k),))
+        plan = Plan(regions=regions, chunks=chunk_entries(g, k))
         direct = simulate(gk, Plan(regions=regions))
         assert simulate(g, plan).peak_bytes == direct.peak_bytes
         assert simulate(g, plan).recompute_cost == direct.recompute_cost
         floors.append(direct.peak_bytes)
     least = [solvers.pareto_frontier(gg, selective=False)[0][0]
-             for gg in (g, *(chunked_graph(g, first, k) for k in MENU[1:]))]
+             for gg in (g, *(chunked_graph(g, k) for k in MENU[1:]))]
     assert least == sorted(least, reverse=True) and least[2] < least[0]
     assert floors == sorted(floors, reverse=True)
 
@@ -83,9 +85,10 @@ def test_simulate_reads_the_chunked_graph_and_chunking_lowers_the_floor():
 def test_plan_json_keeps_chunks(tmp_path):
     g = lm_graph()
     first = find_tail(g).first
-    budget = solvers.pareto_frontier(chunked_graph(g, first, 4), selective=False)[0][0]
+    budget = solvers.pareto_frontier(chunked_graph(g, 4), selective=False)[0][0]
     plan = solve_chunked(g, budget, lambda gg, b: solvers.solve(gg, b, "ilp"), MENU)
-    assert plan.chunks[0][0] == first and plan.chunks[0][1] > 1 and plan.findings["chunk_head"] == "lm_head"
+    assert plan.chunks[0][:2] == (first, len(g) - 1) and plan.chunks[0][2] > 1
+    assert plan.chunk_modules == ("lm_head+loss",) and plan.findings["head_chunks"] == plan.chunks[0][2]
     plan.save(tmp_path / "p.json")
     again = solvers.load_plan(tmp_path / "p.json")
     assert again == plan
@@ -101,7 +104,7 @@ def test_exact_solvers_choose_k_as_brute_force(seed, blocks, menu, solver):
     exact = solver in solvers.exact_solvers()
     g = lm_graph(seed, blocks=blocks)
     first = find_tail(g).first
-    graphs = {k: g if k == 1 else chunked_graph(g, first, k) for k in menu}
+    graphs = {k: g if k == 1 else chunked_graph(g, k) for k in menu}
     fronts = {k: solvers.pareto_frontier(gk, selective=False) for k, gk in graphs.items()}
     least = min(front[0][0] for front in fronts.values())
     assert least < fronts[1][0][0]  # chunking lowers the floor on every case

@@ -15,7 +15,7 @@ import scheduler  # noqa: E402
 from scheduler.applying.chunked import ChunkedHead, ChunkedHeadError  # noqa: E402
 from scheduler.measuring.steps import allocator_step_peak, measure_step_peak  # noqa: E402
 from solvers import Plan, simulate  # noqa: E402
-from solvers.chunks import chunked_graph, find_tail  # noqa: E402
+from solvers.chunks import chunk_entries, chunked_graph, find_tail  # noqa: E402
 
 VOCAB, BATCH, SEQ = 2000, 2, 64
 
@@ -49,11 +49,11 @@ def _loss(out):
 
 def _chunked_plan(graph, k: int, checkpointed: bool = True) -> Plan:
     first = find_tail(graph).first
-    gk = chunked_graph(graph, first, k)
+    gk = chunked_graph(graph, k)
     regions = [(sp.first, sp.last) for sp in gk.spans if "@chunk" in sp.module] if checkpointed else []
     plan = Plan.from_regions(gk, regions)
-    return dataclasses.replace(plan, chunks=((first, k),), fingerprint=graph.fingerprint(), graph_meta=graph.meta,
-                               findings={"chunk_head": find_tail(graph).head}).labelled(graph)
+    return dataclasses.replace(plan, chunks=chunk_entries(graph, k), fingerprint=graph.fingerprint(),
+                               graph_meta=graph.meta).labelled(graph)
 
 
 def _step(model, kwargs):
