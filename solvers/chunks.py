@@ -15,9 +15,10 @@ NOTE [ Chunked head ]
       loss is the sum of the chunks' summed token losses divided by the count
       of tokens whose label is not ``-100``: transformers' mean over
       non-ignored tokens, reassociated;
-    * a *row-wise call* (an MLP): a call whose every node computes each row
-      from that row alone, reading one tensor from before it and read after
-      it only through its last node; the chunks' outputs are concatenated.
+    * a *row-wise call* (an MLP): a call of two matrix products or more
+      whose every node computes each row from that row alone, reading one
+      tensor from before it and read after it only through its last node;
+      the chunks' outputs are concatenated.
 
     Row independence is read from the traced graph: every op is one of
     :data:`ROWWISE_OPS` (views are taken to keep the token dimension leading,
@@ -82,7 +83,9 @@ ROWWISE_OPS = _MATMUL_OPS | frozenset({
     "aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy.default", "aten.contiguous.default",
     "aten.clone.default", "aten._assert_tensor_metadata.default", "aten.gelu.default", "aten.relu.default",
     "aten.silu.default", "aten.tanh.default", "aten.sigmoid.default", "aten.layer_norm.default",
-    "aten.native_layer_norm.default", "aten.add.Tensor", "aten.mul.Tensor", "aten.cross_entropy_loss.default",
+    "aten.native_layer_norm.default", "aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor", "aten.div.Tensor",
+    "aten.pow.Tensor_Scalar", "aten.neg.default", "aten.exp.default", "aten.rsqrt.default",
+    "aten.dropout.default", "aten.cross_entropy_loss.default",
 })
 #: The losses a chunked tail may end in (the sum over chunks is the loss of the whole).
 LOSS_OPS = frozenset({"aten.cross_entropy_loss.default"})
@@ -190,10 +193,12 @@ def _find_calls(graph: Graph) -> tuple[Span, ...]:
     for sp in graph.spans:  # sorted by (first, -last): an outer call comes before the calls inside it
         if sp.last >= end or (found and sp.first <= found[-1].last):
             continue
-        if not any(graph.nodes[i].op in _MATMUL_OPS for i in range(sp.first, sp.last + 1)):
-            continue
-        if any(last_reader[i] > sp.last for i in range(sp.first, sp.last)) or not graph.succs[sp.last]:
-            continue  # read after the call besides its output
+        if sum(graph.nodes[i].op in _MATMUL_OPS for i in range(sp.first, sp.last + 1)) < 2:
+            continue  # an MLP has two products or more; one alone buys nothing in chunks
+        out = _base(graph, sp.last)
+        if any(last_reader[i] > sp.last and _base(graph, i) != out for i in range(sp.first, sp.last)) \
+                or not graph.succs[sp.last]:
+            continue  # read after the call besides its output (and views of it)
         try:
             _split(graph, sp.first, sp.last, what=f"call {sp.module!r}", loss=False)
         except ChunkError:
@@ -289,14 +294,16 @@ def _build(graph: Graph, first: int, last: int, k: int, path: str, *, loss: bool
         copies.append(out[-1].name)
     end = nodes[last]
     join = f"{end.name}@{'sum' if loss else 'cat'}"
-    out.append(Node(name=join, inputs=tuple(copies), out_bytes=end.out_bytes, requires_grad=end.requires_grad,
+    result = _base(graph, last)  # what is read after the call is its output, or what that is a view of
+    out.append(Node(name=join, inputs=tuple(copies), out_bytes=nodes[result].out_bytes, requires_grad=end.requires_grad,
                     workspace_bytes=end.out_bytes if loss else 0, fwd_flops=k if loss else 0, bwd_flops=0,
                     op="aten.add.Tensor" if loss else "aten.cat.default", saves_inputs=(), grad_views=not loss,
                     module=end.module))
     delta = len(out) - (last + 1)
+    read = {nodes[i].name for i in chunked if i == last or _base(graph, i) == result}
     for nd in nodes[last + 1:]:
-        out.append(dataclasses.replace(nd, inputs=tuple(join if x == end.name else x for x in nd.inputs),
-                                       saves_inputs=tuple(join if x == end.name else x for x in nd.saves_inputs)))
+        out.append(dataclasses.replace(nd, inputs=tuple(join if x in read else x for x in nd.inputs),
+                                       saves_inputs=tuple(join if x in read else x for x in nd.saves_inputs)))
     for sp in graph.spans:
         if sp.last < first:
             spans.append(sp)

@@ -10,7 +10,7 @@ import pytest
 import solvers
 from graphs import Graph, Node, Span
 from solvers import InfeasibleBudget, Plan, brute_force, simulate
-from solvers.chunks import ChunkError, chunk_entries, chunked_graph, find_tail, parse_chunk_module, solve_chunked
+from solvers.chunks import ChunkError, chunk_entries, chunked_graph, find_calls, find_tail, parse_chunk_module, solve_chunked
 
 MENU = (1, 2, 4)
 
@@ -138,3 +138,34 @@ def test_a_tail_that_is_not_row_wise_is_refused():
     plain = Graph(nodes=lm_graph().nodes[:-2], spans=lm_graph().spans)
     with pytest.raises(ChunkError, match="not in a cross-entropy loss"):
         solve_chunked(plain, 10**9, lambda gg, b: solvers.solve(gg, b, "dp"), MENU)
+
+
+@pytest.mark.parametrize("solver", ["ilp", "frontier", "cp-sat"])
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_solvers_choose_call_chunks_as_brute_force(seed, solver):
+    """A row-wise call (the block's two products) chunked too: the menus' product, against brute force."""
+    g = lm_graph(seed, blocks=1)
+    assert [sp.module for sp in find_calls(g)] == ["block0"]
+    pairs = [(kh, kc) for kh in (1, 2) for kc in (1, 2)]
+    graphs = {pair: chunked_graph(g, *pair) for pair in pairs}
+    assert max(len(gk) for gk in graphs.values()) == 14
+    fronts = {pair: solvers.pareto_frontier(gk, selective=False) for pair, gk in graphs.items()}
+    least = min(front[0][0] for front in fronts.values())
+    for budget in (least, (least + simulate(g).peak_bytes) // 2):
+        best = min(brute_force(graphs[p], budget, selective=False, frontier=fronts[p]).recompute_cost
+                   for p in pairs if fronts[p][0][0] <= budget)
+        plan = solve_chunked(g, budget, lambda gg, b: solvers.solve(gg, b, solver, selective=False), (1, 2), (1, 2))
+        assert plan.recompute_cost == best and simulate(g, plan).peak_bytes <= budget
+        if plan.chunks:
+            assert set(plan.chunk_modules) <= {"block0", "lm_head+loss"}
+
+
+def test_chunked_call_graph_joins_the_chunks_with_a_cat():
+    g = lm_graph(blocks=2)
+    gk = chunked_graph(g, 1, 4)
+    cats = [nd for nd in gk.nodes if nd.op == "aten.cat.default"]
+    assert [nd.name for nd in cats] == ["out0@cat", "out1@cat"] and all(nd.grad_views for nd in cats)
+    assert [nd.out_bytes for nd in cats] == [g.nodes[g.index[n]].out_bytes for n in ("out0", "out1")]
+    assert gk.nodes[gk.index["fc1@0"]].inputs == ("out0@cat",)  # the next block reads the joined output
+    names = {sp.module for sp in gk.spans}
+    assert {"block0@chunk3/4", "block1@chunk0/4", "emb", "lm_head"} <= names and "block0" not in names

@@ -12,24 +12,24 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import scheduler  # noqa: E402
-from scheduler.applying.chunked import ChunkedHead, ChunkedHeadError  # noqa: E402
+from scheduler.applying.chunked import ChunkedHeadError, _Chunks  # noqa: E402
 from scheduler.measuring.steps import allocator_step_peak, measure_step_peak  # noqa: E402
 from solvers import Plan, simulate  # noqa: E402
-from solvers.chunks import chunk_entries, chunked_graph, find_tail  # noqa: E402
+from solvers.chunks import chunk_entries, chunked_graph, find_calls, find_tail  # noqa: E402
 
-VOCAB, BATCH, SEQ = 2000, 2, 64
+VOCAB, BATCH, SEQ, LAYERS = 2000, 2, 64, 2
 
 
 def _model(kind: str):
     torch.manual_seed(0)
-    small = dict(num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB)
+    small = dict(num_hidden_layers=LAYERS, num_attention_heads=4, vocab_size=VOCAB)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
     if kind == "gpt2":
-        cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=SEQ,
+        cfg = transformers.GPT2Config(n_embd=64, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=SEQ,
                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         model, kwargs = transformers.GPT2LMHeadModel(cfg), {"input_ids": ids, "labels": ids}
     elif kind == "llama":
-        cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_key_value_heads=2, **small)
+        cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=256, num_key_value_heads=2, **small)
         labels = ids.clone()
         labels[0, :5] = -100  # ignored tokens (a prompt) count in neither sum nor mean
         model, kwargs = transformers.LlamaForCausalLM(cfg), {"input_ids": ids, "labels": labels}
@@ -47,12 +47,11 @@ def _loss(out):
     return out.loss
 
 
-def _chunked_plan(graph, k: int, checkpointed: bool = True) -> Plan:
-    first = find_tail(graph).first
-    gk = chunked_graph(graph, k)
+def _chunked_plan(graph, k: int, checkpointed: bool = True, call_k: int = 1) -> Plan:
+    gk = chunked_graph(graph, k, call_k)
     regions = [(sp.first, sp.last) for sp in gk.spans if "@chunk" in sp.module] if checkpointed else []
     plan = Plan.from_regions(gk, regions)
-    return dataclasses.replace(plan, chunks=chunk_entries(graph, k), fingerprint=graph.fingerprint(),
+    return dataclasses.replace(plan, chunks=chunk_entries(graph, k, call_k), fingerprint=graph.fingerprint(),
                                graph_meta=graph.meta).labelled(graph)
 
 
@@ -63,28 +62,33 @@ def _step(model, kwargs):
     return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("kind,k", [("gpt2", 4), ("llama", 8), ("bert", 4)])
-def test_chunked_head_keeps_the_step_and_fits_its_prediction(kind, k):
+@pytest.mark.parametrize("kind,k,call_k", [("gpt2", 4, 1), ("llama", 8, 1), ("bert", 4, 1), ("llama", 4, 4),
+                                           ("gpt2", 1, 2)])
+def test_chunked_head_keeps_the_step_and_fits_its_prediction(kind, k, call_k):
     model, kwargs = _model(kind)
     graph = scheduler.trace(model, (), kwargs, loss=_loss)
     plain_out, plain = _step(model, kwargs)
-    plan = _chunked_plan(graph, k)
+    plan = _chunked_plan(graph, k, call_k=call_k)
+    calls = find_calls(graph) if call_k > 1 else ()
+    assert len(calls) == (LAYERS if call_k > 1 else 0)  # every MLP
     predicted = simulate(graph, plan).peak_bytes
     assert predicted < simulate(graph).peak_bytes
     scheduler.apply(model, plan)
-    assert isinstance(model.__dict__["forward"], ChunkedHead)
+    wrappers = [m.__dict__["forward"] for m in model.modules() if isinstance(m.__dict__.get("forward"), _Chunks)]
+    assert sorted(w.path for w in wrappers) == sorted([sp.module for sp in calls] + ([find_tail(graph).head] if k > 1
+                                                                                      else []))
     out, grads = _step(model, kwargs)
-    assert out.logits is None  # NOTE [ Chunked head (applying) ]: never whole
+    assert (out.logits is None) == (k > 1)  # NOTE [ Chunked head (applying) ]: never whole
     assert torch.allclose(out.loss, plain_out.loss, rtol=1e-6, atol=0)
     assert grads.keys() == plain.keys()
     for name, g in grads.items():
         scale = plain[name].abs().max().clamp_min(1e-30)
         assert ((g - plain[name]).abs().max() / scale).item() <= 1e-6, name
-    assert model.__dict__["forward"].recomputes == k
+    assert sum(w.recomputes for w in wrappers) == k * (k > 1) + call_k * len(calls)
     assert measure_step_peak(model, model, (), kwargs, _loss) <= predicted
     assert allocator_step_peak(model, model, (), kwargs, _loss) <= predicted
     scheduler.remove(model)
-    assert "forward" not in model.__dict__ and "forward" not in model.get_submodule(find_tail(graph).head).__dict__
+    assert not any("forward" in m.__dict__ for m in model.modules())
     again, _ = _step(model, kwargs)
     assert again.logits is not None and torch.equal(again.loss, plain_out.loss)
 
