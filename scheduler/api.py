@@ -51,7 +51,7 @@ def __getattr__(name: str) -> Any:
 
 def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: str | None = None,
           mixed_precision: bool = False, reserve: ReserveSpec = 0, layout: Any = None,
-          chunks: Sequence[int] | None = None, **options: Any) -> Plan:
+          chunks: Sequence[int] | None = None, mlp_chunks: Sequence[int] | None = None, **options: Any) -> Plan:
     """Choose which activations to keep for ``graph`` under ``budget``.
 
     Args:
@@ -85,6 +85,8 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
             runs once per count and the cheapest plan that fits wins (NOTE
             [ Chunked head ] in ``solvers.chunks``; transformers causal and
             masked LMs traced with their labels). None: the head as traced.
+        mlp_chunks: chunk counts to try for every row-wise call (an MLP),
+            the same count for all; combined with each of ``chunks``.
         **options: solver options (e.g. ``time_limit_s`` for ``ilp``).
 
     Raises:
@@ -102,15 +104,15 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
     budget_bytes = step_budget_bytes(budget, graph, optimizer=optimizer, mixed_precision=mixed_precision,
                                      reserve=reserve)
     try:
-        if chunks:
+        if chunks or mlp_chunks:
             return solve_chunked(graph, budget_bytes, lambda g, b: solvers.solve(g, b, solver=solver, **options),
-                                 chunks)
+                                 chunks or (1,), mlp_chunks or (1,))
         return solvers.solve(graph, budget_bytes, solver=solver, **options)
     except InfeasibleBudget as exc:
         if exc.floor:
             raise
         best = None if exc.best_regions is None else Plan(regions=exc.best_regions)
-        floor = explain_floor(graph, best, levers=not chunks).text
+        floor = explain_floor(graph, best, levers=not (chunks or mlp_chunks)).text
         raise exc.with_floor(floor) from None
 
 

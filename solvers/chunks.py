@@ -168,7 +168,9 @@ def _find_tail(graph: Graph) -> Tail:
         last = nodes[-1].name if n else "none"
         raise ChunkError(f"the graph ends in {last!r} ({nodes[-1].op if n else 'empty'}), not in a cross-entropy "
                          "loss: only a head whose loss the traced step computes can be chunked (trace with the labels)")
-    logits = _base(graph, preds[n - 1][0]) if preds[n - 1] else -1
+    logits = preds[n - 1][0] if preds[n - 1] else -1
+    while logits >= 0 and preds[logits] and not any(sp.first <= logits <= sp.last < n - 1 for sp in graph.spans):
+        logits = preds[logits][0]  # back through views and casts (a bf16 model's logits upcast for the loss)
     heads = [sp for sp in graph.spans if sp.first <= logits <= sp.last and sp.last < n - 1]
     if logits < 0 or not heads:
         raise ChunkError(f"no submodule call produces the logits the loss {nodes[-1].name!r} reads: a chunked head "

@@ -84,6 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunks", type=_chunk_counts, default=None, metavar="K,K,...",
                    help="also try the LM head and its loss in K row chunks, each recomputed (e.g. 1,2,4,8,16); the "
                         "cheapest plan that fits wins (transformers causal/masked LMs traced with labels)")
+    p.add_argument("--mlp-chunks", type=_chunk_counts, default=None, metavar="K,K,...",
+                   help="also try every row-wise call (an MLP) in K row chunks, each recomputed (e.g. 1,2,4)")
     p.add_argument("-S", "--solver-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a solver option, repeatable, e.g. -S work_limit=10 (see --help-options)")
     p.add_argument("--help-options", nargs=0, action=_HelpOptions,
@@ -124,7 +126,7 @@ def _chunk_counts(text: str) -> tuple[int, ...]:
     except ValueError:
         counts = ()
     if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"--chunks takes counts >= 1 separated by commas (1,2,4,8,16), got {text!r}")
+        raise argparse.ArgumentTypeError(f"chunk counts are integers >= 1 separated by commas (1,2,4,8,16), got {text!r}")
     return counts
 
 
@@ -155,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
               f"{_terms(args)})")
     if args.solver != "all":
         with phase(f"solving with {args.solver}"):
-            plan = solve(graph, budget, solver=args.solver, chunks=args.chunks, **_options(args.solver, args))
+            plan = solve(graph, budget, solver=args.solver, chunks=args.chunks, mlp_chunks=args.mlp_chunks, **_options(args.solver, args))
         if args.output:
             plan.save(args.output)  # before printing: a closed stdout must not lose the plan
         print(plan_summary(graph, plan))

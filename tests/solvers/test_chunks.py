@@ -15,7 +15,7 @@ from solvers.chunks import ChunkError, chunk_entries, chunked_graph, find_calls,
 MENU = (1, 2, 4)
 
 
-def lm_graph(seed: int = 0, *, blocks: int = 1, vocab_x: int = 8, tail_op: str = "") -> Graph:
+def lm_graph(seed: int = 0, *, blocks: int = 1, vocab_x: int = 8, tail_op: str = "", upcast: bool = False) -> Graph:
     """A tiny language model: blocks, a head (linear, then ``tail_op`` if given) over vocab_x times the hidden
     bytes, labels, CE; small enough for brute force on its chunked graphs (13-14 nodes at k = 4 / k = 2)."""
     rng = random.Random(seed)
@@ -39,6 +39,9 @@ def lm_graph(seed: int = 0, *, blocks: int = 1, vocab_x: int = 8, tail_op: str =
     if tail_op:
         nodes.append(Node("head_act", inputs=("head",), out_bytes=v, fwd_flops=v, saves_inputs=("head",), op=tail_op))
     spans.append(Span(len(nodes) - 1 - bool(tail_op), len(nodes) - 1, "lm_head"))
+    if upcast:  # a bf16 model's logits, cast to fp32 for the loss outside the head
+        nodes.append(Node("upcast", inputs=(nodes[-1].name,), out_bytes=2 * v, fwd_flops=v, saves_inputs=(),
+                          op="aten.to.dtype"))
     nodes += [Node("labels", out_bytes=64, op="aten.contiguous.default", requires_grad=False),
               Node("loss", inputs=(nodes[-1].name, "labels"), out_bytes=4, saved_bytes=v + 4, workspace_bytes=v,
                    fwd_flops=2 * v, saves_inputs=("labels",), op="aten.cross_entropy_loss.default")]
@@ -62,6 +65,14 @@ def test_tail_and_chunked_graph():
     assert [gk.nodes[sp.first].param_bytes for sp in copies] == [0, 0, 0, head.param_bytes]
     assert [gk.nodes[sp.first].workspace_bytes for sp in copies] == [head.param_bytes] * 2 + [2 * head.param_bytes, 0]
     assert gk.nodes[-1].inputs == tuple(gk.nodes[sp.last].name for sp in copies)
+
+
+def test_the_head_is_found_through_a_cast_to_fp32():
+    g = lm_graph(upcast=True)
+    tail = find_tail(g)
+    assert (tail.head, g.nodes[tail.first].name) == ("lm_head", "head")
+    gk = chunked_graph(g, 4)
+    assert [nd.out_bytes for nd in gk.nodes if nd.name.startswith("upcast@")] == [g.nodes[g.index["upcast"]].out_bytes // 4] * 4
 
 
 def test_simulate_reads_the_chunked_graph_and_chunking_lowers_the_floor():
