@@ -6,6 +6,7 @@ from typing import Any, Mapping, Sequence
 
 from graphs import Graph
 from solvers import Plan, Simulation, format_bytes
+from solvers.chunks import expand
 
 __all__ = ["table", "plan_summary", "status_text", "simulation_summary", "ratio", "format_seconds", "recompute_line",
            "cost_model", "compact_modules", "checkpoints_line", "regions_table", "describe_target"]
@@ -65,7 +66,7 @@ def recompute_line(graph: Graph, flops: int, time_s: float | None) -> str:
 
 
 def simulation_summary(graph: Graph, sim: Simulation, budget_bytes: int | None = None) -> str:
-    """The peak, where it happens and what it is made of."""
+    """The peak, where it happens and what it is made of (``graph``: the chunked graph of a chunked plan)."""
     node = graph.nodes[graph.index[sim.peak_node]]
     lines = [
         f"peak: {format_bytes(sim.peak_bytes)} ({sim.peak_bytes} bytes) during the {sim.peak_phase} of "
@@ -120,16 +121,21 @@ def _ranges(values: Sequence[int]) -> str:
 
 def checkpoints_line(plan: Plan) -> str:
     """``checkpoints 12 submodule calls: h.{0-11}`` (what ``apply`` hooks), or that it stores everything."""
+    chunked = ""
+    if plan.chunks:  # NOTE [ Chunked head ] in solvers.chunks
+        chunked = "; runs " + ", ".join(f"{m or 'nodes %d..%d' % (a, b)} in {k} chunks"
+                                       for (a, b, k), m in zip(plan.chunks, plan.chunk_modules or [""] * len(plan.chunks)))
     if not plan.regions:
-        return "checkpoints nothing (store everything)"
+        return "checkpoints nothing (store everything)" + chunked
     if not plan.modules:
         return f"checkpoints {len(plan.regions)} regions (no module paths: a graph without submodule calls)"
     kept = f", keeping {len(plan.saved)} op outputs inside them" if plan.saved else ""
-    return f"checkpoints {len(plan.regions)} submodule calls{kept}: {compact_modules(plan.modules)}"
+    return f"checkpoints {len(plan.regions)} submodule calls{kept}: {compact_modules(plan.modules)}{chunked}"
 
 
 def regions_table(graph: Graph, plan: Plan) -> str:
     """One row per region: its submodule call (``Plan.modules``), its first and last graph nodes, its size."""
+    graph = expand(graph, plan.chunks)  # a chunked plan's regions are positions of the chunked graph
     modules = plan.modules or ("",) * len(plan.regions)
     rows = [(f"[{a}, {b}]", m or "-", graph.nodes[a].name, graph.nodes[b].name, b - a + 1)
             for (a, b), m in zip(plan.regions, modules)]

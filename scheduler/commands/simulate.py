@@ -6,6 +6,7 @@ import argparse
 
 import graphs
 from solvers import load_plan
+from solvers.chunks import expand
 
 from ..api import simulate
 from ..report import checkpoints_line, regions_table, simulation_summary
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     graph = graphs.load(args.graph)
     plan = load_plan(args.plan) if args.plan else None
     sim = simulate(graph, plan, check=not args.no_check)
-    print(simulation_summary(graph, sim, plan.budget_bytes if plan else None))
+    print(simulation_summary(expand(graph, plan.chunks) if plan else graph, sim, plan.budget_bytes if plan else None))
     if plan is not None:
         print(checkpoints_line(plan))
         if plan.regions:

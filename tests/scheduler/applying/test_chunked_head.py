@@ -97,9 +97,11 @@ def test_chunks_without_checkpoint_and_without_labels_run_as_written():
     model, kwargs = _model("gpt2")
     graph = scheduler.trace(model, (), kwargs, loss=_loss)
     plain_out, plain = _step(model, kwargs)
-    scheduler.apply(model, _chunked_plan(graph, 2, checkpointed=False))
+    plan = _chunked_plan(graph, 2, checkpointed=False)
+    scheduler.apply(model, plan)
     out, grads = _step(model, kwargs)
     assert model.__dict__["forward"].recomputes == 0
+    assert allocator_step_peak(model, model, (), kwargs, _loss) <= simulate(graph, plan).peak_bytes
     assert torch.allclose(out.loss, plain_out.loss, rtol=1e-6, atol=0)
     with torch.no_grad():
         logits = model(input_ids=kwargs["input_ids"]).logits
