@@ -25,7 +25,7 @@ import scheduler
 import solvers
 from scheduler.measuring.steps import allocator_step_peak
 from scheduler.sizing.budget import format_bytes
-from solvers.chunks import CHUNK_MENU, solve_chunked
+from solvers.chunks import CHUNK_MENU, find_calls, solve_chunked
 
 RESULTS = Path(__file__).parent / "results"
 VOCAB, HIDDEN, LAYERS, BATCH = 32000, 128, 2, 1
@@ -58,6 +58,7 @@ def _loss(out: Any) -> torch.Tensor:
 
 
 def _least(graph: Any, menu: tuple[int, ...], mlp_menu: tuple[int, ...]) -> int:
+    mlp_menu = mlp_menu if find_calls(graph) else (1,)  # GPT-2's MLPs hold a dropout: never chunked
     try:
         solve_chunked(graph, 1, lambda g, b: solvers.solve(g, b, "dp"), menu, mlp_menu)
     except solvers.InfeasibleBudget as exc:
@@ -76,7 +77,8 @@ def _step_time(model: Any, kwargs: dict, repeats: int) -> float:
 
 
 def _solve(graph: Any, budget: int) -> Any:
-    return solve_chunked(graph, budget, lambda g, b: solvers.solve(g, b, "dp"), CHUNK_MENU, MLP_MENU)
+    mlp_menu = MLP_MENU if find_calls(graph) else (1,)
+    return solve_chunked(graph, budget, lambda g, b: solvers.solve(g, b, "dp"), CHUNK_MENU, mlp_menu)
 
 
 def _measure(model: Any, kwargs: dict, plan: Any, repeats: int) -> tuple[int, float]:
