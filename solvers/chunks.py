@@ -313,7 +313,11 @@ def _build(graph: Graph, first: int, last: int, k: int, path: str, *, loss: bool
             spans.append(dataclasses.replace(sp, first=sp.first + delta, last=sp.last + delta))
         elif sp.first <= first and sp.last >= last and (sp.first, sp.last) != (first, last):
             spans.append(dataclasses.replace(sp, last=sp.last + delta))  # a call around the chunked one
-    return dataclasses.replace(graph, nodes=tuple(out), spans=tuple(spans))
+    # NOTE [ The user's loop ] in graphs.graph: a chunked head returns no logits (the caller holds none); a
+    # chunked call's result is its cat
+    gone = {nodes[i].name for i in chunked}
+    outputs = tuple(join if name in read else name for name in graph.outputs if name not in gone or name in read)
+    return dataclasses.replace(graph, nodes=tuple(out), spans=tuple(spans), outputs=outputs)
 
 
 def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, int], Any],
