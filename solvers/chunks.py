@@ -65,7 +65,7 @@ from typing import Any, Callable, Sequence
 
 from graphs import Graph, Node, Span
 
-from .errors import InfeasibleBudget, SolverInputError
+from .errors import InfeasibleBudget, PlanError, SolverInputError
 
 __all__ = ["CHUNK_MENU", "ROWWISE_OPS", "LOSS_SUFFIX", "ChunkError", "Tail", "find_tail", "find_calls", "chunk_entries", "chunked_graph", "expand",
            "chunk_module", "parse_chunk_module", "solve_chunked"]
@@ -207,6 +207,29 @@ def _find_calls(graph: Graph) -> tuple[Span, ...]:
             continue
         found.append(sp)
     return tuple(found)
+
+
+def normalise_chunks(chunks: Any) -> tuple[tuple[int, int, int], ...]:
+    """``Plan.chunks`` sorted and checked: disjoint ``(first, last, k >= 2)`` triples of integers.
+
+    Raises:
+        PlanError: naming the entry at fault.
+    """
+    out = tuple(sorted(tuple(c) for c in chunks))
+    for c in out:
+        if len(c) != 3 or any(isinstance(v, bool) or not isinstance(v, int) for v in c) or not 0 <= c[0] <= c[1] \
+                or c[2] < 2:
+            raise PlanError(f"a chunked call is a (first node, last node, k >= 2 chunks) triple of integers, got {c!r}")
+    for (a1, b1, _), (a2, b2, _) in zip(out, out[1:]):
+        if a2 <= b1:
+            raise PlanError(f"chunked calls ({a1}, {b1}) and ({a2}, {b2}) overlap; they must be disjoint")
+    return out
+
+
+def chunk_paths(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> tuple[str, ...]:
+    """``Plan.chunk_modules``: the module path of each chunked call (``HEAD+loss`` for the tail)."""
+    return tuple(find_tail(graph).head + LOSS_SUFFIX if b == len(graph) - 1 else graph.span_module((a, b))
+                 for a, b, _ in chunks)
 
 
 def chunk_module(path: str, c: int, k: int) -> str:

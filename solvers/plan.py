@@ -14,7 +14,7 @@ from graphs import LOOPS, TARGET_META, Graph
 from graphs.files import read_json, write_text_atomic
 from graphs.schema import count, reject_unknown
 
-from .chunks import LOSS_SUFFIX, ChunkError, expand, find_tail
+from .chunks import ChunkError, chunk_paths, expand, normalise_chunks
 from .errors import PlanError, PlanMismatch
 from .selective import recompute_reach
 
@@ -126,7 +126,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         regions = _normalise_regions(self.regions)
-        object.__setattr__(self, "chunks", _normalise_chunks(self.chunks))
+        object.__setattr__(self, "chunks", normalise_chunks(self.chunks))
         object.__setattr__(self, "chunk_modules", tuple(self.chunk_modules))
         if self.chunk_modules and len(self.chunk_modules) != len(self.chunks):
             raise PlanError(f"plan lists {len(self.chunk_modules)} chunk_modules for {len(self.chunks)} chunked calls")
@@ -188,8 +188,9 @@ class Plan:
 
     def labelled(self, graph: Graph) -> "Plan":
         """A copy naming each region's end nodes and module call in ``graph``."""
-        chunk_modules = _chunk_modules(graph, self.chunks)
-        graph = _expanded(graph, self.chunks)
+        expanded = _expanded(graph, self.chunks)  # refuses entries that are no chunkable call of graph
+        chunk_modules = chunk_paths(graph, self.chunks)
+        graph = expanded
         names = tuple((graph.nodes[a].name, graph.nodes[b].name) for a, b in self.regions)
         modules = tuple(graph.span_module(r) for r in self.regions) if graph.spans else ()
         stochastic = tuple(any(graph.nodes[i].stochastic for i in range(a, b + 1)) for a, b in self.regions)
@@ -428,27 +429,6 @@ def _expanded(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
         return expand(graph, chunks)
     except ChunkError as exc:
         raise PlanError(f"the plan's chunked calls do not fit this graph: {exc}") from None
-
-
-def _chunk_modules(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> tuple[str, ...]:
-    """The module path of each chunked call (NOTE [ Chunked head ] in ``solvers.chunks``)."""
-    if not chunks:
-        return ()
-    _expanded(graph, chunks)  # refuses entries that are no chunkable call
-    return tuple(find_tail(graph).head + LOSS_SUFFIX if b == len(graph) - 1 else graph.span_module((a, b))
-                 for a, b, _ in chunks)
-
-
-def _normalise_chunks(chunks: Iterable[Sequence[int]]) -> tuple[tuple[int, int, int], ...]:
-    out = tuple(sorted(tuple(c) for c in chunks))
-    for c in out:
-        if len(c) != 3 or any(isinstance(v, bool) or not isinstance(v, int) for v in c) or not 0 <= c[0] <= c[1] \
-                or c[2] < 2:
-            raise PlanError(f"a chunked call is a (first node, last node, k >= 2 chunks) triple of integers, got {c!r}")
-    for (a1, b1, _), (a2, b2, _) in zip(out, out[1:]):
-        if a2 <= b1:
-            raise PlanError(f"chunked calls ({a1}, {b1}) and ({a2}, {b2}) overlap; they must be disjoint")
-    return out
 
 
 def _normalise_saved(saved: Iterable[int], regions: Sequence[tuple[int, int]]) -> tuple[int, ...]:

@@ -180,3 +180,15 @@ def test_chunked_call_graph_joins_the_chunks_with_a_cat():
     assert gk.nodes[gk.index["fc1@0"]].inputs == ("out0@cat",)  # the next block reads the joined output
     names = {sp.module for sp in gk.spans}
     assert {"block0@chunk3/4", "block1@chunk0/4", "emb", "lm_head"} <= names and "block0" not in names
+
+
+def test_bad_chunk_entries_are_refused():
+    g = lm_graph(blocks=2)
+    with pytest.raises(solvers.PlanError, match="k >= 2 chunks"):
+        Plan.from_dict({"regions": [], "chunks": [[4, 5, 1]]})
+    with pytest.raises(solvers.PlanError, match="overlap"):
+        Plan(regions=(), chunks=((1, 3, 2), (3, 6, 2)))
+    with pytest.raises(solvers.PlanError, match="no call of this graph that chunks can run"):
+        Plan(regions=(), chunks=((0, 0, 2),)).validate(g)  # the embedding: one product, no MLP
+    with pytest.raises(solvers.PlanError, match="head 'lm_head' of this graph starts at node"):
+        Plan(regions=(), chunks=((0, len(g) - 1, 2),)).validate(g)
