@@ -84,7 +84,8 @@ def _solve(graph: Any, budget: int) -> Any:
 def _measure(model: Any, kwargs: dict, plan: Any, repeats: int) -> tuple[int, float]:
     scheduler.apply(model, plan)
     try:
-        return allocator_step_peak(model, model, (), kwargs, _loss), _step_time(model, kwargs, repeats)
+        peak = allocator_step_peak(model, model, (), kwargs, _loss)
+        return peak, _step_time(model, kwargs, repeats) if repeats else 0.0
     finally:
         scheduler.remove(model)
 
