@@ -124,7 +124,7 @@ def explain_floor(graph: Graph, plan: Plan | None = None, *, levers: bool = True
     if tight:
         text = (f"The floor is set by the {bound.phase} of {where}: it needs {format_bytes(bound.bytes)} at once "
                 f"({parts}). Checkpointing only frees what is saved between forward and backward, not what one op "
-                f"holds while it runs, so no plan can go below {format_bytes(bound.bytes)}; {who} peaks at "
+                f"holds while it runs, so no plan of whole calls can go below {format_bytes(bound.bytes)}; {who} peaks at "
                 f"{format_bytes(sim.peak_bytes)} during the {peak_at}. To go lower: a smaller batch or sequence, a "
                 "lower-precision dtype, or a chunked op (e.g. a chunked LM-head loss).")
     else:
