@@ -169,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
     for name in available_solvers():
         try:
             with phase(f"solving with {name}"):
-                plan = solve(graph, budget, solver=name, **_options(name, args, strict=False))
+                plan = solve(graph, budget, solver=name, chunks=args.chunks, mlp_chunks=args.mlp_chunks,
+                             **_options(name, args, strict=False))
         except InfeasibleBudget as exc:
             if exc.best_regions is not None and (lowest is None or exc.min_feasible_bytes < lowest[0]):
                 lowest = (exc.min_feasible_bytes, exc.best_regions)

@@ -158,3 +158,27 @@ def test_bad_chunk_entries_are_refused():
         Plan(regions=(), chunks=((0, 0, 2),)).validate(g)  # the embedding: one product, no MLP
     with pytest.raises(solvers.PlanError, match="head 'lm_head' of this graph starts at node"):
         Plan(regions=(), chunks=((0, len(g) - 1, 2),)).validate(g)
+
+
+def test_ckpt_solve_chunks_then_simulate(tmp_path, capsys):
+    """The CLI: --chunks / --mlp-chunks, the plan's chunk fields, simulate on the chunked graph, --solver all."""
+    import graphs
+    from scheduler.cli import main
+
+    g = lm_graph(blocks=2)
+    graphs.save(g, tmp_path / "g.json")
+    with pytest.raises(InfeasibleBudget) as info:
+        solve_chunked(g, 1, lambda gg, b: solvers.solve(gg, b, "ilp"), (1, 2, 4), (1, 2))
+    least = info.value.min_feasible_bytes
+    argv = ["solve", str(tmp_path / "g.json"), "--budget", f"{least}B", "--solver", "ilp", "--chunks", "1,2,4",
+            "--mlp-chunks", "1,2", "-o", str(tmp_path / "p.json")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    plan = solvers.load_plan(tmp_path / "p.json")
+    assert plan.chunks and "lm_head+loss" in plan.chunk_modules and "lm_head+loss in" in out
+    assert main(["simulate", str(tmp_path / "g.json"), str(tmp_path / "p.json")]) == 0
+    assert f"peak: {solvers.format_bytes(plan.peak_bytes)}" in capsys.readouterr().out
+    assert main(argv[:-2] + ["--solver", "all"]) == 0
+    assert "cheapest:" in capsys.readouterr().out
+    assert main(argv[:6] + ["--chunks", "0,2"]) != 0
+    assert "chunk counts are integers >= 1" in capsys.readouterr().err
