@@ -314,7 +314,7 @@ def _build(graph: Graph, first: int, last: int, k: int, path: str, *, loss: bool
                 saves_inputs=tuple(rename.get(x, x) for x in nd.saves_inputs), out_bytes=_part(nd.out_bytes, k),
                 saved_bytes=_part(nd.saved_bytes, k), workspace_bytes=_part(nd.workspace_bytes, k) + extra,
                 param_bytes=nd.param_bytes if c == k - 1 else 0, fwd_flops=_part(nd.fwd_flops, k),
-                bwd_flops=_part(nd.bwd_flops, k), fwd_cost=_part(nd.fwd_cost, k), members=()))
+                bwd_flops=_part(nd.bwd_flops, k), fwd_cost=_part(nd.fwd_cost, k), members=(), sac_op=-1))
         spans.append(Span(start, len(out) - 1, chunk_module(path, c, k)))
         copies.append(out[-1].name)
     end = nodes[last]

@@ -31,6 +31,7 @@ def test_tail_and_chunked_graph():
     assert [gk.nodes[sp.first].param_bytes for sp in copies] == [0, 0, 0, head.param_bytes]
     assert [gk.nodes[sp.first].workspace_bytes for sp in copies] == [head.param_bytes] * 2 + [2 * head.param_bytes, 0]
     assert gk.nodes[-1].inputs == tuple(gk.nodes[sp.last].name for sp in copies)
+    assert all(gk.nodes[i].sac_op == -1 for sp in copies for i in range(sp.first, sp.last + 1))  # chunks recompute whole
 
 
 def test_the_head_is_found_through_a_cast_to_fp32():

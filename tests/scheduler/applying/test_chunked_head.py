@@ -69,6 +69,9 @@ def test_chunked_head_keeps_the_step_and_fits_its_prediction(kind, k, call_k):
     graph = scheduler.trace(model, (), kwargs, loss=_loss)
     plain_out, plain = _step(model, kwargs)
     plan = _chunked_plan(graph, k, call_k=call_k)
+    copies = [nd for nd in chunked_graph(graph, k, call_k).nodes if "@" in nd.name]
+    assert all(nd.sac_op == -1 for nd in copies)  # a chunk recomputes whole: nothing in it can be kept
+    assert any(graph.nodes[graph.index[nd.name.split("@")[0]]].sac_op >= 0 for nd in copies)
     calls = find_calls(graph) if call_k > 1 else ()
     assert len(calls) == (LAYERS if call_k > 1 else 0)  # every MLP
     predicted = simulate(graph, plan).peak_bytes
