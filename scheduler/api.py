@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import solvers
 from graphs import Graph
-from solvers import InfeasibleBudget, Plan, Simulation
+from solvers import InfeasibleBudget, Plan, Simulation, SolverOptionError
 from solvers.chunks import solve_chunked
 
 from .sizing.budget import BudgetSpec
@@ -97,6 +97,9 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
             and ``.floor`` which step sets the least peak (``scheduler.sizing.floor``).
     """
     if layout is not None:
+        if chunks or mlp_chunks:
+            raise SolverOptionError("chunks= and mlp_chunks= are for one process's graph, not with layout=: "
+                                    "solve without a layout to chunk the head or MLPs")
         from .distributed import solve_layout
 
         return solve_layout(graph, budget, layout, solver=solver, optimizer=optimizer,  # type: ignore[return-value]

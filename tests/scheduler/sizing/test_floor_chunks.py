@@ -19,3 +19,14 @@ def test_the_floor_says_what_the_head_in_chunks_would_buy():
            f"{format_bytes(lower)}" in text
     assert "--chunks 1,2,4,8,16" in text
     assert "16 chunks" not in explain_floor(g, None, levers=False).text
+
+
+def test_chunks_with_a_layout_are_refused():
+    import pytest
+
+    import scheduler
+    from scheduler.distributed import Layout
+    from solvers import SolverOptionError
+
+    with pytest.raises(SolverOptionError, match="not with layout="):
+        scheduler.solve(lm_graph(), 1.0, chunks=(1, 2), layout=Layout(shard=2))
