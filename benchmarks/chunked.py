@@ -14,9 +14,7 @@ Writes ``benchmarks/results/chunked.md``. Run: ``python -m benchmarks.run --only
 from __future__ import annotations
 
 import statistics
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +25,8 @@ from scheduler.measuring.steps import allocator_step_peak
 from scheduler.sizing.budget import format_bytes
 from solvers.chunks import CHUNK_MENU, find_calls, solve_chunked
 
-RESULTS = Path(__file__).parent / "results"
+from benchmarks.pages import write_page
+
 VOCAB, HIDDEN, LAYERS, BATCH = 32000, 128, 2, 1
 MLP_MENU = (1, 2, 4)
 
@@ -133,12 +132,8 @@ def main(quick: bool = False) -> None:
     rows = [run_model(kind, seq, repeats, longest_to) for kind in ("gpt2", "llama", "bert")]
     big_layers, big_seq = (2, 2048) if quick else (2, 8192)
     big = planned_only(big_layers, big_seq)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [
-        "# Chunked LM head + loss (and MLPs) vs transformers' gradient checkpointing",
-        "",
-        f"Command: `python -m benchmarks.run --only chunked{' --quick' if quick else ''}`; commit {commit}; "
-        f"CPU (2 cores, shared), fp32, batch {BATCH}, sequence {seq}, vocabulary {VOCAB}, hidden {HIDDEN}, "
+        f"CPU, fp32, batch {BATCH}, sequence {seq}, vocabulary {VOCAB}, hidden {HIDDEN}, "
         f"{LAYERS} layers. Theirs: `gradient_checkpointing_enable(use_reentrant=False)`, peak by the allocator "
         "(profiler memory events, one real step). Ours: `dp` over the head menu "
         f"{CHUNK_MENU} and the MLP menu {MLP_MENU} (k head/MLP in the table; 1 = as traced), the plan applied "
@@ -166,9 +161,9 @@ def main(quick: bool = False) -> None:
               "|---|---|---|---|",
               f"| {format_bytes(big['store_all'])} | {format_bytes(big['plain'])} | {format_bytes(big['head'])} | "
               f"{format_bytes(big['both'])} |"]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "chunked.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    path = write_page("chunked.md", "Chunked LM head + loss (and MLPs) vs transformers' gradient checkpointing",
+                      lines, quick=quick)
+    print(path.read_text())
 
 
 if __name__ == "__main__":
