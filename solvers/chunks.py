@@ -382,5 +382,6 @@ def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, i
                 best = plan
             log.info("chunks head %d, calls %d: recompute %d", kh, kc, plan.recompute_cost)
     if best is None:
-        raise min(failures, key=lambda e: e.min_feasible_bytes)
+        closest = min(failures, key=lambda e: e.min_feasible_bytes)  # an InfeasibleBudget: the least floor
+        raise closest
     return best
