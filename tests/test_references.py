@@ -142,7 +142,7 @@ def test_the_readme_states_how_long_make_test_takes():
     text = _flat(_text(ROOT / "README.md"))
     m = re.search(r"`make test` about (\d+) minutes", text)
     assert m, "README.md must say how long `make test` takes (\"`make test` about N minutes\")"
-    # the aim is under 10 on an idle 2-core machine; the README states what the suite takes now (634 s at d869777),
+    # the aim is under 10 on an idle 2-core machine; the README states what the suite takes now (596-634 s),
     # and a figure past CI's patience would be a suite nobody can run
     assert int(m.group(1)) <= 15, "the whole suite must stay well inside CI's time on an idle 2-core machine"
 
