@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 import scheduler
 from scheduler.measuring.steps import allocator_step_peak
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import InfeasibleBudget, simulate
 
 from benchmarks.pages import write_page

@@ -24,7 +24,7 @@ FRACTIONS = (0.2, 0.5)
 
 
 def _run(graph, budget, name, **opts) -> dict:
-    solvers.dp._CACHE.clear()  # time the table fill too, as a first solve would
+    solvers.dp.chain._CACHE.clear()  # time the table fill too, as a first solve would
     try:
         plan = solvers.solve(graph, budget, solver=name, **opts)
     except InfeasibleBudget as exc:

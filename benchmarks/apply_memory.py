@@ -60,7 +60,7 @@ def _measure(name, opts, fractions, steps, warmup=1):
     from scheduler.applying.graph import CheckpointedModule, cut
     from scheduler.sizing.floor import explain_floor
     from scheduler.models import build
-    from scheduler.tracer import capture
+    from scheduler.tracing.tracer import capture
     from scheduler.measuring.verification import verify
 
     torch.manual_seed(0)

@@ -39,7 +39,7 @@ import torch
 
 import solvers
 from scheduler.models import build
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from scheduler.tracing.calibration import cpu_peaks
 from scheduler.tracing.timing import measure_node_times
 from solvers import InfeasibleBudget, Plan, activation_budget_bytes

@@ -133,7 +133,7 @@ def llama(name: str) -> dict:
     from scheduler.distributed.fit import least_card
     from scheduler.models import build
     from scheduler.report import describe_target
-    from scheduler.tracer import capture
+    from scheduler.tracing.tracer import capture
 
     out = []
     t0 = time.perf_counter()

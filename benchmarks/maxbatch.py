@@ -150,7 +150,7 @@ def vgg_maxbatch_setup(*, quick: bool, workspaces: str = "none"
     from scheduler.applying.graph import apply
     from scheduler.measuring.steps import allocator_step_peak, measure_step_peak
     from scheduler.models import build
-    from scheduler.tracer import capture
+    from scheduler.tracing.tracer import capture
 
     opts, budget, hi = VGG_MAXBATCH[quick]
 

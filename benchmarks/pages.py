@@ -47,7 +47,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 # What the suites exercise, by package (paths relative to the repository root).
 _SOLVE = ("graphs/", "solvers/")
-_TRACE = _SOLVE + ("scheduler/tracer.py", "scheduler/tracing/", "scheduler/models/")
+_TRACE = _SOLVE + ("scheduler/tracing/", "scheduler/models/")
 _STEP = _TRACE + ("scheduler/applying/", "scheduler/measuring/", "scheduler/sizing/", "scheduler/api.py")
 
 

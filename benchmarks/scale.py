@@ -6,7 +6,7 @@ the coarse default (``granularity="auto"``: at most 400 nodes). In a fresh
 process that imports no torch, ``ilp`` solves each graph at 0.7, 0.8 and 0.9
 of the op graph's store-all activation peak (the same bytes for both
 graphs), with the frontier program composing the repeated blocks (NOTE
-[ Composing repeated blocks ] in ``solvers.blocks``), then once more walking
+[ Composing repeated blocks ] in ``solvers.blocks.compose``), then once more walking
 every node (``blocks=False``, no warm start: the program alone) for the
 time the composition saves; that process's maximum
 resident memory is the solve memory. Writes ``benchmarks/results/scale.md``
@@ -40,7 +40,7 @@ def _trace(name: str, opts: dict, folder: str) -> dict:
     """Trace ``name`` at op level; write the op and the coarse default graphs to ``folder``."""
     from graphs import save
     from scheduler.models import build
-    from scheduler.tracer import capture
+    from scheduler.tracing.tracer import capture
 
     t0 = time.perf_counter()
     ex = build(name, device="meta", dtype="bfloat16", **opts)
@@ -75,7 +75,7 @@ def _solve_child(op_path: str, coarse_path: str) -> dict:
     import solvers
     from graphs import load
     from solvers import InfeasibleBudget, activation_budget_bytes
-    from solvers.frontier import width
+    from solvers.frontier.program import width
     from solvers.ilp import frontier_program
 
     op, coarse = load(op_path), load(coarse_path)

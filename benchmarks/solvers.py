@@ -17,8 +17,8 @@ import time
 import solvers
 from graphs import synthetic
 from solvers import InfeasibleBudget, activation_budget_bytes
-from solvers.dp import DPTable
-from solvers.frontier import MAX_WIDTH, width
+from solvers.dp.chain import DPTable
+from solvers.frontier.program import MAX_WIDTH, width
 from solvers.ilp import IlpTimeout
 
 from benchmarks.pages import out_dir, write_page

@@ -60,7 +60,7 @@ import solvers
 from scheduler.measuring.profiler import profile_step
 from scheduler.measuring.steps import clear_grads, step_tensors
 from scheduler.measuring.storages import live_bytes_of
-from scheduler.tracer import EvalModeWarning
+from scheduler.tracing.tracer import EvalModeWarning
 
 from .pages import out_dir, write_page
 from .thirdparty_models import CASES, LOSS_NAMES, QUICK, Case

@@ -18,7 +18,7 @@ whether gradients and buffers are bitwise those of the unplanned step.
 """
 
 import os, sys, time, torch, torch.nn.functional as F, scheduler, solvers
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from scheduler.measuring.storages import measure_step
 from scheduler.measuring.profiler import profile_step
 from solvers import simulate

@@ -21,7 +21,7 @@ from scheduler.sizing.budget import format_bytes
 from scheduler.measuring.storages import measure_step
 from scheduler.models import build
 from scheduler.report import table
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 
 from benchmarks.pages import seconds, write_page
 
@@ -89,7 +89,7 @@ def main(quick: bool = False) -> None:
     gran = table(granularity_table(gname, gopts), ["granularity", "nodes", "solver", "solve time",
                                                     "recompute FLOPs", "recompute time", "peak",
                                                     "budget (params+grads + 50% of the rest)"])
-    text = ("Predicted: `solvers.simulate` store-all peak of the traced graph. Measured: peak of live tensor "
+    text = ("Predicted: `solvers.model.simulate` store-all peak of the traced graph. Measured: peak of live tensor "
             "storages in one real CPU training step (`scheduler.measuring.storages.measure_step`).\n\n"
             f"```\n{mem}\n```\n\n"
             f"## Granularity ({gname} {_opts(gopts)})\n\n"

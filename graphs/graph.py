@@ -89,7 +89,7 @@ class Span:
             the graph's lifetimes while it runs (NOTE [ Eager lifetimes in a
             recompute ] in ``scheduler.tracing.eager_lifetimes``): a region
             equal to this span holds them during its recompute, and
-            ``solvers.simulate`` adds them to every step of that recompute.
+            ``solvers.model.simulate`` adds them to every step of that recompute.
     """
 
     first: int
@@ -125,7 +125,7 @@ class Graph:
 
         Under a region, the caller holds the region's forward copy of an
         output; the recompute makes a copy of its own, freed as any recomputed
-        region output is (``solvers.simulate``, NOTE [ Execution model ]).
+        region output is (``solvers.model.simulate``, NOTE [ Execution model ]).
         A graph with no outputs (hand-built, synthetic, or written before
         they were recorded) reads the same under both loops.
 
@@ -153,7 +153,7 @@ class Graph:
             generator's state, and each CUDA device's in use), held from the
             region's forward until its backward is done, and once more while
             it recomputes (NOTE [ RNG state per region ] in
-            ``solvers.terms``); 0 (the default, and in files without the
+            ``solvers.model.terms``); 0 (the default, and in files without the
             field): not counted.
     """
 
@@ -299,7 +299,7 @@ class Graph:
 
     def unattributed_grad_bytes(self) -> int:
         """Gradient bytes of the trained parameters no node is given (``Node.param_bytes``): created at
-        the start of the backward (NOTE [ Execution model ] in ``solvers.simulate``); frozen ones get none."""
+        the start of the backward (NOTE [ Execution model ] in ``solvers.model.simulate``); frozen ones get none."""
         return max(0, self.param_bytes - self.frozen_param_bytes - sum(nd.param_bytes for nd in self.nodes))
 
     def held_outputs(self) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ NOTE [ What a node saves ]
     A tensor therefore stays alive after the forward when its producer or any
     of its consumers saves it; a tensor saved by several nodes is one tensor
     (counted once). ``scheduler.trace`` measures these fields with
-    ``torch.autograd.graph.saved_tensors_hooks`` and ``solvers.simulate``
+    ``torch.autograd.graph.saved_tensors_hooks`` and ``solvers.model.simulate``
     consumes them: the two agree on this definition and on nothing else.
 
 Nodes whose output does not require grad (attention masks, position ids,
@@ -81,7 +81,7 @@ class Node:
             backward is done. On a node of ``out_bytes == 0`` (a view such
             as ``transpose``) it passes a view it was handed on to its
             zero-byte inputs (NOTE [ View gradients through views ] in
-            ``solvers.gradients``).
+            ``solvers.model.gradients``).
         members: names of the finer-grained nodes merged into this one (when a
             tracer coarsens the graph); empty means just ``name``.
         dispatch: the ATen overloads the node runs below autograd, in order
@@ -89,7 +89,7 @@ class Node:
         sac_op: position in ``dispatch`` of the one op that creates every
             storage the node owns (its output and own saved buffers), so a
             selective-checkpoint policy can keep them (NOTE [ Selective
-            recompute ] in ``solvers.simulate``); -1: the node cannot be kept so.
+            recompute ] in ``solvers.model.simulate``); -1: the node cannot be kept so.
     """
 
     name: str

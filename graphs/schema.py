@@ -9,7 +9,7 @@ NOTE [ Strict loading ]
     ``[0, 2**62)`` (:data:`MAX_COUNT`), and so must the graph's totals
     (``Graph.validate``), so that every sum the solvers form stays exact in
     int64 numpy arrays and CP-SAT's integer model. ``Plan.from_dict`` follows
-    the same rules (``solvers.plan``).
+    the same rules (``solvers.model.plan``).
 """
 
 from __future__ import annotations

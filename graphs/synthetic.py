@@ -351,7 +351,7 @@ def mark_saveable(graph: Graph, p: float, *, seed: int = 0, key: Callable[[str],
     """``graph`` with some nodes marked keepable by a selective-checkpoint policy.
 
     A node is marked (``dispatch=("op",)``, ``sac_op=0``: NOTE [ Selective
-    recompute ] in ``solvers.simulate``) with probability ``p``, drawn from
+    recompute ] in ``solvers.model.simulate``) with probability ``p``, drawn from
     its own stream keyed by ``seed`` and ``key(name)`` (the name by default),
     so the other fields keep their seeds and ``p=0`` returns ``graph`` itself.
 

@@ -6,7 +6,7 @@ against their graph); ``fit`` is :func:`scheduler.sizing.search.fit`. The verbs
 that need torch are loaded on first use, so ``import scheduler`` imports
 neither torch, OR-Tools, matplotlib nor transformers:
 
-* ``trace``: :func:`scheduler.tracer.trace`, a model and example inputs -> a cost graph;
+* ``trace``: :func:`scheduler.tracing.tracer.trace`, a model and example inputs -> a cost graph;
 * ``apply`` / ``remove``: :func:`scheduler.applying.apply`, a plan onto the user's module, and its undo;
 * ``verify``: :func:`scheduler.measuring.verification.verify`, real steps with and without a plan;
 * ``compare``: :func:`scheduler.comparing.run.compare`, our plans beside the tools people use today.
@@ -31,7 +31,7 @@ __all__ = ["trace", "solve", "simulate", "apply", "remove", "verify", "fit", "co
 
 #: The verbs that import torch, served on first use: name -> "module:attribute".
 LAZY = {
-    "trace": "scheduler.tracer:trace",
+    "trace": "scheduler.tracing.tracer:trace",
     "apply": "scheduler.applying:apply",
     "remove": "scheduler.applying:remove",
     "verify": "scheduler.measuring.verification:verify",
@@ -120,14 +120,14 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
 
 
 def simulate(graph: Graph, plan: Plan | None = None, *, check: bool = True, record: bool = True) -> Simulation:
-    """Peak memory and recompute cost of ``plan`` on ``graph`` (``solvers.simulate``, the one cost model).
+    """Peak memory and recompute cost of ``plan`` on ``graph`` (``solvers.model.simulate``, the one cost model).
 
     Args:
         graph: the cost graph.
         plan: the plan; None is store-all.
         check: refuse a plan solved for another graph, or one with regions
             and no fingerprint (NOTE [ Plans carry their graph ] in
-            ``solvers.plan``); False checks only that its regions fit.
+            ``solvers.model.plan``); False checks only that its regions fit.
         record: keep the live bytes of every step (``sim.live_bytes``).
 
     Raises:

@@ -25,10 +25,10 @@ from graphs import CkptError, Graph
 
 from .errors import InfeasibleBudget
 from .options import Option
-from .plan import Plan, Status
+from .model.plan import Plan, Status
 from .registry import register
-from .simulate import simulate
-from .spans import SpanIndex
+from .model.simulate import simulate
+from .model.spans import SpanIndex
 
 __all__ = ["store_all", "uniform", "uniform_regions", "per_module", "block_regions", "block_spans", "NoModulePaths"]
 

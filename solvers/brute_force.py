@@ -1,9 +1,9 @@
 """Exhaustive search over every interval plan: the oracle for small graphs.
 
 A graph of ``n`` nodes has F(2n+1) interval plans (F: Fibonacci), 10,946 for
-10 nodes and 75,025 for 12, each costed by :func:`~solvers.simulate.simulate`.
+10 nodes and 75,025 for 12, each costed by :func:`~solvers.model.simulate.simulate`.
 With ``selective`` (the default) every region also tries each kept set of its
-menu (NOTE [ The menu of kept sets ] in ``solvers.selective``): a plan is a
+menu (NOTE [ The menu of kept sets ] in ``solvers.model.selective``): a plan is a
 set of ``(region, menu entry)`` pairs, and the optimum is over those pairs.
 On a graph without saveable nodes every menu is ``()`` and nothing changes.
 """
@@ -17,9 +17,9 @@ from typing import Iterator
 from graphs import Graph
 
 from .errors import InfeasibleBudget, SolverInputError
-from .plan import Plan, Status
-from .selective import DEFAULT_LIMIT, variants
-from .simulate import simulate
+from .model.plan import Plan, Status
+from .model.selective import DEFAULT_LIMIT, variants
+from .model.simulate import simulate
 
 __all__ = ["MAX_BRUTE_FORCE_NODES", "MAX_BRUTE_FORCE_PLANS", "FrontierPoint", "enumerate_plans",
            "enumerate_selective", "count_selective", "pareto_frontier", "best_from_frontier", "brute_force"]
@@ -72,7 +72,7 @@ def enumerate_plans(graph: Graph) -> Iterator[tuple[tuple[int, int], ...]]:
 
 def enumerate_selective(graph: Graph, *, limit: int = DEFAULT_LIMIT) -> Iterator[tuple[Regions, tuple[int, ...]]]:
     """Yield ``(regions, saved)`` for every interval plan of :func:`enumerate_plans`
-    and every choice of one menu entry per region (:func:`~solvers.selective.variants`)."""
+    and every choice of one menu entry per region (:func:`~solvers.model.selective.variants`)."""
     costs, saveable = graph.recompute_costs(), graph.saveable
     menus: dict[tuple[int, int], list[tuple[int, ...]]] = {}
     for regions in enumerate_plans(graph):
@@ -110,7 +110,7 @@ def pareto_frontier(graph: Graph, *, selective: bool = True, limit: int = DEFAUL
     Args:
         graph: at most :data:`MAX_BRUTE_FORCE_NODES` nodes.
         selective: also try every region's menu of kept sets (NOTE [ The menu
-            of kept sets ] in ``solvers.selective``); False: regions only.
+            of kept sets ] in ``solvers.model.selective``); False: regions only.
         limit: the menus' size.
 
     Returns:
@@ -176,7 +176,7 @@ def brute_force(graph: Graph, budget_bytes: int, *, selective: bool = True, limi
         graph: at most :data:`MAX_BRUTE_FORCE_NODES` nodes.
         budget_bytes: the whole step's budget.
         selective: regions may keep menu entries (NOTE [ The menu of kept
-            sets ] in ``solvers.selective``); False: regions only, as
+            sets ] in ``solvers.model.selective``); False: regions only, as
             without selective recompute.
         limit: the menus' size.
         frontier: a precomputed :func:`pareto_frontier` (then ``selective``

@@ -1,6 +1,6 @@
 """``chen``: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost".
 
-Both strategies cut only at articulation cuts (``solvers.stages``) and turn
+Both strategies cut only at articulation cuts (``solvers.model.stages``) and turn
 every segment but the last into a region (its input is the checkpoint kept):
 
 * ``chen-sqrt``: about ``sqrt(n)`` segments of equal node count.
@@ -26,11 +26,11 @@ from graphs import Graph
 
 from .errors import InfeasibleBudget, SolverOptionError
 from .options import Option
-from .plan import Plan, Status
+from .model.plan import Plan, Status
 from .registry import register
-from .simulate import simulate
-from .spans import SpanIndex
-from .stages import Stages, stages
+from .model.simulate import simulate
+from .model.spans import SpanIndex
+from .model.stages import Stages, stages
 
 __all__ = ["sqrt_plan", "greedy_plans", "iter_greedy_plans", "chen", "chen_sqrt", "chen_greedy"]
 

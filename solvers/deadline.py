@@ -9,7 +9,7 @@ NOTE [ One deadline ]
     that: the frontier programs, the warm starts (each candidate plan, ``dp``'s
     table as it fills: NOTE [ Bounded warm starts ] in ``solvers.warm``),
     numba's kernel (never waited for: NOTE [ The dp kernel under a deadline ]
-    in ``solvers.dp_kernel``), building the CP-SAT model (it looks at the
+    in ``solvers.dp.kernel``), building the CP-SAT model (it looks at the
     deadline as it goes), completing the CP-SAT hint, CP-SAT itself, the
     least-peak search of an infeasible budget; and the read-out keeps back
     what one ``simulate`` of the plan takes (:meth:`Deadline.read_out_s`;
@@ -26,9 +26,9 @@ NOTE [ One deadline ]
 
     The clock only stops a search that runs too long; what a search finds
     is decided by the work it counts (``work_limit``): CP-SAT's deterministic
-    time (NOTE [ Deterministic CP-SAT ] in ``solvers.ilp_cpsat``), the
+    time (NOTE [ Deterministic CP-SAT ] in ``solvers.cpsat.solver``), the
     frontier program's work (NOTE [ The frontier program's work ] in
-    ``solvers.frontier``) and the size of ``dp``'s table, so an answer whose
+    ``solvers.frontier.program``) and the size of ``dp``'s table, so an answer whose
     searches all end within their work is the same on a busy machine. Tests
     inject a fake ``clock`` to check that phases consult the deadline, and
     small work limits, without depending on the machine's speed.

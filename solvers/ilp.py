@@ -1,7 +1,7 @@
 """``ilp``: the optimal plan for any DAG.
 
 Two exact methods search the same set of plans: the frontier program
-(``solvers.frontier``, NOTE [ The frontier DP ]) solves graphs where few
+(``solvers.frontier.program``, NOTE [ The frontier DP ]) solves graphs where few
 tensors cross any position of the order in seconds; the CP-SAT model below
 takes any DAG, with a time limit, a proven bound and a gap. ``auto`` tries
 the first and hands over to the second (NOTE [ One plan space ]).
@@ -11,7 +11,7 @@ NOTE [ One plan space ]
     ``compare``), its methods ``frontier`` and ``cp-sat``, and ``dp`` search
     one set of plans by default: regions, each keeping one entry of its menu
     of kept nodes (``selective=True``, NOTE [ The menu of kept sets ] in
-    ``solvers.selective``). A plan that keeps no node is in that set, so the
+    ``solvers.model.selective``). A plan that keeps no node is in that set, so the
     default never answers worse than ``selective=False``. ``ilp`` runs what
     the graph allows, in this order:
 
@@ -79,7 +79,7 @@ NOTE [ An exact model of simulate ]
     over the span-only plans. Both methods, the warm starts and the bounded
     heuristic search that set; the dp bound used as a cut is dp's optimum
     over it too. A span's ``extra_bytes`` (eager lifetimes in a recompute,
-    NOTE [ Execution model ] in ``solvers.simulate``) add ``extra_bytes *
+    NOTE [ Execution model ] in ``solvers.model.simulate``) add ``extra_bytes *
     z`` to the recompute-step constraint of each of its nodes.
 """
 
@@ -93,14 +93,14 @@ from graphs import Graph
 
 from .deadline import PASS_S_PER_NODE, Deadline
 from .errors import InfeasibleBudget, SolverBug
-from .frontier import MAX_WIDTH, WORK_PER_S, FrontierTimeout, TooWide
-from .ilp_cpsat import (CP_SAT_OPTIONS, DEFAULT_WORK_LIMIT, WARM_SOLVERS, IlpSolver, IlpTimeout, Incumbent,
+from .frontier.program import MAX_WIDTH, WORK_PER_S, FrontierTimeout, TooWide
+from .cpsat.solver import (CP_SAT_OPTIONS, DEFAULT_WORK_LIMIT, WARM_SOLVERS, IlpSolver, IlpTimeout, Incumbent,
                         cp_sat_may_start, kept_solver, solve_within as cp_sat_within)
-from .ilp_frontier import by_frontier, frontier_heuristic, frontier_program, keepable
+from .frontier.phases import by_frontier, frontier_heuristic, frontier_program, keepable
 from .options import Option
-from .plan import Plan, Status
+from .model.plan import Plan, Status
 from .registry import register
-from .simulate import simulate
+from .model.simulate import simulate
 from .warm import Warm, warm_starts
 
 __all__ = ["IlpTimeout", "ilp", "frontier", "solve_within", "IlpSolver", "Incumbent", "WARM_SOLVERS", "METHODS",

@@ -8,7 +8,7 @@ NOTE [ Solver contract ]
     raises :class:`~solvers.errors.InfeasibleBudget` carrying the least budget
     for which it *would* find a plan. :func:`solve` checks the options first
     (NOTE [ Solver options ] in ``solvers.options``), then costs every plan
-    the same way, with :func:`~solvers.simulate.simulate` (the one cost
+    the same way, with :func:`~solvers.model.simulate.simulate` (the one cost
     model): it fills ``peak_bytes``, ``recompute_flops``, ``recompute_cost``,
     ``recompute_time_s``, the budget, the
     fingerprint, the solve time and ``options`` (as the caller asked them;
@@ -28,8 +28,8 @@ from graphs import Graph
 
 from .errors import InfeasibleBudget, PlanError, SolverOptionError, UnknownOption, UnknownSolver
 from .options import Option, check_all, describe
-from .plan import Plan
-from .simulate import simulate
+from .model.plan import Plan
+from .model.simulate import simulate
 
 __all__ = ["SolverFn", "SolverInfo", "register", "get_solver", "solver_info", "available_solvers", "exact_solvers",
            "solve", "finalize", "solver_options", "check_options"]

@@ -13,7 +13,7 @@ NOTE [ Bounded warm starts ]
     of :func:`uniform_ks` (a geometric grid, not every ``k``); on a graph
     with spans each is snapped onto spans as those solvers do. ``dp`` runs
     only when its table's work, counted before it is filled
-    (``solvers.dp.fill_work``), fits :data:`DP_SHARE` of the limit at the
+    (``solvers.dp.chain.fill_work``), fits :data:`DP_SHARE` of the limit at the
     rate of the kernel this process has loaded (NOTE [ The dp kernel under a
     deadline ]: never waited for), so whether it runs does not depend on the
     load; its table stays linear in memory (NOTE [ Linear memory in dp ]).
@@ -38,9 +38,9 @@ from .baselines import _uniform_candidates, block_regions
 from .chen import iter_greedy_plans, sqrt_plan
 from .deadline import Deadline
 from .errors import InfeasibleBudget
-from .plan import Plan, Status
-from .simulate import remember, simulate
-from .spans import SpanIndex
+from .model.plan import Plan, Status
+from .model.simulate import remember, simulate
+from .model.spans import SpanIndex
 
 __all__ = ["Incumbent", "Warm", "warm_starts", "uniform_ks", "DP_SHARE"]
 
@@ -141,7 +141,7 @@ def _dp(graph: Graph, budget_bytes: int, deadline: Deadline | None, work_limit: 
         selective: bool) -> Plan | None:
     """``dp``'s plan when its table fits its share of the limit (NOTE [ Bounded warm starts ]), else None;
     raises :class:`~solvers.errors.InfeasibleBudget` when its table holds no plan under the budget."""
-    from .dp import DEFAULT_MAX_FRONT, dp_answer, dp_table
+    from .dp.chain import DEFAULT_MAX_FRONT, dp_answer, dp_table
 
     limits = [x for x in (work_limit, limit_s) if x is not None]
     try:

@@ -108,7 +108,7 @@ def random_extra_bytes(g: Graph, spans: list[Span], rng: random.Random) -> list[
 
 def with_randomness(graph: Graph, seed: int) -> Graph:
     """``graph`` with about a third of its nodes drawing random numbers and a generator state to store
-    (NOTE [ RNG state per region ] in ``solvers.terms``)."""
+    (NOTE [ RNG state per region ] in ``solvers.model.terms``)."""
     r = random.Random(9000 + seed)
     nodes = tuple(dataclasses.replace(nd, stochastic=r.random() < 0.35) for nd in graph.nodes)
     return dataclasses.replace(graph, nodes=nodes, rng_state_bytes=r.choice([40, 300, 1000]))

@@ -7,7 +7,7 @@ consecutive partitions (one per region, one per stretch of nodes between
 regions) and wraps every region partition in
 ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``, the RNG
 state preserved for regions that draw random numbers, which is the execution
-model ``solvers.simulate`` costs (NOTE [ Execution model ], NOTE [ RNG state
+model ``solvers.model.simulate`` costs (NOTE [ Execution model ], NOTE [ RNG state
 per region ]).
 
 This is the fallback applier (``scheduler.apply(..., lower="graph")``); the
@@ -83,7 +83,7 @@ class CheckpointRegion(nn.Module):
         super().__init__()
         self.body = body
         self.stateful = stateful
-        self.stochastic = stochastic  # NOTE [ RNG state per region ] in solvers.terms
+        self.stochastic = stochastic  # NOTE [ RNG state per region ] in solvers.model.terms
         self.recomputes = 0  # how many recomputes ran (for tests and verify)
 
     def forward(self, *args: Any) -> Any:
@@ -398,6 +398,6 @@ def _inline_stretches(split: torch.fx.GraphModule, regions: set[str]) -> None:
 # ------------------------------------------------------------------ the tracer
 def _capture(model: nn.Module, args: Any, kwargs: dict | None, *, loss: Any, granularity: Any, plan: Plan,
              name: str | None) -> Any:
-    from ..tracer import capture_for_plan
+    from ..tracing.tracer import capture_for_plan
 
     return capture_for_plan(model, plan, args, kwargs, loss=loss, granularity=granularity, name=name)

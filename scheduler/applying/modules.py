@@ -22,7 +22,7 @@ NOTE [ Checkpointing forward, not __call__ ]
     with its wrapper keeps it (the wrapper holds the module, not a bound
     method, and looks the class's forward up at each call).
 
-NOTE [ Recompute at the region's end ] (the rule ``solvers.simulate`` costs)
+NOTE [ Recompute at the region's end ] (the rule ``solvers.model.simulate`` costs)
     Non-reentrant checkpoint recomputes a region when the backward first
     unpacks a tensor the region saved. Ops at the end of a region that save
     nothing (views, a residual read) run their backward *before* that, with
@@ -58,7 +58,7 @@ NOTE [ RNG state per region (applying) ]
     call, never taken from the trace alone (NOTE [ RNG replay decided at run
     time ] in ``scheduler.applying.rng``). What a stored state costs is
     ``Graph.rng_state_bytes``, counted by ``simulate`` and the exact solvers
-    (NOTE [ RNG state per region ] in ``solvers.terms``).
+    (NOTE [ RNG state per region ] in ``solvers.model.terms``).
 
 NOTE [ What a region holds ]
     A plan's memory and its RNG flags are those of the modules the trace saw
@@ -97,7 +97,7 @@ from torch import nn
 from graphs import CkptError
 from solvers import Plan, PlanMismatch
 
-from ..tracer import EvalModeWarning
+from ..tracing.tracer import EvalModeWarning
 from ..tracing.spans import MODULES_META, TREE_META, parse_run_path
 from .chunked import _Chunks, split_chunks
 from .chunked import install as install_chunked

@@ -4,7 +4,7 @@ NOTE [ RNG replay decided at run time ]
     A plan says per region whether its traced nodes drew random numbers
     (``Plan.stochastic``), and a region that did not skips
     ``preserve_rng_state``: it stores no generator state (NOTE [ RNG state
-    per region ] in ``solvers.terms``). The trace is of one call in one mode,
+    per region ] in ``solvers.model.terms``). The trace is of one call in one mode,
     the training run is another: a model traced in eval mode (what
     ``from_pretrained`` returns) or with dropout 0, then trained with dropout
     on, or a plan whose flags were edited, would recompute such a region

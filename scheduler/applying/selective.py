@@ -14,7 +14,7 @@ NOTE [ Selective checkpoint policies ]
       answers ``CheckpointPolicy.MUST_SAVE`` for the listed ones and
       ``PREFER_RECOMPUTE`` for every other; the checkpoint's caching mode
       keeps what a saved call returned, and its recompute returns that
-      instead of running the call again (what ``solvers.simulate`` models
+      instead of running the call again (what ``solvers.model.simulate`` models
       as NOTE [ Selective recompute ]);
     * the policy counts as the checkpoint's own modes do (``detach`` and the
       other ``SAC_IGNORED_OPS`` are never shown to it), and not the calls of

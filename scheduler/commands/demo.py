@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from ..api import solve
     from ..sizing.floor import explain_floor
     from ..models import build
-    from ..tracer import capture
+    from ..tracing.tracer import capture
     from ..measuring.verification import verify
 
     read_budget(args.budget)  # before the model is built

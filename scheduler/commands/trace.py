@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..models import build
     from ..progress import phase
-    from ..tracer import capture
+    from ..tracing.tracer import capture
 
     check_outputs([("-o", args.output)], inputs=model_files(args.model))
     ex = build(args.model, **model_options(args))

@@ -247,7 +247,7 @@ def trace_graph(wl: Workload, costs: str = "roofline", workspaces: str = "auto")
     saved = [b.detach().clone() for b in buffers]
     try:
         with torch.random.fork_rng():
-            from ..tracer import capture
+            from ..tracing.tracer import capture
 
             return capture(model, wl.args, dict(wl.kwargs), loss=wl.trace_loss, costs=costs,
                            workspaces=workspaces).graph

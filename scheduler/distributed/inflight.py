@@ -59,9 +59,9 @@ from typing import Any
 import solvers
 from graphs import Graph, Node
 from solvers import InfeasibleBudget, Plan, Status, simulate
-from solvers.frontier import FrontierTimeout
+from solvers.frontier.program import FrontierTimeout
 from solvers.ilp import IlpTimeout
-from solvers.meter import FORWARD
+from solvers.model.meter import FORWARD
 from solvers.registry import check_options, finalize
 
 from .schedule import ChunkMemory

@@ -1,7 +1,7 @@
 """Measuring real steps: peak memory, step time, gradients; and proving an applied plan.
 
 * ``storages``: peak bytes by live tensor storages (a dispatch mode), what
-  ``solvers.simulate`` counts (NOTE [ Counting like simulate ]);
+  ``solvers.model.simulate`` counts (NOTE [ Counting like simulate ]);
 * ``profiler``: peak bytes, timeline and kernel FLOPs from the profiler's
   allocator events, which also see compiled code (NOTE [ Measuring with
   profiler events ]);

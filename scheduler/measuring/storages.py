@@ -6,7 +6,7 @@ NOTE [ Counting like simulate ]
     ``weakref.finalize`` on the storage subtracts it when the storage dies
     (views share a storage and are counted once). Tensors alive before the
     call are passed as ``live`` and counted as a constant base. So the measure
-    counts what ``solvers.simulate`` counts: parameters and inputs (the base),
+    counts what ``solvers.model.simulate`` counts: parameters and inputs (the base),
     then activations, saved buffers, gradients of activations and of
     parameters, as they are created and freed. Allocator caching, kernel
     workspaces and the Python heap are not counted (they are not tensors).

@@ -31,7 +31,7 @@ from typing import Union
 from graphs import CkptError, Graph
 from graphs.graph import MAX_COUNT
 from solvers.errors import format_bytes
-from solvers.simulate import activation_budget_bytes
+from solvers.model.simulate import activation_budget_bytes
 
 __all__ = ["BudgetError", "parse_budget", "read_budget", "parse_size", "format_bytes", "optimizer_state_bytes", "OPTIMIZER_STATES"]
 

@@ -39,7 +39,7 @@ NOTE [ Reserve ]
     ``reserve=`` (a fraction such as ``0.1`` / ``"10%"``, or a size such as
     ``"2GiB"``); ``0`` plans against the whole card.
 
-The budget handed to a solver is what ``solvers.simulate`` measures (params,
+The budget handed to a solver is what ``solvers.model.simulate`` measures (params,
 param gradients, inputs, activations): the card minus the reserve, the
 optimizer state and the master copy (:attr:`MemoryReport.solver_budget_bytes`).
 """

@@ -1,6 +1,6 @@
-"""Tracing internals: capturing an fx graph, measuring its nodes, grouping them.
+"""Tracing, torch -> graph: capturing an fx graph, measuring its nodes, grouping them.
 
-The public API is :mod:`scheduler.tracer` (``capture``, ``trace``, ``Traced``).
+The entry point is :mod:`scheduler.tracing.tracer` (``capture``, ``trace``, ``Traced``); the rest are its parts.
 
 * ``capture``: ``torch.fx`` / ``torch.export`` into a normalised GraphModule,
   and the check against an eager run;

@@ -3,7 +3,7 @@
 NOTE [ Merging nodes ]
     A cost node may stand for a contiguous run ``G`` of measured fx nodes (a
     module block, or an op with the free views that follow it). Its fields are
-    chosen so that ``solvers.simulate`` keeps alive exactly what autograd keeps
+    chosen so that ``solvers.model.simulate`` keeps alive exactly what autograd keeps
     when ``G`` runs, with NOTE [ What a node saves ] read at the group level:
 
     * ``inputs``: the groups owning or producing tensors that members read from
@@ -31,7 +31,7 @@ NOTE [ Merging nodes ]
       gradient, as ``cat`` does) only when the one member that creates
       storage has it, or, in a group that creates none, when every member
       with a backward has it (views: NOTE [ View gradients through views ]
-      in ``solvers.gradients``);
+      in ``solvers.model.gradients``);
     * FLOPs and costs (``fwd_cost``) add up; flags are "any member"; ``param_bytes`` are the
       parameters whose last forward user is in ``G`` (their gradient is
       created when the backward reaches that user).
@@ -186,7 +186,7 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
 def _grad_views(rs: Sequence[OpRecord]) -> bool:
     """A group hands its inputs views of its output's gradient: ``cat``-like when the one member creating
     storage does (one op, or folded views); a group creating none (views) when every member with a backward
-    does (NOTE [ View gradients through views ] in ``solvers.gradients``)."""
+    does (NOTE [ View gradients through views ] in ``solvers.model.gradients``)."""
     owning = [r.grad_views for r in rs if r.out_bytes > 0]
     if owning:
         return owning == [True]

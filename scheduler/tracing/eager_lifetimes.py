@@ -4,7 +4,7 @@ NOTE [ Eager lifetimes in a recompute ]
     A region applied onto the module recomputes by running the submodule's
     *eager* forward again. Python locals keep an intermediate referenced
     until they are rebound or the function returns, where the traced graph
-    (and ``solvers.simulate``) free it right after its last use. BLOOM's
+    (and ``solvers.model.simulate``) free it right after its last use. BLOOM's
     attention keeps ``attention_scores`` (batch x heads x seq x seq) through
     the softmax and the dropout; timm's bottleneck keeps its shortcut and
     pre-activation tensors: with the recompute at the peak, plans measured

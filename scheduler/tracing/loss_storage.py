@@ -31,7 +31,7 @@ NOTE [ A loss's input-sized storage ]
     rest: zero cost, no inputs, no members (no fx node), no gradient
     (``requires_grad=False``: the backward skips it), read by nobody (a sink
     the caller holds to the end of the step, NOTE [ Execution model ] in
-    ``solvers.simulate``). Both nodes are ``recomputable=False``: no plan
+    ``solvers.model.simulate``). Both nodes are ``recomputable=False``: no plan
     puts them in a region (a recompute of the loss would make a second such
     storage that the loss node's bytes do not show), and a span that holds
     the loss holds the storage node too. An earlier node with such a storage

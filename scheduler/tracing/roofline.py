@@ -31,7 +31,7 @@ NOTE [ Roofline costs ]
     the peak FLOP/s of the model's dtype, so a compute-bound matmul costs about
     its FLOPs and totals stay comparable with FLOP graphs. ``meta["costs"]``
     records the model, the device and its peaks, and ``flops_per_s``, the rate
-    that turns a cost back into seconds (``solvers.simulate`` reports
+    that turns a cost back into seconds (``solvers.model.simulate`` reports
     ``recompute_time_s`` with it). Costs are not part of the fingerprint.
 
     Devices: named GPUs come from their datasheets (:data:`DEVICES`); the CPU

@@ -237,6 +237,6 @@ def check_target_for_costs(target: Target, device: torch.device, costs: str) -> 
 
 def rng_state_bytes(target: Target) -> int:
     """Bytes of the generator state a stochastic region stores, in the target's memory (NOTE [ RNG state
-    per region ] in ``solvers.terms``): the CPU generator's state on a CPU; 0 on CUDA (the states
+    per region ] in ``solvers.model.terms``): the CPU generator's state on a CPU; 0 on CUDA (the states
     ``preserve_rng_state`` stores are host tensors, outside the GPU's memory)."""
     return int(torch.get_rng_state().numel()) if target.kind == "cpu" else 0

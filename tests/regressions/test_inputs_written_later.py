@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from scheduler.applying.graph import apply
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from scheduler.measuring.verification import verify
 from solvers import Plan
 

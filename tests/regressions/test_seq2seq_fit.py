@@ -16,7 +16,7 @@ from torch import nn
 
 from scheduler.applying.graph import apply
 from scheduler.measuring.storages import measure_step
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import Plan, simulate
 
 

@@ -20,7 +20,7 @@ import torch
 
 import scheduler
 from scheduler.measuring.steps import allocator_step_peak
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import InfeasibleBudget, simulate
 
 transformers = pytest.importorskip("transformers")

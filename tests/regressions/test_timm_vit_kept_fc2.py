@@ -8,7 +8,7 @@ only its input, which autograd packs *before* the op runs. Non-reentrant
 checkpoint stops the recompute at that pack, the kept ``addmm`` is never read
 back from the cache, and its output stays held to the end of the block's
 backward: measured 798,720 bytes (one ``[8, 65, 384]`` fp32 tensor) above the
-prediction and the budget (NOTE [ The menu of kept sets ] in ``solvers.selective``).
+prediction and the budget (NOTE [ The menu of kept sets ] in ``solvers.model.selective``).
 Reproduced here on a timm-like ViT (``tests/timm_like.py``) by tensor storages
 (``workspaces="none"``, so the count and the graph see the same tensors).
 """
@@ -18,9 +18,9 @@ import torch
 
 import scheduler
 from scheduler.measuring.storages import measure_step
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import Plan, PlanError, simulate
-from solvers.selective import recompute_reach
+from solvers.model.selective import recompute_reach
 from timm_like import vit_example
 
 

@@ -8,7 +8,7 @@ at the patch convolution's backward. Its output goes
 views' backward hand them on, and the convolution's backward reads the
 ``[8, 64, 768]`` view, so the whole ``[8, 65, 768]`` lives through it, where
 ``simulate`` held a ``[8, 768, 8, 8]`` of the convolution's own (NOTE [ View
-gradients through views ] in ``solvers.gradients``). Reproduced on a
+gradients through views ] in ``solvers.model.gradients``). Reproduced on a
 timm-like ViT (``tests/timm_like.py``) whose store-all peak is that step.
 """
 
@@ -18,9 +18,9 @@ import torch
 
 from graphs import Graph, Node
 from scheduler.measuring.storages import measure_step
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import simulate
-from solvers.gradients import GradientWalk
+from solvers.model.gradients import GradientWalk
 from timm_like import vit_example
 
 

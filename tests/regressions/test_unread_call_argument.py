@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from scheduler.measuring.verification import verify
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import Plan, simulate
 
 

@@ -403,7 +403,7 @@ def test_sigint_handler_survives_cp_sat():
     """After a CP-SAT search Python's own SIGINT handler is in place (OR-Tools used to leave SIG_DFL)."""
     from ortools.sat.python import cp_model
 
-    from solvers._cpsat import run_cp_sat
+    from solvers.cpsat.run import run_cp_sat
 
     model = cp_model.CpModel()
     x = model.NewIntVar(0, 10, "x")
@@ -437,7 +437,7 @@ def test_dp_without_a_writable_numba_cache(tmp_path):
 
 def test_unproven_least_peak_is_labelled(monkeypatch):
     """NOTE [ No unproven floor ]: CP-SAT proves the budget infeasible but not the least peak in time."""
-    from solvers import ilp_model
+    from solvers.cpsat import model as ilp_model
     from solvers.ilp import IlpSolver
 
     g = synthetic.random_dag(30, seed=0)
@@ -458,7 +458,7 @@ def test_a_stop_never_advises_a_solver_that_found_nothing(monkeypatch):
     """ilp's time limit passes with no plan after dp, chen and uniform found none under the budget: the message
     names them as tried, and advises only what it has not tried (with no warm start: dp or chen)."""
     import solvers.warm
-    from solvers import ilp_cpsat
+    from solvers.cpsat import solver as ilp_cpsat
     from solvers.deadline import Deadline
     from solvers.ilp import IlpTimeout
 

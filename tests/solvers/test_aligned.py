@@ -22,8 +22,8 @@ from graphs import Graph, Span, synthetic
 from solvers import InfeasibleBudget, Plan, pareto_frontier, simulate
 from solvers.baselines import NoModulePaths
 from solvers.brute_force import best_from_frontier
-from solvers.dp import DPTable
-from solvers.frontier import FrontierDP
+from solvers.dp.chain import DPTable
+from solvers.frontier.program import FrontierDP
 from solvers.ilp import IlpSolver
 from random_graphs import random_extra_bytes, random_graph, random_spans
 

@@ -1,4 +1,4 @@
-"""Repeated blocks composed by their own fronts (NOTE [ Composing repeated blocks ] in ``solvers.blocks``).
+"""Repeated blocks composed by their own fronts (NOTE [ Composing repeated blocks ] in ``solvers.blocks.compose``).
 
 On small seeded repeated-block graphs with spans the composed program equals
 brute force over the span-only plans at every Pareto budget, and its least
@@ -18,8 +18,8 @@ import solvers
 from graphs import Graph, Node, Span, synthetic
 from solvers import Plan, activation_budget_bytes, pareto_frontier, simulate, store_all_peak
 from solvers.brute_force import count_selective
-from solvers.blocks import find_chain, period
-from solvers.frontier import FrontierDP
+from solvers.blocks.compose import find_chain, period
+from solvers.frontier.program import FrontierDP
 
 
 def _small_cases():

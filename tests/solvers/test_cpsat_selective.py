@@ -1,4 +1,4 @@
-"""Kept nodes in the CP-SAT model (NOTE [ Kept nodes in the CP-SAT model ] in ``solvers.ilp_kept``).
+"""Kept nodes in the CP-SAT model (NOTE [ Kept nodes in the CP-SAT model ] in ``solvers.cpsat.kept``).
 
 ``cp-sat`` with ``selective=True`` equals the brute force over ``(region, menu
 entry)`` pairs on 62 of the small random graphs of ``test_selective_exact``
@@ -15,9 +15,9 @@ import pytest
 import solvers
 from solvers import InfeasibleBudget, Plan, simulate
 from solvers import ilp as ilp_mod
-from solvers import ilp_kept
+from solvers.cpsat import kept as ilp_kept
 from solvers.brute_force import best_from_frontier, pareto_frontier
-from solvers.frontier import MAX_WIDTH, TooWide
+from solvers.frontier.program import MAX_WIDTH, TooWide
 from test_selective_exact import CASES, _star
 
 #: The graphs checked against the brute force at every budget (the file's time is about linear in them).

@@ -1,7 +1,7 @@
 """Limits that hold without a clock in the test: work counted, a fake clock, the kernel never waited for.
 
-NOTE [ The frontier program's work ] (``solvers.frontier``), NOTE [ The dp kernel under a deadline ]
-(``solvers.dp_kernel``), NOTE [ Linear memory in dp ] (``solvers.dp_model``), NOTE [ Bounded warm starts ]
+NOTE [ The frontier program's work ] (``solvers.frontier.program``), NOTE [ The dp kernel under a deadline ]
+(``solvers.dp.kernel``), NOTE [ Linear memory in dp ] (``solvers.dp.profiles``), NOTE [ Bounded warm starts ]
 (``solvers.warm``) and NOTE [ One plan space ] (``solvers.ilp``): every check here counts work or moves a
 fake clock by hand, so it gives the same result on an idle and on a busy machine.
 """
@@ -16,13 +16,14 @@ import pytest
 
 import solvers
 from graphs import synthetic
-from solvers import Deadline, activation_budget_bytes, dp_kernel, simulate
+from solvers import Deadline, activation_budget_bytes, simulate
+from solvers.dp import kernel as dp_kernel
 from solvers import ilp as ilp_mod
 from solvers.deadline import OutOfTime
-from solvers.dp import DPTable
-from solvers.dp_model import RegionRows, node_arrays
-from solvers.frontier import WORK_PER_S, FrontierDP, FrontierTimeout
-from solvers.ilp_cpsat import IlpTimeout
+from solvers.dp.chain import DPTable
+from solvers.dp.profiles import RegionRows, node_arrays
+from solvers.frontier.program import WORK_PER_S, FrontierDP, FrontierTimeout
+from solvers.cpsat.solver import IlpTimeout
 
 
 class StepClock:
@@ -92,7 +93,7 @@ def test_kept_nodes_stopped_by_work_give_the_regions_optimum_and_say_so():
 
 def test_method_frontier_is_obeyed_and_cp_sat_runs_only_where_the_program_does_not(monkeypatch):
     g, budget, plain, *_ = _kept_pays()
-    model = solvers.ilp_cpsat.checkpoint_model()
+    model = solvers.cpsat.solver.checkpoint_model()
     monkeypatch.setattr(model, "solve", lambda *a, **k: pytest.fail("CP-SAT ran on a narrow graph"))
     plan = solvers.solve(g, budget, solver="ilp")
     assert plan.findings["method"] == "frontier with kept nodes" and plan.status == "optimal"
@@ -115,7 +116,7 @@ def test_no_raw_memory_error(monkeypatch):
 
 # ------------------------------------------------------------------ building CP-SAT's model
 def test_building_the_model_stops_at_the_deadline():
-    model = solvers.ilp_cpsat.checkpoint_model()
+    model = solvers.cpsat.solver.checkpoint_model()
     g = synthetic.make("unet", 100)
     with pytest.raises(OutOfTime):
         model(g, budget_bytes=activation_budget_bytes(g, 0.5), deadline=Deadline(1.0, clock=StepClock(3)))
@@ -129,7 +130,7 @@ def test_plain_kernel_is_the_compiled_one(monkeypatch):
               synthetic.repeated_blocks(4, 5, seed=1, saveable=0.5)]
     compiled = [DPTable(g, max_front=None) for g in graphs]
     assert all(t.compiled for t in compiled)
-    monkeypatch.setattr(solvers.dp, "kernel", lambda wait: (dp_kernel.plain_kernel(), False))
+    monkeypatch.setattr(solvers.dp.chain, "kernel", lambda wait: (dp_kernel.plain_kernel(), False))
     for g, want in zip(graphs, compiled):
         got = DPTable(g, max_front=None)
         assert not got.compiled and got._fronts.keys() == want._fronts.keys()

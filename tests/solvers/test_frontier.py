@@ -14,7 +14,7 @@ import solvers
 from graphs import CkptError, synthetic
 from scheduler.cli import main
 from solvers import activation_budget_bytes, simulate
-from solvers.frontier import FrontierDP, FrontierTimeout, TooWide, width
+from solvers.frontier.program import FrontierDP, FrontierTimeout, TooWide, width
 from solvers.ilp import IlpSolver, IlpTimeout
 
 
@@ -139,7 +139,7 @@ def test_ilp_warm_starts_wide_graphs_from_the_heuristic():
     budget = activation_budget_bytes(g, 0.6)
     with pytest.raises(solvers.InfeasibleBudget):
         solvers.solve(g, budget, solver="dp")
-    from solvers.ilp_frontier import frontier_heuristic
+    from solvers.frontier.phases import frontier_heuristic
 
     heur = frontier_heuristic(g, budget, solvers.Deadline(30), None)
     assert heur is not None and simulate(g, solvers.Plan(regions=heur.regions)).peak_bytes <= budget
@@ -174,7 +174,7 @@ def test_zero_byte_tensors_carry_no_bit_and_stay_exact(seed):
 def test_width_is_decided_before_anything_is_built(monkeypatch):
     import time
 
-    import solvers.frontier as fr
+    import solvers.frontier.program as fr
 
     # 30,000 nodes, 40 tensors read by the last one (and views of zero bytes, which do not count).
     n = 30_000

@@ -7,7 +7,7 @@ from ortools.sat.python import cp_model
 import solvers
 from graphs import synthetic
 from solvers import Status, activation_budget_bytes, simulate
-from solvers.ilp_model import CheckpointModel
+from solvers.cpsat.model import CheckpointModel
 
 
 def test_ilp_proves_a_100_node_residual_graph_optimal():

@@ -16,8 +16,8 @@ import solvers
 from graphs import synthetic
 from solvers import InfeasibleBudget, pareto_frontier, simulate
 from solvers.brute_force import best_from_frontier
-from solvers.dp import DPTable
-from solvers.frontier import FrontierDP
+from solvers.dp.chain import DPTable
+from solvers.frontier.program import FrontierDP
 from solvers.ilp import IlpSolver
 from random_graphs import random_graph
 

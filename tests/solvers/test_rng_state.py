@@ -1,4 +1,4 @@
-"""The generator state a stochastic region stores (NOTE [ RNG state per region ] in ``solvers.terms``).
+"""The generator state a stochastic region stores (NOTE [ RNG state per region ] in ``solvers.model.terms``).
 
 ``simulate`` counts ``Graph.rng_state_bytes`` for every region holding a
 stochastic node, from the region's first forward step to its first node's
@@ -16,8 +16,8 @@ import solvers
 from graphs import Graph, Node
 from solvers import Plan, pareto_frontier, simulate
 from solvers.brute_force import best_from_frontier
-from solvers.dp import DPTable
-from solvers.frontier import FrontierDP
+from solvers.dp.chain import DPTable
+from solvers.frontier.program import FrontierDP
 from random_graphs import random_graph, with_randomness
 
 RNG = 5056
@@ -98,7 +98,7 @@ def test_exact_solvers_count_the_state_and_stay_optimal(seed, chain):
 
 def test_cp_sat_model_least_peak_counts_the_state():
     pytest.importorskip("ortools")
-    from solvers.ilp_model import CheckpointModel
+    from solvers.cpsat.model import CheckpointModel
 
     for seed in range(6):
         g = _random(seed, chain=seed % 2 == 1)

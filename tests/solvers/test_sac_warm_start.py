@@ -11,9 +11,9 @@ import pytest
 
 from graphs import synthetic
 from solvers import InfeasibleBudget, Plan, simulate
-from solvers.dp import dp
-from solvers.ilp_cpsat import warm_start
-from solvers.simulate import store_all_peak
+from solvers.dp.chain import dp
+from solvers.cpsat.solver import warm_start
+from solvers.model.simulate import store_all_peak
 
 
 def _cases():

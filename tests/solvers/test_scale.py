@@ -1,7 +1,7 @@
 """Large graphs: nothing in the solvers recurses per node, and the models build on thousands of nodes.
 
 A 2,044-node Llama op graph raised ``RecursionError`` in the CP-SAT model
-(NOTE [ Building same(j, t) ] in ``solvers.ilp_same``).
+(NOTE [ Building same(j, t) ] in ``solvers.cpsat.same``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pathlib
 import solvers
 from graphs import Graph, Node, synthetic
 from solvers import activation_budget_bytes
-from solvers.ilp_model import CheckpointModel
+from solvers.cpsat.model import CheckpointModel
 
 SOLVERS = pathlib.Path(solvers.__file__).parent
 #: Recursive functions allowed in solvers/: brute force's plan enumeration (at most 14 nodes deep).
@@ -33,7 +33,7 @@ def _self_calls(tree: ast.AST):
 
 
 def test_no_recursion_in_solvers():
-    found = {(path.name, name) for path in SOLVERS.glob("*.py")
+    found = {(path.name, name) for path in SOLVERS.rglob("*.py")
              for name in _self_calls(ast.parse(path.read_text()))}
     assert found <= BOUNDED, f"recursive functions in solvers/: {sorted(found - BOUNDED)}"
 
@@ -74,7 +74,7 @@ def test_llama_2_70b_shape():
 def test_dp_puts_regions_around_block_local_tensors_without_grad():
     # Each block makes a view without grad (a rotary table's unsqueeze) read twice inside it. As a
     # common tensor it kept every block out of dp's regions (Llama-2-7B op graph: no plan below store-all).
-    from solvers.stages import stages
+    from solvers.model.stages import stages
 
     nodes = [Node("emb", out_bytes=1000, fwd_flops=1, saves_inputs=()),
              Node("rot", out_bytes=100, fwd_flops=0, requires_grad=False)]  # read by every block: common

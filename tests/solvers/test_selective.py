@@ -1,9 +1,9 @@
-"""Selective recompute (NOTE [ Selective recompute ] in ``solvers.simulate``).
+"""Selective recompute (NOTE [ Selective recompute ] in ``solvers.model.simulate``).
 
 Timelines derived by hand on small graphs (the forward hold of a kept node, a
 kept region output, a kept sink sharing the caller's storage, own buffers);
 ``saved=()`` simulating exactly as before; the menu of kept sets (NOTE [ The
-menu of kept sets ] in ``solvers.selective``); the brute force over
+menu of kept sets ] in ``solvers.model.selective``); the brute force over
 ``(region, menu entry)`` pairs never worse than without and sometimes better;
 ``dp`` equal to that brute force on random chains with spans and saveable
 nodes, and unchanged with ``selective=False``.
@@ -21,8 +21,8 @@ import pytest
 from graphs import Graph, Node, synthetic
 from solvers import InfeasibleBudget, Plan, PlanError, enumerate_plans, pareto_frontier, simulate
 from solvers.brute_force import best_from_frontier, brute_force, count_selective, enumerate_selective
-from solvers.dp import DPTable, dp
-from solvers.selective import variants
+from solvers.dp.chain import DPTable, dp
+from solvers.model.selective import variants
 from random_graphs import random_graph, random_spans
 
 

@@ -2,12 +2,12 @@
 
 The brute force (``solvers.brute_force``) enumerates every interval plan and,
 per region, every entry of its menu of kept sets (NOTE [ The menu of kept
-sets ] in ``solvers.selective``), costing each with ``simulate``. Against it,
+sets ] in ``solvers.model.selective``), costing each with ``simulate``. Against it,
 on 200+ small random graphs (chains and DAGs, some with module spans, about
 60 % of the nodes keepable) at every Pareto budget and one byte above:
 
 * the frontier program with ``selective`` (NOTE [ Kept nodes in the frontier
-  DP ] in ``solvers.frontier_kept``), its least peak, and ``frontier`` /
+  DP ] in ``solvers.frontier.kept``), its least peak, and ``frontier`` /
   ``ilp`` through ``solvers.solve``;
 * ``dp`` with ``selective`` on the chains among them (40+);
 * each plan's simulated peak within the budget, its cost the program's own
@@ -30,12 +30,12 @@ import solvers
 from graphs import Graph, Node, synthetic
 from solvers import InfeasibleBudget, Plan, simulate
 from solvers.brute_force import best_from_frontier, count_selective, enumerate_plans, enumerate_selective, pareto_frontier
-from solvers.dp import DPTable
+from solvers.dp.chain import DPTable
 from solvers import ilp as ilp_mod
-from solvers import ilp_kept
-from solvers.frontier import MAX_WIDTH, FrontierDP, TooWide, width
+from solvers.cpsat import kept as ilp_kept
+from solvers.frontier.program import MAX_WIDTH, FrontierDP, TooWide, width
 from solvers.ilp import keepable
-from solvers.selective import variants
+from solvers.model.selective import variants
 from random_graphs import random_graph, random_spans, with_randomness
 
 #: Graphs with more (region, menu entry) plans than this are left out, to keep the file under a minute;

@@ -18,8 +18,8 @@ from graphs import CkptError, synthetic
 from solvers import (Deadline, MissingDependency, Option, Plan, PlanError, SolverOptionError,
                      UnknownOption, activation_budget_bytes)
 from solvers import ilp as ilp_mod
-from solvers import ilp_cpsat
-from solvers.ilp_cpsat import IlpTimeout
+from solvers.cpsat import solver as ilp_cpsat
+from solvers.cpsat.solver import IlpTimeout
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = synthetic.make("transformer", 28, seed=4)
@@ -125,7 +125,7 @@ def test_or_tools_is_loaded_only_when_cp_sat_runs():
 def test_missing_or_tools_names_pip_install(monkeypatch):
     for name in ("ortools", "ortools.sat", "ortools.sat.python", "ortools.sat.python.cp_model"):
         monkeypatch.setitem(sys.modules, name, None)
-    for name in ("solvers.ilp_model", "solvers.ilp_same", "solvers._cpsat"):
+    for name in ("solvers.cpsat.model", "solvers.cpsat.same", "solvers.cpsat.run"):
         if name in sys.modules:
             monkeypatch.delitem(sys.modules, name)
     with pytest.raises(MissingDependency, match="pip install ortools") as info:
@@ -276,8 +276,9 @@ def test_every_error_raised_in_solvers_derives_from_ckpt_error():
     import importlib
 
     checked = 0
-    for path in sorted((ROOT / "solvers").glob("*.py")):
-        module = importlib.import_module(f"solvers.{path.stem}") if path.stem != "__init__" else solvers
+    for path in sorted((ROOT / "solvers").rglob("*.py")):  # every family's package too
+        dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        module = importlib.import_module(dotted.removesuffix(".__init__"))
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
                 cls = getattr(module, node.exc.func.id, None)
@@ -287,7 +288,7 @@ def test_every_error_raised_in_solvers_derives_from_ckpt_error():
                 checked += 1
     assert checked > 30
     # Callers that catch the builtin kinds still catch them.
-    from solvers.frontier import FrontierTimeout, TooWide
+    from solvers.frontier.program import FrontierTimeout, TooWide
 
     assert issubclass(TooWide, ValueError) and issubclass(FrontierTimeout, TimeoutError)
     assert issubclass(IlpTimeout, RuntimeError) and issubclass(solvers.SolverBug, RuntimeError)

@@ -8,7 +8,7 @@ import solvers
 from graphs import synthetic
 from solvers import InfeasibleBudget, activation_budget_bytes, simulate
 from solvers.baselines import NoModulePaths
-from solvers.frontier import TooWide
+from solvers.frontier.program import TooWide
 
 GRAPHS = {
     "hetero-chain-24": synthetic.make("hetero-chain", 24, seed=1),
@@ -194,7 +194,7 @@ def _reference_fronts(table):
     """The DP's sets recomputed in plain Python from the table's profiles: every
     candidate listed (stored, then regions by last stage, then by position),
     one stable sort by ``h``, then the Pareto scan and the same thinning."""
-    from solvers.dp_model import region_profiles
+    from solvers.dp.profiles import region_profiles
 
     st = table.stages
     m = len(st)
@@ -240,7 +240,7 @@ def test_dp_kernel_matches_plain_python(max_front):
                synthetic.make("transformer", 40, seed=2)]
     checked = 0
     for g in graphs:
-        table = solvers.dp.DPTable(g, max_front=max_front)
+        table = solvers.dp.chain.DPTable(g, max_front=max_front)
         ref = _reference_fronts(table)
         for key, front in table._fronts.items():
             got = (front.h.tolist(), front.cost.tolist(), front.choice.tolist(), front.nxt.tolist())

@@ -204,7 +204,7 @@ def test_skip_tensors_are_freed_between_regions_as_simulated():
     # cat's view gradients must be modelled; the measured peak then equals simulate's.
     from scheduler.measuring.storages import measure_step
     from scheduler.models import build as build_model
-    from scheduler.tracer import capture as capture_model
+    from scheduler.tracing.tracer import capture as capture_model
 
     torch.manual_seed(0)
     ex = build_model("unet", levels=3, width=8, image_size=32)

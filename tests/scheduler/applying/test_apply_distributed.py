@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 import scheduler
 import solvers
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in")

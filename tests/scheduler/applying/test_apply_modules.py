@@ -20,7 +20,7 @@ import solvers
 from scheduler.applying import ApplyError, applied_plan, region_wrappers
 from scheduler.measuring.storages import measure_step
 from scheduler.models import build
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import Plan, PlanMismatch, simulate
 
 transformers = pytest.importorskip("transformers")

@@ -18,7 +18,7 @@ from torch import nn
 import scheduler
 from scheduler.applying import region_wrappers
 from scheduler.applying.rng import RandomRegionWarning, random_modules
-from scheduler.tracer import EvalModeWarning, capture
+from scheduler.tracing.tracer import EvalModeWarning, capture
 from solvers import Plan, PlanMismatch
 
 

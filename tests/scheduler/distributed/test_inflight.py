@@ -9,7 +9,7 @@ import pytest
 from random_graphs import random_graph
 from solvers import InfeasibleBudget, Plan, simulate
 from solvers.brute_force import enumerate_plans
-from solvers.meter import FORWARD
+from solvers.model.meter import FORWARD
 from scheduler.distributed.inflight import ballast_graph, chunk_memory, persistent_graph, solve_inflight, stage_value
 
 SEEDS = range(24)

@@ -15,7 +15,7 @@ import scheduler
 from graphs import Graph, Node
 from scheduler.applying import RegionPolicy, SaveOpsMismatch
 from solvers import Plan, PlanError
-from solvers.selective import GrowingMenus, last_savers, recompute_reach, variants
+from solvers.model.selective import GrowingMenus, last_savers, recompute_reach, variants
 
 
 class Net(nn.Module):

@@ -18,7 +18,7 @@ import pytest
 
 import solvers
 from scheduler.models import build
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import InfeasibleBudget, store_all_peak
 from solvers.ilp import frontier_program
 

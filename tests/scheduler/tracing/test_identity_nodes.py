@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import simulate
 
 

@@ -21,7 +21,7 @@ import solvers
 from graphs import Graph
 from scheduler.measuring.storages import measure_step
 from scheduler.measuring.verification import verify
-from scheduler.tracer import EvalModeWarning
+from scheduler.tracing.tracer import EvalModeWarning
 from scheduler.tracing.outputs import tensor_leaves
 
 

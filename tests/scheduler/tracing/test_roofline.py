@@ -10,7 +10,7 @@ import torch
 import solvers
 from graphs import Graph, GraphError, Node, synthetic
 from scheduler.models import build
-from scheduler.tracer import TraceError, capture
+from scheduler.tracing.tracer import TraceError, capture
 from scheduler.tracing.costs import measure_ops
 from scheduler.tracing.roofline import (DEVICES, DevicePeaks, UnknownDevice, device_peaks, kernel_time_s, lookup_device,
                                         record_time_s, roofline_records)

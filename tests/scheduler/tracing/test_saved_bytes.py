@@ -15,7 +15,7 @@ from torch import nn
 
 import scheduler
 from scheduler.measuring.storages import measure_step
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import simulate
 
 

@@ -5,7 +5,7 @@ import torch
 
 import scheduler
 from scheduler.measuring.verification import verify
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import InfeasibleBudget, simulate
 
 

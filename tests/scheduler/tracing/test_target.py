@@ -10,7 +10,7 @@ from torch import nn
 
 from scheduler.cli import main
 from scheduler.models import build
-from scheduler.tracer import TraceError, capture
+from scheduler.tracing.tracer import TraceError, capture
 from scheduler.tracing.attention import cuda_sdpa_backend
 from scheduler.tracing.roofline import DEVICES
 from scheduler.tracing.target import CAPABILITY

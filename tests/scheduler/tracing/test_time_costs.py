@@ -8,9 +8,9 @@ import torch
 import solvers
 from graphs import synthetic
 from scheduler.models import build
-from scheduler.tracer import TraceError, capture
+from scheduler.tracing.tracer import TraceError, capture
 from solvers import activation_budget_bytes
-from solvers.dp import DPTable
+from solvers.dp.chain import DPTable
 
 GPT = dict(layers=2, width=128, heads=4, vocab=512, batch=4, seq=64)
 

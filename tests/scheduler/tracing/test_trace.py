@@ -13,7 +13,7 @@ import graphs
 import scheduler
 from scheduler.measuring.storages import measure_peak, measure_step
 from scheduler.models import build
-from scheduler.tracer import TraceError, TraceMismatch, capture
+from scheduler.tracing.tracer import TraceError, TraceMismatch, capture
 from scheduler.tracing.costs import CPU_ATTENTION_FLOPS
 from solvers import simulate
 

@@ -12,7 +12,7 @@ from scheduler.applying.graph import apply
 from scheduler.comparing.workloads import workload
 from scheduler.measuring.profiler import profile_step
 from scheduler.measuring.storages import live_bytes_of
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import Plan, simulate
 
 

@@ -1,6 +1,6 @@
 """One block's Pareto front: its plans summed up as the chain needs them.
 
-NOTE [ Composing repeated blocks ] in ``solvers.blocks`` says what a plan of
+NOTE [ Composing repeated blocks ] in ``solvers.blocks.compose`` says what a plan of
 a block is summed up by: ``(dA, cost, lf, lb)`` per entry key and exit key.
 This walks the block's nodes with the frontier program's own steps
 (``FrontierDP.stored_step``, ``region_terms``, ``region_maxima``: one memory
@@ -18,8 +18,8 @@ import numpy as np
 
 from graphs import CkptError
 
-from .dp_model import NEG
-from .frontier_kept import _HeldBytes
+from ..dp.profiles import NEG
+from ..frontier.kept import _HeldBytes
 
 __all__ = ["BlockPlans", "BlockFrontTooLarge", "block_front", "MAX_PLANS"]
 
@@ -47,7 +47,7 @@ class BlockPlans:
     """The plans of a block that leave it with one exit key.
 
     Attributes:
-        exit: the exit key, as descriptors (``solvers.blocks.Block.exit``).
+        exit: the exit key, as descriptors (``solvers.blocks.compose.Block.exit``).
         dA: bytes each plan adds to the retained bytes.
         cost: its recompute FLOPs.
         lf: its largest forward live bytes less the entry's retained bytes.
@@ -86,7 +86,7 @@ def block_front(prog: Any, s: int, e: int, key: tuple[int, ...]) -> dict[tuple[i
 
     With kept nodes (the program's ``kept``), every region that is a span is
     also tried once per non-empty entry of its menu, as the program does
-    (NOTE [ Kept nodes in the frontier DP ] in ``solvers.frontier_kept``).
+    (NOTE [ Kept nodes in the frontier DP ] in ``solvers.frontier.kept``).
 
     Returns:
         ``{exit key: (dA, cost, lf, lb, plans)}`` (exit keys as node positions), ``plans`` their

@@ -1,5 +1,5 @@
 """``ilp``'s frontier-program phases: the exact program (with and without kept nodes) and its bounded-width
-heuristic for wide graphs (NOTE [ The frontier DP ] in ``solvers.frontier``)."""
+heuristic for wide graphs (NOTE [ The frontier DP ] in ``solvers.frontier.program``)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import Any
 
 from graphs import Graph
 
-from .deadline import Deadline
-from .errors import InfeasibleBudget, SolverBug
-from .frontier import MAX_WIDTH, FrontierDP, FrontierTimeout
-from .ilp_cpsat import simple_peaks
-from .plan import Plan, Status
-from .simulate import simulate
-from .warm import Incumbent
+from ..deadline import Deadline
+from ..errors import InfeasibleBudget, SolverBug
+from .program import MAX_WIDTH, FrontierDP, FrontierTimeout
+from ..cpsat.solver import simple_peaks
+from ..model.plan import Plan, Status
+from ..model.simulate import simulate
+from ..warm import Incumbent
 
 __all__ = ["frontier_program", "keepable", "by_frontier", "frontier_heuristic"]
 

@@ -2,10 +2,10 @@
 
 NOTE [ Kept nodes in the chain decomposition ]
     ``dp`` tries, for every region ``i..j`` it considers, each entry ``K`` of
-    the region's menu (NOTE [ The menu of kept sets ] in ``solvers.selective``)
+    the region's menu (NOTE [ The menu of kept sets ] in ``solvers.model.selective``)
     as one more candidate segment. NOTE [ Selective recompute ] in
-    ``solvers.simulate`` changes the region's segment (nodes ``a..b``) of NOTE
-    [ Decomposing the simulated peak over a chain ] (``solvers.dp_model``) as
+    ``solvers.model.simulate`` changes the region's segment (nodes ``a..b``) of NOTE
+    [ Decomposing the simulated peak over a chain ] (``solvers.dp.profiles``) as
     follows; ``keep(k) = buf(k) + out(k)`` for a kept node that is no sink,
     ``buf(k)`` for a sink (the caller's copy is charged globally already):
 
@@ -36,9 +36,9 @@ import numpy as np
 
 from graphs import Graph
 
-from .dp_model import NEG, NodeArrays, region_rng, step_rows
-from .selective import DEFAULT_LIMIT, GrowingMenus, variants
-from .stages import Stages
+from .profiles import NEG, NodeArrays, region_rng, step_rows
+from ..model.selective import DEFAULT_LIMIT, GrowingMenus, variants
+from ..model.stages import Stages
 
 __all__ = ["KeptRuns"]
 

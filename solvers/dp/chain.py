@@ -1,9 +1,9 @@
 """``dp``: the optimal dynamic program over a chain of stages.
 
 The graph is cut at its articulation points into a chain of stages
-(``solvers.stages``); a plan is a sequence of segments (a stored stage, or a
+(``solvers.model.stages``); a plan is a sequence of segments (a stored stage, or a
 region spanning consecutive stages) and its simulated peak decomposes, as the
-note in ``solvers.dp_model`` (NOTE [ Decomposing the simulated peak over a chain ])
+note in ``solvers.dp.profiles`` (NOTE [ Decomposing the simulated peak over a chain ])
 says, into ``const + max_s (R_before(s) + L(s))``.
 
 Going right to left, a suffix plan starting at stage ``i`` is summarised by
@@ -13,7 +13,7 @@ table holds, for every stage and boundary state, the Pareto set of these
 pairs in exact integer bytes and FLOPs. It is filled once, without a budget;
 any budget is then a binary search in the first set (:class:`DPTable`), and
 the least feasible budget is its first entry. Each set is merged from its
-candidates by a compiled kernel (``solvers._dp_kernel``, numba).
+candidates by a compiled kernel (``solvers.dp._kernel``, numba).
 
 On a chain every node is a stage and the DP is optimal over all interval
 plans (checked against brute force). On a DAG it is optimal over the plans
@@ -25,8 +25,8 @@ span-only plans on a chain.
 
 With ``selective`` (the default) every region candidate also comes with each
 entry of its menu of kept sets (NOTE [ The menu of kept sets ] in
-``solvers.selective``) as one more candidate segment, profiled as NOTE
-[ Kept nodes in the chain decomposition ] (``solvers.dp_selective``) says:
+``solvers.model.selective``) as one more candidate segment, profiled as NOTE
+[ Kept nodes in the chain decomposition ] (``solvers.dp.selective``) says:
 the table is then optimal over ``(region, menu entry)`` pairs on a chain, and
 a plan carries its kept nodes in ``saved``. A graph without saveable nodes
 fills exactly the table it always did.
@@ -42,17 +42,17 @@ import numpy as np
 
 from graphs import Graph
 
-from .deadline import Deadline, OutOfTime
-from .dp_kernel import WORK_PER_S, compiled_ready, kernel, load_in_background
-from .dp_model import NodeArrays, RegionRows, node_arrays, region_rng, stored_profile
-from .dp_selective import KeptRuns
-from .errors import InfeasibleBudget
-from .options import Option
-from .plan import Plan, Status
-from .registry import register
-from .simulate import simulate
-from .spans import SpanIndex
-from .stages import Stages, stages
+from ..deadline import Deadline, OutOfTime
+from .kernel import WORK_PER_S, compiled_ready, kernel, load_in_background
+from .profiles import NodeArrays, RegionRows, node_arrays, region_rng, stored_profile
+from .selective import KeptRuns
+from ..errors import InfeasibleBudget
+from ..options import Option
+from ..model.plan import Plan, Status
+from ..registry import register
+from ..model.simulate import simulate
+from ..model.spans import SpanIndex
+from ..model.stages import Stages, stages
 
 __all__ = ["DPTable", "Answer", "dp_table", "dp", "dp_answer", "fill_work"]
 
@@ -95,10 +95,10 @@ class DPTable:
         graph, max_front, selective: as for :func:`dp`.
         deadline: stop (:class:`~solvers.deadline.OutOfTime`) once it passes,
             and never wait for numba's kernel (NOTE [ The dp kernel under a
-            deadline ] in ``solvers.dp_kernel``); None: no limit, wait for it.
+            deadline ] in ``solvers.dp.kernel``); None: no limit, wait for it.
         max_s: refuse, before filling, a table of more work (:func:`fill_work`)
             than the kernel at hand does in this many seconds of an idle core
-            (``solvers.dp_kernel.WORK_PER_S``; ``OutOfTime`` by the work limit,
+            (``solvers.dp.kernel.WORK_PER_S``; ``OutOfTime`` by the work limit,
             the same on any machine); None: any.
     """
 
@@ -134,7 +134,7 @@ class DPTable:
         stored = {}
         need: list[set[int]] = [set() for _ in range(m + 1)]
         need[0].add(1)
-        # See NOTE [ Kept nodes in the chain decomposition ] in solvers.dp_selective
+        # See NOTE [ Kept nodes in the chain decomposition ] in solvers.dp.selective
         kept = KeptRuns(self.graph, na, st, lh_reg, bnd, self.graph.span_extra_bytes()) if self.selective else None
         if kept is not None and not kept.any:
             kept = None
@@ -190,7 +190,7 @@ class DPTable:
                 # from the entry of its successor front at or just below its floor
                 # (all below collapse to the floor; only the cheapest of them can be
                 # on the front). NOTE [ Filtering a stage's candidates by the front
-                # so far ] in ``solvers._dp_kernel``.
+                # so far ] in ``solvers.dp._kernel``.
                 extra = rows.inp(i) if lh == 0 else 0
                 front = _Front(*merge_stage(local, retained, nf.h, nf.cost, buf.h, buf.c, buf.seg_start,
                                             buf.seg_end, segs, floor, run_cost, ret, code, extra))
@@ -390,7 +390,7 @@ def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_F
             feasible and the least feasible budget exact but may lose
             optimality (the plan is then ``feasible``). ``None``: exact.
         selective: regions may also keep nodes (selective recompute, NOTE
-            [ The menu of kept sets ] in ``solvers.selective``): the plan's
+            [ The menu of kept sets ] in ``solvers.model.selective``): the plan's
             ``saved``, optimal over ``(region, menu entry)`` pairs. On a graph
             without saveable nodes this changes nothing. False: regions only.
 

@@ -1,8 +1,8 @@
 """Gradients of activations through the backward: the same for every plan.
 
-The gradient rules of NOTE [ Execution model ] (``solvers.simulate``), in one
-class shared by :func:`~solvers.simulate.simulate` and the solvers' own
-models (``solvers.dp_model``).
+The gradient rules of NOTE [ Execution model ] (``solvers.model.simulate``), in one
+class shared by :func:`~solvers.model.simulate.simulate` and the solvers' own
+models (``solvers.dp.profiles``).
 """
 
 from __future__ import annotations

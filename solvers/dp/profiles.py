@@ -2,7 +2,7 @@
 
 NOTE [ Decomposing the simulated peak over a chain ]
     Split the topological order at articulation cuts into stages
-    (``solvers.stages``). A plan restricted to stage boundaries is a sequence
+    (``solvers.model.stages``). A plan restricted to stage boundaries is a sequence
     of *segments*: a stored stage, or a region spanning one or more stages.
     Every step of ``simulate`` belongs to one segment (its forward steps, a
     region's recompute steps, its backward steps), and the bytes live at such
@@ -52,9 +52,9 @@ import numpy as np
 
 from graphs import Graph
 
-from .gradients import GradientWalk
-from .stages import Stages
-from .terms import INF, terms_of
+from ..model.gradients import GradientWalk
+from ..model.stages import Stages
+from ..model.terms import INF, terms_of
 
 __all__ = ["NodeArrays", "node_arrays", "stored_profile", "step_rows", "RegionRows", "region_profiles", "region_rng",
            "NEG"]
@@ -190,7 +190,7 @@ def node_arrays(graph: Graph, common: frozenset[int]) -> NodeArrays:
 
 def region_rng(na: NodeArrays, a: np.ndarray | int, b: np.ndarray | int) -> np.ndarray | int:
     """Generator-state bytes a region ``[a, b]`` (node positions, broadcast) stores: ``na.rng`` when
-    a node in it is stochastic (NOTE [ RNG state per region ] in ``solvers.terms``)."""
+    a node in it is stochastic (NOTE [ RNG state per region ] in ``solvers.model.terms``)."""
     if not na.rng or na.p_sto is None:
         return np.zeros(np.broadcast(a, b).shape, dtype=np.int64) if np.ndim(a) or np.ndim(b) else 0
     return na.rng * ((na.p_sto[np.asarray(b) + 1] - na.p_sto[np.asarray(a)]) > 0).astype(np.int64)
@@ -281,7 +281,7 @@ class RegionRows:
         span_extra: ``Graph.span_extra_bytes()``: adds a span's
             ``extra_bytes`` to every recompute step of the region equal to it
             (eager lifetimes in a recompute, NOTE [ Execution model ] in
-            ``solvers.simulate``).
+            ``solvers.model.simulate``).
     """
 
     def __init__(self, na: NodeArrays, st: Stages, span_extra: Mapping[tuple[int, int], int] | None = None) -> None:

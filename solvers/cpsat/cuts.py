@@ -19,8 +19,8 @@ import numpy as np
 
 from graphs import Graph
 
-from .simulate import simulate
-from .terms import terms_of
+from ..model.simulate import simulate
+from ..model.terms import terms_of
 
 __all__ = ["memory_cuts", "region_literals"]
 

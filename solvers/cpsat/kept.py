@@ -2,7 +2,7 @@
 
 NOTE [ Kept nodes in the CP-SAT model ]
     A selective plan is a set of ``(region, menu entry)`` pairs (NOTE [ The
-    menu of kept sets ] in ``solvers.selective``). A region's menu depends on
+    menu of kept sets ] in ``solvers.model.selective``). A region's menu depends on
     both its ends (the ranking is restricted to ``first..recompute_reach[last]``
     and its prefix lengths to how many nodes that holds), so it is no
     property of a node: :class:`KeptModel` adds one bool ``w`` per allowed
@@ -56,14 +56,14 @@ from typing import Any, NamedTuple
 
 from graphs import Graph
 
-from .deadline import Deadline, OutOfTime
-from .ilp_cpsat import IlpTimeout
-from .ilp_cuts import region_literals
-from .ilp_model import CheckpointModel
-from .plan import Plan, Status
-from .selective import DEFAULT_LIMIT, GrowingMenus
-from .simulate import simulate
-from .warm import Incumbent, warm_starts
+from ..deadline import Deadline, OutOfTime
+from .solver import IlpTimeout
+from .cuts import region_literals
+from .model import CheckpointModel
+from ..model.plan import Plan, Status
+from ..model.selective import DEFAULT_LIMIT, GrowingMenus
+from ..model.simulate import simulate
+from ..warm import Incumbent, warm_starts
 
 __all__ = ["MAX_CHOICES", "menu_choices", "KeptModel", "solve_selective"]
 
@@ -95,7 +95,7 @@ def menu_choices(graph: Graph, *, limit: int = DEFAULT_LIMIT) -> list[Choice] | 
 
 
 class KeptModel(CheckpointModel):
-    """:class:`~solvers.ilp_model.CheckpointModel` with kept nodes (NOTE [ Kept nodes in the CP-SAT model ]).
+    """:class:`~solvers.cpsat.model.CheckpointModel` with kept nodes (NOTE [ Kept nodes in the CP-SAT model ]).
 
     Args:
         graph: the cost graph.
@@ -321,7 +321,7 @@ def solve_selective(graph: Graph, budget_bytes: int, deadline: Deadline, *, work
             if inc is not None:  # the incumbent fits, so it satisfies the relaxation: a model bug
                 log.error("ilp (kept nodes): the model rejects the %s plan that simulate says fits", inc.source)
                 return from_inc(Status.FEASIBLE, None)
-            from .ilp_cpsat import solve_within  # the plain model: its plans are this model's with nothing kept
+            from .solver import solve_within  # the plain model: its plans are this model's with nothing kept
             return solve_within(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers, seed=seed,
                                 warm_start_=False)
         if result.regions is None:

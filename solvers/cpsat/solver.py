@@ -28,14 +28,14 @@ from typing import Any, Sequence
 
 from graphs import CkptError, Graph
 
-from .deadline import Deadline, OutOfTime
-from .errors import InfeasibleBudget, MissingDependency, SolverBug
-from .options import Option
-from .plan import Plan, Status
-from .registry import register
-from .simulate import simulate
-from .spans import SpanIndex
-from .warm import Incumbent, warm_starts
+from ..deadline import Deadline, OutOfTime
+from ..errors import InfeasibleBudget, MissingDependency, SolverBug
+from ..options import Option
+from ..model.plan import Plan, Status
+from ..registry import register
+from ..model.simulate import simulate
+from ..model.spans import SpanIndex
+from ..warm import Incumbent, warm_starts
 
 __all__ = ["IlpTimeout", "IlpSolver", "Incumbent", "WARM_SOLVERS", "CP_SAT_OPTIONS", "DEFAULT_WORK_LIMIT",
            "checkpoint_model", "kept_solver", "warm_start", "cp_sat", "solve_within"]
@@ -79,13 +79,13 @@ def cp_sat_may_start(deadline: Deadline, nodes: int) -> bool:
 
 
 def checkpoint_model() -> Any:
-    """``solvers.ilp_model.CheckpointModel``, importing OR-Tools now.
+    """``solvers.cpsat.model.CheckpointModel``, importing OR-Tools now.
 
     Raises:
         MissingDependency: OR-Tools is not installed (the message says ``pip install ortools``).
     """
     try:
-        from .ilp_model import CheckpointModel
+        from .model import CheckpointModel
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != "ortools":
             raise
@@ -324,19 +324,19 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
 
 
 def kept_solver() -> Any:
-    """``solvers.ilp_kept.solve_selective`` (NOTE [ Kept nodes in the CP-SAT model ]), importing OR-Tools now.
+    """``solvers.cpsat.kept.solve_selective`` (NOTE [ Kept nodes in the CP-SAT model ]), importing OR-Tools now.
 
     Raises:
         MissingDependency: OR-Tools is not installed.
     """
     checkpoint_model()
-    from .ilp_kept import solve_selective
+    from .kept import solve_selective
     return solve_selective
 
 
 @register("cp-sat", options=CP_SAT_OPTIONS + (
     Option("selective", bool, "regions may keep op outputs (NOTE [ Kept nodes in the CP-SAT model ]): exact over "
-           "(region, menu entry) pairs up to solvers.ilp_kept.MAX_CHOICES of them; above, the plan keeps none "
+           "(region, menu entry) pairs up to solvers.cpsat.kept.MAX_CHOICES of them; above, the plan keeps none "
            "(feasible, said so); False: regions only"),
 ), exact=True, part_of="ilp")
 def cp_sat(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
@@ -367,7 +367,7 @@ def cp_sat(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
         IlpTimeout: no plan within the time limit.
         MissingDependency: OR-Tools is not installed.
     """
-    from .ilp import solve_within as ilp_within  # ilp builds on this module
+    from ..ilp import solve_within as ilp_within  # ilp builds on this module
 
     return ilp_within(graph, budget_bytes, Deadline(time_limit_s), work_limit=work_limit, workers=workers, seed=seed,
                       gap_limit=gap_limit, warm_start=warm_start, method="cp-sat", selective=selective)

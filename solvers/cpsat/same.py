@@ -28,7 +28,7 @@ from ortools.sat.python import cp_model
 
 from graphs import Graph
 
-from .spans import SpanIndex
+from ..model.spans import SpanIndex
 
 __all__ = ["SameLiterals"]
 

@@ -2,7 +2,7 @@
 
 NOTE [ The menu of kept sets ]
     A region with ``s`` saveable nodes (``Graph.saveable``) could keep any of
-    ``2**s`` subsets (NOTE [ Selective recompute ] in ``solvers.simulate``
+    ``2**s`` subsets (NOTE [ Selective recompute ] in ``solvers.model.simulate``
     says what keeping costs and saves). Every exact solver multiplies its
     region candidates by the kept sets it tries, so trying all subsets is
     exponential per region; instead each region gets a short, deterministic
@@ -35,7 +35,7 @@ NOTE [ The menu of kept sets ]
     requires grad, and saves an input, its output or buffers of its own)
     never run again: keeping one would save no cost, and its cached copy
     would stay held until the region's backward ends instead of the step
-    ``solvers.simulate`` frees it at. That last saver's own call is reached
+    ``solvers.model.simulate`` frees it at. That last saver's own call is reached
     only when it saves something the call makes (its output, its own
     buffers): autograd packs an op's *inputs* before the op runs, so when
     it saves only inputs the recompute stops inside it, before the call,
@@ -57,7 +57,7 @@ from typing import Callable, Sequence
 
 from graphs import Graph
 
-from .errors import SolverInputError
+from ..errors import SolverInputError
 
 __all__ = ["DEFAULT_LIMIT", "variants", "ranked_saveable", "menu_lengths", "GrowingMenus", "last_savers",
            "recompute_reach"]

@@ -1,4 +1,4 @@
-"""The frontier program's bookkeeping (NOTE [ The frontier DP ] in ``solvers.frontier``).
+"""The frontier program's bookkeeping (NOTE [ The frontier DP ] in ``solvers.frontier.program``).
 
 The Pareto fronts it keeps per boundary and bit pattern, the open tensors
 that make its bits (and the width that bounds their number), and the read-out
@@ -11,8 +11,8 @@ import numpy as np
 
 from graphs import CkptError, Graph
 
-from .frontier_kept import BlockStep, KeptStep
-from .terms import terms_of
+from .kept import BlockStep, KeptStep
+from ..model.terms import terms_of
 
 __all__ = ["Front", "pareto", "open_counts", "width", "TooWide", "trace_back", "round_up"]
 

@@ -1,4 +1,4 @@
-"""The CP-SAT model's generator-state terms (NOTE [ RNG state per region ] in ``solvers.terms``)."""
+"""The CP-SAT model's generator-state terms (NOTE [ RNG state per region ] in ``solvers.model.terms``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ __all__ = ["rng_counts"]
 
 
 def rng_counts(model: Any) -> tuple[int, list, list]:
-    """``(rng, rs, sr)`` for a :class:`~solvers.ilp_model.CheckpointModel`.
+    """``(rng, rs, sr)`` for a :class:`~solvers.cpsat.model.CheckpointModel`.
 
     A region with a stochastic node stores the generator state (``rng``
     bytes) from its first forward step to its first node's backward, so at

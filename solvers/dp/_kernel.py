@@ -1,12 +1,12 @@
 """The compiled inner loop of ``dp``: one stage's candidates merged into its Pareto set.
 
-Imported only when a :class:`~solvers.dp.DPTable` is filled, so that importing
+Imported only when a :class:`~solvers.dp.chain.DPTable` is filled, so that importing
 ``solvers`` does not load numba. The first call compiles the kernel and caches
 the machine code on disk (``cache=_CACHE``, beside this file or in the user's
-cache); later processes only load it. ``solvers.dp_kernel`` also loads this
+cache); later processes only load it. ``solvers.dp.kernel`` also loads this
 file a second time as plain Python (no numba: every ``njit`` below is then the
 identity), the kernel a solve under a deadline runs while numba loads (NOTE
-[ The dp kernel under a deadline ] in ``solvers.dp_kernel``).
+[ The dp kernel under a deadline ] in ``solvers.dp.kernel``).
 
 NOTE [ Filtering a stage's candidates by the front so far ]
     A stage's candidates are the stored option (one per entry of the next
@@ -41,10 +41,10 @@ import tempfile
 
 import numpy as np
 
-from .errors import MissingDependency
+from ..errors import MissingDependency
 
-#: This copy is the plain-Python one (``solvers.dp_kernel.PLAIN_NAME``): no numba is imported.
-_PLAIN = __name__.endswith("._dp_plain")
+#: This copy is the plain-Python one (``solvers.dp.kernel.PLAIN_NAME``): no numba is imported.
+_PLAIN = __name__.endswith("._plain")
 
 if _PLAIN:
     def njit(*_args, **_kwargs):  # noqa: D103  (the identity decorator of the plain copy)
@@ -272,7 +272,7 @@ def merge_stage(local, retained, nf_h, nf_c, buf_h, buf_c, seg_start, seg_end, j
         floor, run_cost: per run its local peak without the input and its
             recompute cost.
         ret: per run the bytes it retains beyond its input (the kept
-            tensors of selective recompute, ``solvers.dp_selective``; 0 without).
+            tensors of selective recompute, ``solvers.dp.selective``; 0 without).
         choice: per run the code the plan is read back from (``j`` without
             selective recompute).
         extra: bytes of the region's input it holds (0 when ``lh == 1``).

@@ -108,8 +108,8 @@ from typing import Mapping
 
 from graphs import COSTS_META, Graph
 
-from .chunks import expand
-from .errors import SolverInputError
+from ..chunks import expand
+from ..errors import SolverInputError
 from .gradients import GradientWalk
 from .plan import Plan
 from .meter import BACKWARD, FORWARD, RECOMPUTE, _Meter

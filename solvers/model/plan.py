@@ -14,8 +14,8 @@ from graphs import LOOPS, TARGET_META, Graph
 from graphs.files import read_json, write_text_atomic
 from graphs.schema import count, reject_unknown
 
-from .chunks import ChunkError, chunk_paths, expand, normalise_chunks
-from .errors import PlanError, PlanMismatch
+from ..chunks import ChunkError, chunk_paths, expand, normalise_chunks
+from ..errors import PlanError, PlanMismatch
 from .selective import recompute_reach
 
 __all__ = ["PLAN_FORMAT_VERSION", "Plan", "Status", "load_plan"]
@@ -42,7 +42,7 @@ class Plan:
     the graph's topological order. Nodes outside every region run under normal
     autograd; a region keeps only its inputs and is recomputed once during the
     backward (``torch.utils.checkpoint(use_reentrant=False)`` semantics; see
-    ``solvers.simulate``).
+    ``solvers.model.simulate``).
 
     Attributes:
         regions: sorted, disjoint ``(first, last)`` pairs.
@@ -58,7 +58,7 @@ class Plan:
             (``Graph.recompute_costs``; equals ``recompute_flops`` on a graph
             costed in FLOPs).
         recompute_time_s: the predicted recompute time: ``recompute_cost`` at
-            the graph's rate (``solvers.simulate.cost_seconds``); None when
+            the graph's rate (``solvers.model.simulate.cost_seconds``); None when
             the graph has none.
         bound: a proven lower bound on ``recompute_cost`` (None if unknown).
         gap: ``(recompute_cost - bound) / max(recompute_cost, 1)`` when known.
@@ -74,7 +74,7 @@ class Plan:
             (its recompute must replay the RNG state; empty: unknown, replay all).
         saved: sorted positions of nodes inside regions whose outputs are kept
             from the forward instead of recomputed (selective recompute, NOTE
-            [ Selective recompute ] in ``solvers.simulate``); empty: every
+            [ Selective recompute ] in ``solvers.model.simulate``); empty: every
             region recomputes everything inside it.
         findings: what the solver found, by name, each a JSON scalar: the
             method it used (``method``), the work done (``frontier_states``,
@@ -237,7 +237,7 @@ class Plan:
                         f"the plan keeps the output of node {graph.nodes[i].name!r}, which the recompute of region "
                         f"({a}, {b}) never reaches (it stops once the region's last saved tensor is saved again), so the "
                         "kept copy would stay held to the region's backward and save nothing "
-                        "(NOTE [ The menu of kept sets ] in solvers.selective); solve again, or drop it from the plan's "
+                        "(NOTE [ The menu of kept sets ] in solvers.model.selective); solve again, or drop it from the plan's "
                         "saved nodes")
 
     def check_graph(self, graph: Graph, *, check: bool = True) -> None:

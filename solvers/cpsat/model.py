@@ -10,14 +10,14 @@ from ortools.sat.python import cp_model
 
 from graphs import Graph
 
-from ._cpsat import Progress, new_solver, run_cp_sat
-from .deadline import Deadline, OutOfTime
-from .dp_model import node_arrays
-from .ilp_cuts import memory_cuts, region_literals
-from .ilp_rng import rng_counts
-from .ilp_same import SameLiterals
-from .spans import SpanIndex
-from .terms import INF, terms_of
+from .run import Progress, new_solver, run_cp_sat
+from ..deadline import Deadline, OutOfTime
+from ..dp.profiles import node_arrays
+from .cuts import memory_cuts, region_literals
+from .rng import rng_counts
+from .same import SameLiterals
+from ..model.spans import SpanIndex
+from ..model.terms import INF, terms_of
 
 __all__ = ["CheckpointModel", "ModelResult"]
 
@@ -351,7 +351,7 @@ class CheckpointModel:
                       + rng * rs[k] <= self.cap)
 
     def _extra(self, k: int, phase: int):
-        """Bytes added to step k's row (phase 0/1/2: forward/recompute/backward); kept nodes (``solvers.ilp_kept``)."""
+        """Bytes added to step k's row (phase 0/1/2: forward/recompute/backward); kept nodes (``solvers.cpsat.kept``)."""
         return 0
 
     # ------------------------------------------------------------- objective
@@ -379,7 +379,7 @@ class CheckpointModel:
             complete_work: a deterministic limit on that completion (CP-SAT's
                 ``max_deterministic_time``), so that whether it completes does
                 not depend on the machine's load (NOTE [ Deterministic CP-SAT ]
-                in ``solvers.ilp_cpsat``); ``complete_s`` stays a safety net.
+                in ``solvers.cpsat.solver``); ``complete_s`` stays a safety net.
 
         Returns:
             True when the complete hint was found.
@@ -415,7 +415,7 @@ class CheckpointModel:
         self.m.Add(self._flops() >= -(-int(flops) // self.unit))
 
     def add_memory_cuts(self, budget_bytes: int) -> int:
-        """The knapsack rows of :func:`~solvers.ilp_cuts.memory_cuts` (NOTE [ Knapsack
+        """The knapsack rows of :func:`~solvers.cpsat.cuts.memory_cuts` (NOTE [ Knapsack
         cuts from store-all ]) added to the model; returns the bound they prove."""
         rows, bound = memory_cuts(self.graph, budget_bytes)
         for idx, free, need in rows:
@@ -440,7 +440,7 @@ class CheckpointModel:
             gap_limit: stop once ``(objective - bound) / objective`` is at most this (CP-SAT's
                 ``relative_gap_limit``); the status stays ``feasible`` unless the bound meets the objective.
             work_limit: CP-SAT's ``max_deterministic_time``, the workers interleaved in one deterministic
-                schedule (NOTE [ Deterministic CP-SAT ] in ``solvers.ilp_cpsat``); None: the wall clock only.
+                schedule (NOTE [ Deterministic CP-SAT ] in ``solvers.cpsat.solver``); None: the wall clock only.
             seed: CP-SAT's ``random_seed``.
         """
         solver = new_solver(time_limit_s=time_limit_s, workers=workers, gap_limit=gap_limit,

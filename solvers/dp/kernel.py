@@ -2,7 +2,7 @@
 
 NOTE [ The dp kernel under a deadline ]
     ``dp`` merges each stage's candidates with a numba kernel
-    (``solvers._dp_kernel``). Importing numba takes about 0.7 s, loading the
+    (``solvers.dp._kernel``). Importing numba takes about 0.7 s, loading the
     cached kernel 0.4 s more, and compiling it on an empty cache (a fresh
     install, a new ``NUMBA_CACHE_DIR``) about 10 s on an idle core; a 15-node
     graph once ran 367 s on a 10 s ``ilp`` limit, waiting for it in the warm
@@ -22,7 +22,7 @@ NOTE [ The dp kernel under a deadline ]
 
     The thread is started once per process, by a solve under a deadline only,
     and compiles in this process into numba's on-disk cache (NOTE [ numba's
-    cache ] in ``solvers._dp_kernel`` picks the folder, ``$NUMBA_CACHE_DIR``
+    cache ] in ``solvers.dp._kernel`` picks the folder, ``$NUMBA_CACHE_DIR``
     first): nothing is forked. A process forked *while* it runs (seconds,
     once) inherits numba's compiler lock held by a thread the child does not
     have, so a forked child that fills a ``dp`` table then may hang; a child
@@ -45,9 +45,9 @@ __all__ = ["kernel", "plain_kernel", "compiled_ready", "load_in_background", "WO
 
 log = logging.getLogger(__name__)
 
-#: The module name the plain-Python copy of ``solvers._dp_kernel`` is loaded under.
-PLAIN_NAME = "solvers._dp_plain"
-#: ``dp``'s table work (``solvers.dp.fill_work``) one idle core fills in about a second, by kernel: compiled
+#: The module name the plain-Python copy of ``solvers.dp._kernel`` is loaded under.
+PLAIN_NAME = "solvers.dp._plain"
+#: ``dp``'s table work (``solvers.dp.chain.fill_work``) one idle core fills in about a second, by kernel: compiled
 #: (True) or the plain copy (False).
 WORK_PER_S = {True: 500_000, False: 20_000}
 
@@ -64,13 +64,13 @@ if hasattr(os, "register_at_fork"):
 
 
 def plain_kernel() -> Callable[..., Any]:
-    """``merge_stage`` of ``solvers._dp_kernel`` as plain Python (no numba imported)."""
+    """``merge_stage`` of ``solvers.dp._kernel`` as plain Python (no numba imported)."""
     module = sys.modules.get(PLAIN_NAME)
     if module is None:
         with _lock:
             module = sys.modules.get(PLAIN_NAME)
             if module is None:
-                path = os.path.join(os.path.dirname(__file__), "_dp_kernel.py")
+                path = os.path.join(os.path.dirname(__file__), "_kernel.py")
                 spec = importlib.util.spec_from_file_location(PLAIN_NAME, path)
                 module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
                 spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -80,12 +80,12 @@ def plain_kernel() -> Callable[..., Any]:
 
 def _compiled() -> Callable[..., Any]:
     """Import numba and the kernel and run it once (compiles, or loads the cache); the kernel."""
-    from . import _dp_kernel
+    from . import _kernel
 
     e, z = np.zeros(1, np.int64), np.zeros(0, np.int64)
-    _dp_kernel.merge_stage(0, 0, e, e, e, e, e, np.ones(1, np.int64), z, z, z, z, z, 0)
-    _state["compiled"] = _dp_kernel.merge_stage
-    return _dp_kernel.merge_stage
+    _kernel.merge_stage(0, 0, e, e, e, e, e, np.ones(1, np.int64), z, z, z, z, z, 0)
+    _state["compiled"] = _kernel.merge_stage
+    return _kernel.merge_stage
 
 
 def _load_in_background() -> None:

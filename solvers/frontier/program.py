@@ -46,13 +46,13 @@ NOTE [ The frontier DP ]
     coordinate is the peak so far instead of the FLOPs (both only grow), which
     gives the least peak of any interval plan.
 
-    A chain of identical blocks (``solvers.blocks``, NOTE [ Composing
+    A chain of identical blocks (``solvers.blocks.compose``, NOTE [ Composing
     repeated blocks ]) is crossed one block at a time: at a block's first
     node the program applies the block's own Pareto front, computed once for
     every bit pattern it is entered with, instead of walking its nodes.
     With ``selective`` each region is also tried once per entry of its menu
     of kept sets (NOTE [ Kept nodes in the frontier DP ] in
-    ``solvers.frontier_kept``), in a block's own front too.
+    ``solvers.frontier.kept``), in a block's own front too.
 """
 
 from __future__ import annotations
@@ -66,14 +66,14 @@ import numpy as np
 
 from graphs import Graph
 
-from .deadline import Deadline, OutOfTime
-from .dp_model import NEG, node_arrays
-from .errors import SolverBug, SolverOptionError
-from .block_front import BlockFrontTooLarge
-from .frontier_front import Front, TooWide, _open_sets, open_counts, round_up, trace_back, width
-from .frontier_kept import KeptRegions
-from .spans import SpanIndex
-from .terms import INF, terms_of
+from ..deadline import Deadline, OutOfTime
+from ..dp.profiles import NEG, node_arrays
+from ..errors import SolverBug, SolverOptionError
+from ..blocks.front import BlockFrontTooLarge
+from .front import Front, TooWide, _open_sets, open_counts, round_up, trace_back, width
+from .kept import KeptRegions
+from ..model.spans import SpanIndex
+from ..model.terms import INF, terms_of
 
 __all__ = ["FrontierDP", "FrontierResult", "FrontierTimeout", "width", "open_counts", "MAX_WIDTH", "TooWide"]
 
@@ -118,7 +118,7 @@ class FrontierDP:
             (of non-zero bytes) at a boundary (None: any width, for
             ``max_free`` runs). Decided in linear time, before anything else.
         blocks: cross a chain of identical blocks by the blocks' own fronts
-            (``solvers.blocks``) where the graph has one; exact either way.
+            (``solvers.blocks.compose``) where the graph has one; exact either way.
         selective: regions may also keep nodes (selective recompute): exact
             over ``(region, menu entry)`` pairs (NOTE [ Kept nodes in the
             frontier DP ]), repeated blocks composed with them.
@@ -154,7 +154,7 @@ class FrontierDP:
         self.last = np.minimum(np.where((lc >= 0) & ~na.sink, lc, n - 1), fs - 1)
         self.pflops = np.concatenate(([0], np.cumsum(na.flops)))
         self.pstate = np.concatenate(([0], np.cumsum(na.state)))
-        # NOTE [ RNG state per region ] in solvers.terms: a region with a stochastic node stores the state.
+        # NOTE [ RNG state per region ] in solvers.model.terms: a region with a stochastic node stores the state.
         self.rng = int(graph.rng_state_bytes)
         self.pstoch = np.concatenate(([0], np.cumsum([bool(nd.stochastic) for nd in graph.nodes]))).astype(np.int64)
         self.const = int(graph.param_bytes + graph.input_bytes)
@@ -172,7 +172,7 @@ class FrontierDP:
             self.kept = None
         self.chain: Any = None
         if blocks:
-            from .blocks import find_chain  # the blocks build on this program's steps
+            from ..blocks.compose import find_chain  # the blocks build on this program's steps
 
             self.chain = find_chain(self)
 

@@ -2,11 +2,11 @@
 
 NOTE [ Kept nodes in the frontier DP ]
     With ``selective`` the frontier program (NOTE [ The frontier DP ] in
-    ``solvers.frontier``) extends a front by every region ``[p, b]`` once per
+    ``solvers.frontier.program``) extends a front by every region ``[p, b]`` once per
     entry ``K`` of the region's menu (NOTE [ The menu of kept sets ] in
-    ``solvers.selective``), so its optimum is over ``(region, menu entry)``
+    ``solvers.model.selective``), so its optimum is over ``(region, menu entry)``
     pairs: the same set the brute force and ``dp`` search. Keeping ``K``
-    (NOTE [ Selective recompute ] in ``solvers.simulate``) changes the
+    (NOTE [ Selective recompute ] in ``solvers.model.simulate``) changes the
     region's step as follows; ``keep(k) = buf(k) + out(k)`` for a kept ``k``
     that is no sink, ``buf(k)`` for a sink (whose output every step already
     counts: sinks join the retained bytes when produced):
@@ -29,12 +29,12 @@ NOTE [ Kept nodes in the frontier DP ]
 
     Its cost is the region's less the kept nodes'. These terms are the ones
     ``dp`` adds to its chain segments (NOTE [ Kept nodes in the chain
-    decomposition ] in ``solvers.dp_selective``), written on the program's
+    decomposition ] in ``solvers.dp.selective``), written on the program's
     step rows. Keeping may lower a region's recompute and backward peak
     (workspace, shared sinks) but never its forward steps, so the ends
     ``b`` tried are bounded by the forward peak alone, which only grows
     with ``b``. A chain of repeated blocks is composed with kept nodes too:
-    a block's own front (``solvers.block_front``) tries the same entries with
+    a block's own front (``solvers.blocks.front``) tries the same entries with
     the same terms (:meth:`KeptRegions.entries`), and a block's signature
     then holds what keeping each node does (NOTE [ Composing repeated
     blocks ]); a region's menu is the same in every copy of a block, its
@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from .dp_model import NEG
-from .terms import INF
-from .selective import DEFAULT_LIMIT, GrowingMenus
+from ..dp.profiles import NEG
+from ..model.terms import INF
+from ..model.selective import DEFAULT_LIMIT, GrowingMenus
 
 __all__ = ["KeptStep", "BlockStep", "KeptEntry", "KeptRegions"]
 
@@ -76,7 +76,7 @@ class KeptRegions:
     """The menu entries of every region of one program, and what each does to a step.
 
     Args:
-        program: the :class:`~solvers.frontier.FrontierDP` of the graph.
+        program: the :class:`~solvers.frontier.program.FrontierDP` of the graph.
         limit: the menus' size (NOTE [ The menu of kept sets ]).
     """
 
@@ -152,9 +152,9 @@ class KeptRegions:
             terms: ``program.region_terms(p, kmax)``.
             cap: the budget less the bytes alive at every step.
             endok: which ends are allowed (spans), or None for all.
-            max_free: as for :meth:`~solvers.frontier.FrontierDP.solve`.
+            max_free: as for :meth:`~solvers.frontier.program.FrontierDP.solve`.
         """
-        from .frontier_front import round_up  # frontier_front imports this module
+        from .front import round_up  # solvers.frontier.front imports this module
 
         prog = self.prog
         fwdm = terms[0]

@@ -3,7 +3,7 @@
 NOTE [ Composing repeated blocks ]
     Real LLMs are a chain of identical blocks plus a few tensors every block
     reads (rotary tables, the causal mask, position ids). The frontier
-    program (NOTE [ The frontier DP ] in ``solvers.frontier``) walks every
+    program (NOTE [ The frontier DP ] in ``solvers.frontier.program``) walks every
     node of every block; here a block is solved once and crossed in one step.
 
     *Finding the chain, by structure.* Each node gets a hash of what it is
@@ -35,7 +35,7 @@ NOTE [ Composing repeated blocks ]
     ``A + max(lf, lb + off) <= cap``, and leaves with ``(A + dA, cost +
     cost_plan)`` and the plan's exit key. Keeping, per entry key and exit
     key, the plans no other beats in all four numbers (the block's Pareto
-    front, ``solvers.block_front``) loses no optimum; the front does not
+    front, ``solvers.blocks.front``) loses no optimum; the front does not
     depend on the budget, so it is built once per graph and entry key and
     serves every budget and the least-peak search. Tensors every block reads
     stay what they are in the program: open tensors whose held bit is part
@@ -61,8 +61,8 @@ from typing import Any
 
 import numpy as np
 
-from .block_front import BlockPlans, block_front
-from .frontier_kept import BlockStep
+from .front import BlockPlans, block_front
+from ..frontier.kept import BlockStep
 
 __all__ = ["Block", "Chain", "find_chain", "period", "MIN_BLOCKS"]
 

@@ -3,7 +3,7 @@
 Example:
     >>> import scheduler
     >>> graph = scheduler.trace(model, (tokens,), {"targets": targets})
-    >>> from scheduler.tracer import capture
+    >>> from scheduler.tracing.tracer import capture
     >>> traced = capture(model, (tokens,), {"targets": targets})   # the fx graph as well
 
 The module is named ``tracer`` so that the package attribute
@@ -63,16 +63,16 @@ from torch import nn
 
 from graphs import COSTS_META, LOOPS, TARGET_META, WORKSPACES_META, Graph
 
-from .tracing.build import attribute_params, build_nodes, group_records, output_names
-from .tracing.spans import MODULES_META, TREE_META, module_spans, module_tree, sequential_children
-from .tracing.loss_storage import split_loss_storage
-from .tracing.capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
-from .tracing.costs import OpRecord, measure_ops
-from .tracing.outputs import capture_exposed, returned_nodes
-from .tracing.roofline import model_dtype, roofline_records
-from .tracing.target import (Target, TargetError, TargetKernels, check_target_for_costs, fake_device, resolve_target,
+from .build import attribute_params, build_nodes, group_records, output_names
+from .spans import MODULES_META, TREE_META, module_spans, module_tree, sequential_children
+from .loss_storage import split_loss_storage
+from .capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
+from .costs import OpRecord, measure_ops
+from .outputs import capture_exposed, returned_nodes
+from .roofline import model_dtype, roofline_records
+from .target import (Target, TargetError, TargetKernels, check_target_for_costs, fake_device, resolve_target,
                              rng_state_bytes, target_peaks)
-from .tracing.timing import COST_MODELS, measure_node_times, time_records
+from .timing import COST_MODELS, measure_node_times, time_records
 
 __all__ = ["Traced", "capture", "capture_for_plan", "trace", "TraceError", "TraceMismatch", "EvalModeWarning",
            "AUTO_MAX_NODES"]
@@ -294,7 +294,7 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
     graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, {}, loop)
     extras: dict[str, int] = {}
     if graph.spans:
-        from .tracing.eager_lifetimes import measure_call_extras
+        from .eager_lifetimes import measure_call_extras
 
         every = module_spans(records, [[i] for i in range(len(records))], sequentials)[0]  # all granularities' spans
         extras = measure_call_extras(model, args, kwargs, loss, [sp.module for sp in every])

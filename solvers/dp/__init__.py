@@ -1,0 +1,12 @@
+"""The chain DP: ``dp``, the optimal dynamic program over a chain of stages.
+
+* ``chain``: the solver (registered as ``dp``) and its table;
+* ``profiles``: segment profiles, the memory model the program composes;
+* ``selective``: the profile of a region that keeps nodes;
+* ``kernel``: which merge kernel runs (numba's, or the plain copy while numba
+  loads: NOTE [ The dp kernel under a deadline ]); ``_kernel``: that kernel.
+"""
+
+from .chain import DPTable, dp_table
+
+__all__ = ["DPTable", "dp_table"]

@@ -1,0 +1,11 @@
+"""The frontier program: an exact dynamic program over the topological order.
+
+Exact for graphs of narrow cut width; registered as ``frontier``, and the
+first phase of ``ilp`` (NOTE [ One plan space ] in ``solvers.ilp``).
+
+* ``program``: the program (NOTE [ The frontier DP ]) and its work bound;
+* ``front``: its states and Pareto bookkeeping;
+* ``kept``: regions that keep some nodes (selective recompute);
+* ``phases``: how ``ilp`` runs it (without, then with kept nodes) and its
+  bounded-width heuristic for wide graphs.
+"""
