@@ -170,3 +170,23 @@ def test_every_note_is_listed_in_the_execution_model():
                if f"[ {name} ]" not in listed and name not in _TORCH_NOTES}
     assert not missing, ("notes missing from docs/execution-model.md's list (add each to its file's line): "
                          f"{missing}")
+
+
+#: solvers/ by family (issue 27): each family a subpackage whose ``__init__`` says what it owns.
+SOLVER_FAMILIES = ("model", "frontier", "cpsat", "dp", "blocks")
+_FAMILY_PREFIX = re.compile(r"^(frontier_|ilp_|dp_|block_|_cpsat|_dp)")
+
+
+def test_solvers_are_grouped_by_family():
+    top = sorted(p.name for p in (ROOT / "solvers").glob("*.py"))
+    prefixed = [name for name in top if _FAMILY_PREFIX.match(name)]
+    assert not prefixed, f"family modules at the top of solvers/ (move each into its family's package): {prefixed}"
+    for family in SOLVER_FAMILIES:
+        init = ROOT / "solvers" / family / "__init__.py"
+        assert init.exists(), f"solvers/{family}/ is not a package"
+        doc = importlib.import_module(f"solvers.{family}").__doc__ or ""
+        assert len(doc.split()) >= 10, f"solvers/{family}/__init__.py must say what the package owns"
+        for module in (ROOT / "solvers" / family).glob("*.py"):
+            if module.name != "__init__.py":  # its docstring names each of its modules
+                assert f"``{module.stem}``" in doc, f"solvers/{family}/__init__.py does not name {module.name}"
+    assert not (ROOT / "scheduler" / "tracer.py").exists() and (ROOT / "scheduler" / "tracing" / "tracer.py").exists()
