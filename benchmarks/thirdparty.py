@@ -62,7 +62,7 @@ from scheduler.measuring.steps import clear_grads, step_tensors
 from scheduler.measuring.storages import live_bytes_of
 from scheduler.tracing.tracer import EvalModeWarning
 
-from .pages import out_dir, write_page
+from .pages import SUITES, out_dir, write_page
 from .thirdparty_models import CASES, LOSS_NAMES, QUICK, Case
 
 log = logging.getLogger(__name__)
@@ -269,6 +269,9 @@ def report(rows: list[dict], skipped: list[str]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+SUITE_HOW = next(s.how for s in SUITES if s.name == "thirdparty")
+
+
 def main(quick: bool = False, names: list[str] | None = None, command: str | None = None) -> list[dict]:
     """Run the models in ``names`` (default: all, ``QUICK`` with ``quick``); write the results page."""
     torch.set_num_threads(2)
@@ -288,7 +291,10 @@ def main(quick: bool = False, names: list[str] | None = None, command: str | Non
             rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
         log.info("%s", rows[-1])
     text = report(rows, skipped)
-    if chosen == list(CASES) or quick:  # a part of the models prints its table only
+    if skipped and not quick:  # a page with models missing would replace the full one: print only
+        log.warning("thirdparty: %d of %d models skipped, %s not written; for the full page run %s", len(skipped),
+                    len(chosen), "benchmarks/results/thirdparty.md", SUITE_HOW)
+    elif chosen == list(CASES) or quick:  # a part of the models prints its table only
         write_page("thirdparty.md", TITLE, text, quick=quick, command=command)
         (out_dir(quick) / "thirdparty.json").write_text(json.dumps({"skipped": skipped, "rows": rows}, indent=1) + "\n")
     print(text)
