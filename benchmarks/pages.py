@@ -98,7 +98,8 @@ SUITES: tuple[Suite, ...] = (
                                                      "scheduler/models/staged.py")),
     Suite("thirdparty", ("thirdparty.md",), _STEP + ("benchmarks/thirdparty_models.py",),
           how="PYTHONPATH=. VENV/bin/python -m benchmarks.thirdparty, in a venv with timm, torchvision, diffusers, "
-              "peft, monai and segmentation_models_pytorch (make bench runs the models it can and keeps the committed page when a library is missing)"),
+              "peft, monai and segmentation_models_pytorch (make bench runs the models it can and keeps the committed "
+              "page when a library is missing)"),
     Suite("cost_models", ("cost_models.md",), _TRACE),
     Suite("startup", ("startup.md",), ("graphs/", "solvers/", "scheduler/")),
     Suite("accounting", ("accounting.md",), _STEP, bench=False,
