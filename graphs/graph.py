@@ -29,6 +29,7 @@ __all__ = [
     "WORKSPACES_META",
     "BUILD_META",
     "TARGET_META",
+    "SCALARS_META",
     "LOOPS",
     "CkptError",
     "GraphError",
@@ -52,6 +53,10 @@ TARGET_META = "target"
 #: ``meta`` key: how the CLI built the model (``{"model": NAME, "options": {...}}``), so that
 #: ``ckpt apply PLAN`` rebuilds it without retyping; provenance, not part of the fingerprint.
 BUILD_META = "build"
+#: ``meta`` key: the saved Python scalars' bytes (``meta["saved_scalar_bytes"]``) per node that saves them
+#: (NOTE [ Saved Python scalars ] in ``scheduler.tracing.costs``); memory accounting, not part of the
+#: fingerprint (a pipeline stage holds its own per micro-batch in flight, ``scheduler.distributed.stages``).
+SCALARS_META = "saved_scalars"
 #: The training loops a graph can be planned for (NOTE [ The user's loop ]).
 LOOPS = ("held", "dropped")
 
@@ -359,6 +364,7 @@ class Graph:
         d["meta"].pop(WORKSPACES_META, None)
         d["meta"].pop(BUILD_META, None)
         d["meta"].pop(TARGET_META, None)
+        d["meta"].pop(SCALARS_META, None)
         for nd in d["nodes"]:
             del nd["fwd_flops"], nd["bwd_flops"], nd["fwd_cost"], nd["workspace_bytes"]
             del nd["dispatch"], nd["sac_op"]  # how a kept output is lowered, not what the plan does

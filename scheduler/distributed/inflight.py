@@ -65,6 +65,7 @@ from solvers.model.meter import FORWARD
 from solvers.registry import check_options, finalize
 
 from .schedule import ChunkMemory
+from .stages import saved_scalar_bytes
 
 __all__ = ["STOPPED", "InflightSolve", "persistent_graph", "ballast_graph", "chunk_memory", "solve_inflight", "stage_value"]
 
@@ -159,7 +160,9 @@ def _evaluate(graph: Graph, plan: Plan | None) -> tuple[ChunkMemory, int]:
                    default=base) - base
 
     sent = sum(nd.out_bytes for nd in graph.nodes if nd.op == "stage_input" and nd.requires_grad)
-    memory = ChunkMemory(retained_bytes=retained - g.input_bytes - g.param_bytes, forward_bytes=most(plain, True),
+    scalars = saved_scalar_bytes(graph)  # each micro-batch's own (NOTE [ What a rank holds ])
+    memory = ChunkMemory(retained_bytes=retained - g.input_bytes - g.param_bytes + scalars,
+                         forward_bytes=most(plain, True),
                          first_backward_bytes=most(plain, False), backward_bytes=most(full, False),
                          grad_bytes=held.input_bytes - base, sent_bytes=sent, held_peak_bytes=full.peak_bytes - base)
     return memory, plain.recompute_cost
@@ -209,7 +212,9 @@ def solve_inflight(graph: Graph, budget_bytes: int, inflight: int, *, held_grads
     """
     held_grads = inflight > 1 if held_grads is None else held_grads
     sent = sum(nd.out_bytes for nd in graph.nodes if nd.op == "stage_input" and nd.requires_grad)
-    room = budget_bytes - sent  # what the graph's steps may reach beside a pending send
+    # what the graph's steps may reach beside a pending send and the saved scalars of the other micro-batches
+    # (NOTE [ What a rank holds ]: ``simulate`` counts one micro-batch's, in the graph's inputs)
+    room = budget_bytes - sent - (inflight - 1) * saved_scalar_bytes(graph)
     if inflight == 1:
         target = persistent_graph(graph) if held_grads else graph
         found = solvers.solve(target, room, solver=solver, **options)

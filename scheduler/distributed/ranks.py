@@ -18,7 +18,21 @@ NOTE [ What a rank holds ]
       card like the single-rank budget does;
     * activations as tensor and sequence parallelism split them, times the
       micro-batches its stage holds in flight under the schedule (NOTE
-      [ Micro-batches in flight ] in ``scheduler.distributed.schedule``).
+      [ Micro-batches in flight ] in ``scheduler.distributed.schedule``);
+    * the Python scalars its stage's autograd nodes save (NOTE [ Saved
+      Python scalars ] in ``scheduler.tracing.costs``), also once per
+      micro-batch in flight: each forward wraps its own ``0.5``,
+      ``0.044715`` and ``sqrt(2 / pi)`` (GPT-2's ``gelu_new``) into 8-byte
+      tensors that its ``MulBackward0`` nodes hold until that micro-batch's
+      backward. A trace counts them once, in the always-live inputs, which
+      is exact for one micro-batch; a stage's graph keeps only its own nodes'
+      (per node in ``meta["saved_scalars"]``), and every micro-batch a stage
+      holds beside the running one adds them again
+      (``ChunkMemory.retained_bytes``). Before, a middle stage counted none
+      and the first and last stages the whole model's once: rank 2 of a
+      4-stage 1F1B pipeline of transformers' GPT-2 (one block per stage, 2
+      micro-batches in flight) measured 48 bytes over its prediction on gloo,
+      two micro-batches' 24 (``tests/regressions/test_pipeline_saved_scalars.py``).
 
     The replicate degree of HSDP changes none of it. :func:`rank_graph` is the
     graph ``simulate`` and the solvers see for one micro-batch of one rank;

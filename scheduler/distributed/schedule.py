@@ -58,7 +58,8 @@ class ChunkMemory:
 
     Attributes:
         retained_bytes: held from the end of its forward until its backward
-            (saved activations, the received input, the sent output).
+            (saved activations, the received input, the sent output, the Python scalars its
+            autograd nodes saved: NOTE [ What a rank holds ]).
         forward_bytes: the most its forward holds at once (no gradient counted).
         first_backward_bytes: the most its backward holds at once while the
             stage's parameter gradients are made as it goes (its first one).

@@ -21,7 +21,12 @@ NOTE [ A stage's graph ]
     holds a stage's inputs. What the stage sends on is what it makes and no
     later node of the stage reads: held to the end, like a model's output.
     The model's inputs (``input_bytes``) are held by the first stage and by
-    the last, which gets the labels; the stage's parameters are those its
+    the last, which gets the labels; the Python scalars the model's autograd
+    nodes save (also in ``input_bytes``, NOTE [ Saved Python scalars ] in
+    ``scheduler.tracing.costs``) go to the stage whose nodes save them
+    (``meta["saved_scalars"]``; all of them to every stage of a graph
+    without that count), once per micro-batch in flight (NOTE [ What a
+    rank holds ] in ``scheduler.distributed.ranks``); the stage's parameters are those its
     nodes use (a weight tied across stages, such as GPT-2's embedding and
     head, counts on the stage that uses it first). Spans inside the stage
     keep their module paths, so a stage's plan applies onto the stage's
@@ -50,12 +55,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from graphs import Graph, Node, Span
+from graphs import SCALARS_META, Graph, Node, Span
 
 from .fsdp import repeated_blocks
 from .layout import Layout, LayoutError
 
-__all__ = ["stage_bounds", "stage_starts", "stage_graph", "pipeline_buffer_bytes", "STAGE_META"]
+__all__ = ["stage_bounds", "stage_starts", "stage_graph", "pipeline_buffer_bytes", "saved_scalar_bytes",
+           "stage_scalar_bytes", "STAGE_META"]
 
 #: ``meta`` key of a stage's graph: ``{"index", "stages", "first", "last", "inputs"}``.
 STAGE_META = "stage"
@@ -174,7 +180,12 @@ def stage_graph(graph: Graph, first: int, last: int, *, index: int = 0, stages: 
     meta = {k: v for k, v in graph.meta.items() if k != "parameters"}
     meta[STAGE_META] = {"index": index, "stages": stages, "first": graph.nodes[first].name,
                         "last": graph.nodes[last].name, "inputs": [graph.nodes[j].name for j in crossing]}
-    inputs = graph.input_bytes if first == 0 or last == len(graph.nodes) - 1 else 0
+    total, scalars = saved_scalar_bytes(graph), stage_scalar_bytes(graph, first, last)
+    if total:  # NOTE [ A stage's graph ]: the scalars its own nodes save, not the model's
+        meta["saved_scalar_bytes"] = scalars
+        meta[SCALARS_META] = {k: v for k, v in dict(graph.meta.get(SCALARS_META) or {}).items()
+                              if k in {nd.name for nd in graph.nodes[first:last + 1]}}
+    inputs = (graph.input_bytes - total if first == 0 or last == len(graph.nodes) - 1 else 0) + scalars
     fields = {f.name for f in dataclasses.fields(graph)}
     extra = {}
     if "outputs" in fields:  # the user's loop (NOTE [ The user's loop ]): outputs of this stage only
@@ -182,6 +193,25 @@ def stage_graph(graph: Graph, first: int, last: int, *, index: int = 0, stages: 
         extra["outputs"] = tuple(o for o in getattr(graph, "outputs") if o in mine)
     return dataclasses.replace(graph, nodes=tuple(nodes), param_bytes=params, input_bytes=inputs, spans=tuple(spans),
                                meta=meta, name=f"{graph.name} stage {index}", **extra)
+
+
+def saved_scalar_bytes(graph: Graph) -> int:
+    """The Python scalars ``graph``'s autograd nodes save (NOTE [ Saved Python scalars ] in
+    ``scheduler.tracing.costs``): in its ``input_bytes``, held by each micro-batch from its forward to its
+    backward."""
+    return int(graph.meta.get("saved_scalar_bytes", 0) or 0)
+
+
+def stage_scalar_bytes(graph: Graph, first: int, last: int) -> int:
+    """The saved Python scalars of nodes ``first..last`` of ``graph`` (NOTE [ A stage's graph ]): from the
+    trace's per-node count, or, for a graph that has none (saved by an older version), all of them."""
+    total = saved_scalar_bytes(graph)
+    per_node = graph.meta.get(SCALARS_META)
+    if not total or not isinstance(per_node, dict):
+        return total
+    names = {nd.name for nd in graph.nodes}
+    unplaced = total - sum(int(v) for k, v in per_node.items() if k in names)  # charged to every stage
+    return max(0, unplaced) + sum(int(per_node.get(nd.name, 0)) for nd in graph.nodes[first:last + 1])
 
 
 def pipeline_buffer_bytes(graph: Graph, microbatches: int, inflight: int) -> int:
@@ -202,5 +232,6 @@ def pipeline_buffer_bytes(graph: Graph, microbatches: int, inflight: int) -> int
         output = sum(graph.nodes[index[name]].out_bytes for name in dict.fromkeys(last.inputs)
                      if graph.nodes[index[name]].requires_grad and name not in last.saves_inputs
                      and name not in held)
-    return ((microbatches - inflight) * received + microbatches * sent_back + (microbatches - 1) * graph.input_bytes
+    inputs = graph.input_bytes - saved_scalar_bytes(graph)  # the scalars are each micro-batch's, while in flight
+    return ((microbatches - inflight) * received + microbatches * sent_back + (microbatches - 1) * inputs
             + inflight * output)

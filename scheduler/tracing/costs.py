@@ -90,7 +90,10 @@ NOTE [ Saved Python scalars ]
     first backward steps, where a step's peak usually is, and an
     overestimate by at most that sum (tens of bytes) before the forward
     creates them and after the backward frees them; every solver counts it
-    without a term of its own.
+    without a term of its own. Each node's share is in
+    ``meta["saved_scalars"]`` (by node name; not in the fingerprint): a
+    pipeline stage holds its own nodes' once per micro-batch in flight
+    (NOTE [ What a rank holds ] in ``scheduler.distributed.ranks``).
 
 NOTE [ Gradients of model inputs ]
     A model input that requires grad (a leaf the caller made with
@@ -168,7 +171,7 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
         order, and graph-level byte counts ``param_bytes`` (unique parameter
         storages), ``buffer_bytes``, ``input_bytes``, ``trainable_param_bytes``
         and ``trainable`` (fake storage key -> bytes of each trainable parameter),
-        ``scalar_bytes`` (NOTE [ Saved Python scalars ]).
+        ``scalar_bytes`` (NOTE [ Saved Python scalars ]) and ``scalar_at`` (record position -> its share).
     """
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     memo: dict[int, torch.Tensor] = {}
@@ -263,5 +266,6 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
         records[-1] = dataclasses.replace(records[-1], members=records[-1].members + tail)
     totals["trainable"] = trainable  # type: ignore[assignment]
     totals["scalar_bytes"] = rec.scalar_bytes  # NOTE [ Saved Python scalars ]
+    totals["scalar_at"] = dict(rec.scalar_at)  # type: ignore[assignment]
     return records, totals
 

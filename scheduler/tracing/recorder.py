@@ -156,6 +156,7 @@ class Recorder(torch.fx.Interpreter):
         self._tail = -1  # record position whose window stays open until the next pre-hook (shared parameter)
         self.scalar_bytes = 0  # NOTE [ Saved Python scalars ] in scheduler.tracing.costs
         self._scalar_keys: set[int] = set()
+        self.scalar_at: dict[int, int] = {}  # record position -> its share of scalar_bytes
 
     def fetch_attr(self, target: str) -> Any:
         value = super().fetch_attr(target)
@@ -283,15 +284,15 @@ class Recorder(torch.fx.Interpreter):
                 continue
             claimed += 1
             self.grad_owner[fn] = pos
-            self._note_scalars(fn)
+            self._note_scalars(pos, fn)
             fn.register_prehook(functools.partial(self._bw_pre, pos))
             fn.register_hook(functools.partial(self._bw_post, pos, fn))
             stack.extend(f for f, _ in fn.next_functions)
         return claimed
 
-    def _note_scalars(self, fn: Any) -> None:
-        """Count what ``fn`` saved without the pack hook: real 0-dim tensors among fake ones (wrapped
-        Python numbers, NOTE [ Saved Python scalars ] in ``scheduler.tracing.costs``)."""
+    def _note_scalars(self, pos: int, fn: Any) -> None:
+        """Count what ``fn`` (claimed by record ``pos``) saved without the pack hook: real 0-dim tensors
+        among fake ones (wrapped Python numbers, NOTE [ Saved Python scalars ] in ``scheduler.tracing.costs``)."""
         for attr in dir(fn):
             if not attr.startswith("_saved_"):
                 continue
@@ -308,6 +309,7 @@ class Recorder(torch.fx.Interpreter):
                 self._scalar_keys.add(k)
                 self.keep.append(t)  # keys stay unique
                 self.scalar_bytes += storage_bytes(t)
+                self.scalar_at[pos] = self.scalar_at.get(pos, 0) + storage_bytes(t)
 
     def _bw_pre(self, pos: int, grad_outputs: Any) -> None:
         self._close_tail()

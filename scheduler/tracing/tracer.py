@@ -61,7 +61,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch import nn
 
-from graphs import COSTS_META, LOOPS, TARGET_META, WORKSPACES_META, Graph
+from graphs import COSTS_META, LOOPS, SCALARS_META, TARGET_META, WORKSPACES_META, Graph
 
 from .build import attribute_params, build_nodes, group_records, output_names
 from .spans import MODULES_META, TREE_META, module_spans, module_tree, sequential_children
@@ -399,6 +399,8 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     scalars = int(totals.get("scalar_bytes", 0))  # NOTE [ Saved Python scalars ] in scheduler.tracing.costs
     if scalars:  # named only when present: graphs without them keep their fingerprint
         meta["saved_scalar_bytes"] = scalars
+        at = dict(totals.get("scalar_at", {}))  # per node: a pipeline stage holds its own per micro-batch
+        meta[SCALARS_META] = {nd.name: n for nd, g in zip(nodes, groups) if (n := sum(at.get(p, 0) for p in g))}
     frozen = int(totals["param_bytes"]) - int(totals.get("trainable_param_bytes", totals["param_bytes"]))
     graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]), frozen_param_bytes=frozen,
                   input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]) + scalars, name=name, meta=meta,
