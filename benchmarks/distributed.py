@@ -87,7 +87,8 @@ def measured() -> dict:
     t0 = time.perf_counter()
     graphs = {b: scheduler.trace(model, (x[:b], y[:b])) for b in (BATCH // 4, BATCH // 2)}
     trace_s = time.perf_counter() - t0
-    layouts = [Layout(shard=2, forward_prefetch=0), Layout(shard=4, forward_prefetch=0)]
+    # gloo: gathers in order, and its 2 worker threads may keep finished collectives (NOTE [ FSDP2's buffers ])
+    layouts = [Layout(shard=s, forward_prefetch=0, collective_threads=2) for s in (2, 4)]
     layouts += [Layout(pp=s, microbatches=MICROBATCHES, schedule=k) for s in (2, 4) for k in ("gpipe", "1f1b")]
     units = tuple(f"layers.{i}" for i in range(CONFIG["n_layer"]))
     cases, runs = [], []

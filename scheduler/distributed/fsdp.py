@@ -37,7 +37,23 @@ NOTE [ FSDP2's buffers ]
     ``k - 1`` gathered twice, unit ``k + 1``'s send buffer); in the root,
     two of the larger end unit. Parameters are ``1/shard`` and always live;
     gradients ``1/shard`` from their node's backward on, the root's whole.
-    It is an upper bound at every step, charged over the whole unit. Not
+    It is an upper bound at every step, charged over the whole unit.
+
+    On gloo, FSDP2's release of a buffer is not its free: each of the
+    process group's worker threads (two by default) keeps the last
+    collective it ran, with its buffers, until the thread is scheduled again
+    to take the next one. On an idle machine that is at once; on a busy one
+    it can be much later: with the 4 processes on one core, one step of four
+    held the root's all-gather output (from the start of the forward) and
+    ``layers.3``'s (from the start of the backward) while ``layers.2`` was
+    gathered, 339,712 bytes above the same step unloaded (199,936 + 139,776:
+    both units' whole bytes), and 57,792 over the prediction; an earlier
+    test run on a loaded machine was 68,608 over. So a layout's
+    ``collective_threads`` (gloo: 2; NCCL, whose buffers FSDP2 frees on its
+    streams: 0, the default) charges every node that many largest
+    collective buffers of the rank (a unit's or the root's whole parameters:
+    an all-gather's output, a reduce-scatter's input) beside what FSDP2
+    holds: whichever of them the threads still hold, never more. Not
     modelled: ``reshard_after_forward=False`` (the unit stays whole from its
     forward to its backward), gradient accumulation without reduce-scatter
     (``set_requires_gradient_sync(False)``), DDP's gradient buckets.
@@ -56,7 +72,7 @@ from graphs import Graph
 from .layout import LayoutError
 from .tensor_parallel import split_bytes
 
-__all__ = ["FsdpUnit", "repeated_blocks", "fsdp_units", "shard_fsdp"]
+__all__ = ["FsdpUnit", "repeated_blocks", "fsdp_units", "lingering_bytes", "shard_fsdp"]
 
 _BLOCK = re.compile(r"^(.*)\.(\d+)$")
 
@@ -144,12 +160,23 @@ def _unit_extras(units: Sequence[FsdpUnit], root: FsdpUnit, forward_prefetch: in
     return extras, root.param_bytes + 2 * ends
 
 
-def shard_fsdp(graph: Graph, shard: int, *, units: Sequence[str] = (), forward_prefetch: int = 1) -> Graph:
-    """The graph one of ``shard`` FSDP2 ranks runs (NOTE [ FSDP2's buffers ]); ``graph`` itself for ``shard == 1``."""
+def lingering_bytes(units: Sequence[FsdpUnit], root: FsdpUnit, threads: int) -> int:
+    """The most the backend's ``threads`` worker threads can hold of finished collectives: the ``threads``
+    largest collective buffers (each unit's and the root's whole parameters), NOTE [ FSDP2's buffers ]."""
+    sizes = sorted([u.param_bytes for u in units] + [root.param_bytes], reverse=True)
+    return sum(sizes[:threads]) if threads > 0 else 0
+
+
+def shard_fsdp(graph: Graph, shard: int, *, units: Sequence[str] = (), forward_prefetch: int = 1,
+               collective_threads: int = 0) -> Graph:
+    """The graph one of ``shard`` FSDP2 ranks runs (NOTE [ FSDP2's buffers ]); ``graph`` itself for ``shard == 1``.
+    ``collective_threads``: the backend's worker threads that may keep a finished collective's buffers."""
     if shard == 1:
         return graph
     unit_of, unit_list, root = fsdp_units(graph, units)
     extras, root_extra = _unit_extras(unit_list, root, forward_prefetch)
+    held = lingering_bytes(unit_list, root, collective_threads)
+    extras, root_extra = [e + held for e in extras], root_extra + held
     unattributed = max(0, graph.param_bytes - sum(nd.param_bytes for nd in graph.nodes))
     nodes = []
     last = len(graph.nodes) - 1

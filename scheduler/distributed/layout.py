@@ -65,6 +65,9 @@ class Layout:
         forward_prefetch: FSDP units all-gathered ahead of the one running in
             the forward (1 covers CUDA's implicit prefetch on a side stream;
             0 on a CPU, where gloo gathers in order).
+        collective_threads: the collective backend's worker threads that may keep a finished collective's
+            buffers alive after FSDP2 released them (NOTE [ FSDP2's buffers ]): gloo's two (its default)
+            on CPU processes; 0 for NCCL, whose buffers FSDP2 frees on its streams.
     """
 
     shard: int = 1
@@ -78,6 +81,7 @@ class Layout:
     stage_starts: tuple[str, ...] = ()
     fsdp_units: tuple[str, ...] = ()
     forward_prefetch: int = 1
+    collective_threads: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schedule", _schedule_name(self.schedule))
@@ -87,9 +91,10 @@ class Layout:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LayoutError(f"layout: {name} must be a whole number of at least 1, got {value!r}")
-        if isinstance(self.forward_prefetch, bool) or not isinstance(self.forward_prefetch, int) \
-                or self.forward_prefetch < 0:
-            raise LayoutError(f"layout: forward_prefetch must be 0 or more, got {self.forward_prefetch!r}")
+        for name in ("forward_prefetch", "collective_threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise LayoutError(f"layout: {name} must be a whole number of 0 or more, got {value!r}")
         if self.sequence_parallel and self.tp == 1:
             raise LayoutError("layout: sequence parallelism splits the sequence across the tensor-parallel ranks; "
                               "it needs tp > 1 (--tp 2 or more)")
@@ -160,7 +165,7 @@ class Layout:
                 "sequence_parallel": self.sequence_parallel, "pp": self.pp, "microbatches": self.microbatches,
                 "schedule": self.schedule, "virtual_stages": self.virtual_stages,
                 "stage_starts": list(self.stage_starts), "fsdp_units": list(self.fsdp_units),
-                "forward_prefetch": self.forward_prefetch}
+                "forward_prefetch": self.forward_prefetch, "collective_threads": self.collective_threads}
 
 
 def _schedule_name(name: Any) -> str:

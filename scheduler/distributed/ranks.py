@@ -82,7 +82,8 @@ def rank_graph(graph: Graph, layout: Layout) -> Graph:
     """The graph one rank runs per micro-batch: ``graph`` (a stage's, or the whole model's) with tensor
     parallelism's split activations and weights, then FSDP's sharded state and gathered units."""
     tp = split_tensor_parallel(graph, layout.tp, sequence_parallel=layout.sequence_parallel)
-    return shard_fsdp(tp, layout.shard, units=layout.fsdp_units, forward_prefetch=layout.forward_prefetch)
+    return shard_fsdp(tp, layout.shard, units=layout.fsdp_units, forward_prefetch=layout.forward_prefetch,
+                      collective_threads=layout.collective_threads)
 
 
 def rank_state(graph: Graph, layout: Layout, *, optimizer: str | None = "adam",

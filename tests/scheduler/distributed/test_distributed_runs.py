@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import scheduler
 from scheduler.distributed import Layout, solve_layout
+from scheduler.distributed.fsdp import fsdp_units, lingering_bytes
 from scheduler.distributed.stages import stage_starts
 from scheduler.measuring.distributed import FsdpRun, PipelineRun, run_distributed, single_process_grads
 from scheduler.models.staged import StagedLM
@@ -53,44 +54,49 @@ def measured():
     units = tuple(f"layers.{i}" for i in range(4))
     cases = []
     for shard in (2, 4):
-        layout = Layout(shard=shard, forward_prefetch=0)  # gloo gathers in order: nothing ahead (NOTE [ FSDP2's buffers ])
-        plans = _tight(graphs[BATCH // shard], layout, 0.8)
-        cases.append((plans, FsdpRun(shard, units, plans.stages[0].plan)))
+        # gloo gathers in order: nothing ahead; its 2 worker threads may keep 2 finished collectives' buffers
+        # (NOTE [ FSDP2's buffers ])
+        layout = Layout(shard=shard, forward_prefetch=0, collective_threads=2)
+        plans = _tight(graphs[BATCH // shard], layout, 0.85)
+        _, unit_list, root = fsdp_units(graphs[BATCH // shard], units)
+        cases.append((plans, FsdpRun(shard, units, plans.stages[0].plan), lingering_bytes(unit_list, root, 2)))
     for stages in (2, 4):
         for schedule in ("gpipe", "1f1b"):
             layout = Layout(pp=stages, microbatches=MICROBATCHES, schedule=schedule)
             graph = graphs[BATCH // MICROBATCHES]
             plans = _tight(graph, layout, 0.85)
             run = PipelineRun(stage_starts(graph, layout), schedule, MICROBATCHES, tuple(s.plan for s in plans.stages))
-            cases.append((plans, run))
-    results = run_distributed(SPEC, 4, [run for _, run in cases])
-    return [(plans, result) for (plans, _), result in zip(cases, results)], single_process_grads(SPEC)
+            cases.append((plans, run, 0))
+    results = run_distributed(SPEC, 4, [run for _, run, _ in cases])
+    return [(plans, result, held) for (plans, _, held), result in zip(cases, results)], single_process_grads(SPEC)
 
 
 def test_every_rank_is_at_or_below_its_prediction(measured):
     cases, _ = measured
-    for plans, result in cases:
+    for plans, result, _ in cases:
         for stage in plans.stages:
             if stage.plan is None:  # this stage has no plan at the tight budget: it ran without one, unpredicted
                 continue
             assert result.peak(stage.index) <= stage.peak_bytes, (plans.layout.describe(), stage.index)
-    checkpointed = [s for plans, _ in cases for s in plans.stages if s.plan is not None and s.plan.regions]
+    checkpointed = [s for plans, _, _ in cases for s in plans.stages if s.plan is not None and s.plan.regions]
     assert len(checkpointed) >= 4, "the budgets are tight enough that plans checkpoint"
 
 
 def test_predictions_are_close(measured):
-    """Pipelines within 5 % above their measure; FSDP2 within 25 % (its buffers are bounded over whole units)."""
+    """Pipelines within 5 % above their measure; FSDP2 within 25 % (its buffers are bounded over whole units)
+    less what gloo's worker threads may keep, which a step on an idle machine rarely shows."""
     cases, _ = measured
-    for plans, result in cases:
+    for plans, result, held in cases:
         slack = 0.25 if plans.layout.shard > 1 else 0.05
         for stage in plans.stages:
             if stage.plan is not None:
-                assert stage.peak_bytes <= (1 + slack) * result.peak(stage.index), (plans.layout.describe(), stage.index)
+                assert stage.peak_bytes - held <= (1 + slack) * result.peak(stage.index), (plans.layout.describe(),
+                                                                                           stage.index)
 
 
 def test_gradients_equal_one_process(measured):
     cases, reference = measured
-    for plans, result in cases:
+    for plans, result, _ in cases:
         assert result.grads.keys() == reference.keys(), plans.layout.describe()
         for name, grad in result.grads.items():
             torch.testing.assert_close(grad, reference[name], rtol=1e-5, atol=1e-6, msg=name)

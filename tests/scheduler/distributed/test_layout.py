@@ -21,6 +21,7 @@ from scheduler.distributed.schedule import ChunkMemory, rank_peak
     (dict(pp=2, microbatches=5, schedule="interleaved-1f1b", virtual_stages=2), "multiple of the rounds"),
     (dict(pp=2, microbatches=2, stage_starts=("a", "b")), "begin at 1 module paths"),
     (dict(forward_prefetch=-1), "forward_prefetch"),
+    (dict(collective_threads=-1), "collective_threads"),
 ])
 def test_a_layout_that_cannot_run_is_refused_naming_the_degree(kwargs, words):
     with pytest.raises(LayoutError, match=words):

@@ -8,7 +8,7 @@ import torch
 import scheduler
 from graphs import Graph, Node, Span
 from scheduler.distributed import Layout, LayoutError, rank_graph, rank_state
-from scheduler.distributed.fsdp import fsdp_units, repeated_blocks, shard_fsdp
+from scheduler.distributed.fsdp import fsdp_units, lingering_bytes, repeated_blocks, shard_fsdp
 from scheduler.distributed.plans import rank_graphs, stage_graphs
 from scheduler.distributed.stages import pipeline_buffer_bytes, stage_bounds, stage_starts
 from scheduler.distributed.tensor_parallel import split_tensor_parallel, tp_roles
@@ -75,6 +75,18 @@ def test_fsdp_shards_the_units_and_charges_what_it_gathers(graph):
             assert new.workspace_bytes - nd.workspace_bytes == root.param_bytes + 2 * size
     with pytest.raises(LayoutError, match="no submodule call"):
         fsdp_units(graph, ["layers.9"])
+
+
+def test_gloo_threads_charge_the_largest_collective_buffers_everywhere(graph):
+    """NOTE [ FSDP2's buffers ]: each of gloo's worker threads may still hold the last collective it ran."""
+    _, units, root = fsdp_units(graph)
+    two = sorted([u.param_bytes for u in units] + [root.param_bytes], reverse=True)[:2]
+    assert lingering_bytes(units, root, 0) == 0 and lingering_bytes(units, root, 2) == sum(two)
+    plain = shard_fsdp(graph, 4, forward_prefetch=0)
+    gloo = shard_fsdp(graph, 4, forward_prefetch=0, collective_threads=2)
+    assert [b.workspace_bytes - a.workspace_bytes for a, b in zip(plain.nodes, gloo.nodes)] == [sum(two)] * len(
+        graph.nodes)
+    assert rank_graph(graph, Layout(shard=4, forward_prefetch=0, collective_threads=2)) == gloo
 
 
 def test_a_ranks_state_shards_the_optimizer(graph):
