@@ -114,17 +114,18 @@ def measured() -> dict:
             for rank in (range(layout.shard) if layout.pp == 1 else (s.index,)):
                 rows.append({"layout": layout.describe(), "case": label, "stage": s.index, "rank": rank,
                              "inflight": s.inflight, "card_bytes": plans.budget_bytes, "predicted_bytes": s.peak_bytes,
-                             "measured_bytes": result.peak(rank), "plan": _plan_text(s.plan),
+                             "measured_bytes": result.peak(rank), "plan": _plan_text(s),
                              "grad_max_abs_diff": worst, "grads": len(result.grads) == len(reference)})
     return {"config": dict(CONFIG), "batch": BATCH, "seq": SEQ, "microbatches": MICROBATCHES,
             "trace_s": round(trace_s, 1), "run_s": round(run_s, 1), "rows": rows}
 
 
-def _plan_text(plan) -> str:  # noqa: ANN001
+def _plan_text(stage) -> str:  # noqa: ANN001  (a StagePlan)
     from scheduler.report import compact_modules
 
-    if plan is None:
-        return "no plan"
+    plan = stage.plan
+    if plan is None:  # "no plan", or "stopped at the time limit (no plan found in 60 s)"
+        return stage.no_plan_text
     return "store everything" if not plan.regions else compact_modules(plan.modules)
 
 
@@ -159,7 +160,8 @@ def llama(name: str) -> dict:
                         "peak_bytes": s.peak_bytes, "needs_bytes": s.needs_bytes,
                         "outside_bytes": s.state.outside_simulation_bytes if s.state else 0,
                         "recompute": None if s.plan is None else (s.plan.recompute_flops or 0) / step,
-                        "status": None if s.plan is None else s.plan.status, "plan": _plan_text(s.plan),
+                        "status": None if s.plan is None else s.plan.status, "plan": _plan_text(s),
+                        "stopped": s.stopped or None,
                         "card_bytes": card.card_bytes, "card_below_bytes": card.below_bytes,
                         "trace_s": round(trace_s, 1), "solve_s": round(solve_s, 1), "card_s": round(card_s, 1)})
         log.info("%s %s: %s in %.1fs, smallest card %s", name, layout.describe(),
@@ -243,8 +245,9 @@ def _render_llama(parts: list[dict]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for part in parts:
         for r in part["rows"]:
-            peak = _gib(r["peak_bytes"]) if r["peak_bytes"] is not None else (
-                f"no plan (one at {_gib(r['needs_bytes'])} seen)" if r["needs_bytes"] else "no plan")
+            peak = _gib(r["peak_bytes"]) if r["peak_bytes"] is not None else (  # no plan, or stopped
+                f"no plan (one at {_gib(r['needs_bytes'])} seen)" if r["plan"] == "no plan" and r["needs_bytes"]
+                else r["plan"])
             rec = "—" if r["recompute"] is None else f"{100 * r['recompute']:.1f}% ({r['status']})"
             card = _gib(r["card_bytes"]) if r["card_bytes"] else f"none up to {_gib(r['card_below_bytes'])}"
             mods = " .. ".join(dict.fromkeys(r["modules"]))

@@ -71,8 +71,8 @@ def render_layout_plan(plans) -> str:  # noqa: ANN001  (a scheduler.distributed.
         held = s.base_bytes + grads
         span = f"{s.modules[0]} .. {s.modules[1]}" if s.modules[0] != s.modules[1] else s.modules[0]
         if s.plan is None:
-            need = f"no plan (one at {format_bytes(s.needs_bytes)} seen)" if s.needs_bytes else "no plan"
-            rows.append((s.index, s.rank, span, s.inflight, format_bytes(held), format_bytes(outside), "", "", need))
+            rows.append((s.index, s.rank, span, s.inflight, format_bytes(held), format_bytes(outside), "", "",
+                         s.no_plan_text))
         else:
             step = s.graph.total_fwd_flops() + s.graph.total_bwd_flops()
             cost = ratio((s.plan.recompute_flops or 0) / step if step else 0.0)

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import inspect
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -67,12 +68,61 @@ from solvers.registry import check_options, finalize
 from .schedule import ChunkMemory
 from .stages import saved_scalar_bytes
 
-__all__ = ["STOPPED", "InflightSolve", "persistent_graph", "ballast_graph", "chunk_memory", "solve_inflight", "stage_value"]
+__all__ = ["STOPPED", "StoppedSearch", "stopped_search", "time_limit_of", "InflightSolve", "persistent_graph", "ballast_graph", "chunk_memory", "solve_inflight", "stage_value"]
 
 log = logging.getLogger(__name__)
 
 #: What an inner solver raises when its time limit stopped it without a plan (nothing known either way).
 STOPPED = (IlpTimeout, FrontierTimeout)
+
+
+class StoppedSearch(InfeasibleBudget):
+    """A stage's search found no plan because its inner solves were stopped (by their time limit, or a work
+    limit), not because none fits: nothing is proven either way.
+
+    Attributes:
+        by: ``"time limit"`` or ``"work limit"``.
+        time_limit_s: the time limit of each inner solve (None when unknown or stopped by a work limit).
+    """
+
+    def __init__(self, budget_bytes: int, min_feasible_bytes: int | None = None, *, by: str = "time limit",
+                 time_limit_s: float | None = None) -> None:
+        self.by = by
+        seen = budget_bytes if min_feasible_bytes is None else min_feasible_bytes
+        super().__init__(budget_bytes, seen, proven=False, time_limit_s=time_limit_s if by == "time limit" else None)
+
+    @property
+    def text(self) -> str:
+        """``stopped at the time limit (no plan found in 60 s)``: what a table says in place of a plan."""
+        within = f" in {self.time_limit_s:g} s" if self.time_limit_s is not None else ""
+        return f"stopped at the {self.by} (no plan found{within})"
+
+
+def time_limit_of(solver: str, options: dict[str, Any]) -> float | None:
+    """The time limit each inner solve of ``solver`` runs under: ``options``' or the solver's default."""
+    if options.get("time_limit_s") is not None:
+        return float(options["time_limit_s"])
+    try:
+        default = inspect.signature(solvers.get_solver(solver)).parameters["time_limit_s"].default
+    except (KeyError, ValueError, TypeError):
+        return None
+    return None if default is inspect.Parameter.empty or default is None else float(default)
+
+
+def stopped_search(exc: BaseException, budget_bytes: int, solver: str, options: dict[str, Any]
+                   ) -> StoppedSearch | None:
+    """``exc`` as a :class:`StoppedSearch` when it says a time or work limit stopped a search before it found
+    a plan (an inner solver's timeout, or an unproven ``InfeasibleBudget`` with its time limit and no proof
+    that the budget is too small); None otherwise."""
+    if isinstance(exc, StoppedSearch):
+        return exc
+    if isinstance(exc, STOPPED):
+        by = getattr(exc, "by", "time limit")
+        return StoppedSearch(budget_bytes, by=by, time_limit_s=time_limit_of(solver, options))
+    if isinstance(exc, InfeasibleBudget) and not exc.proven and exc.time_limit_s is not None and (
+            exc.lower_bound_bytes is None or exc.lower_bound_bytes <= exc.budget_bytes):
+        return StoppedSearch(budget_bytes, time_limit_s=exc.time_limit_s)
+    return None
 #: Oracle calls a stage's search may make before it answers with the best plan found.
 MAX_SOLVES = 64
 #: The default tolerance of the search over ``R``, a share of the budget
@@ -208,7 +258,8 @@ def solve_inflight(graph: Graph, budget_bytes: int, inflight: int, *, held_grads
 
     Raises:
         InfeasibleBudget: no plan fits; ``min_feasible_bytes`` is the least stage peak over the plans tried
-            (not proven least; the budget itself when no plan was seen at all).
+            (not proven least; the budget itself when no plan was seen at all). A :class:`StoppedSearch` when
+            a time (or work) limit stopped an inner solve and no plan was found.
     """
     held_grads = inflight > 1 if held_grads is None else held_grads
     sent = sum(nd.out_bytes for nd in graph.nodes if nd.op == "stage_input" and nd.requires_grad)
@@ -233,6 +284,7 @@ def solve_inflight(graph: Graph, budget_bytes: int, inflight: int, *, held_grads
     tolerance = int(TOLERANCE * budget_bytes) if tolerance_bytes is None else int(tolerance_bytes)
     calls = 0
     tried: list[int] = []
+    stops: list[StoppedSearch] = []  # inner solves stopped by a limit
 
     def oracle(r: int, b: int) -> _Answer | None | _Unproven:
         """The least recompute with ``R <= r`` and ``P <= b`` (NOTE [ Solving with micro-batches in flight ])."""
@@ -245,9 +297,12 @@ def solve_inflight(graph: Graph, budget_bytes: int, inflight: int, *, held_grads
             if exc.best_regions is not None:
                 memory, _ = _evaluate(graph, Plan(regions=exc.best_regions))
                 tried.append(fixed + stage_value(memory, k))
+            if not exc.proven and (stop := stopped_search(exc, budget_bytes, solver, checked)) is not None:
+                stops.append(stop)
             return None if exc.proven else _Unproven()
         except STOPPED as exc:
             log.info("in-flight search: an inner solve stopped without a plan (%s)", exc)
+            stops.append(stopped_search(exc, budget_bytes, solver, checked))  # type: ignore[arg-type]
             return _Unproven()
         memory, cost = _evaluate(graph, Plan(regions=raw.regions, saved=raw.saved))
         tried.append(fixed + stage_value(memory, k))
@@ -295,6 +350,9 @@ def solve_inflight(graph: Graph, budget_bytes: int, inflight: int, *, held_grads
         heapq.heappush(heap, (res.cost, mid + 1, hi))
     if best is None:
         least = max(min(tried), budget_bytes + 1) if tried else budget_bytes  # budget_bytes: no plan seen at all
+        if stops:  # a limit stopped some search: nothing proven, the stage is "stopped", not "no plan fits"
+            raise StoppedSearch(budget_bytes, least if tried else None, by=stops[0].by,
+                                time_limit_s=stops[0].time_limit_s)
         raise InfeasibleBudget(budget_bytes, least, proven=False,
                                lower_bound_bytes=budget_bytes + 1 if proven else None)
     optimal = proven and best.proven and open_bound is None and not first_fit

@@ -32,7 +32,8 @@ from solvers import InfeasibleBudget, Plan, Status, format_bytes
 
 from ..sizing.budget import read_budget
 from ..sizing.memory import ReserveSpec, parse_reserve
-from .inflight import STOPPED, InflightSolve, chunk_memory, persistent_graph, solve_inflight
+from .inflight import (STOPPED, InflightSolve, StoppedSearch, chunk_memory, persistent_graph, solve_inflight,
+                       stopped_search)
 from .layout import Layout, LayoutError
 from .ranks import RankState, rank_graph, rank_state
 from .schedule import ChunkMemory, in_flight, rank_peak, stages_of_rank
@@ -67,6 +68,8 @@ class StagePlan:
             stages' together.
         needs_bytes: without a plan, the least card that was seen to fit (not proven least), else None.
         solves: inner solver calls made.
+        stopped: without a plan because a limit stopped its search (not because none fits): what
+            :attr:`no_plan_text` says, ``stopped at the time limit (no plan found in 60 s)``; else "".
     """
 
     index: int
@@ -82,10 +85,20 @@ class StagePlan:
     peak_bytes: int | None
     needs_bytes: int | None = None
     solves: int = 0
+    stopped: str = ""
 
     @property
     def fits(self) -> bool:
         return self.plan is not None
+
+    @property
+    def no_plan_text(self) -> str:
+        """What a table says in place of the plan of a stage without one: ``stopped at the time limit (no plan
+        found in 60 s)`` when its search was stopped, else ``no plan``; with the card seen to fit, if any."""
+        seen = f"one at {format_bytes(self.needs_bytes)} seen" if self.needs_bytes else ""
+        if self.stopped:
+            return self.stopped[:-1] + f"; {seen})" if seen else self.stopped
+        return f"no plan ({seen})" if seen else "no plan"
 
 
 @dataclass(frozen=True)
@@ -218,9 +231,10 @@ def solve_layout(graph: Graph, budget: int | str, layout: Layout, *, solver: str
     if strict and not result.fits:
         bad = next(s for s in result.stages if not s.fits)
         need = f"; a card of {format_bytes(bad.needs_bytes)} was seen to fit" if bad.needs_bytes else ""
+        what = f"was {bad.stopped}" if bad.stopped else "has no plan"
         raise InfeasibleBudget(budget_bytes, bad.needs_bytes or budget_bytes + 1, proven=False,
                                floor=f"Stage {bad.index} ({bad.modules[0]} .. {bad.modules[1]}, {bad.inflight} "
-                                     f"micro-batch(es) in flight: {bad.inflight_reason}) has no plan{need}.")
+                                     f"micro-batch(es) in flight: {bad.inflight_reason}) {what}{need}.")
     return result
 
 
@@ -269,10 +283,10 @@ def _try(graph: Graph, budget_bytes: int, count: int, solver: str, options: dict
     try:
         return solve_inflight(graph, budget_bytes, count, held_grads=held_grads, solver=solver, **options)
     except InfeasibleBudget as exc:
-        return exc
-    except STOPPED as exc:  # its time limit: no plan, none proven impossible
+        return stopped_search(exc, budget_bytes, solver, options) or exc
+    except STOPPED as exc:  # its time limit: no plan, none proven impossible; no card seen to fit
         log.warning("a stage's solve stopped without a plan: %s", exc)
-        return InfeasibleBudget(budget_bytes, budget_bytes, proven=False)  # no card seen to fit
+        return stopped_search(exc, budget_bytes, solver, options)  # type: ignore[return-value]
 
 
 def _stage(layout: Layout, s: int, graph: Graph, state: RankState | None, count: tuple[int, str],
@@ -283,8 +297,9 @@ def _stage(layout: Layout, s: int, graph: Graph, state: RankState | None, count:
         needs = None
         if isinstance(answer, InfeasibleBudget) and answer.min_feasible_bytes > answer.budget_bytes:
             needs = answer.min_feasible_bytes + outside
+        stopped = answer.text if isinstance(answer, StoppedSearch) else ""
         return StagePlan(s, layout.rank_of_stage(s), _modules(graph), graph, None, count[0], count[1],
-                         chunk_memory(graph, None), base, state, None, needs)
+                         chunk_memory(graph, None), base, state, None, needs, stopped=stopped)
     plan = dataclasses.replace(answer.plan, findings={**answer.plan.findings, "stage": s, "layout": layout.describe(),
                                                       "rank_peak_bytes": peak})
     if interleaved:

@@ -72,3 +72,27 @@ def test_fit_finds_the_largest_micro_batch_per_rank_and_the_smallest_card(capsys
     text = capsys.readouterr().out
     assert "largest micro-batch per rank on 16MiB: 4+" in text and "smallest card at batch 4:" in text
     assert (tmp_path / "fit.stage0.json").exists() and (tmp_path / "fit.stage1.graph.json").exists()
+
+
+def test_a_stage_whose_solve_hit_its_time_limit_says_so(graph_file, monkeypatch):
+    """Not "no plan": nothing was proven; the table names the limit to raise."""
+    import solvers
+    from scheduler.commands.layout import render_layout_plan
+    from solvers.ilp import IlpTimeout
+
+    def stopped(graph, budget_bytes, *, time_limit_s=60.0, **_):
+        raise IlpTimeout(f"no plan found within {time_limit_s:g} s")
+
+    def solve(graph, budget, *, solver="ilp", **options):
+        return stopped(graph, budget, **options)
+
+    monkeypatch.setattr(solvers, "get_solver", lambda name: stopped)
+    monkeypatch.setattr(solvers, "solve", solve)
+    layout = Layout(pp=2, microbatches=2)  # stage 0 holds 2 micro-batches (the in-flight search), stage 1 one
+    plans = solve_layout(graphs.load(graph_file), "1GiB", layout, strict=False, time_limit_s=7)
+    assert [s.stopped for s in plans.stages] == ["stopped at the time limit (no plan found in 7 s)"] * 2
+    assert all(s.plan is None and s.no_plan_text == s.stopped for s in plans.stages)
+    table = render_layout_plan(plans)
+    assert table.count("stopped at the time limit (no plan found in 7 s)") == 2 and "  no plan" not in table
+    with pytest.raises(solvers.InfeasibleBudget, match="was stopped at the time limit"):
+        solve_layout(graphs.load(graph_file), "1GiB", layout, time_limit_s=7)
