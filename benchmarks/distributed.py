@@ -14,13 +14,13 @@
    micro-batches in flight, the rank's predicted peak, the recompute and
    the plan, and the smallest card.
 
-Writes ``benchmarks/results/distributed.md`` and one JSON per part
-(``distributed_measured.json``, ``distributed_llama-2-7b.json``,
-``distributed_llama-2-70b.json``). ``make bench`` (or ``python -m
-benchmarks.run --only distributed``) runs every part in turn (``--quick``:
-the measured part and the 7B table); ``python -m benchmarks.distributed
-PART...`` runs the parts named, in separate processes if one likes, and
-``--render`` writes the page from the JSON there.
+Writes ``benchmarks/results/distributed.md`` (through ``benchmarks.pages.write_page``: its header names the
+commit, date, machine and command, NOTE [ Results pages ]) and one JSON per part (``distributed_measured.json``,
+``distributed_llama-2-7b.json``, ``distributed_llama-2-70b.json``). ``make bench`` (or ``python -m
+benchmarks.run --only distributed``) runs every part in turn (``--quick``: the measured part and the 7B table,
+under ``results/quick/``); ``python -m benchmarks.distributed PART...`` runs the parts named and writes their
+JSON only (in separate processes if one likes, at one commit), and ``--render`` writes the page from the JSON
+there, refusing parts measured at another commit than the page would name.
 """
 
 from __future__ import annotations
@@ -29,12 +29,9 @@ import argparse
 import json
 import logging
 import os
-import platform
-import subprocess
 import time
 
 log = logging.getLogger("benchmarks.distributed")
-RESULTS = os.path.join(os.path.dirname(__file__), "results")
 CARD = "80GiB"
 BATCH, SEQ, MICROBATCHES = 8, 64, 4
 CONFIG = dict(n_layer=4, n_embd=64, n_head=4, vocab_size=1024, n_positions=SEQ)
@@ -177,16 +174,20 @@ def _mib(n: int | None) -> str:
     return "—" if n is None else f"{n / (1 << 20):.2f} MiB"
 
 
-def _header(data: dict) -> list[str]:
+TITLE = "Plans for distributed training"
+
+
+def _parts_line(data: dict) -> list[str]:
     ran = data["ran"]
-    cmds = "; ".join(f"`{r['command']}` at commit {r['commit']} ({r['elapsed_s']:.0f} s)" for r in ran)
-    return [f"Produced by `make bench` (`python -m benchmarks.run --only distributed`: every part in turn). This page: "
-            f"{cmds}; torch {ran[0]['torch']}, {os.cpu_count()} CPU cores ({platform.machine()}) shared with other "
-            "work."]
+    suite = "python -m benchmarks.run --only distributed"
+    parts = "; ".join(f"`{r['part']}` {r['elapsed_s']:.0f} s"
+                      + ("" if r["command"].startswith(suite) else f" (`{r['command']}`)") for r in ran)
+    return [f"Parts, each with the time it took: {parts}."]
 
 
 def render(data: dict) -> str:
-    lines = ["# Plans for distributed training", "", *_header(data), ""]
+    """The page's body (its title and header are :func:`benchmarks.pages.write_page`'s)."""
+    lines = [*_parts_line(data), ""]
     m = data.get("measured")
     if m is not None:
         lines += _render_measured(m)
@@ -257,57 +258,83 @@ def _render_llama(parts: list[dict]) -> list[str]:
     return lines + [""]
 
 
-def _path(name: str) -> str:
-    return os.path.join(RESULTS, f"distributed_{name}.json")
+def _path(name: str, quick: bool = False) -> str:
+    from benchmarks.pages import out_dir
+
+    return os.path.join(out_dir(quick), f"distributed_{name}.json")
 
 
-def run_part(name: str, command: str) -> None:
-    """Run one part and write its JSON (with the command, the commit and the time it took)."""
+def _commit() -> str:
+    """The commit the code runs at (``+dirty`` when tracked files differ from it), as a page's header names it."""
+    from benchmarks.pages import _commit as commit  # noqa: PLC2701  (the header's own reading)
+
+    return commit().strip("`")
+
+
+def run_part(name: str, command: str, quick: bool = False) -> None:
+    """Run one part and write its JSON (with the command, the commit it started on and the time it took)."""
     import torch
 
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                            cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"  # the code as it starts
+    commit = _commit()  # the code as it starts
     t0 = time.perf_counter()
     data = measured() if name == "measured" else llama(f"hf:{name}")
-    data["ran"] = {"command": command, "commit": commit, "torch": torch.__version__,
+    data["ran"] = {"part": name, "command": command, "commit": commit, "torch": torch.__version__,
                    "elapsed_s": time.perf_counter() - t0}
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(_path(name), "w") as f:
+    with open(_path(name, quick), "w") as f:
         json.dump(data, f, indent=1)
-    log.info("wrote %s", _path(name))
+    log.info("%s: %.0f s, wrote %s", name, data["ran"]["elapsed_s"], _path(name, quick))
 
 
-def write_page() -> str:
-    """``distributed.md`` from the parts' JSON present."""
+def render_page(quick: bool = False, command: str | None = None) -> str:
+    """``distributed.md`` from the parts' JSON present, through ``benchmarks.pages.write_page``.
+
+    Raises:
+        ValueError: a part's JSON was measured at another commit than the page's header would name (or on a
+            dirty tree), on a page that is not ``--quick``: run the parts again at this commit.
+    """
+    from benchmarks.pages import write_page
+
     data: dict = {}
     for name in PARTS:
-        if os.path.exists(_path(name)):
-            with open(_path(name)) as f:
+        if os.path.exists(_path(name, quick)):
+            with open(_path(name, quick)) as f:
                 data[name] = json.load(f)
+    if not data:
+        raise ValueError(f"no part's JSON under {os.path.dirname(_path(PARTS[0], quick))}: run "
+                         "python -m benchmarks.distributed PART first")
+    for name, part in data.items():
+        part["ran"].setdefault("part", name)
     data["ran"] = [data[n]["ran"] for n in PARTS if n in data]
-    out = os.path.join(RESULTS, "distributed.md")
-    with open(out, "w") as f:
-        f.write(render(data))
-    log.info("wrote %s", out)
-    return out
+    now = _commit()
+    other = [r for r in data["ran"] if r["commit"] != now or now.endswith("+dirty")]
+    if other and not quick:
+        raise ValueError("the page's header names commit " + now + ", but " + ", ".join(
+            f"part {r['part']} ran at {r['commit']}" for r in other) + ": run those parts again at this commit on "
+            "a clean tree (python -m benchmarks.distributed PART), or the whole suite (python -m benchmarks.run "
+            "--only distributed)")
+    path = write_page("distributed.md", TITLE, render(data), quick=quick, command=command)
+    log.info("wrote %s", path)
+    return str(path)
 
 
 def main(quick: bool = False) -> None:
-    command = "python -m benchmarks.run --only distributed" + (" --quick" if quick else "")
+    """``make bench``: every part in turn (``--quick``: the measured part and the 7B table), then the page."""
     for name in PARTS[:2] if quick else PARTS:
-        run_part(name, command)
-    write_page()
+        run_part(name, "python -m benchmarks.run --only distributed" + (" --quick" if quick else ""), quick)
+    render_page(quick)
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("parts", nargs="*", metavar="PART", help=f"the parts to run, of {', '.join(PARTS)} (default: none)")
+    p.add_argument("parts", nargs="*", metavar="PART", help=f"the parts to run, of {', '.join(PARTS)}")
     p.add_argument("--render", action="store_true", help="write distributed.md from the parts' JSON")
     args = p.parse_args()
     if set(args.parts) - set(PARTS):
         p.error(f"unknown part {', '.join(sorted(set(args.parts) - set(PARTS)))}: choose from {', '.join(PARTS)}")
     for part in args.parts:
         run_part(part, f"python -m benchmarks.distributed {part}")
-    if args.render or not args.parts:
-        write_page()
+    if args.render:
+        render_page()
+    elif not args.parts:
+        p.error("name the parts to run, or --render to write the page from their JSON")
