@@ -389,6 +389,8 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     groups = group_records(records, chosen)
     nodes = build_nodes(records, groups, dict(totals.get("trainable", {})))
     nodes = attribute_params(nodes, records, groups, dict(totals.get("trainable", {})))
+    at = dict(totals.get("scalar_at", {}))  # NOTE [ Saved Python scalars ]: each node's (before the loss's split)
+    scalar_nodes = {nd.name: n for nd, g in zip(nodes, groups) if (n := sum(at.get(p, 0) for p in g))}
     spans, modules = module_spans(records, groups, sequentials)
     spans = [dataclasses.replace(sp, extra_bytes=int(extras.get(sp.module, 0))) for sp in spans]
     outputs = output_names(records, groups, nodes)
@@ -399,8 +401,7 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     scalars = int(totals.get("scalar_bytes", 0))  # NOTE [ Saved Python scalars ] in scheduler.tracing.costs
     if scalars:  # named only when present: graphs without them keep their fingerprint
         meta["saved_scalar_bytes"] = scalars
-        at = dict(totals.get("scalar_at", {}))  # per node: a pipeline stage holds its own per micro-batch
-        meta[SCALARS_META] = {nd.name: n for nd, g in zip(nodes, groups) if (n := sum(at.get(p, 0) for p in g))}
+        meta[SCALARS_META] = scalar_nodes  # per node: a pipeline stage holds its own per micro-batch
     frozen = int(totals["param_bytes"]) - int(totals.get("trainable_param_bytes", totals["param_bytes"]))
     graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]), frozen_param_bytes=frozen,
                   input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]) + scalars, name=name, meta=meta,

@@ -47,6 +47,12 @@ def test_each_saved_python_scalar_is_counted_once_as_held_bytes():
     assert g.meta["saved_scalar_bytes"] == 3 * 8  # one float64 ``other`` per MulBackward0
     assert "saved_scalar_bytes" not in without.meta  # tensor operands go through the hooks as before
     assert g.input_bytes - without.input_bytes == 3 * 8
+    # each node's share, by name (a pipeline stage holds its own nodes' per micro-batch), out of the fingerprint
+    per_node = g.meta["saved_scalars"]
+    assert sum(per_node.values()) == 3 * 8 and len(per_node) == 3
+    assert all(g.nodes[g.index[name]].module.startswith("blocks.") for name in per_node)
+    bare = g.with_nodes(g.nodes, meta={k: v for k, v in g.meta.items() if k != "saved_scalars"})
+    assert bare.fingerprint() == g.fingerprint()
 
 
 def test_a_plan_at_its_least_feasible_budget_fits_the_allocator_with_saved_scalars():
