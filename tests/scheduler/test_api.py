@@ -6,7 +6,7 @@ import importlib
 def test_trace_apply_fit_are_functions_after_importing_every_submodule():
     import scheduler
 
-    for mod in ("tracer", "applying.graph", "measuring.verification", "comparing.run", "sizing.search", "measuring.storages",
+    for mod in ("tracing.tracer", "applying.graph", "measuring.verification", "comparing.run", "sizing.search", "measuring.storages",
                 "sizing.floor", "sizing.memory"):
         importlib.import_module(f"scheduler.{mod}")
     for name in ("trace", "apply", "fit", "solve", "simulate"):
