@@ -21,6 +21,7 @@ import solvers
 from graphs import Graph
 from solvers import InfeasibleBudget, Plan, Simulation, SolverOptionError
 from solvers.chunks import solve_chunked
+from solvers.nested import solve_nested
 
 from .sizing.budget import BudgetSpec
 from .sizing.memory import ReserveSpec, step_budget_bytes
@@ -51,7 +52,8 @@ def __getattr__(name: str) -> Any:
 
 def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: str | None = None,
           mixed_precision: bool = False, reserve: ReserveSpec = 0, layout: Any = None,
-          chunks: Sequence[int] | None = None, mlp_chunks: Sequence[int] | None = None, **options: Any) -> Plan:
+          chunks: Sequence[int] | None = None, mlp_chunks: Sequence[int] | None = None, nested: bool = False,
+          **options: Any) -> Plan:
     """Choose which activations to keep for ``graph`` under ``budget``.
 
     Args:
@@ -87,6 +89,12 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
             masked LMs traced with their labels). None: the head as traced.
         mlp_chunks: chunk counts to try for every row-wise call (an MLP),
             the same count for all; combined with each of ``chunks``.
+        nested: regions may nest one level: a region's child calls
+            checkpointed again inside its recompute (NOTE [ Nested regions ]
+            in ``solvers.nested``): the cheapest that fits of ``dp`` with
+            nesting (exact on a chain), ``solver`` itself, and nestings of
+            ``solver``'s least plan (NOTE [ Solving nested plans ]);
+            combines with ``chunks``.
         **options: solver options (e.g. ``time_limit_s`` for ``ilp``).
 
     Raises:
@@ -100,22 +108,28 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
         if chunks or mlp_chunks:
             raise SolverOptionError("chunks= and mlp_chunks= are for one process's graph, not with layout=: "
                                     "solve without a layout to chunk the head or MLPs")
+        if nested:
+            raise SolverOptionError("nested=True is for one process's graph, not with layout=: solve without a "
+                                    "layout to nest regions")
         from .distributed import solve_layout
 
         return solve_layout(graph, budget, layout, solver=solver, optimizer=optimizer,  # type: ignore[return-value]
                             mixed_precision=mixed_precision, reserve=reserve, **options)
     budget_bytes = step_budget_bytes(budget, graph, optimizer=optimizer, mixed_precision=mixed_precision,
                                      reserve=reserve)
+    def one(g: Graph, b: int) -> Plan:
+        return solvers.solve(g, b, solver=solver, **options)
+
+    solve_graph = (lambda g, b: solve_nested(g, b, one)) if nested else one
     try:
         if chunks or mlp_chunks:
-            return solve_chunked(graph, budget_bytes, lambda g, b: solvers.solve(g, b, solver=solver, **options),
-                                 chunks or (1,), mlp_chunks or (1,))
-        return solvers.solve(graph, budget_bytes, solver=solver, **options)
+            return solve_chunked(graph, budget_bytes, solve_graph, chunks or (1,), mlp_chunks or (1,))
+        return solve_graph(graph, budget_bytes)
     except InfeasibleBudget as exc:
         if exc.floor:
             raise
         best = None if exc.best_regions is None else Plan(regions=exc.best_regions)
-        floor = explain_floor(graph, best, levers=not (chunks or mlp_chunks)).text
+        floor = explain_floor(graph, best, levers=not (chunks or mlp_chunks), nested_lever=not nested).text
         raise exc.with_floor(floor) from None
 
 

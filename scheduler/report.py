@@ -130,6 +130,9 @@ def checkpoints_line(plan: Plan) -> str:
     if not plan.modules:
         return f"checkpoints {len(plan.regions)} regions (no module paths: a graph without submodule calls)"
     kept = f", keeping {len(plan.saved)} op outputs inside them" if plan.saved else ""
+    if plan.inner:  # NOTE [ Nested regions ] in solvers.nested
+        inner = plan.inner_modules or tuple("nodes %d..%d" % r for r in plan.inner)
+        chunked = f"; nested inside them: {len(plan.inner)} calls ({compact_modules(inner)})" + chunked
     return f"checkpoints {len(plan.regions)} submodule calls{kept}: {compact_modules(plan.modules)}{chunked}"
 
 

@@ -6,6 +6,9 @@ With ``selective`` (the default) every region also tries each kept set of its
 menu (NOTE [ The menu of kept sets ] in ``solvers.model.selective``): a plan is a
 set of ``(region, menu entry)`` pairs, and the optimum is over those pairs.
 On a graph without saveable nodes every menu is ``()`` and nothing changes.
+With ``nested`` every region that keeps no nodes is also tried nested with
+its child calls inside (NOTE [ The menu of inner regions ] in
+``solvers.nested``).
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from .errors import InfeasibleBudget, SolverInputError
 from .model.plan import Plan, Status
 from .model.selective import DEFAULT_LIMIT, variants
 from .model.simulate import simulate
+from .nested import inner_menu
 
 __all__ = ["MAX_BRUTE_FORCE_NODES", "MAX_BRUTE_FORCE_PLANS", "FrontierPoint", "enumerate_plans",
-           "enumerate_selective", "count_selective", "pareto_frontier", "best_from_frontier", "brute_force"]
+           "enumerate_selective", "enumerate_nested", "count_selective", "pareto_frontier", "best_from_frontier", "brute_force"]
 
 #: Refuse larger graphs: 14 nodes already means 317,811 simulations.
 MAX_BRUTE_FORCE_NODES = 14
@@ -35,17 +39,22 @@ Regions = tuple[tuple[int, int], ...]
 class FrontierPoint(tuple):
     """One point of :func:`pareto_frontier`: the triple ``(peak_bytes,
     recompute_cost, regions)`` (what callers unpack) with the plan's kept
-    nodes as :attr:`saved` (sorted positions, ``()`` without selective recompute)."""
+    nodes as :attr:`saved` (sorted positions, ``()`` without selective recompute)
+    and its inner regions as :attr:`inner` (``()`` without nesting)."""
 
     saved: tuple[int, ...]
+    inner: Regions
 
-    def __new__(cls, peak: int, cost: int, regions: Regions, saved: tuple[int, ...] = ()) -> "FrontierPoint":
+    def __new__(cls, peak: int, cost: int, regions: Regions, saved: tuple[int, ...] = (),
+                inner: Regions = ()) -> "FrontierPoint":
         self = super().__new__(cls, (peak, cost, regions))
         self.saved = tuple(saved)
+        self.inner = tuple(inner)
         return self
 
     def __repr__(self) -> str:
-        return f"FrontierPoint(peak={self[0]}, cost={self[1]}, regions={self[2]}, saved={self.saved})"
+        return (f"FrontierPoint(peak={self[0]}, cost={self[1]}, regions={self[2]}, saved={self.saved}"
+                + (f", inner={self.inner})" if self.inner else ")"))
 
 
 def enumerate_plans(graph: Graph) -> Iterator[tuple[tuple[int, int], ...]]:
@@ -85,6 +94,16 @@ def enumerate_selective(graph: Graph, *, limit: int = DEFAULT_LIMIT) -> Iterator
             yield regions, tuple(sorted(k for entry in combo for k in entry))
 
 
+def enumerate_nested(graph: Graph, plans: Iterator[tuple[Regions, tuple[int, ...]]]
+                     ) -> Iterator[tuple[Regions, tuple[int, ...], Regions]]:
+    """Yield ``(regions, saved, inner)``: each plan of ``plans`` with every choice of nesting its regions
+    that keep no nodes and have child calls (NOTE [ The menu of inner regions ] in ``solvers.nested``)."""
+    for regions, saved in plans:
+        opts = [r for r in regions if inner_menu(graph, *r) and not any(r[0] <= k <= r[1] for k in saved)]
+        for flags in itertools.product((False, True), repeat=len(opts)):
+            yield regions, saved, tuple(x for r, f in zip(opts, flags) if f for x in inner_menu(graph, *r))
+
+
 def count_selective(graph: Graph, *, limit: int = DEFAULT_LIMIT) -> int:
     """How many plans :func:`enumerate_selective` yields (without simulating them)."""
     n = len(graph)
@@ -104,7 +123,8 @@ def count_selective(graph: Graph, *, limit: int = DEFAULT_LIMIT) -> int:
     return ways[0]
 
 
-def pareto_frontier(graph: Graph, *, selective: bool = True, limit: int = DEFAULT_LIMIT) -> list[FrontierPoint]:
+def pareto_frontier(graph: Graph, *, selective: bool = True, limit: int = DEFAULT_LIMIT,
+                    nested: bool = False) -> list[FrontierPoint]:
     """Every plan's ``(peak_bytes, recompute_cost)``, reduced to the frontier.
 
     Args:
@@ -112,13 +132,15 @@ def pareto_frontier(graph: Graph, *, selective: bool = True, limit: int = DEFAUL
         selective: also try every region's menu of kept sets (NOTE [ The menu
             of kept sets ] in ``solvers.model.selective``); False: regions only.
         limit: the menus' size.
+        nested: also try every region that keeps nothing nested with its
+            child calls (``Plan.inner``, NOTE [ The menu of inner regions ]).
 
     Returns:
-        :class:`FrontierPoint` ``(peak, cost, regions)`` with ``.saved``, sorted
+        :class:`FrontierPoint` ``(peak, cost, regions)`` with ``.saved`` and ``.inner``, sorted
         by ascending peak and strictly descending cost: for any budget, the
         optimum is the last entry whose peak is within budget
         (:func:`best_from_frontier`). Ties on cost keep the lowest peak, then
-        the fewest regions, then the fewest kept nodes.
+        the fewest regions, then the fewest kept nodes, then the fewest inner regions.
 
     Raises:
         SolverInputError (a ValueError): more than :data:`MAX_BRUTE_FORCE_NODES` nodes, or more
@@ -138,14 +160,15 @@ def pareto_frontier(graph: Graph, *, selective: bool = True, limit: int = DEFAUL
         plans: Iterator[tuple[Regions, tuple[int, ...]]] = enumerate_selective(graph, limit=limit)
     else:
         plans = ((regions, ()) for regions in enumerate_plans(graph))
-    for regions, saved in plans:
-        sim = simulate(graph, Plan(regions=regions, saved=saved), record=False)
-        rows.append((sim.peak_bytes, sim.recompute_cost, len(regions), regions, len(saved), saved))
+    triples = enumerate_nested(graph, plans) if nested else ((r, s, ()) for r, s in plans)
+    for regions, saved, inner in triples:
+        sim = simulate(graph, Plan(regions=regions, saved=saved, inner=inner), record=False)
+        rows.append((sim.peak_bytes, sim.recompute_cost, len(regions), regions, len(saved), saved, len(inner), inner))
     rows.sort()
     frontier: list[FrontierPoint] = []
-    for peak, cost, _, regions, _, saved in rows:
+    for peak, cost, _, regions, _, saved, _, inner in rows:
         if not frontier or cost < frontier[-1][1]:
-            frontier.append(FrontierPoint(peak, cost, regions, saved))
+            frontier.append(FrontierPoint(peak, cost, regions, saved, inner))
     return frontier
 
 
@@ -169,7 +192,7 @@ def best_from_frontier(frontier, budget_bytes: int):
 
 
 def brute_force(graph: Graph, budget_bytes: int, *, selective: bool = True, limit: int = DEFAULT_LIMIT,
-                frontier=None) -> Plan:
+                nested: bool = False, frontier=None) -> Plan:
     """The cheapest plan whose simulated peak fits ``budget_bytes``.
 
     Args:
@@ -179,6 +202,8 @@ def brute_force(graph: Graph, budget_bytes: int, *, selective: bool = True, limi
             sets ] in ``solvers.model.selective``); False: regions only, as
             without selective recompute.
         limit: the menus' size.
+        nested: regions may also nest their child calls (NOTE [ The menu of
+            inner regions ] in ``solvers.nested``).
         frontier: a precomputed :func:`pareto_frontier` (then ``selective``
             and ``limit`` are those it was computed with), to answer many budgets.
 
@@ -192,16 +217,18 @@ def brute_force(graph: Graph, budget_bytes: int, *, selective: bool = True, limi
     """
     t0 = time.perf_counter()
     if frontier is None:
-        frontier = pareto_frontier(graph, selective=selective, limit=limit)
+        frontier = pareto_frontier(graph, selective=selective, limit=limit, nested=nested)
     best = best_from_frontier(frontier, budget_bytes)
     if best is None:
         raise InfeasibleBudget(budget_bytes, frontier[0][0], solver="brute-force", best_regions=frontier[0][2])
     peak, cost, regions = best[:3]
     saved = getattr(best, "saved", ())
-    flops = simulate(graph, Plan(regions=tuple(regions), saved=saved), record=False).recompute_flops
+    inner = getattr(best, "inner", ())
+    flops = simulate(graph, Plan(regions=tuple(regions), saved=saved, inner=inner), record=False).recompute_flops
     return Plan.from_regions(
         graph, regions, solver="brute-force", status=Status.OPTIMAL, budget_bytes=int(budget_bytes),
         peak_bytes=peak, recompute_cost=cost, recompute_flops=flops, bound=float(cost),
-        gap=0.0, solve_time_s=time.perf_counter() - t0, saved=saved,
-        options={"selective": bool(selective), "limit": limit} if selective else {},
+        gap=0.0, solve_time_s=time.perf_counter() - t0, saved=saved, inner=inner,
+        options={**({"selective": bool(selective), "limit": limit} if selective else {}),
+                 **({"nested": True} if nested else {})},
     )

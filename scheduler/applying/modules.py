@@ -88,6 +88,7 @@ NOTE [ Caches under recompute ]
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from typing import Any
@@ -172,10 +173,36 @@ def apply(model: nn.Module, plan: Plan, *, check: bool = True) -> nn.Module:
         module = model.get_submodule(parent)
         module.forward = SequentialRuns(module, items, previous=module.__dict__.get("forward"), save_ops=run_ops[parent])
         mark(module)
+    _install_inner(model, plan, check=check)
     install_chunked(model, chunked)
     model.__dict__[_PLAN_ATTR] = whole
     log.info("applied %d checkpoint regions (%s) to %s", len(targets), plan.solver, type(model).__name__)
     return model
+
+
+def _install_inner(model: nn.Module, plan: Plan, *, check: bool) -> None:
+    """NOTE [ Nested regions ] in ``solvers.nested``: each inner region's call checkpointed on its own; the outer
+    call, checkpointed around it, makes it (in its forward and in its recompute), so the checkpoints nest."""
+    if not plan.inner:
+        return
+    if not plan.inner_modules or any(not m for m in plan.inner_modules):
+        raise ApplyError("the inner regions of this plan name no submodule call (inner_modules); solve it again on a "
+                         "graph from scheduler.trace")
+    for path in plan.inner_modules:
+        if parse_run_path(path) is not None:
+            raise ApplyError(f"inner region {path!r} is a run of nn.Sequential children; an inner region is one "
+                             "module call (NOTE [ The menu of inner regions ]): solve again")
+    as_regions = dataclasses.replace(plan, regions=plan.inner, modules=plan.inner_modules,
+                                     stochastic=plan.inner_stochastic, inner=(), inner_modules=(),
+                                     inner_stochastic=(), saved=(), save_ops=(), save_op_calls=(), node_names=(),
+                                     chunks=(), chunk_modules=())
+    flags = list(plan.inner_stochastic) if plan.inner_stochastic else [True] * len(plan.inner)
+    for (path, module), stochastic in zip(_resolve(model, as_regions, check=check), flags):
+        if isinstance(module.__dict__.get("forward"), (RegionForward, SequentialRuns)):
+            raise ApplyError(f"inner region {path!r} is also a region of the plan; an inner region lies strictly "
+                             "inside its outer one (solve again)")
+        module.forward = RegionForward(module, path, stochastic=stochastic, previous=module.__dict__.get("forward"))
+        mark(module)
 
 
 def remove(model: nn.Module) -> nn.Module:

@@ -86,6 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "cheapest plan that fits wins (transformers causal/masked LMs traced with labels)")
     p.add_argument("--mlp-chunks", type=_chunk_counts, default=None, metavar="K,K,...",
                    help="also try every row-wise call (an MLP) in K row chunks, each recomputed (e.g. 1,2,4)")
+    p.add_argument("--nested", action="store_true",
+                   help="regions may nest one level: each region's child calls checkpointed again inside its "
+                        "recompute (a second recompute for less memory); the cheapest plan that fits wins")
     p.add_argument("-S", "--solver-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a solver option, repeatable, e.g. -S work_limit=10 (see --help-options)")
     p.add_argument("--help-options", nargs=0, action=_HelpOptions,
@@ -157,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
               f"{_terms(args)})")
     if args.solver != "all":
         with phase(f"solving with {args.solver}"):
-            plan = solve(graph, budget, solver=args.solver, chunks=args.chunks, mlp_chunks=args.mlp_chunks, **_options(args.solver, args))
+            plan = solve(graph, budget, solver=args.solver, chunks=args.chunks, mlp_chunks=args.mlp_chunks,
+                         nested=args.nested, **_options(args.solver, args))
         if args.output:
             plan.save(args.output)  # before printing: a closed stdout must not lose the plan
         print(plan_summary(graph, plan))
@@ -170,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             with phase(f"solving with {name}"):
                 plan = solve(graph, budget, solver=name, chunks=args.chunks, mlp_chunks=args.mlp_chunks,
-                             **_options(name, args, strict=False))
+                             nested=args.nested, **_options(name, args, strict=False))
         except InfeasibleBudget as exc:
             if exc.best_regions is not None and (lowest is None or exc.min_feasible_bytes < lowest[0]):
                 lowest = (exc.min_feasible_bytes, exc.best_regions)

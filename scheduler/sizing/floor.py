@@ -22,6 +22,7 @@ from typing import Mapping
 
 from graphs import Graph
 from solvers import Plan, Simulation, format_bytes, simulate, terms_of
+from solvers.nested import nest_to_fit
 from solvers.chunks import CHUNK_MENU, ChunkError, chunk_entries, chunked_graph, expand, find_tail, parse_chunk_module
 
 __all__ = ["NodeFloor", "Floor", "node_floors", "explain_floor"]
@@ -98,7 +99,7 @@ def node_floors(graph: Graph) -> list[NodeFloor]:
     return out
 
 
-def explain_floor(graph: Graph, plan: Plan | None = None, *, levers: bool = True) -> Floor:
+def explain_floor(graph: Graph, plan: Plan | None = None, *, levers: bool = True, nested_lever: bool = True) -> Floor:
     """Explain the least peak: which node sets it and why no plan goes lower.
 
     Args:
@@ -107,6 +108,8 @@ def explain_floor(graph: Graph, plan: Plan | None = None, *, levers: bool = True
             checkpointed, or a solver's answer); ``None``: store-all.
         levers: also say what a chunked head would buy (NOTE [ Chunked head ]
             in ``solvers.chunks``), where the graph has one and ``plan`` does not chunk it.
+        nested_lever: also say what nesting the plan's regions would buy (NOTE
+            [ Nested regions ] in ``solvers.nested``), where ``plan`` nests none.
 
     Returns:
         A :class:`Floor` with the bound, the plan's simulated peak and a text.
@@ -133,7 +136,21 @@ def explain_floor(graph: Graph, plan: Plan | None = None, *, levers: bool = True
                 f"single-op need is {format_bytes(bound.bytes)} in the {bound.phase} of {where}; the rest of the "
                 "peak is what other nodes keep at that moment.")
     text += _chunk_lever(graph, plan, sim.peak_bytes) if levers else ""
+    text += _nested_lever(planned, plan, sim.peak_bytes) if nested_lever else ""
     return Floor(bound=bound, best_peak_bytes=sim.peak_bytes, sim=sim, tight=tight, text=text)
+
+
+def _nested_lever(planned: Graph, plan: Plan | None, peak_bytes: int) -> str:
+    """What nesting this plan's regions (each with its child calls checkpointed inside its recompute) would
+    buy (NOTE [ Nested regions ] in ``solvers.nested``), or ""."""
+    if plan is None or plan.inner or not plan.regions:
+        return ""
+    nested, lower = nest_to_fit(planned, plan.regions, -1, exhaustive=False)
+    if lower < 0 or lower >= peak_bytes:
+        return ""
+    return (f" Nesting its regions (each region's child calls checkpointed again inside its recompute, a second "
+            f"recompute for less memory) would bring this plan to {format_bytes(lower)} "
+            f"(-{format_bytes(peak_bytes - lower)}): solve with --nested (scheduler.solve(..., nested=True)).")
 
 
 def _chunk_lever(graph: Graph, plan: Plan | None, peak_bytes: int) -> str:

@@ -3,6 +3,7 @@
 * ``chain``: the solver (registered as ``dp``) and its table;
 * ``profiles``: segment profiles, the memory model the program composes;
 * ``selective``: the profile of a region that keeps nodes;
+* ``nested``: the profile of a region nested with its child calls;
 * ``kernel``: which merge kernel runs (numba's, or the plain copy while numba
   loads: NOTE [ The dp kernel under a deadline ]); ``_kernel``: that kernel.
 """

@@ -30,6 +30,13 @@ entry of its menu of kept sets (NOTE [ The menu of kept sets ] in
 the table is then optimal over ``(region, menu entry)`` pairs on a chain, and
 a plan carries its kept nodes in ``saved``. A graph without saveable nodes
 fills exactly the table it always did.
+
+With ``nested`` every region candidate with child calls also comes nested
+(NOTE [ Nested regions in the chain decomposition ] in ``solvers.dp.nested``):
+the table is then optimal, on a chain, over plans whose regions are each
+plain, keeping a menu entry, or nested with all of their child calls inside
+(NOTE [ The menu of inner regions ] in ``solvers.nested``); a plan carries the
+inner regions in ``inner``.
 """
 
 from __future__ import annotations
@@ -43,11 +50,13 @@ import numpy as np
 from graphs import Graph
 
 from ..deadline import Deadline, OutOfTime
+from .nested import NESTED_CODE, NestedRuns
 from .kernel import WORK_PER_S, compiled_ready, kernel, load_in_background
 from .profiles import NodeArrays, RegionRows, node_arrays, region_rng, stored_profile
 from .selective import KeptRuns
 from ..errors import InfeasibleBudget
 from ..options import Option
+from ..nested import inner_menu
 from ..model.plan import Plan, Status
 from ..registry import register
 from ..model.simulate import simulate
@@ -103,11 +112,12 @@ class DPTable:
     """
 
     def __init__(self, graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True,
-                 deadline: Deadline | None = None, max_s: float | None = None) -> None:
+                 deadline: Deadline | None = None, max_s: float | None = None, nested: bool = False) -> None:
         t0 = time.perf_counter()
         self.graph = graph
         self.max_front = max_front
         self.selective = selective
+        self.nested = nested
         self.thinned = False
         self.stages: Stages = stages(graph)
         self._na: NodeArrays = node_arrays(graph, self.stages.common)
@@ -139,6 +149,22 @@ class DPTable:
         if kept is not None and not kept.any:
             kept = None
         self._kept = kept
+        nest = None
+        if self.nested:  # NOTE [ Nested regions in the chain decomposition ] in solvers.dp.nested
+            span_ends0 = SpanIndex(self.graph).ends
+            lmax0 = last_regionable(st)
+            cands = []
+            if span_ends0 is not None:
+                stage_of = {e: s for s, e in enumerate(ends)}
+                for i in range(m):
+                    for b in span_ends0[st.starts[i]].tolist():
+                        j = stage_of.get(b, -1)
+                        if i <= j <= lmax0[i]:
+                            cands.append((st.starts[i], b))
+            nest = NestedRuns(self.graph, cands)
+            if not nest.any:
+                nest = None
+        self._nest = nest
         empty = _Front(np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -2), np.zeros(1, np.int64))
         fronts: dict[tuple[int, int], _Front] = {(m, 0): empty, (m, 1): empty}
         for i in range(m):
@@ -183,6 +209,14 @@ class DPTable:
                     segs, ret, code = (np.concatenate((x, y)) for x, y in ((js, k_segs), (ret, k_ret), (js, k_code)))
                     floor = np.concatenate((floor, k_floor))
                     run_cost = np.concatenate((run_cost, k_cost))
+            if nest is not None:  # the plain regions once more, nested, after the others
+                n_segs, n_floor, n_cost, n_ret, n_code = nest.runs(i, st.starts[i], ends, js, floor[:len(js)],
+                                                                   run_cost[:len(js)], ret[:len(js)], m)
+                if len(n_segs):
+                    segs, ret, code = (np.concatenate((x, y)) for x, y in ((segs, n_segs), (ret, n_ret),
+                                                                           (code, n_code)))
+                    floor = np.concatenate((floor, n_floor))
+                    run_cost = np.concatenate((run_cost, n_cost))
             for lh in sorted(need[i]):
                 local, retained, nlh = stored[i, lh]
                 nf = fronts[i + 1, nlh]
@@ -234,6 +268,7 @@ class DPTable:
         root = self.root
         regions = []
         saved: list[int] = []
+        inner: list[tuple[int, int]] = []
         i, lh = 0, 1
         front = root
         at = idx
@@ -247,7 +282,10 @@ class DPTable:
             else:
                 j, v = choice % m, choice // m  # v: the entry of the region's menu (0: keep nothing)
                 regions.append((self.stages.starts[i], self.stages.ends[j]))
-                if v:
+                if v == NESTED_CODE:  # NOTE [ Nested regions in the chain decomposition ]
+                    inner.extend(inner_menu(self.graph, *regions[-1]))
+                    lh = self._lh_reg[j]
+                elif v:
                     kept, lh = self._kept.entry(i, j, v)
                     saved.extend(kept)
                 else:
@@ -255,7 +293,7 @@ class DPTable:
                 i = j + 1
             front = self._fronts[i, lh]
             at = nxt
-        return Answer(tuple(regions), self.const + int(root.h[idx]), int(root.cost[idx]), tuple(saved))
+        return Answer(tuple(regions), self.const + int(root.h[idx]), int(root.cost[idx]), tuple(saved), tuple(inner))
 
 
 def last_regionable(st: Stages) -> np.ndarray:
@@ -292,13 +330,17 @@ def fill_work(st: Stages) -> int:
 
 class Answer(tuple):
     """A plan read from the table: the triple ``(regions, predicted peak,
-    recompute cost)`` with the kept nodes (selective recompute) as :attr:`saved`."""
+    recompute cost)`` with the kept nodes (selective recompute) as :attr:`saved`
+    and the inner regions (nested regions) as :attr:`inner`."""
 
     saved: tuple[int, ...]
+    inner: tuple[tuple[int, int], ...]
 
-    def __new__(cls, regions, peak: int, cost: int, saved: tuple[int, ...] = ()) -> "Answer":
+    def __new__(cls, regions, peak: int, cost: int, saved: tuple[int, ...] = (),
+                inner: tuple[tuple[int, int], ...] = ()) -> "Answer":
         self = super().__new__(cls, (regions, peak, cost))
         self.saved = tuple(saved)
+        self.inner = tuple(inner)
         return self
 
 
@@ -350,13 +392,14 @@ def _thin(front: _Front, size: int) -> _Front:
 
 
 def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True,
-             deadline: Deadline | None = None, max_s: float | None = None) -> DPTable:
+             deadline: Deadline | None = None, max_s: float | None = None, nested: bool = False) -> DPTable:
     """The DP table of ``graph``, cached by content (a budget sweep fills it once).
 
     Args:
         graph: the graph.
         max_front: see :func:`dp`.
         selective: see :func:`dp`.
+        nested: see :func:`dp`.
         deadline, max_s: see :class:`DPTable` (a table found in the cache is held to ``max_s`` all the same).
 
     Returns:
@@ -365,12 +408,14 @@ def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selecti
     Raises:
         OutOfTime: the table was not filled within ``deadline`` or ``max_work``.
     """
-    key = f"{graph.content_hash()}:{max_front}:{bool(selective)}"  # costs included: fingerprints leave them out
+    # costs included: fingerprints leave them out
+    key = f"{graph.content_hash()}:{max_front}:{bool(selective)}" + (":nested" if nested else "")
     table = _CACHE.get(key)
     if table is not None:
         _check_work(table.stages, max_s)  # as if it were not cached: the answer does not depend on earlier calls
     else:
-        table = DPTable(graph, max_front=max_front, selective=selective, deadline=deadline, max_s=max_s)
+        table = DPTable(graph, max_front=max_front, selective=selective, deadline=deadline, max_s=max_s,
+                        nested=nested)
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = table
@@ -380,8 +425,11 @@ def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selecti
 @register("dp", options=(Option("max_front", int, "cap on each Pareto set (thinned past it: may lose optimality); "
                                  "None: exact", minimum=2, none_ok=True),
                           Option("selective", bool, "regions may keep op outputs from the forward (the menu of "
-                                 "NOTE [ The menu of kept sets ]); False: every region recomputes all of it")))
-def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True) -> Plan:
+                                 "NOTE [ The menu of kept sets ]); False: every region recomputes all of it"),
+                          Option("nested", bool, "regions may also run their child calls checkpointed inside "
+                                 "their recompute (NOTE [ Nested regions ]); False: one level")))
+def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True,
+       nested: bool = False) -> Plan:
     """Optimal plan over the chain of articulation points (see the module docstring).
 
     Args:
@@ -393,6 +441,12 @@ def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_F
             [ The menu of kept sets ] in ``solvers.model.selective``): the plan's
             ``saved``, optimal over ``(region, menu entry)`` pairs. On a graph
             without saveable nodes this changes nothing. False: regions only.
+        nested: regions may also be nested, with all of their child calls
+            checkpointed inside their recompute (NOTE [ Nested regions ] and
+            NOTE [ The menu of inner regions ] in ``solvers.nested``): the
+            plan's ``inner``, optimal on a chain over plans whose regions are
+            each one level or nested that way. On a graph without spans this
+            changes nothing.
 
     Returns:
         A plan with status ``optimal`` on a chain, ``feasible`` on other
@@ -403,7 +457,7 @@ def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_F
     Raises:
         InfeasibleBudget: with the least budget any such plan needs.
     """
-    return dp_answer(graph, dp_table(graph, max_front=max_front, selective=selective), budget_bytes)
+    return dp_answer(graph, dp_table(graph, max_front=max_front, selective=selective, nested=nested), budget_bytes)
 
 
 def dp_answer(graph: Graph, table: DPTable, budget_bytes: int) -> Plan:
@@ -413,7 +467,8 @@ def dp_answer(graph: Graph, table: DPTable, budget_bytes: int) -> Plan:
     answer = table.solve(budget_bytes)
     regions, peak, cost = answer
     optimal = table.is_chain and table.exact and not table.thinned
-    return Plan(regions=regions, saved=answer.saved, status=Status.OPTIMAL if optimal else Status.FEASIBLE,
+    return Plan(regions=regions, saved=answer.saved, inner=answer.inner,
+                status=Status.OPTIMAL if optimal else Status.FEASIBLE,
                 bound=float(cost) if optimal else None,
                 options={"stages": len(table.stages), "predicted_peak_bytes": peak})
 
@@ -430,15 +485,18 @@ def _dp_inexact(graph: Graph, table: DPTable, budget_bytes: int) -> Plan:
     root = table.root
     idx = int(np.searchsorted(root.h, budget_bytes - table.const, side="right")) - 1
     best = None
+    # A nested region's profile is read off simulate at one context (NOTE [ Nested regions in the chain
+    # decomposition ]): off a chain it is no upper bound, so every nested answer is simulated too.
     for at in range(max(idx, 0), min(len(root.h), max(idx, 0) + RESCUE + 1)):
         answer = table.plan_at(at)
-        if at > idx and simulate(graph, Plan(regions=answer[0], saved=answer.saved),
-                                 record=False).peak_bytes > budget_bytes:
+        if (at > idx or answer.inner) and simulate(graph, Plan(regions=answer[0], saved=answer.saved,
+                                                               inner=answer.inner),
+                                                   record=False).peak_bytes > budget_bytes:
             continue
         if best is None or answer[2] < best[2]:
             best = answer
     if best is None:
         raise InfeasibleBudget(budget_bytes, table.min_peak_bytes, solver="dp", best_regions=table.plan_at(0)[0])
     regions, peak, cost = best
-    return Plan(regions=regions, saved=best.saved, status=Status.FEASIBLE, bound=None,
+    return Plan(regions=regions, saved=best.saved, inner=best.inner, status=Status.FEASIBLE, bound=None,
                 options={"stages": len(table.stages), "predicted_peak_bytes": peak})

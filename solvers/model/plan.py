@@ -96,6 +96,17 @@ class Plan:
             or ``""`` when the graph recorded no outputs (then both are one).
             A plan for ``"held"`` fits a loop that drops the output too;
             ``scheduler.verify`` measures the loop the plan names.
+        chunks: the chunked calls ``(first, last, k)`` (NOTE [ Chunked head ]
+            in ``solvers.chunks``); positions above are the expanded graph's.
+        chunk_modules: per chunked call, its module path.
+        inner: sorted, disjoint ``(first, last)`` regions each strictly inside
+            one region of ``regions``: that region's recompute runs with them
+            checkpointed, and each is recomputed once more just before its
+            own backward (NOTE [ Nested regions ] in ``solvers.nested``).
+            Empty: one level, as before.
+        inner_modules: per inner region, its module path (like ``modules``).
+        inner_stochastic: per inner region, whether a node in it draws random
+            numbers (like ``stochastic``).
     """
 
     regions: tuple[tuple[int, int], ...]
@@ -123,6 +134,9 @@ class Plan:
     loop: str = ""
     chunks: tuple[tuple[int, int, int], ...] = ()
     chunk_modules: tuple[str, ...] = ()
+    inner: tuple[tuple[int, int], ...] = ()
+    inner_modules: tuple[str, ...] = ()
+    inner_stochastic: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         regions = _normalise_regions(self.regions)
@@ -143,6 +157,14 @@ class Plan:
         object.__setattr__(self, "modules", tuple(self.modules))
         object.__setattr__(self, "stochastic", tuple(bool(x) for x in self.stochastic))
         object.__setattr__(self, "saved", _normalise_saved(self.saved, regions))
+        object.__setattr__(self, "inner", _normalise_inner(self.inner, regions, self.saved))
+        object.__setattr__(self, "inner_modules", tuple(self.inner_modules))
+        object.__setattr__(self, "inner_stochastic", tuple(bool(x) for x in self.inner_stochastic))
+        if self.inner_modules and len(self.inner_modules) != len(self.inner):
+            raise PlanError(f"plan lists {len(self.inner_modules)} inner_modules for {len(self.inner)} inner regions")
+        if self.inner_stochastic and len(self.inner_stochastic) != len(self.inner):
+            raise PlanError(f"plan lists {len(self.inner_stochastic)} inner_stochastic flags for "
+                            f"{len(self.inner)} inner regions")
         object.__setattr__(self, "save_ops", tuple(tuple((str(op), int(k)) for op, k in r) for r in self.save_ops))
         if self.save_ops and len(self.save_ops) != len(self.regions):
             raise PlanError(f"plan lists {len(self.save_ops)} save_ops entries for {len(self.regions)} regions")
@@ -196,15 +218,18 @@ class Plan:
         stochastic = tuple(any(graph.nodes[i].stochastic for i in range(a, b + 1)) for a, b in self.regions)
         save_ops = _save_ops(graph, self.regions, self.saved) if self.saved else ()
         calls = _save_op_calls(graph, self.regions, save_ops) if save_ops else ()
+        inner_modules = tuple(graph.span_module(r) for r in self.inner) if graph.spans else ()
+        inner_stochastic = tuple(any(graph.nodes[i].stochastic for i in range(a, b + 1)) for a, b in self.inner)
         return dataclasses.replace(self, node_names=names, modules=modules, stochastic=stochastic,
-                                   save_ops=save_ops, save_op_calls=calls, chunk_modules=chunk_modules)
+                                   save_ops=save_ops, save_op_calls=calls, chunk_modules=chunk_modules,
+                                   inner_modules=inner_modules, inner_stochastic=inner_stochastic)
 
     def unaligned_regions(self, graph: Graph) -> list[tuple[int, int]]:
         """The regions that are no submodule call of ``graph`` (NOTE [ Module-aligned regions ])."""
         allowed = graph.allowed_regions()
         if allowed is None:
             return []
-        return [r for r in self.regions if r not in allowed]
+        return [r for r in self.regions + self.inner if r not in allowed]
 
     def validate(self, graph: Graph) -> None:
         """Check the regions fit ``graph`` (indices, recomputable flags).
@@ -311,6 +336,11 @@ class Plan:
             del d["save_op_calls"]  # plans without kept calls read as before
         if not self.loop:
             del d["loop"]  # likewise plans of graphs without outputs
+        d["inner"] = [list(r) for r in self.inner]
+        d["inner_modules"] = list(self.inner_modules)
+        d["inner_stochastic"] = list(self.inner_stochastic)
+        if not self.inner:
+            del d["inner"], d["inner_modules"], d["inner_stochastic"]  # one-level plans read as before
         d["chunks"] = [list(c) for c in self.chunks]
         d["chunk_modules"] = list(self.chunk_modules)
         if not self.chunks:
@@ -392,6 +422,18 @@ class Plan:
         if not isinstance(chunk_modules, (list, tuple)) or not all(isinstance(m, str) for m in chunk_modules):
             raise PlanError(f"plan field 'chunk_modules' must be a list of module paths, got {_short(chunk_modules)}")
         kw["chunk_modules"] = tuple(chunk_modules)
+        inner = d.get("inner", ())
+        if not isinstance(inner, (list, tuple)) or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in inner):
+            raise PlanError(f"plan field 'inner' must be a list of [first, last] pairs, got {_short(inner)}")
+        kw["inner"] = tuple(tuple(count(v, "inner", "plan", PlanError) for v in r) for r in inner)
+        inner_modules = d.get("inner_modules", ())
+        if not isinstance(inner_modules, (list, tuple)) or not all(isinstance(m, str) for m in inner_modules):
+            raise PlanError(f"plan field 'inner_modules' must be a list of module paths, got {_short(inner_modules)}")
+        kw["inner_modules"] = tuple(inner_modules)
+        inner_stochastic = d.get("inner_stochastic", ())
+        if not isinstance(inner_stochastic, (list, tuple)) or not all(isinstance(x, bool) for x in inner_stochastic):
+            raise PlanError(f"plan field 'inner_stochastic' must be a list of true/false, got {_short(inner_stochastic)}")
+        kw["inner_stochastic"] = tuple(inner_stochastic)
         return cls(node_names=tuple(tuple(p) for p in node_names), modules=tuple(modules),
                    stochastic=tuple(stochastic), saved=saved, **pairs, **kw)
 
@@ -429,6 +471,28 @@ def _expanded(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
         return expand(graph, chunks)
     except ChunkError as exc:
         raise PlanError(f"the plan's chunked calls do not fit this graph: {exc}") from None
+
+
+def _normalise_inner(inner: Iterable[Sequence[int]], regions: Sequence[tuple[int, int]],
+                     saved: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """``Plan.inner`` sorted and checked (NOTE [ Nested regions ] in ``solvers.nested``)."""
+    out = _normalise_regions(inner)
+    if not out:
+        return out
+    starts = [a for a, _ in regions]
+    keeps = set(saved)
+    for a, b in out:
+        r = bisect.bisect_right(starts, a) - 1
+        if r < 0 or b > regions[r][1]:
+            raise PlanError(f"inner region ({a}, {b}) lies inside no region of the plan; an inner region is checkpointed "
+                            "within the recompute of the region around it (NOTE [ Nested regions ])")
+        if (a, b) == regions[r]:
+            raise PlanError(f"inner region ({a}, {b}) is its region itself; an inner region lies strictly inside one")
+        ra, rb = regions[r]
+        if any(ra <= k <= rb for k in keeps):
+            raise PlanError(f"region ({ra}, {rb}) both keeps nodes (selective recompute) and holds inner regions; "
+                            "a region does one or the other (NOTE [ Nested regions ])")
+    return out
 
 
 def _normalise_saved(saved: Iterable[int], regions: Sequence[tuple[int, int]]) -> tuple[int, ...]:

@@ -186,7 +186,11 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
             if ref() is graph and seen == _key(plan):
                 _RECENT.append(_RECENT.pop(i))  # the most recent again
                 return sim
-    walk = _Walk(graph, plan, record)
+    if plan is not None and plan.inner:
+        from .nested_walk import NestedWalk  # NOTE [ Nested regions ] in solvers.nested
+        walk: _Walk = NestedWalk(graph, plan, record)
+    else:
+        walk = _Walk(graph, plan, record)
     walk.forward()
     walk.backward()
     sim = walk.result()
@@ -203,7 +207,7 @@ _RECENT_SIZE = 4
 
 
 def _key(plan: Plan | None) -> tuple:
-    return (tuple(plan.regions), tuple(plan.saved)) if plan is not None else ((), ())
+    return (tuple(plan.regions), tuple(plan.saved), tuple(plan.inner)) if plan is not None else ((), (), ())
 
 
 def remember(graph: Graph, plan: Plan | None, sim: Simulation) -> None:
@@ -234,6 +238,7 @@ class _Walk:
         self.terms = terms_of(graph)
         # a stochastic region's first node -> the generator state it stores (NOTE [ RNG state per region ])
         self.rng_at = {a: rng for (a, _), rng in zip(regions, region_rng_bytes(graph, regions)) if rng}
+        self.rng_fwd = self.rng_at  # what the forward stores at each position (inner regions add theirs)
         self.rg = [nd.requires_grad for nd in nodes]
         self.out_b = [nd.out_bytes for nd in nodes]
         self.caller = self.terms.sinks  # sinks and held outputs: the caller holds them to the end
@@ -280,7 +285,7 @@ class _Walk:
         remaining = [len(s) for s in succs]
         for i in range(len(nodes)):
             nd = nodes[i]
-            act += self.rng_at.get(i, 0)  # stored before the region runs, kept with its inputs
+            act += self.rng_fwd.get(i, 0)  # stored before the region runs, kept with its inputs
             act += out_b[i] + nd.saved_bytes
             alive[i] = True
             step(FORWARD, i, act, self.agrad, self.pgrad, nd.workspace_bytes)

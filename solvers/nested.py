@@ -1,0 +1,228 @@
+"""Nested regions: a region whose recompute runs with inner regions checkpointed.
+
+NOTE [ Nested regions ]
+    A plan may nest regions one level deep (depth 2): ``Plan.inner`` lists
+    regions that lie strictly inside one of ``Plan.regions`` (its *outer*
+    region). Applied, the outer call runs under a non-reentrant checkpoint and
+    the inner calls, which it makes, under checkpoints of their own
+    (``torch.utils.checkpoint`` nests; Chen et al.'s recursive schedule, the
+    revolve / Rotor family). ``simulate`` walks it as torch runs it
+    (``_NestedWalk``); every other step is NOTE [ Execution model ]:
+
+    * forward: the outer region is a region like any other (it keeps its
+      inputs only). The inner checkpoints save their inputs through the
+      outer's pack hook, so they keep nothing either; a stochastic inner
+      region stores its generator state (NOTE [ RNG state per region ]) from
+      its first forward step to the backward of its first node;
+    * when the backward reaches the outer's last node, its recompute runs the
+      outer's nodes from its inputs; a node outside every inner region keeps
+      what it saves (as in a one-level recompute), a node inside an inner
+      region keeps nothing (own buffers freed at once, its output freed after
+      its last consumer), and each inner region's inputs made by the
+      recompute are kept (the outer's recompute stores what the inner
+      checkpoint saves) until that inner region's own recompute ends;
+    * early stop: the outer's recompute ends as soon as it has saved again
+      the last tensor the outer saved (non-reentrant checkpoint's early
+      stop). An inner region saves its inputs before it runs, so when no node
+      of the outer after its last inner region saves anything, the recompute
+      stops at that inner region's first node: it runs only the nodes before,
+      keeps that inner region's inputs, and the inner region is recomputed
+      once (in its own recompute), not twice. Otherwise the whole outer
+      region runs, as a one-level recompute does;
+    * when the backward reaches an inner region's last node, the inner region
+      is recomputed as a one-level region (NOTE [ Execution model ]) from the
+      inputs the outer's recompute kept, which are released when that
+      recompute ends (unless a node of it saves them);
+    * recompute cost: every node the outer's recompute runs, plus every node
+      of every inner region once more.
+
+    Outer regions with inner regions keep no nodes (``Plan.saved``; refused
+    by ``Plan``), and a plan without inner regions runs exactly the one-level
+    walk. What an outer region's eager forward holds (``extra_bytes``) is
+    held through its recompute as for a one-level region; an inner region's
+    through its own recompute.
+
+NOTE [ Solving nested plans ]
+    ``dp`` with ``nested=True`` is exact over the menu below on a chain
+    (checked against the brute force). On a DAG its table is an upper bound
+    and, for nested regions, not even that (their profiles are read off
+    ``simulate`` at one context), so every nested answer it gives is
+    simulated. :func:`solve_nested` (``scheduler.solve(..., nested=True)``)
+    therefore takes the cheapest that fits of (1) ``dp`` with ``nested=True``,
+    (2) the one-level solver asked for (``ilp`` by default: exact over
+    one-level plans), and (3) when the one-level solver finds nothing, its
+    least plan with the nesting of its regions chosen to fit
+    (:func:`nest_to_fit`: every choice up to :data:`MAX_FLAG_REGIONS` regions
+    with child calls). It is optimal where (1) is (a chain); elsewhere the
+    plan says ``feasible``, and it is never worse than the one-level solver.
+
+NOTE [ The menu of inner regions ]
+    The exact solvers optimise over a restricted, stated space: a region
+    ``first..last`` (a module call: a span) is either one level, or nested
+    with *all of its child calls* as inner regions, where the child calls are
+    the maximal spans strictly inside it that are single calls (no
+    ``nn.Sequential`` run: its parent's ``forward`` could not carry both,
+    and no chunk of a chunked call), taken greedily left to right while
+    disjoint (:func:`inner_menu`). "Outer run of calls, inner calls": a
+    block with its attention and MLP inside, a stage with its blocks. So a
+    nested plan is a one-level plan with a flag per region, and ``dp``
+    (``nested=True``) and the brute force (``nested=True``) are exact over
+    those pairs. A graph without spans has no child calls: nothing nests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from typing import Any, Callable, Sequence
+
+from graphs import Graph
+
+from .errors import InfeasibleBudget
+
+__all__ = ["inner_menu", "nested_plan_inner", "nest_to_fit", "solve_nested", "MAX_FLAG_REGIONS"]
+
+log = logging.getLogger(__name__)
+
+#: :func:`nest_to_fit` tries every choice of nested regions up to this many regions with child calls.
+MAX_FLAG_REGIONS = 10
+
+
+def _is_call(path: str) -> bool:
+    """A single module call an inner region may be (not a Sequential run, nor a chunk of a chunked call)."""
+    from .chunks import parse_chunk_module
+    return bool(path) and "[" not in path and parse_chunk_module(path) is None and "+loss" not in path
+
+
+def inner_menu(graph: Graph, a: int, b: int) -> tuple[tuple[int, int], ...]:
+    """The child calls of region ``a..b`` (NOTE [ Solving nested plans ]
+    ``dp`` with ``nested=True`` is exact over the menu below on a chain
+    (checked against the brute force). On a DAG its table is an upper bound
+    and, for nested regions, not even that (their profiles are read off
+    ``simulate`` at one context), so every nested answer it gives is
+    simulated. :func:`solve_nested` (``scheduler.solve(..., nested=True)``)
+    therefore takes the cheapest that fits of (1) ``dp`` with ``nested=True``,
+    (2) the one-level solver asked for (``ilp`` by default: exact over
+    one-level plans), and (3) when the one-level solver finds nothing, its
+    least plan with the nesting of its regions chosen to fit
+    (:func:`nest_to_fit`: every choice up to :data:`MAX_FLAG_REGIONS` regions
+    with child calls). It is optimal where (1) is (a chain); elsewhere the
+    plan says ``feasible``, and it is never worse than the one-level solver.
+
+NOTE [ The menu of inner regions ]): ``()`` when none.
+
+    Args:
+        graph: a graph with spans (the expanded graph of a chunked plan, if any).
+        a, b: the outer region, inclusive.
+    """
+    cache = graph.cached("_inner_menus", dict)
+    key = (a, b)
+    if key in cache:
+        return cache[key]
+    if not graph.spans:
+        cache[key] = ()
+        return ()
+    inside = sorted({(sp.first, sp.last) for sp in graph.spans
+                     if a <= sp.first and sp.last <= b and (sp.first, sp.last) != (a, b) and _is_call(sp.module)},
+                    key=lambda r: (r[0], -r[1]))
+    names = {}
+    for sp in graph.spans:
+        names.setdefault((sp.first, sp.last), []).append(sp.module)
+    out: list[tuple[int, int]] = []
+    end = a - 1
+    for x, y in inside:
+        if x > end:  # maximal: not inside the one taken before; disjoint from it
+            if all(_is_call(m) for m in names[(x, y)]) and graph.span_module((x, y)) != graph.span_module((a, b)):
+                out.append((x, y))
+                end = y
+    result = tuple(out)
+    cache[key] = result
+    return result
+
+
+def nested_plan_inner(graph: Graph, regions: Sequence[tuple[int, int]],
+                      flags: Sequence[bool]) -> tuple[tuple[int, int], ...]:
+    """``Plan.inner`` for ``regions`` where ``flags`` says which are nested (each with its :func:`inner_menu`)."""
+    out: list[tuple[int, int]] = []
+    for (a, b), nest in zip(regions, flags):
+        if nest:
+            out.extend(inner_menu(graph, a, b))
+    return tuple(out)
+
+
+def nest_to_fit(graph: Graph, regions: Sequence[tuple[int, int]], budget_bytes: int, *,
+                exhaustive: bool = True) -> tuple[Any, int]:
+    """``(plan or None, least peak seen)``: the cheapest nesting of ``regions`` (NOTE [ The menu of inner
+    regions ]) whose simulated peak fits ``budget_bytes`` (NOTE [ Solving nested plans ]); -1: nothing nests.
+
+    ``exhaustive=False`` tries each region nested alone and all of them, whatever their number."""
+    from .model.plan import Plan
+    from .model.simulate import simulate
+
+    regions = tuple(sorted(tuple(r) for r in regions))
+    opts = [r for r in regions if inner_menu(graph, *r)]
+    if exhaustive and len(opts) <= MAX_FLAG_REGIONS:
+        choices: Any = itertools.product((False, True), repeat=len(opts))
+    else:  # each region nested alone, then all of them
+        choices = [(True,) * len(opts)] + [tuple(i == x for i in range(len(opts))) for x in range(len(opts))]
+    best, best_cost, least = None, None, None
+    for flags in choices:
+        if not any(flags):
+            continue
+        plan = Plan(regions=regions, inner=nested_plan_inner(graph, opts, flags))
+        sim = simulate(graph, plan, record=False)
+        least = sim.peak_bytes if least is None else min(least, sim.peak_bytes)
+        if sim.peak_bytes <= budget_bytes and (best_cost is None or sim.recompute_cost < best_cost):
+            best, best_cost = plan, sim.recompute_cost
+    return best, (least if least is not None else -1)
+
+
+def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, int], Any]) -> Any:
+    """The cheapest plan that fits among nested and one-level answers (NOTE [ Solving nested plans ]).
+
+    Args:
+        graph: the graph (a chunked plan's expanded graph, when called through ``solve_chunked``).
+        budget_bytes: the whole step's budget.
+        solve_one: the one-level solver, ``solve_one(graph, budget_bytes)`` (``solvers.solve`` of a
+            registered name).
+
+    Raises:
+        InfeasibleBudget: nothing fits; the least peak of what was tried (proven least only when ``dp``
+            proved it on a chain and nothing tried went lower).
+    """
+    from .registry import finalize, solve
+    from .model.plan import Status
+
+    t0 = time.perf_counter()
+    found: list[Any] = []
+    failures: list[InfeasibleBudget] = []
+    try:
+        found.append(solve(graph, budget_bytes, solver="dp", nested=True))
+    except InfeasibleBudget as exc:
+        failures.append(exc)
+    try:
+        found.append(solve_one(graph, budget_bytes))
+    except InfeasibleBudget as exc:
+        failures.append(exc)
+        if exc.best_regions:
+            plan, least = nest_to_fit(graph, exc.best_regions, budget_bytes)
+            if plan is not None:
+                found.append(finalize(graph, dataclasses.replace(plan, status=Status.FEASIBLE), budget_bytes,
+                                      "nested", {"nested": True, "from": exc.solver}, t0))
+            elif least >= 0:
+                failures.append(InfeasibleBudget(budget_bytes, least, solver="nested", best_regions=None,
+                                                 scope=f"the nestings of {exc.solver or 'the solver'}'s least plan"))
+    if found:
+        best = min(found, key=lambda p: (p.recompute_cost, p.peak_bytes))
+        status = best.status if best.solver == "dp" else Status.FEASIBLE
+        if best.status != status:
+            best = dataclasses.replace(best, status=status, bound=None, gap=None)
+        log.info("nested: %s, recompute %d", best.solver, best.recompute_cost)
+        return dataclasses.replace(best, findings={**best.findings, "nested_regions": len(best.inner)})
+    closest = min(failures, key=lambda e: e.min_feasible_bytes)  # the least floor of what was tried
+    if closest.solver == "dp" and closest.proven and not closest.scope:
+        raise closest
+    raise closest.replace(scope=closest.scope or "the plans nested solving tries (NOTE [ Solving nested plans ] "
+                                                 "in solvers.nested)")
