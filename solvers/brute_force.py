@@ -94,14 +94,45 @@ def enumerate_selective(graph: Graph, *, limit: int = DEFAULT_LIMIT) -> Iterator
             yield regions, tuple(sorted(k for entry in combo for k in entry))
 
 
-def enumerate_nested(graph: Graph, plans: Iterator[tuple[Regions, tuple[int, ...]]]
+def enumerate_nested(graph: Graph, plans: Iterator[tuple[Regions, tuple[int, ...]]], *, every: bool = False
                      ) -> Iterator[tuple[Regions, tuple[int, ...], Regions]]:
     """Yield ``(regions, saved, inner)``: each plan of ``plans`` with every choice of nesting its regions
-    that keep no nodes and have child calls (NOTE [ The menu of inner regions ] in ``solvers.nested``)."""
+    that keep no nodes and have child calls (NOTE [ The menu of inner regions ] in ``solvers.nested``).
+
+    ``every``: instead, every set of disjoint regions strictly inside each such region (spans on a graph
+    with spans, any interval without), the whole depth-2 space the menu restricts."""
     for regions, saved in plans:
-        opts = [r for r in regions if inner_menu(graph, *r) and not any(r[0] <= k <= r[1] for k in saved)]
+        free = [r for r in regions if not any(r[0] <= k <= r[1] for k in saved)]
+        if every:
+            lists = [[x for x in _inside(graph, r) if x != (r,)] for r in free]
+            for combo in itertools.product(*lists):
+                yield regions, saved, tuple(sorted(x for sets in combo for x in sets))
+            continue
+        opts = [r for r in free if inner_menu(graph, *r)]
         for flags in itertools.product((False, True), repeat=len(opts)):
             yield regions, saved, tuple(x for r, f in zip(opts, flags) if f for x in inner_menu(graph, *r))
+
+
+def _inside(graph: Graph, region: tuple[int, int]) -> list[Regions]:
+    """Every set of disjoint allowed regions within ``region`` (``()`` included)."""
+    a, b = region
+    allowed = graph.allowed_regions()
+    ok = [nd.recomputable for nd in graph.nodes]
+    out: list[Regions] = []
+
+    def rec(i: int, acc: Regions) -> None:
+        if i > b:
+            out.append(acc)
+            return
+        rec(i + 1, acc)
+        j = i
+        while j <= b and ok[j]:
+            if allowed is None or (i, j) in allowed:
+                rec(j + 1, acc + ((i, j),))
+            j += 1
+
+    rec(a, ())
+    return out
 
 
 def count_selective(graph: Graph, *, limit: int = DEFAULT_LIMIT) -> int:
@@ -124,7 +155,7 @@ def count_selective(graph: Graph, *, limit: int = DEFAULT_LIMIT) -> int:
 
 
 def pareto_frontier(graph: Graph, *, selective: bool = True, limit: int = DEFAULT_LIMIT,
-                    nested: bool = False) -> list[FrontierPoint]:
+                    nested: bool | str = False) -> list[FrontierPoint]:
     """Every plan's ``(peak_bytes, recompute_cost)``, reduced to the frontier.
 
     Args:
@@ -133,7 +164,9 @@ def pareto_frontier(graph: Graph, *, selective: bool = True, limit: int = DEFAUL
             of kept sets ] in ``solvers.model.selective``); False: regions only.
         limit: the menus' size.
         nested: also try every region that keeps nothing nested with its
-            child calls (``Plan.inner``, NOTE [ The menu of inner regions ]).
+            child calls (``Plan.inner``, NOTE [ The menu of inner regions ]);
+            ``"every"``: with every set of disjoint regions inside it (the
+            whole depth-2 space; tiny graphs only).
 
     Returns:
         :class:`FrontierPoint` ``(peak, cost, regions)`` with ``.saved`` and ``.inner``, sorted
@@ -160,7 +193,8 @@ def pareto_frontier(graph: Graph, *, selective: bool = True, limit: int = DEFAUL
         plans: Iterator[tuple[Regions, tuple[int, ...]]] = enumerate_selective(graph, limit=limit)
     else:
         plans = ((regions, ()) for regions in enumerate_plans(graph))
-    triples = enumerate_nested(graph, plans) if nested else ((r, s, ()) for r, s in plans)
+    triples = (enumerate_nested(graph, plans, every=nested == "every") if nested
+               else ((r, s, ()) for r, s in plans))
     for regions, saved, inner in triples:
         sim = simulate(graph, Plan(regions=regions, saved=saved, inner=inner), record=False)
         rows.append((sim.peak_bytes, sim.recompute_cost, len(regions), regions, len(saved), saved, len(inner), inner))

@@ -68,6 +68,11 @@ NOTE [ The menu of inner regions ]
     nested plan is a one-level plan with a flag per region, and ``dp``
     (``nested=True``) and the brute force (``nested=True``) are exact over
     those pairs. A graph without spans has no child calls: nothing nests.
+    The brute force also enumerates the whole depth-2 space
+    (``pareto_frontier(graph, nested="every")``: every set of disjoint spans
+    inside each region): on 25 random chains of at most 8 nodes the menu
+    reached its least budget on 22, and was up to 9 % above it on the other
+    3 (``tests/solvers/test_nested.py``).
 """
 
 from __future__ import annotations
