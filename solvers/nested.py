@@ -184,7 +184,8 @@ def nest_to_fit(graph: Graph, regions: Sequence[tuple[int, int]], budget_bytes: 
     return best, (least if least is not None else -1)
 
 
-def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, int], Any]) -> Any:
+def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, int], Any], *,
+                 selective: bool = True) -> Any:
     """The cheapest plan that fits among nested and one-level answers (NOTE [ Solving nested plans ]).
 
     Args:
@@ -192,6 +193,7 @@ def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, in
         budget_bytes: the whole step's budget.
         solve_one: the one-level solver, ``solve_one(graph, budget_bytes)`` (``solvers.solve`` of a
             registered name).
+        selective: ``dp``'s option: its regions may keep nodes (NOTE [ The menu of kept sets ]).
 
     Raises:
         InfeasibleBudget: nothing fits; the least peak of what was tried (proven least only when ``dp``
@@ -204,7 +206,7 @@ def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, in
     found: list[Any] = []
     failures: list[InfeasibleBudget] = []
     try:
-        found.append(solve(graph, budget_bytes, solver="dp", nested=True))
+        found.append(solve(graph, budget_bytes, solver="dp", nested=True, selective=selective))
     except InfeasibleBudget as exc:
         failures.append(exc)
     try:
