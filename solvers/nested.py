@@ -85,7 +85,11 @@ from typing import Any, Callable, Sequence
 
 from graphs import Graph
 
+from .chunks import parse_chunk_module
 from .errors import InfeasibleBudget
+from .model.plan import Plan, Status
+from .registry import finalize, solve
+from .model.simulate import simulate
 
 __all__ = ["inner_menu", "nested_plan_inner", "nest_to_fit", "solve_nested", "MAX_FLAG_REGIONS"]
 
@@ -97,7 +101,6 @@ MAX_FLAG_REGIONS = 10
 
 def _is_call(path: str) -> bool:
     """A single module call an inner region may be (not a Sequential run, nor a chunk of a chunked call)."""
-    from .chunks import parse_chunk_module
     return bool(path) and "[" not in path and parse_chunk_module(path) is None and "+loss" not in path
 
 
@@ -163,9 +166,6 @@ def nest_to_fit(graph: Graph, regions: Sequence[tuple[int, int]], budget_bytes: 
     regions ]) whose simulated peak fits ``budget_bytes`` (NOTE [ Solving nested plans ]); -1: nothing nests.
 
     ``exhaustive=False`` tries each region nested alone and all of them, whatever their number."""
-    from .model.plan import Plan
-    from .model.simulate import simulate
-
     regions = tuple(sorted(tuple(r) for r in regions))
     opts = [r for r in regions if inner_menu(graph, *r)]
     if exhaustive and len(opts) <= MAX_FLAG_REGIONS:
@@ -199,9 +199,6 @@ def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, in
         InfeasibleBudget: nothing fits; the least peak of what was tried (proven least only when ``dp``
             proved it on a chain and nothing tried went lower).
     """
-    from .registry import finalize, solve
-    from .model.plan import Status
-
     t0 = time.perf_counter()
     found: list[Any] = []
     failures: list[InfeasibleBudget] = []

@@ -22,6 +22,8 @@ NOTE [ Nested regions in the chain decomposition ]
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from graphs import Graph
@@ -98,7 +100,6 @@ def _peaks(sim, layer: list[tuple[int, int]]) -> dict[tuple[int, int], int]:  # 
     """The highest live bytes at the steps of each region of ``layer`` (its nodes' forward, recompute, backward)."""
     starts = [a for a, _ in layer]
     out = {r: -1 for r in layer}
-    import bisect
     for (_, k), live in zip(sim.steps, sim.live_bytes):
         x = bisect.bisect_right(starts, k) - 1
         if x >= 0 and k <= layer[x][1] and live > out[layer[x]]:
@@ -111,7 +112,6 @@ def _costs(graph: Graph, sim, layer: list[tuple[int, int]]) -> dict[tuple[int, i
     costs = graph.recompute_costs()
     starts = [a for a, _ in layer]
     out = {r: 0 for r in layer}
-    import bisect
     for phase, k in sim.steps:
         if phase == "recompute":
             x = bisect.bisect_right(starts, k) - 1

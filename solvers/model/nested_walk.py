@@ -34,7 +34,6 @@ class NestedWalk(_Walk):
 
     # ------------------------------------------------------------ backward
     def backward(self) -> None:
-        
         graph, n = self.graph, len(self.nodes)
         self.pgrad += graph.unattributed_grad_bytes()
         grads = self.grads = GradientWalk(graph)
