@@ -67,6 +67,10 @@ NOTE [ Execution model ]
     forward FLOPs; at the graph's rate (``meta["costs"]["flops_per_s"]``) the
     cost is the predicted recompute time.
 
+    A plan with inner regions (``Plan.inner``) runs the steps of NOTE
+    [ Nested regions ] in ``solvers.nested`` around its outer regions'
+    recomputes (``nested_walk``); every other step is this one.
+
 NOTE [ Selective recompute ]
     ``plan.saved`` lists nodes inside regions whose outputs a selective
     checkpoint policy keeps (``CheckpointPolicy.MUST_SAVE`` for the node's
