@@ -5,8 +5,19 @@ On small transformers GPT-2, Llama and BERT models with a realistic vocabulary
 real step), the least budget we plan with and without the chunked head
 (``dp`` over the chunk menu), that plan applied and measured by the allocator,
 the longest sequence (doubling from 512) whose least chunked plan fits
-transformers' peak at 512, and our step time at their peak over theirs
-(median of steps).
+transformers' peak at 512, and our step time at their peak over theirs.
+
+One CNN row (:func:`run_cnn`): this project's bottleneck ResNet (torchvision is
+no dependency of the project) with ``checkpoint_sequential`` over its blocks,
+one segment per block, as "theirs"; nothing of a CNN is chunked, so the row
+says what a one-level plan gains there. :func:`nested_least` is where a
+nested-regions column goes once the solvers plan nested regions.
+
+Step times (:func:`compare_steps`): theirs and ours alternate (ABBA...), one
+warm-up step after each switch and the best of two timed steps, on one
+thread; the ratio is the median over the pairs, with the pairs' min-max, so a
+shared machine's load shifting between the two measurements moves the spread,
+not the ratio.
 
 Writes ``benchmarks/results/chunked.md``. Run: ``python -m benchmarks.run --only chunked``.
 """
@@ -15,7 +26,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -29,6 +41,9 @@ from benchmarks.pages import write_page
 
 VOCAB, HIDDEN, LAYERS, BATCH = 32000, 128, 2, 1
 MLP_MENU = (1, 2, 4)
+#: The CNN row: ``scheduler.models.cnn.build_resnet`` at this depth, width, image side, and batch.
+CNN = dict(depth=26, width=16, image_size=96, classes=100)
+CNN_BATCH = 8
 
 
 def _model(kind: str, seq: int) -> tuple[Any, dict]:
@@ -37,15 +52,17 @@ def _model(kind: str, seq: int) -> tuple[Any, dict]:
     torch.manual_seed(0)
     ids = torch.randint(0, VOCAB, (BATCH, seq))
     if kind == "gpt2":
-        cfg = transformers.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=seq)
+        cfg = transformers.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=seq,
+                                     use_cache=False)
         return transformers.GPT2LMHeadModel(cfg).train(), {"input_ids": ids, "labels": ids}
     if kind == "llama":
         cfg = transformers.LlamaConfig(hidden_size=HIDDEN, intermediate_size=4 * HIDDEN, num_hidden_layers=LAYERS,
                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                                       max_position_embeddings=seq)
+                                       max_position_embeddings=seq, use_cache=False)
         return transformers.LlamaForCausalLM(cfg).train(), {"input_ids": ids, "labels": ids}
     cfg = transformers.BertConfig(hidden_size=HIDDEN, intermediate_size=4 * HIDDEN, num_hidden_layers=LAYERS,
-                                  num_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=seq)
+                                  num_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=seq,
+                                  use_cache=False)
     labels = ids.clone()
     labels[:, ::7] = -100
     return transformers.BertForMaskedLM(cfg).train(), {"input_ids": ids, "attention_mask": torch.ones_like(ids),
@@ -65,14 +82,69 @@ def _least(graph: Any, menu: tuple[int, ...], mlp_menu: tuple[int, ...]) -> int:
     raise AssertionError("a 1-byte budget fits")
 
 
-def _step_time(model: Any, kwargs: dict, repeats: int) -> float:
-    times = []
-    for _ in range(repeats + 1):
+@dataclass(frozen=True)
+class Side:
+    """One way of running the step: ``on()`` installs it on the model, ``off()`` undoes it."""
+
+    on: Callable[[], Any]
+    off: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class StepRatio:
+    """Our step time over theirs: the median of the pairs' ratios, their min and max, and the pair count."""
+
+    median: float
+    low: float
+    high: float
+    pairs: int
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f} ({self.low:.2f}-{self.high:.2f})"
+
+
+def compare_steps(step: Callable[[], Any], theirs: Side, ours: Side, pairs: int, *, timed: int = 2,
+                  threads: int = 1, clock: Callable[[], float] = time.perf_counter) -> StepRatio:
+    """Our step time over theirs, measured in ``pairs`` adjacent pairs (ABBA...: the order alternates).
+
+    Each side, once installed, runs one warm-up step and ``timed`` steps, of
+    which the fastest counts (load from other jobs only ever adds time). The
+    ratio is the median of the pairs' ratios; ``threads`` intra-op threads
+    while timing (one: a 2-core machine shared with other jobs slows a
+    two-thread step whenever either core is taken). Unlike
+    ``scheduler.comparing.headtohead.alternate``, each side is installed on the
+    one model for its turn and removed after it (outside the timed steps).
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    ratios = []
+    try:
+        for p in range(pairs):
+            times = {}
+            for name in (("theirs", "ours") if p % 2 == 0 else ("ours", "theirs")):
+                side = theirs if name == "theirs" else ours
+                side.on()
+                try:
+                    step()
+                    best = float("inf")
+                    for _ in range(timed):
+                        t0 = clock()
+                        step()
+                        best = min(best, clock() - t0)
+                    times[name] = best
+                finally:
+                    side.off()
+            ratios.append(times["ours"] / times["theirs"])
+    finally:
+        torch.set_num_threads(before)
+    return StepRatio(statistics.median(ratios), min(ratios), max(ratios), pairs)
+
+
+def _lm_step(model: Any, kwargs: dict) -> Callable[[], None]:
+    def step() -> None:
         model.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
         model(**kwargs).loss.backward()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+    return step
 
 
 def _solve(graph: Any, budget: int) -> Any:
@@ -80,27 +152,36 @@ def _solve(graph: Any, budget: int) -> Any:
     return solve_chunked(graph, budget, lambda g, b: solvers.solve(g, b, "dp"), CHUNK_MENU, mlp_menu)
 
 
-def _measure(model: Any, kwargs: dict, plan: Any, repeats: int) -> tuple[int, float]:
+def _measure(model: Any, kwargs: dict, plan: Any) -> int:
     scheduler.apply(model, plan)
     try:
-        peak = allocator_step_peak(model, model, (), kwargs, _loss)
-        return peak, _step_time(model, kwargs, repeats) if repeats else 0.0
+        return allocator_step_peak(model, model, (), kwargs, _loss)
     finally:
         scheduler.remove(model)
 
 
-def run_model(kind: str, seq: int, repeats: int, longest_to: int) -> dict:
+def _theirs_side(model: Any) -> Side:
+    return Side(lambda: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}),
+                model.gradient_checkpointing_disable)
+
+
+def _ours_side(model: Any, plan: Any) -> Side:
+    return Side(lambda: scheduler.apply(model, plan), lambda: scheduler.remove(model))
+
+
+def run_model(kind: str, seq: int, pairs: int, longest_to: int) -> dict:
     model, kwargs = _model(kind, seq)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    theirs_side = _theirs_side(model)
+    theirs_side.on()
     theirs = allocator_step_peak(model, model, (), kwargs, _loss)
-    their_time = _step_time(model, kwargs, repeats)
-    model.gradient_checkpointing_disable()
+    theirs_side.off()
     graph = scheduler.trace(model, (), kwargs, loss=_loss)
     plain_least, least = _least(graph, (1,), (1,)), _least(graph, CHUNK_MENU, MLP_MENU)
     plan = _solve(graph, least)
-    measured, _ = _measure(model, kwargs, plan, 0)
+    measured = _measure(model, kwargs, plan)
     at_theirs = _solve(graph, theirs)
-    measured_theirs, our_time = _measure(model, kwargs, at_theirs, repeats)
+    measured_theirs = _measure(model, kwargs, at_theirs)
+    ratio = compare_steps(_lm_step(model, kwargs), theirs_side, _ours_side(model, at_theirs), pairs)
     longest = seq
     while longest * 2 <= longest_to:
         m2, kw2 = _model(kind, longest * 2)
@@ -109,7 +190,106 @@ def run_model(kind: str, seq: int, repeats: int, longest_to: int) -> dict:
         longest *= 2
     return dict(model=kind, theirs=theirs, plain_least=plain_least, least=least, predicted=plan.peak_bytes,
                 measured=measured, k=_ks(plan), k_theirs=_ks(at_theirs), predicted_theirs=at_theirs.peak_bytes,
-                measured_theirs=measured_theirs, longest=longest, time_ratio=our_time / their_time)
+                measured_theirs=measured_theirs, longest=longest, time_ratio=ratio,
+                recomputed=_recomputed(graph, at_theirs), their_recomputed=_share(graph, _their_layers(model)),
+                nested=nested_least(graph))
+
+
+def _recomputed(graph: Any, plan: Any) -> float:
+    """What ``plan`` recomputes, as a share of the traced forward's cost (0: nothing)."""
+    return plan.recompute_cost / max(sum(graph.recompute_costs()), 1)
+
+
+def _share(graph: Any, paths: Sequence[str]) -> float:
+    """The forward cost of the calls at ``paths`` (what checkpointing them recomputes), as a share of the whole."""
+    costs, inside = graph.recompute_costs(), set()
+    for sp in graph.spans:
+        if sp.module in paths:
+            inside.update(range(sp.first, sp.last + 1))
+    return sum(costs[i] for i in inside) / max(sum(costs), 1)
+
+
+def _their_layers(model: Any) -> list[str]:
+    """The calls transformers checkpoints: its ``GradientCheckpointingLayer`` submodules."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [name for name, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def _cnn(batch: int) -> tuple[Any, tuple, dict]:
+    from scheduler.models.cnn import build_resnet
+
+    torch.manual_seed(0)
+    model, args, kwargs = build_resnet(batch=batch, **CNN)
+    return model.train(), args, kwargs
+
+
+def _sequential_side(model: Any) -> Side:
+    """Theirs for the CNN: ``checkpoint_sequential`` over the blocks, one segment per block (the last segment
+    runs plainly, as ``checkpoint_sequential`` runs it)."""
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    blocks = model.layers
+
+    def on() -> None:
+        blocks.forward = lambda x: checkpoint_sequential(blocks, len(blocks), x, use_reentrant=False)
+
+    return Side(on, lambda: blocks.__dict__.pop("forward"))
+
+
+def _plain_least(graph: Any) -> int:
+    try:
+        solvers.solve(graph, 1, "dp")
+    except solvers.InfeasibleBudget as exc:
+        return exc.min_feasible_bytes
+    raise AssertionError("a 1-byte budget fits")
+
+
+def run_cnn(pairs: int, largest_to: int) -> dict:
+    """The CNN row: their ``checkpoint_sequential`` peak against our least one-level plan and our plan at their
+    peak (nothing of a CNN is chunked: NOTE [ Chunked head ]), and the largest batch (doubling) at their peak."""
+    model, args, kwargs = _cnn(CNN_BATCH)
+    theirs_side = _sequential_side(model)
+    theirs_side.on()
+    theirs = allocator_step_peak(model, model, args, kwargs, None)
+    theirs_side.off()
+    graph = scheduler.trace(model, args, kwargs)
+    least = _plain_least(graph)
+
+    def measured(plan: Any) -> int:
+        scheduler.apply(model, plan)
+        try:
+            return allocator_step_peak(model, model, args, kwargs, None)
+        finally:
+            scheduler.remove(model)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(*args, **kwargs).backward()
+
+    plan, at_theirs = solvers.solve(graph, least, "dp"), solvers.solve(graph, theirs, "dp")
+    ratio = compare_steps(step, theirs_side, _ours_side(model, at_theirs), pairs)
+    largest = CNN_BATCH
+    while largest * 2 <= largest_to:
+        m2, a2, kw2 = _cnn(largest * 2)
+        if _plain_least(scheduler.trace(m2, a2, kw2)) > theirs:
+            break
+        largest *= 2
+    blocks = [f"layers.{i}" for i in range(len(model.layers) - 1)]  # the last segment is not checkpointed
+    return dict(model=f"resnet-{CNN['depth']}", theirs=theirs, least=least, predicted=plan.peak_bytes,
+                measured=measured(plan), predicted_theirs=at_theirs.peak_bytes, measured_theirs=measured(at_theirs),
+                largest=largest, time_ratio=ratio, recomputed=_recomputed(graph, at_theirs),
+                their_recomputed=_share(graph, blocks), nested=nested_least(graph))
+
+
+def nested_least(graph: Any) -> int | None:
+    """The least budget a plan with nested regions reaches on ``graph``: None while no solver plans them.
+
+    The place for the "nested" column of the page: once ``solvers`` plan nested
+    regions (issue 25, "Nested regions"), return their least budget here and
+    the tables gain the column.
+    """
+    return None
 
 
 def _ks(plan: Any) -> str:
@@ -127,33 +307,67 @@ def planned_only(layers: int, seq: int) -> dict:
                 head=_least(graph, CHUNK_MENU, (1,)), both=_least(graph, CHUNK_MENU, MLP_MENU))
 
 
+def _nested_cells(rows: Sequence[dict]) -> tuple[str, str, Callable[[dict], str]]:
+    """The nested column's header, rule and cell, or nothing while :func:`nested_least` gives no budget."""
+    if all(r["nested"] is None for r in rows):
+        return "", "", lambda r: ""
+    return (" our least, nested | ", "---|",
+            lambda r: f" {format_bytes(r['nested'])} ({r['nested'] / r['theirs']:.2f}) |" if r["nested"] else " - |")
+
+
 def main(quick: bool = False) -> None:
-    seq, repeats, longest_to = (512, 2, 1024) if quick else (512, 5, 4096)
-    rows = [run_model(kind, seq, repeats, longest_to) for kind in ("gpt2", "llama", "bert")]
+    seq, pairs, longest_to, largest_to = (512, 3, 1024, 16) if quick else (512, 11, 4096, 64)
+    rows = [run_model(kind, seq, pairs, longest_to) for kind in ("gpt2", "llama", "bert")]
+    cnn = run_cnn(pairs, largest_to)
     big_layers, big_seq = (2, 2048) if quick else (2, 8192)
     big = planned_only(big_layers, big_seq)
+    head, rule, cell = _nested_cells(rows)
     lines = [
         f"CPU, fp32, batch {BATCH}, sequence {seq}, vocabulary {VOCAB}, hidden {HIDDEN}, "
-        f"{LAYERS} layers. Theirs: `gradient_checkpointing_enable(use_reentrant=False)`, peak by the allocator "
+        f"{LAYERS} layers, `use_cache=False` (as transformers' checkpointing sets it). Theirs: "
+        "`gradient_checkpointing_enable(use_reentrant=False)`, peak by the allocator "
         "(profiler memory events, one real step). Ours: `dp` over the head menu "
         f"{CHUNK_MENU} and the MLP menu {MLP_MENU} (k head/MLP in the table; 1 = as traced), the plan applied "
         "onto the same model and measured the same way, at our least budget and at their peak. Longest "
         f"sequence: doubling from {seq} up to {longest_to}, the longest whose least plan is at most their peak at "
-        f"{seq}. Step time: median of {repeats} steps after one warm-up, ours at their peak over theirs.",
+        f"{seq}. Recomputed: the forward's cost that our plan at their peak recomputes (predicted), and that "
+        "theirs does (the cost of the layers it checkpoints), as shares of the whole forward. Step time: ours at "
+        f"their peak over theirs, {pairs} adjacent pairs alternating the order (ABBA...), each side one warm-up "
+        "step after the switch and the best of two timed steps, one thread; the median of the pairs' ratios, their "
+        "min-max in brackets.",
         "",
-        "| model | their peak | our least, unchunked | our least, chunked (k) | / theirs | measured (predicted) "
-        "| at their peak: measured (k) | longest seq at their peak | step time ours / theirs |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | their peak | our least, unchunked | our least, chunked (k) | / theirs |" + head +
+        " measured (predicted) | at their peak: measured (k) | recomputed ours / theirs | longest seq at their peak "
+        "| step time ours / theirs |",
+        "|---|---|---|---|---|" + rule + "---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['model']} | {format_bytes(r['theirs'])} | {format_bytes(r['plain_least'])} | "
-                     f"{format_bytes(r['least'])} ({r['k']}) | {r['least'] / r['theirs']:.2f} | "
+                     f"{format_bytes(r['least'])} ({r['k']}) | {r['least'] / r['theirs']:.2f} |{cell(r)} "
                      f"{format_bytes(r['measured'])} ({format_bytes(r['predicted'])}) | "
-                     f"{format_bytes(r['measured_theirs'])} ({r['k_theirs']}) | {r['longest']} | "
-                     f"{r['time_ratio']:.2f} |")
-    lines += ["", "No CNN row: a classifier's head and loss are over batch rows (batch x classes logits, small) "
-              "and its blocks are convolutions, which read neighbouring rows: nothing of a CNN is chunked, so its "
-              "least budget is the one-level plan's (`benchmarks/results/zoo.md`)."]
+                     f"{format_bytes(r['measured_theirs'])} ({r['k_theirs']}) | "
+                     f"{r['recomputed']:.2f} / {r['their_recomputed']:.2f} | {r['longest']} | {r['time_ratio']} |")
+    c = cnn
+    head, rule, cell = _nested_cells([c])
+    lines += ["", f"CNN: this project's bottleneck ResNet ({c['model']}, width {CNN['width']}, {CNN['image_size']}x"
+              f"{CNN['image_size']} images, batch {CNN_BATCH}, {CNN['classes']} classes, BatchNorm; torchvision is no "
+              "dependency here). Theirs: `checkpoint_sequential(model.layers, one segment per block, "
+              "use_reentrant=False)` (every block but the last checkpointed, as transformers does per layer). Ours: "
+              "`dp`, one level (a CNN has nothing to chunk: its head and loss are over batch rows, its convolutions "
+              f"read neighbouring rows). Largest batch: doubling from {CNN_BATCH} up to {largest_to}, the largest "
+              "whose least plan is at most their peak. Measured as above.", "",
+              "| model | their peak | our least | / theirs |" + head + " measured (predicted) | at their peak: "
+              "measured (predicted) | recomputed ours / theirs | largest batch at their peak | step time ours / theirs |",
+              "|---|---|---|---|" + rule + "---|---|---|---|---|",
+              f"| {c['model']} | {format_bytes(c['theirs'])} | {format_bytes(c['least'])} | "
+              f"{c['least'] / c['theirs']:.2f} |{cell(c)} {format_bytes(c['measured'])} ({format_bytes(c['predicted'])}) "
+              f"| {format_bytes(c['measured_theirs'])} ({format_bytes(c['predicted_theirs'])}) | "
+              f"{c['recomputed']:.2f} / {c['their_recomputed']:.2f} | {c['largest']} | {c['time_ratio']} |", "",
+              f"What the CNN gains: a least budget {1 - c['least'] / c['theirs']:.0%} below their peak (a one-level "
+              "plan chooses its boundaries; chunks and the head buy nothing there), "
+              + ("no larger batch" if c["largest"] == CNN_BATCH else f"batch {c['largest']} at their peak")
+              + f", and at their peak a plan recomputing {c['recomputed']:.2f} of the forward against their "
+              f"{c['their_recomputed']:.2f}."]
     lines += ["", f"Planned only (meta trace, bf16, for an H100): Llama-3-8B's shape with {big_layers} layers at "
               f"batch 1, sequence {big_seq} (vocabulary 128,256; transformers' loss upcasts the logits to fp32). "
               "Least budget from `dp`:", "",
