@@ -7,10 +7,12 @@ real step), the least budget we plan with and without the chunked head
 the longest sequence (doubling from 512) whose least chunked plan fits
 transformers' peak at 512, and our step time at their peak over theirs.
 
-One CNN row (:func:`run_cnn`): this project's bottleneck ResNet (torchvision is
-no dependency of the project) with ``checkpoint_sequential`` over its blocks,
-one segment per block, as "theirs"; nothing of a CNN is chunked, so the row
-says what a one-level plan gains there. :func:`nested_least` is where a
+CNN rows (:data:`CNN_CASES`, :func:`run_cnn`): this project's bottleneck
+ResNet with ``checkpoint_sequential`` over its blocks, one segment per block,
+as "theirs"; and torchvision's DenseNet-121 with its own ``memory_efficient``
+checkpointing where torchvision imports (it is no dependency of this project:
+the page says when the row is skipped). Nothing of a CNN is chunked, so the
+rows say what a one-level plan gains there. :func:`nested_least` is where a
 nested-regions column goes once the solvers plan nested regions.
 
 Step times (:func:`compare_steps`): theirs and ours alternate (ABBA...), one
@@ -191,22 +193,26 @@ def run_model(kind: str, seq: int, pairs: int, longest_to: int) -> dict:
     return dict(model=kind, theirs=theirs, plain_least=plain_least, least=least, predicted=plan.peak_bytes,
                 measured=measured, k=_ks(plan), k_theirs=_ks(at_theirs), predicted_theirs=at_theirs.peak_bytes,
                 measured_theirs=measured_theirs, longest=longest, time_ratio=ratio,
-                recomputed=_recomputed(graph, at_theirs), their_recomputed=_share(graph, _their_layers(model)),
+                recomputed=_recomputed(graph, at_theirs),
+                their_recomputed=_flops_share(model, (), kwargs, _their_layers(model)),
                 nested=nested_least(graph))
 
 
 def _recomputed(graph: Any, plan: Any) -> float:
-    """What ``plan`` recomputes, as a share of the traced forward's cost (0: nothing)."""
-    return plan.recompute_cost / max(sum(graph.recompute_costs()), 1)
+    """The FLOPs ``plan`` recomputes (predicted), as a share of the traced forward's FLOPs (0: nothing)."""
+    return solvers.simulate(graph, plan).recompute_flops / max(graph.total_fwd_flops(), 1)
 
 
-def _share(graph: Any, paths: Sequence[str]) -> float:
-    """The forward cost of the calls at ``paths`` (what checkpointing them recomputes), as a share of the whole."""
-    costs, inside = graph.recompute_costs(), set()
-    for sp in graph.spans:
-        if sp.module in paths:
-            inside.update(range(sp.first, sp.last + 1))
-    return sum(costs[i] for i in inside) / max(sum(costs), 1)
+def _flops_share(model: Any, args: tuple, kwargs: dict, paths: Sequence[str]) -> float:
+    """The forward FLOPs of the calls at ``paths`` (what checkpointing them recomputes), as a share of the
+    whole forward's, counted by torch's ``FlopCounterMode`` on one forward (the paths are disjoint)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    root = type(model).__name__
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(*args, **kwargs)
+    counts = counter.get_flop_counts()
+    return sum(sum(counts.get(f"{root}.{p}", {}).values()) for p in paths) / max(counter.get_total_flops(), 1)
 
 
 def _their_layers(model: Any) -> list[str]:
@@ -216,7 +222,29 @@ def _their_layers(model: Any) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
-def _cnn(batch: int) -> tuple[Any, tuple, dict]:
+@dataclass(frozen=True)
+class CnnCase:
+    """A CNN row: how to build the model at a batch, and how its own library checkpoints it.
+
+    Attributes:
+        name: the row's name. build: ``batch -> (model, args, kwargs)``, the model returning its loss.
+        theirs: ``model -> Side`` installing their checkpointing. their_calls: ``model -> paths`` of the calls
+        theirs recomputes. batch: the measured batch. solver: ours (``dp`` where the model is a chain of blocks;
+        ``ilp`` where ``dp``'s chain plans cannot reach their peak). what: the setup, for the page. needs: the
+        packages it imports that this project does not depend on (the row is skipped, saying so, without them).
+    """
+
+    name: str
+    build: Callable[[int], tuple[Any, tuple, dict]]
+    theirs: Callable[[Any], Side]
+    their_calls: Callable[[Any], list[str]]
+    batch: int
+    solver: str
+    what: str
+    needs: tuple[str, ...] = ()
+
+
+def _resnet(batch: int) -> tuple[Any, tuple, dict]:
     from scheduler.models.cnn import build_resnet
 
     torch.manual_seed(0)
@@ -225,7 +253,7 @@ def _cnn(batch: int) -> tuple[Any, tuple, dict]:
 
 
 def _sequential_side(model: Any) -> Side:
-    """Theirs for the CNN: ``checkpoint_sequential`` over the blocks, one segment per block (the last segment
+    """Theirs for the ResNet: ``checkpoint_sequential`` over the blocks, one segment per block (the last segment
     runs plainly, as ``checkpoint_sequential`` runs it)."""
     from torch.utils.checkpoint import checkpoint_sequential
 
@@ -237,24 +265,93 @@ def _sequential_side(model: Any) -> Side:
     return Side(on, lambda: blocks.__dict__.pop("forward"))
 
 
-def _plain_least(graph: Any) -> int:
+class _WithLoss(torch.nn.Module):
+    """A torchvision classifier returning its cross-entropy loss (``forward(images, labels)``)."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.net(images), labels)
+
+
+def _densenet(batch: int) -> tuple[Any, tuple, dict]:
+    import torchvision
+
+    torch.manual_seed(0)
+    model = _WithLoss(torchvision.models.densenet121(weights=None, num_classes=CNN["classes"])).train()
+    side = DENSENET_IMAGE
+    return model, (torch.randn(batch, 3, side, side),), {"labels": torch.randint(0, CNN["classes"], (batch,))}
+
+
+def _dense_layers(model: Any) -> list[tuple[str, Any]]:
+    from torchvision.models.densenet import _DenseLayer
+
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, _DenseLayer)]
+
+
+def _memory_efficient_side(model: Any) -> Side:
+    """Theirs for DenseNet: torchvision's ``memory_efficient`` (each dense layer's concatenation, norm1, relu1
+    and conv1 checkpointed), switched on every dense layer."""
+    layers = [m for _, m in _dense_layers(model)]
+
+    def switch(value: bool) -> Callable[[], None]:
+        def go() -> None:
+            for m in layers:
+                m.memory_efficient = value
+        return go
+
+    return Side(switch(True), switch(False))
+
+
+DENSENET_IMAGE = 64
+CNN_CASES = (
+    CnnCase(f"resnet-{CNN['depth']}", _resnet, _sequential_side,
+            lambda m: [f"layers.{i}" for i in range(len(m.layers) - 1)],  # the last segment is not checkpointed
+            CNN_BATCH, "dp",
+            f"this project's bottleneck ResNet-{CNN['depth']} (width {CNN['width']}, {CNN['image_size']}x"
+            f"{CNN['image_size']} images, batch {CNN_BATCH}, BatchNorm); theirs: `checkpoint_sequential(model.layers, "
+            "one segment per block, use_reentrant=False)` (every block but the last checkpointed, as transformers "
+            "does per layer); ours: `dp`"),
+    CnnCase("densenet-121", _densenet, _memory_efficient_side,
+            lambda m: [f"{p}.{c}" for p, _ in _dense_layers(m) for c in ("norm1", "relu1", "conv1")], 4, "ilp",
+            f"torchvision's DenseNet-121 (random weights, {DENSENET_IMAGE}x{DENSENET_IMAGE} images, batch 4); "
+            "theirs: its own `memory_efficient=True`; ours: `ilp` (DenseNet is no chain of blocks: `dp`'s least "
+            "plan is above their peak)", needs=("torchvision",)),
+)
+
+
+def _plain_least(graph: Any, solver: str) -> int:
     try:
-        solvers.solve(graph, 1, "dp")
+        solvers.solve(graph, 1, solver)
     except solvers.InfeasibleBudget as exc:
         return exc.min_feasible_bytes
     raise AssertionError("a 1-byte budget fits")
 
 
-def run_cnn(pairs: int, largest_to: int) -> dict:
-    """The CNN row: their ``checkpoint_sequential`` peak against our least one-level plan and our plan at their
-    peak (nothing of a CNN is chunked: NOTE [ Chunked head ]), and the largest batch (doubling) at their peak."""
-    model, args, kwargs = _cnn(CNN_BATCH)
-    theirs_side = _sequential_side(model)
+def _missing(case: CnnCase) -> str | None:
+    """Why ``case`` cannot run here (a package it needs does not import), or None."""
+    import importlib
+
+    for name in case.needs:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # ImportError, or torchvision's C ops refusing this torch build
+            return f"{name} does not import here ({type(exc).__name__}: {str(exc)[:80]})"
+    return None
+
+
+def run_cnn(case: CnnCase, pairs: int, largest_to: int) -> dict:
+    """A CNN row: their checkpointing peak against our least one-level plan and our plan at their peak
+    (nothing of a CNN is chunked: NOTE [ Chunked head ]), and the largest batch (doubling) at their peak."""
+    model, args, kwargs = case.build(case.batch)
+    theirs_side = case.theirs(model)
     theirs_side.on()
     theirs = allocator_step_peak(model, model, args, kwargs, None)
     theirs_side.off()
     graph = scheduler.trace(model, args, kwargs)
-    least = _plain_least(graph)
+    least = _plain_least(graph, case.solver)
 
     def measured(plan: Any) -> int:
         scheduler.apply(model, plan)
@@ -267,19 +364,20 @@ def run_cnn(pairs: int, largest_to: int) -> dict:
         model.zero_grad(set_to_none=True)
         model(*args, **kwargs).backward()
 
-    plan, at_theirs = solvers.solve(graph, least, "dp"), solvers.solve(graph, theirs, "dp")
+    plan, at_theirs = solvers.solve(graph, least, case.solver), solvers.solve(graph, theirs, case.solver)
     ratio = compare_steps(step, theirs_side, _ours_side(model, at_theirs), pairs)
-    largest = CNN_BATCH
+    largest = case.batch
     while largest * 2 <= largest_to:
-        m2, a2, kw2 = _cnn(largest * 2)
-        if _plain_least(scheduler.trace(m2, a2, kw2)) > theirs:
+        m2, a2, kw2 = case.build(largest * 2)
+        if _plain_least(scheduler.trace(m2, a2, kw2), case.solver) > theirs:
             break
         largest *= 2
-    blocks = [f"layers.{i}" for i in range(len(model.layers) - 1)]  # the last segment is not checkpointed
-    return dict(model=f"resnet-{CNN['depth']}", theirs=theirs, least=least, predicted=plan.peak_bytes,
-                measured=measured(plan), predicted_theirs=at_theirs.peak_bytes, measured_theirs=measured(at_theirs),
-                largest=largest, time_ratio=ratio, recomputed=_recomputed(graph, at_theirs),
-                their_recomputed=_share(graph, blocks), nested=nested_least(graph))
+    return dict(model=case.name, what=case.what, batch=case.batch, theirs=theirs, least=least,
+                predicted=plan.peak_bytes, measured=measured(plan), predicted_theirs=at_theirs.peak_bytes,
+                measured_theirs=measured(at_theirs), largest=largest, time_ratio=ratio,
+                recomputed=_recomputed(graph, at_theirs),
+                their_recomputed=_flops_share(model, args, kwargs, case.their_calls(model)),
+                nested=nested_least(graph))
 
 
 def nested_least(graph: Any) -> int | None:
@@ -315,10 +413,43 @@ def _nested_cells(rows: Sequence[dict]) -> tuple[str, str, Callable[[dict], str]
             lambda r: f" {format_bytes(r['nested'])} ({r['nested'] / r['theirs']:.2f}) |" if r["nested"] else " - |")
 
 
+def cnn_lines(cnns: Sequence[dict], largest_to: int) -> list[str]:
+    """The page's CNN section from :func:`run_cnn`'s rows (and ``{model, skipped}`` for a case not run)."""
+    cnn_rows = [r for r in cnns if "skipped" not in r]
+    head, rule, cell = _nested_cells(cnn_rows)
+    lines = ["", "CNNs (a CNN has nothing to chunk: its head and loss are over batch rows, its convolutions read "
+              "neighbouring rows, so ours is a one-level plan): "
+              + "; ".join(f"**{r['model']}**: {r['what']}" for r in cnn_rows)
+              + f". {CNN['classes']} classes. Largest batch: doubling up to {largest_to}, the largest whose least "
+              "plan is at most their peak at the row's batch. Measured as above.", "",
+              "| model | their peak | our least | / theirs |" + head + " measured (predicted) | at their peak: "
+              "measured (predicted) | recomputed ours / theirs | largest batch at their peak "
+              "| step time ours / theirs |",
+              "|---|---|---|---|" + rule + "---|---|---|---|---|"]
+    for c in cnn_rows:
+        lines.append(f"| {c['model']} | {format_bytes(c['theirs'])} | {format_bytes(c['least'])} | "
+                     f"{c['least'] / c['theirs']:.2f} |{cell(c)} {format_bytes(c['measured'])} "
+                     f"({format_bytes(c['predicted'])}) | {format_bytes(c['measured_theirs'])} "
+                     f"({format_bytes(c['predicted_theirs'])}) | {c['recomputed']:.2f} / {c['their_recomputed']:.2f} "
+                     f"| {c['largest']} | {c['time_ratio']} |")
+    lines.append("")
+    for r in cnns:
+        if "skipped" in r:
+            lines += [f"Not measured: {r['model']}: {r['skipped']}.", ""]
+    lines += ["What a CNN gains: " + "; ".join(
+        f"{c['model']}, a least budget {1 - c['least'] / c['theirs']:.0%} below their peak, "
+        + ("no larger batch" if c["largest"] == c["batch"] else f"batch {c['largest']} at their peak")
+        + f", and at their peak a plan recomputing {c['recomputed']:.2f} of the forward against their "
+        f"{c['their_recomputed']:.2f}" for c in cnn_rows) + " (chunks buy a CNN nothing; what is left is where a "
+        "one-level plan puts its boundaries)."]
+    return lines
+
+
 def main(quick: bool = False) -> None:
     seq, pairs, longest_to, largest_to = (512, 3, 1024, 16) if quick else (512, 11, 4096, 64)
     rows = [run_model(kind, seq, pairs, longest_to) for kind in ("gpt2", "llama", "bert")]
-    cnn = run_cnn(pairs, largest_to)
+    cnns = [dict(model=case.name, skipped=why) if (why := _missing(case)) else run_cnn(case, pairs, largest_to)
+            for case in CNN_CASES]
     big_layers, big_seq = (2, 2048) if quick else (2, 8192)
     big = planned_only(big_layers, big_seq)
     head, rule, cell = _nested_cells(rows)
@@ -330,8 +461,8 @@ def main(quick: bool = False) -> None:
         f"{CHUNK_MENU} and the MLP menu {MLP_MENU} (k head/MLP in the table; 1 = as traced), the plan applied "
         "onto the same model and measured the same way, at our least budget and at their peak. Longest "
         f"sequence: doubling from {seq} up to {longest_to}, the longest whose least plan is at most their peak at "
-        f"{seq}. Recomputed: the forward's cost that our plan at their peak recomputes (predicted), and that "
-        "theirs does (the cost of the layers it checkpoints), as shares of the whole forward. Step time: ours at "
+        f"{seq}. Recomputed: the FLOPs our plan at their peak recomputes (predicted), and those theirs does (the "
+        "calls it checkpoints, by torch's `FlopCounterMode`), as shares of the forward's FLOPs. Step time: ours at "
         f"their peak over theirs, {pairs} adjacent pairs alternating the order (ABBA...), each side one warm-up "
         "step after the switch and the best of two timed steps, one thread; the median of the pairs' ratios, their "
         "min-max in brackets.",
@@ -347,27 +478,7 @@ def main(quick: bool = False) -> None:
                      f"{format_bytes(r['measured'])} ({format_bytes(r['predicted'])}) | "
                      f"{format_bytes(r['measured_theirs'])} ({r['k_theirs']}) | "
                      f"{r['recomputed']:.2f} / {r['their_recomputed']:.2f} | {r['longest']} | {r['time_ratio']} |")
-    c = cnn
-    head, rule, cell = _nested_cells([c])
-    lines += ["", f"CNN: this project's bottleneck ResNet ({c['model']}, width {CNN['width']}, {CNN['image_size']}x"
-              f"{CNN['image_size']} images, batch {CNN_BATCH}, {CNN['classes']} classes, BatchNorm; torchvision is no "
-              "dependency here). Theirs: `checkpoint_sequential(model.layers, one segment per block, "
-              "use_reentrant=False)` (every block but the last checkpointed, as transformers does per layer). Ours: "
-              "`dp`, one level (a CNN has nothing to chunk: its head and loss are over batch rows, its convolutions "
-              f"read neighbouring rows). Largest batch: doubling from {CNN_BATCH} up to {largest_to}, the largest "
-              "whose least plan is at most their peak. Measured as above.", "",
-              "| model | their peak | our least | / theirs |" + head + " measured (predicted) | at their peak: "
-              "measured (predicted) | recomputed ours / theirs | largest batch at their peak | step time ours / theirs |",
-              "|---|---|---|---|" + rule + "---|---|---|---|---|",
-              f"| {c['model']} | {format_bytes(c['theirs'])} | {format_bytes(c['least'])} | "
-              f"{c['least'] / c['theirs']:.2f} |{cell(c)} {format_bytes(c['measured'])} ({format_bytes(c['predicted'])}) "
-              f"| {format_bytes(c['measured_theirs'])} ({format_bytes(c['predicted_theirs'])}) | "
-              f"{c['recomputed']:.2f} / {c['their_recomputed']:.2f} | {c['largest']} | {c['time_ratio']} |", "",
-              f"What the CNN gains: a least budget {1 - c['least'] / c['theirs']:.0%} below their peak (a one-level "
-              "plan chooses its boundaries; chunks and the head buy nothing there), "
-              + ("no larger batch" if c["largest"] == CNN_BATCH else f"batch {c['largest']} at their peak")
-              + f", and at their peak a plan recomputing {c['recomputed']:.2f} of the forward against their "
-              f"{c['their_recomputed']:.2f}."]
+    lines += cnn_lines(cnns, largest_to)
     lines += ["", f"Planned only (meta trace, bf16, for an H100): Llama-3-8B's shape with {big_layers} layers at "
               f"batch 1, sequence {big_seq} (vocabulary 128,256; transformers' loss upcasts the logits to fp32). "
               "Least budget from `dp`:", "",

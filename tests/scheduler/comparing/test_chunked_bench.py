@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.chunked import Side, StepRatio, _nested_cells, compare_steps
+from benchmarks.chunked import CnnCase, Side, StepRatio, _missing, _nested_cells, cnn_lines, compare_steps
 
 
 class _Bench:
@@ -75,3 +75,28 @@ def test_nested_column_appears_only_with_a_nested_budget():
     head, rule, cell = _nested_cells(rows)
     assert "nested" in head and rule == "---|"
     assert cell(rows[0]) == " - |" and cell(rows[1]).endswith("(0.40) |")
+
+
+def _cnn_row(**over):
+    row = dict(model="resnet-26", what="a ResNet", batch=8, theirs=200, least=180, predicted=180, measured=170,
+               predicted_theirs=195, measured_theirs=190, largest=8, time_ratio=StepRatio(0.9, 0.8, 1.1, 11),
+               recomputed=0.38, their_recomputed=0.82, nested=None)
+    return {**row, **over}
+
+
+def test_cnn_section_names_a_case_not_run_and_what_each_gains():
+    lines = cnn_lines([_cnn_row(), _cnn_row(model="densenet-121", batch=4, largest=8),
+                       dict(model="other", skipped="torchvision does not import here")], 64)
+    table = [ln for ln in lines if ln.startswith("| resnet-26") or ln.startswith("| densenet-121")]
+    assert len(table) == 2 and table[0].endswith("| 0.38 / 0.82 | 8 | 0.90 (0.80-1.10) |")
+    assert "Not measured: other: torchvision does not import here." in lines
+    gains = lines[-1]
+    assert "resnet-26, a least budget 10% below their peak, no larger batch" in gains
+    assert "densenet-121, a least budget 10% below their peak, batch 8 at their peak" in gains
+    assert "| other" not in "\n".join(lines)
+
+
+def test_a_case_whose_package_does_not_import_is_skipped_saying_which():
+    case = CnnCase("x", lambda b: None, lambda m: None, lambda m: [], 1, "dp", "x", needs=("no_such_package_ckpt",))
+    assert _missing(case).startswith("no_such_package_ckpt does not import here (ModuleNotFoundError")
+    assert _missing(CnnCase("y", lambda b: None, lambda m: None, lambda m: [], 1, "dp", "y")) is None
