@@ -71,10 +71,10 @@ def test_threads_restored_and_side_removed_when_a_step_fails():
 def test_nested_column_appears_only_with_a_nested_budget():
     rows = [dict(nested=None, theirs=100)]
     assert _nested_cells(rows)[0] == ""
-    rows.append(dict(nested=40, theirs=100))
+    rows.append(dict(nested=40, theirs=100, nested_measured=38, nested_inner=3))
     head, rule, cell = _nested_cells(rows)
-    assert "nested" in head and rule == "---|"
-    assert cell(rows[0]) == " - |" and cell(rows[1]).endswith("(0.40) |")
+    assert "nesting" in head and rule == "---|"
+    assert cell(rows[0]) == " - |" and cell(rows[1]) == " 40 B (0.40) / 38 B (3) |"
 
 
 def _cnn_row(**over):
