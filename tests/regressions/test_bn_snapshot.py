@@ -11,10 +11,10 @@ over the stem and the first bottleneck measured 744 bytes above its prediction.
 import torch
 
 from graphs import Graph, Node
-from scheduler.applying.graph import apply
-from scheduler.comparing.run import trace_graph
+from scheduler.applying.graph import CheckpointedModule, cut
 from scheduler.comparing.workloads import workload
 from scheduler.measuring.storages import measure_step
+from scheduler.tracer import capture
 from solvers import Plan, simulate
 
 
@@ -36,13 +36,16 @@ def test_state_bytes_live_for_the_recompute_only():
 def test_resnet_region_with_batchnorms_measures_as_predicted():
     torch.manual_seed(0)
     wl = workload("resnet", quick=True)
-    g = trace_graph(wl, workspaces="none")
+    with torch.random.fork_rng():  # one trace for the graph and the applied module (apply traces again)
+        traced = capture(wl.model, wl.args, dict(wl.kwargs), loss=wl.trace_loss, workspaces="none")
+    g = traced.graph
     bns = [nd for nd in g.nodes[1:14] if nd.stateful]
     buffers = sum(b.numel() * b.element_size() for n, b in wl.model.named_buffers()
                   if n.startswith(("stem.", "layers.0.")))
     assert len(bns) == 5 and sum(nd.state_bytes for nd in bns) == buffers
     plan = Plan.from_regions(g, [(1, 13)])
-    applied = apply(wl.model, plan, wl.args, wl.kwargs, loss=wl.loss)
+    split, regions = cut(traced, plan)
+    applied = CheckpointedModule(wl.model, split, traced, plan, regions)
     torch.manual_seed(0)
     measured = measure_step(wl.model, wl.args, wl.kwargs, run=applied).peak_bytes
     assert measured == simulate(g, plan, record=False).peak_bytes

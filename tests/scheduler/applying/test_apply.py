@@ -13,6 +13,7 @@ from graphs import synthetic
 from solvers import InfeasibleBudget, Plan, PlanMismatch, activation_budget_bytes, enumerate_plans, simulate
 from scheduler.applying.graph import CheckpointedModule, apply, cut
 from scheduler.sizing.floor import explain_floor, node_floors
+from scheduler.comparing.workloads import workload
 from scheduler.models import build
 
 SMALL = {
@@ -20,13 +21,18 @@ SMALL = {
     "resnet": dict(width=8, image_size=32),
     "unet": dict(levels=2, width=8, image_size=32),
     "vgg19": dict(width=8, image_size=32, hidden=64),
-    "hf:gpt2": dict(layers=2, seq=32, batch=2),
+    # GPT2LMHeadModel from its config at a small width and vocabulary (GPT-2 small's 768 x 50257 made this
+    # one case 23 s of the suite; the blocks, dropout and tied head are the same modules at any width)
+    "hf:gpt2": dict(n_layer=2, n_embd=64, n_head=2, vocab_size=512, seq=32, batch=2),
 }
 
 
 def _example(name: str, **over):
     torch.manual_seed(0)
-    ex = build(name, **{**SMALL[name], **over})
+    opts = {**SMALL[name], **over}
+    if name == "hf:gpt2":
+        return workload(name, quick=True, options=opts)  # the model in training mode, its inputs and loss
+    ex = build(name, **opts)
     ex.model.train()
     return ex
 
@@ -90,6 +96,12 @@ def test_every_solver_plan_keeps_grads_loss_and_buffers(name):
             assert all(r.recomputes <= 1 for r in applied.region_modules())
 
 
+def _cut(model, traced, plan):
+    """``apply(model, plan, ...)`` on a trace already made (``apply`` traces the model again, seconds each)."""
+    split, regions = cut(traced, plan)
+    return CheckpointedModule(model, split, traced, plan, regions)
+
+
 def _restore(model, state):
     with torch.no_grad():
         for k, v in model.state_dict().items():
@@ -104,7 +116,7 @@ def test_batchnorm_statistics_need_the_restore():
     plan_probe = apply(ex.model, Plan(regions=()), ex.args, dict(ex.kwargs))
     n = len(plan_probe.graph)
     plan = Plan.from_regions(plan_probe.graph, [(0, n // 2)])
-    applied = apply(ex.model, plan, ex.args, dict(ex.kwargs))
+    applied = _cut(ex.model, plan_probe.traced, plan)
     assert applied.regions[0].stateful
     got = _step(applied, ex, None)
     assert all(torch.equal(a, b) for a, b in zip(ref[2], got[2]))
@@ -122,7 +134,7 @@ def test_same_parameters_optimizer_and_state_dict():
     keys = list(ex.model.state_dict())
     probe = apply(ex.model, Plan(regions=()), ex.args, dict(ex.kwargs))
     plan = Plan.from_regions(probe.graph, [(1, len(probe.graph) // 2)])
-    applied = apply(ex.model, plan, ex.args, dict(ex.kwargs))
+    applied = _cut(ex.model, probe.traced, plan)
     assert list(applied.state_dict()) == keys
     assert [id(p) for p in applied.parameters()] == [id(p) for p in ex.model.parameters()]
     before = [p.detach().clone() for p in ex.model.parameters()]
@@ -210,8 +222,13 @@ def test_skip_tensors_are_freed_between_regions_as_simulated():
     ex = build_model("unet", levels=3, width=8, image_size=32)
     graph = capture_model(ex.model, ex.args, ex.kwargs, loss=ex.loss, workspaces="none").graph  # storage counts
     last_cat = max(i for i, n in enumerate(graph.nodes) if n.op == "cat")
+    traced = None
     for regions in ([(0, 8), (last_cat - 3, last_cat - 1)], [(0, 5), (last_cat - 2, last_cat - 1)]):
         plan = Plan.from_regions(graph, regions)
-        applied = apply(ex.model, plan, ex.args, ex.kwargs, loss=ex.loss)
+        if traced is None:
+            applied = apply(ex.model, plan, ex.args, ex.kwargs, loss=ex.loss)
+            traced = applied.traced  # the second plan is cut from the same trace
+        else:
+            applied = _cut(ex.model, traced, plan)
         measured = measure_step(applied, ex.args, ex.kwargs, loss=None).peak_bytes
         assert abs(measured - simulate(graph, plan).peak_bytes) <= 64, regions

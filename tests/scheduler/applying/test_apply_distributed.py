@@ -46,29 +46,32 @@ def _grads(model):
     return out
 
 
-def _worker(rank: int, world: int, init: str, mode: str, plan_bytes: bytes, out_dir: str) -> None:
+def _worker(rank: int, world: int, init: str, modes: tuple[str, ...], plan_bytes: bytes, out_dir: str) -> None:
+    """One process group for every mode: the spawn and gloo's set-up cost more than a step (test_distributed_runs
+    does the same)."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         plan = pickle.loads(plan_bytes)
         ids = _batch()[rank * 2:(rank + 1) * 2]
-        results = {}
-        for with_plan in (False, True):
-            model = _model()
-            if with_plan:
-                scheduler.apply(model, plan)
-            if mode == "ddp":
-                wrapped = torch.nn.parallel.DistributedDataParallel(model)
-            else:
-                from torch.distributed.fsdp import fully_shard
+        for mode in modes:
+            results = {}
+            for with_plan in (False, True):
+                model = _model()
+                if with_plan:
+                    scheduler.apply(model, plan)
+                if mode == "ddp":
+                    wrapped = torch.nn.parallel.DistributedDataParallel(model)
+                else:
+                    from torch.distributed.fsdp import fully_shard
 
-                for block in model.transformer.h:
-                    fully_shard(block)
-                wrapped = fully_shard(model)
-            loss = wrapped(input_ids=ids, labels=ids).loss
-            loss.backward()
-            results[with_plan] = _grads(model)
-        if rank == 0:
-            torch.save(results, os.path.join(out_dir, f"{mode}.pt"))
+                    for block in model.transformer.h:
+                        fully_shard(block)
+                    wrapped = fully_shard(model)
+                loss = wrapped(input_ids=ids, labels=ids).loss
+                loss.backward()
+                results[with_plan] = _grads(model)
+            if rank == 0:
+                torch.save(results, os.path.join(out_dir, f"{mode}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -82,11 +85,21 @@ def plan():
     return scheduler.solve(graph, per_block.peak_bytes, solver="ilp", time_limit_s=60)
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
-def test_distributed_step_with_the_plan_equals_one_process(plan, mode, tmp_path):
-    init = f"file://{tmp_path / 'rendezvous'}"
-    mp.spawn(_worker, args=(2, init, mode, pickle.dumps(plan), str(tmp_path)), nprocs=2, join=True)
-    results = torch.load(tmp_path / f"{mode}.pt")
+MODES = ("ddp", "fsdp2")
+
+
+@pytest.fixture(scope="module")
+def runs(plan, tmp_path_factory):
+    """mode -> {with_plan: gradients} from one spawn of 2 processes that runs every mode."""
+    out = tmp_path_factory.mktemp("gloo")
+    init = f"file://{out / 'rendezvous'}"
+    mp.spawn(_worker, args=(2, init, MODES, pickle.dumps(plan), str(out)), nprocs=2, join=True)
+    return {mode: torch.load(out / f"{mode}.pt") for mode in MODES}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_distributed_step_with_the_plan_equals_one_process(runs, mode):
+    results = runs[mode]
     single = _model()
     ids = _batch()
     single(input_ids=ids, labels=ids).loss.backward()
