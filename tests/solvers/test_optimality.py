@@ -141,7 +141,7 @@ def test_registered_exact_solvers_against_brute_force(name):
     ``cp-sat``) by name through ``solvers.solve``: the optimum at a spread of budgets, and
     below the least peak an infeasible budget carrying exactly the least peak."""
     checked = 0
-    for kind, seed, graph in CASES[::3]:
+    for kind, seed, graph in CASES[::6]:  # test_against_brute_force holds each method on every case
         frontier = pareto_frontier(graph)
         least = frontier[0][0]
         for budget in (least, (least + frontier[-1][0]) // 2, frontier[-1][0]):
@@ -152,4 +152,4 @@ def test_registered_exact_solvers_against_brute_force(name):
         with pytest.raises(InfeasibleBudget) as info:
             solvers.solve(graph, least - 1, solver=name, time_limit_s=30)
         assert info.value.proven and info.value.min_feasible_bytes == least, (kind, seed)
-    assert checked >= 200
+    assert checked >= 120

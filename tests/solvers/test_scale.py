@@ -58,8 +58,10 @@ def test_cp_sat_on_a_long_skip_agrees_with_the_frontier_program():
     g = _chain_with_long_skip(600)
     budget = activation_budget_bytes(g, 0.3)
     best = solvers.solve(g, budget, solver="ilp", method="frontier")
-    plan = solvers.solve(g, budget, solver="ilp", method="cp-sat", time_limit_s=20)
-    assert best.status == "optimal" and plan.peak_bytes <= budget
+    # CP-SAT proves no optimum here at any limit a test can wait for (20 s: bound 4,220, plan 4,500, optimum 4,240);
+    # its bound and plan bracket the optimum at 5 s as at 20 (bound 4,208, plan 4,500)
+    plan = solvers.solve(g, budget, solver="ilp", method="cp-sat", time_limit_s=5)
+    assert plan.bound is not None and best.status == "optimal" and plan.peak_bytes <= budget
     assert plan.bound <= best.recompute_flops <= plan.recompute_flops
 
 
