@@ -16,8 +16,9 @@ import solvers
 from solvers import InfeasibleBudget, Plan, simulate
 from solvers import ilp as ilp_mod
 from solvers.cpsat import kept as ilp_kept
-from solvers.brute_force import best_from_frontier, pareto_frontier
+from solvers.brute_force import best_from_frontier
 from solvers.frontier.program import MAX_WIDTH, TooWide
+from frontiers import pareto_frontier  # each case's front once per session (shared with test_selective_exact)
 from test_selective_exact import CASES, _star
 
 #: The graphs checked against the brute force at every budget (the file's time is about linear in them).

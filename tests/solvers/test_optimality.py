@@ -14,11 +14,12 @@ import pytest
 
 import solvers
 from graphs import synthetic
-from solvers import InfeasibleBudget, pareto_frontier, simulate
+from solvers import InfeasibleBudget, simulate
 from solvers.brute_force import best_from_frontier
 from solvers.dp.chain import DPTable
 from solvers.frontier.program import FrontierDP
 from solvers.ilp import IlpSolver
+from frontiers import pareto_frontier  # each case's front once per session
 from random_graphs import random_graph
 
 

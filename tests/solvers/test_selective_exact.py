@@ -29,13 +29,14 @@ import pytest
 import solvers
 from graphs import Graph, Node, synthetic
 from solvers import InfeasibleBudget, Plan, simulate
-from solvers.brute_force import best_from_frontier, count_selective, enumerate_plans, enumerate_selective, pareto_frontier
+from solvers.brute_force import best_from_frontier, count_selective, enumerate_plans, enumerate_selective
 from solvers.dp.chain import DPTable
 from solvers import ilp as ilp_mod
 from solvers.cpsat import kept as ilp_kept
 from solvers.frontier.program import MAX_WIDTH, FrontierDP, TooWide, width
 from solvers.ilp import keepable
 from solvers.model.selective import variants
+from frontiers import pareto_frontier  # each case's front once per session (test_cpsat_selective shares them)
 from random_graphs import random_graph, random_spans, with_randomness
 
 #: Graphs with more (region, menu entry) plans than this are left out, to keep the file under a minute;
