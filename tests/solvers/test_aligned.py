@@ -86,15 +86,23 @@ def test_cases_cover_the_families():
     assert sum(any(s.first == s.last for s in g.spans) for *_, g in CASES) > 150
     assert sum(any((s.first, s.last) == (0, len(g) - 1) for s in g.spans) for *_, g in CASES) > 80
     # The restriction bites: on most graphs the span-only optimum differs from the unrestricted one somewhere.
-    differs = sum(pareto_frontier(g.unaligned())[0][0] != _frontier(g)[0][0] for *_, g in CASES[:40])
-    assert differs > 10
+    assert _at_least(11, (pareto_frontier(g.unaligned())[0][0] != _frontier(g)[0][0] for *_, g in CASES[:40]))
     # Eager lifetimes: most graphs carry extra bytes on some spans and none on others, and on
     # many of them the extras move the optimum (so a solver that ignores them fails).
     extra = [g for *_, g in CASES if any(sp.extra_bytes for sp in g.spans)]
     assert len(extra) >= 200 and sum(any(not sp.extra_bytes for sp in g.spans) for g in extra) >= 180
     assert sum(_is_chain(g) for g in extra) >= 100
-    moved = sum([p[:2] for p in _frontier(g)] != [p[:2] for p in pareto_frontier(_without_extra(g))] for g in extra)
-    assert moved >= 40
+    assert _at_least(40, ([p[:2] for p in _frontier(g)] != [p[:2] for p in pareto_frontier(_without_extra(g))]
+                          for g in extra))
+
+
+def _at_least(count: int, flags) -> bool:
+    """Whether ``count`` of ``flags`` are true, drawing no more of them than that takes (each is a brute force)."""
+    for flag in flags:
+        count -= bool(flag)
+        if count <= 0:
+            return True
+    return False
 
 
 def _without_extra(graph: Graph) -> Graph:
