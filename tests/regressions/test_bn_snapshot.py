@@ -14,7 +14,7 @@ from graphs import Graph, Node
 from scheduler.applying.graph import CheckpointedModule, cut
 from scheduler.comparing.workloads import workload
 from scheduler.measuring.storages import measure_step
-from scheduler.tracer import capture
+from scheduler.tracing.tracer import capture
 from solvers import Plan, simulate
 
 
