@@ -105,21 +105,7 @@ def _is_call(path: str) -> bool:
 
 
 def inner_menu(graph: Graph, a: int, b: int) -> tuple[tuple[int, int], ...]:
-    """The child calls of region ``a..b`` (NOTE [ Solving nested plans ]
-    ``dp`` with ``nested=True`` is exact over the menu below on a chain
-    (checked against the brute force). On a DAG its table is an upper bound
-    and, for nested regions, not even that (their profiles are read off
-    ``simulate`` at one context), so every nested answer it gives is
-    simulated. :func:`solve_nested` (``scheduler.solve(..., nested=True)``)
-    therefore takes the cheapest that fits of (1) ``dp`` with ``nested=True``,
-    (2) the one-level solver asked for (``ilp`` by default: exact over
-    one-level plans), and (3) when the one-level solver finds nothing, its
-    least plan with the nesting of its regions chosen to fit
-    (:func:`nest_to_fit`: every choice up to :data:`MAX_FLAG_REGIONS` regions
-    with child calls). It is optimal where (1) is (a chain); elsewhere the
-    plan says ``feasible``, and it is never worse than the one-level solver.
-
-NOTE [ The menu of inner regions ]): ``()`` when none.
+    """The child calls of region ``a..b`` (NOTE [ The menu of inner regions ]): ``()`` when none.
 
     Args:
         graph: a graph with spans (the expanded graph of a chunked plan, if any).

@@ -418,22 +418,13 @@ class Plan:
         if not isinstance(chunks, (list, tuple)) or not all(isinstance(c, (list, tuple)) and len(c) == 3 for c in chunks):
             raise PlanError(f"plan field 'chunks' must be a list of [first, last, k] triples, got {_short(chunks)}")
         kw["chunks"] = tuple(tuple(count(v, "chunks", "plan", PlanError) for v in c) for c in chunks)
-        chunk_modules = d.get("chunk_modules", ())
-        if not isinstance(chunk_modules, (list, tuple)) or not all(isinstance(m, str) for m in chunk_modules):
-            raise PlanError(f"plan field 'chunk_modules' must be a list of module paths, got {_short(chunk_modules)}")
-        kw["chunk_modules"] = tuple(chunk_modules)
+        kw["chunk_modules"] = _list_field(d, "chunk_modules", str, "module paths")
         inner = d.get("inner", ())
         if not isinstance(inner, (list, tuple)) or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in inner):
             raise PlanError(f"plan field 'inner' must be a list of [first, last] pairs, got {_short(inner)}")
         kw["inner"] = tuple(tuple(count(v, "inner", "plan", PlanError) for v in r) for r in inner)
-        inner_modules = d.get("inner_modules", ())
-        if not isinstance(inner_modules, (list, tuple)) or not all(isinstance(m, str) for m in inner_modules):
-            raise PlanError(f"plan field 'inner_modules' must be a list of module paths, got {_short(inner_modules)}")
-        kw["inner_modules"] = tuple(inner_modules)
-        inner_stochastic = d.get("inner_stochastic", ())
-        if not isinstance(inner_stochastic, (list, tuple)) or not all(isinstance(x, bool) for x in inner_stochastic):
-            raise PlanError(f"plan field 'inner_stochastic' must be a list of true/false, got {_short(inner_stochastic)}")
-        kw["inner_stochastic"] = tuple(inner_stochastic)
+        kw["inner_modules"] = _list_field(d, "inner_modules", str, "module paths")
+        kw["inner_stochastic"] = _list_field(d, "inner_stochastic", bool, "true/false")
         return cls(node_names=tuple(tuple(p) for p in node_names), modules=tuple(modules),
                    stochastic=tuple(stochastic), saved=saved, **pairs, **kw)
 
@@ -459,6 +450,14 @@ def load_plan(path: str | os.PathLike) -> Plan:
         return Plan.from_dict(data)
     except PlanError as exc:
         raise PlanError(f"plan file {where!r}: {exc}") from None
+
+
+def _list_field(d: Mapping[str, Any], key: str, kind: type, what: str) -> tuple:
+    """Plan field ``key`` of ``d``: a list of ``kind`` values (empty when absent), else PlanError."""
+    value = d.get(key, ())
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, kind) for v in value):
+        raise PlanError(f"plan field {key!r} must be a list of {what}, got {_short(value)}")
+    return tuple(value)
 
 
 def _short(value: Any, limit: int = 60) -> str:
