@@ -168,7 +168,9 @@ def _export(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> torch.
         ``allow_in_pre_dispatch_graph``: the call stays one ``flat_apply``
         node that runs the user's function, forward and backward. A class
         that cannot be imported by name (defined in a function) is inlined as
-        before; so is everything when the wrapped export fails.
+        before; so is everything when the wrapped export fails. torch 2.14
+        defines ``apply`` in C (a descriptor without ``__func__``): the call
+        is bound through the descriptor (``tests/regressions/test_torch_2_14_apply.py``).
     """
     from .eager_branches import eager_mask_decisions
 
@@ -189,8 +191,19 @@ def _export(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> torch.
         return run()
     function = torch.autograd.Function
     original = function.__dict__["apply"]
-    plain = original.__func__
-    kept = allow_in_pre_dispatch_graph(plain)
+    plain = getattr(original, "__func__", None)
+    if plain is None:  # torch 2.14 defines apply in C: a classmethod_descriptor, bound by __get__, no __func__
+
+        def apply(cls: type, *a: Any, **k: Any) -> Any:  # named so: torch's wrapper accepts only `apply`
+            return original.__get__(None, cls)(*a, **k)
+
+        plain = apply
+    try:
+        kept = allow_in_pre_dispatch_graph(plain)
+    except Exception as exc:  # noqa: BLE001  (a torch whose wrapper refuses it: inline)
+        log.info("custom autograd functions cannot be kept whole with this torch (%s: %s); inlining them",
+                 type(exc).__name__, exc)
+        return run()
 
     def apply(cls: type, *a: Any, **k: Any) -> Any:
         return (kept if _importable(cls) else plain)(cls, *a, **k)
