@@ -143,7 +143,7 @@ def vgg_maxbatch_setup(*, quick: bool, workspaces: str = "none"
     """``(graph_at, confirm, budget_bytes, hi, meta)`` for the max-batch protocol on VGG-19.
 
     ``graph_at(b)`` traces VGG-19 on the meta device at batch ``b`` (nothing
-    allocated); ``confirm(b, plan)`` builds it for real at batch ``b``,
+    allocated), planned for the CPU that ``confirm`` runs it on; ``confirm(b, plan)`` builds it for real at batch ``b``,
     applies the plan and returns the peak of one step by the profiler and by
     ``scheduler.measuring.storages`` (tensor storages).
     """
@@ -157,8 +157,9 @@ def vgg_maxbatch_setup(*, quick: bool, workspaces: str = "none"
     def graph_at(b: int) -> Graph:
         torch.manual_seed(0)
         ex = build("vgg19", batch=b, device="meta", **opts)
-        # workspaces="measure": each convolution's backward run once on the CPU at this batch
-        return capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, workspaces=workspaces).graph
+        # planned for the CPU, where confirm runs it (a meta model is otherwise planned for an H100, whose
+        # kernels this machine cannot run); workspaces="measure": each op's backward run once on the CPU
+        return capture(ex.model, ex.args, ex.kwargs, loss=ex.loss, workspaces=workspaces, target="cpu").graph
 
     def confirm(b: int, plan: Plan) -> tuple[int, int]:
         torch.manual_seed(0)

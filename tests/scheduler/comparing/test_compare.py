@@ -205,3 +205,22 @@ def test_timeline_places_predicted_steps_by_cost_done():
     turn = xs[len(g) - 1]  # the last forward step
     assert abs(turn - fwd / (fwd + g.total_bwd_flops())) < 1e-9
     assert tl["measured_x"] == [0.0, 1 / 3, 1.0]
+
+
+@pytest.mark.parametrize("workspaces", ["none", "measure"])
+def test_the_max_batch_protocol_plans_for_the_cpu_it_confirms_on(workspaces):
+    """The VGG-19 protocol traces on meta: its plans are for the CPU that ``confirm`` runs them on (a meta model
+    is planned for an H100 otherwise, and apply refuses that plan on the CPU graph)."""
+    import solvers
+    from benchmarks.maxbatch import vgg_maxbatch_setup
+
+    graph_at, confirm, _, _, _ = vgg_maxbatch_setup(quick=True, workspaces=workspaces)
+    graph = graph_at(16)
+    with pytest.raises(solvers.InfeasibleBudget) as least:
+        solvers.solve(graph, 1, solver="dp")
+    plan = solvers.solve(graph, least.value.min_feasible_bytes, solver="dp")
+    # without workspaces the least plan checkpoints something, so confirm applies it (with them, one
+    # convolution's backward workspace can set the floor, and tracing for the CPU is what is checked)
+    assert plan.regions or workspaces == "measure"
+    allocator, storages = confirm(16, plan)
+    assert 0 < storages <= allocator
