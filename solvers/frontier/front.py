@@ -12,6 +12,7 @@ import numpy as np
 from graphs import CkptError, Graph
 
 from .kept import BlockStep, KeptStep
+from .nested import NestedStep
 from ..model.terms import terms_of
 
 __all__ = ["Front", "pareto", "open_counts", "width", "TooWide", "trace_back", "round_up"]
@@ -153,8 +154,12 @@ def width(graph: Graph) -> int:
 
 
 # ---------------------------------------------------------------- read-out
-def trace_back(fronts: list[Front], n: int, key: tuple[int, ...], idx: int) -> tuple[tuple, tuple[int, ...]]:
+def trace_back(fronts: list[Front], n: int, key: tuple[int, ...], idx: int, *,
+               nested: list | None = None) -> tuple[tuple, tuple[int, ...]]:
     """The plan of entry ``idx`` of key ``key`` at boundary ``n``, by its back pointers.
+
+    Args:
+        nested: where given, the nested regions (NOTE [ Nested regions in the frontier DP ]) are appended to it.
 
     Returns:
         ``(regions, saved)``: the regions in order, and the kept nodes (sorted).
@@ -168,6 +173,10 @@ def trace_back(fronts: list[Front], n: int, key: tuple[int, ...], idx: int) -> t
         if isinstance(step, KeptStep):
             regions.append((src_pos, step.last))
             saved.extend(step.kept)
+        elif isinstance(step, NestedStep):
+            regions.append((src_pos, step.last))
+            if nested is not None:
+                nested.append((src_pos, step.last))
         elif isinstance(step, BlockStep):  # a block's plan
             regions.extend(reversed(step.regions))
             saved.extend(step.saved)

@@ -21,7 +21,7 @@ __all__ = ["frontier_program", "keepable", "by_frontier", "frontier_heuristic"]
 
 log = logging.getLogger(__name__)
 
-_PROGRAMS: dict[tuple[int, int | None, bool, bool], tuple[Any, FrontierDP]] = {}
+_PROGRAMS: dict[tuple[int, int | None, bool, bool, bool], tuple[Any, FrontierDP]] = {}
 
 
 def keepable(graph: Graph) -> bool:
@@ -30,18 +30,18 @@ def keepable(graph: Graph) -> bool:
 
 
 def frontier_program(graph: Graph, *, max_width: int | None = MAX_WIDTH, blocks: bool = True,
-                     selective: bool = False) -> FrontierDP:
+                     selective: bool = False, nested: bool = False) -> FrontierDP:
     """The frontier program of ``graph``, kept for the next call on the same graph object
     (a chain's block fronts do not depend on the budget: a sweep builds them once).
 
     Raises:
         TooWide: more than ``max_width`` tensors open at one position (decided in linear time).
     """
-    key = (id(graph), max_width, blocks, selective)
+    key = (id(graph), max_width, blocks, selective, nested)
     got = _PROGRAMS.get(key)
     if got is not None and got[0]() is graph:
         return got[1]
-    program = FrontierDP(graph, max_width=max_width, blocks=blocks, selective=selective)
+    program = FrontierDP(graph, max_width=max_width, blocks=blocks, selective=selective, nested=nested)
     if len(_PROGRAMS) >= 4:
         _PROGRAMS.pop(next(iter(_PROGRAMS)))
     _PROGRAMS[key] = (weakref.ref(graph), program)
@@ -78,17 +78,20 @@ def by_frontier(graph: Graph, budget_bytes: int, program: FrontierDP, deadline: 
         log.error("ilp frontier program found no plan under %d, yet its least peak is %s", budget_bytes,
                   None if least is None else least.objective)
         raise SolverBug("the frontier program's least peak fits the budget it found no plan under")
-    sim = simulate(graph, Plan(regions=res.regions, saved=res.saved), record=False)
+    sim = simulate(graph, Plan(regions=res.regions, saved=res.saved, inner=res.inner), record=False)
     if sim.peak_bytes > budget_bytes or sim.recompute_cost != res.objective:
-        log.error("ilp frontier program predicted %d FLOPs under %d for %s keeping %s; simulate says %d FLOPs at %d",
-                  res.objective, budget_bytes, res.regions, res.saved, sim.recompute_cost, sim.peak_bytes)
+        log.error("ilp frontier program predicted %d FLOPs under %d for %s keeping %s nesting %s; simulate says %d "
+                  "FLOPs at %d", res.objective, budget_bytes, res.regions, res.saved, res.inner, sim.recompute_cost,
+                  sim.peak_bytes)
         raise SolverBug("the frontier program's plan disagrees with simulate")
-    findings: dict[str, Any] = {"method": "frontier with kept nodes" if program.kept is not None else "frontier",
-                                "frontier_states": res.states, "frontier_work": work}
+    method = "frontier with kept nodes" if program.kept is not None else "frontier"
+    if program.nested is not None:
+        method += " and nested regions" if program.kept is not None else " with nested regions"
+    findings: dict[str, Any] = {"method": method, "frontier_states": res.states, "frontier_work": work}
     if res.blocks:
         findings["blocks_composed"] = res.blocks  # NOTE [ Composing repeated blocks ]
-    return Plan(regions=res.regions, saved=res.saved, status=Status.OPTIMAL, bound=float(res.objective),
-                findings=findings)
+    return Plan(regions=res.regions, saved=res.saved, inner=res.inner, status=Status.OPTIMAL,
+                bound=float(res.objective), findings=findings)
 
 
 def frontier_heuristic(graph: Graph, budget_bytes: int, deadline: Deadline, max_work: int | None) -> Incumbent | None:

@@ -72,8 +72,10 @@ from ..errors import SolverBug, SolverOptionError
 from ..blocks.front import BlockFrontTooLarge
 from .front import Front, TooWide, _open_sets, open_counts, round_up, trace_back, width
 from .kept import KeptRegions
+from .nested import NestedRegions
 from ..model.spans import SpanIndex
 from ..model.terms import INF, terms_of
+from ..nested import nested_plan_inner
 
 __all__ = ["FrontierDP", "FrontierResult", "FrontierTimeout", "width", "open_counts", "MAX_WIDTH", "TooWide"]
 
@@ -107,6 +109,7 @@ class FrontierResult:
     wall_s: float
     blocks: int = 0  #: blocks crossed by their own front (NOTE [ Composing repeated blocks ])
     saved: tuple[int, ...] = ()  #: kept nodes (NOTE [ Kept nodes in the frontier DP ])
+    inner: tuple[tuple[int, int], ...] = ()  #: inner regions (NOTE [ Nested regions in the frontier DP ])
 
 
 class FrontierDP:
@@ -125,7 +128,7 @@ class FrontierDP:
     """
 
     def __init__(self, graph: Graph, *, max_width: int | None = MAX_WIDTH, blocks: bool = True,
-                 selective: bool = False) -> None:
+                 selective: bool = False, nested: bool = False) -> None:
         self.graph = graph
         na = node_arrays(graph, frozenset())
         self.na = na
@@ -170,8 +173,11 @@ class FrontierDP:
         self.kept = KeptRegions(self) if selective else None  # NOTE [ Kept nodes in the frontier DP ]
         if self.kept is not None and not self.kept.any:
             self.kept = None
+        self.nested = NestedRegions(self) if nested else None  # NOTE [ Nested regions in the frontier DP ]
+        if self.nested is not None and not self.nested.any:
+            self.nested = None
         self.chain: Any = None
-        if blocks:
+        if blocks and self.nested is None:
             from ..blocks.compose import find_chain  # the blocks build on this program's steps
 
             self.chain = find_chain(self)
@@ -371,11 +377,13 @@ class FrontierDP:
         key = min(last.keys, key=lambda k: int(last.keys[k][1].min()))
         idx = int(np.argmin(last.keys[key][1]))
         best = int(last.keys[key][1][idx])
-        regions, saved = trace_back(fronts, n, key, idx)
+        outers: list[tuple[int, int]] = []
+        regions, saved = trace_back(fronts, n, key, idx, nested=outers)
+        inner = nested_plan_inner(self.graph, regions, [r in outers for r in regions]) if outers else ()
         value = best + self.const if peak else best
         log.info("frontier %s: %s %d over %d states in %.2fs%s", self.graph.name, objective, value, states,
                  time.perf_counter() - t0, f" ({crossed} blocks by their fronts)" if crossed else "")
-        return FrontierResult(regions, value, states, time.perf_counter() - t0, crossed, saved)
+        return FrontierResult(regions, value, states, time.perf_counter() - t0, crossed, saved, inner)
 
     # ------------------------------------------------------- solve's phases
     def _a_max(self, cap: int) -> list[int]:
@@ -462,6 +470,8 @@ class FrontierDP:
         terms = self.region_terms(p, kmax)
         if self.kept is not None:
             self.kept.extend(p, fr, fronts, terms, cap, endok, max_free)
+        if self.nested is not None:
+            self.nested.extend(p, fr, fronts, terms, cap, endok, max_free)
         fwdm, bwd, rc, cA, snap, gr, cost, _, _, rng = terms
         amin = min(int(v[0][0]) for v in fr.keys.values())
         # With no open tensor alive the local peak only grows with b (but for gr): it bounds the reach.

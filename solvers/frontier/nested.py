@@ -1,0 +1,184 @@
+"""Nested regions in the frontier program: a region whose child calls are checkpointed inside it.
+
+NOTE [ Nested regions in the frontier DP ]
+    With ``nested`` the frontier program (NOTE [ The frontier DP ] in
+    ``solvers.frontier.program``) extends a front also by every region
+    ``[p, b]`` that has child calls (:func:`~solvers.nested.inner_menu`) in
+    its nested variant (NOTE [ Nested regions ] in ``solvers.nested``), once
+    more beside the plain one, so its optimum is over ``(one-level plan,
+    nested flags)`` pairs: the set ``brute_force(..., nested=True)`` and
+    ``dp`` (``nested=True``) search (with ``selective``, regions that keep
+    nodes are never nested, as ``Plan`` asks). The nested variant's rows:
+
+    * forward: the plain region's steps plus, from the first node ``x`` of
+      each stochastic inner region on, its generator state (the walk's
+      ``rng_fwd``); what joins the retained bytes ``A`` after it: the plain
+      region's plus those generator states (released at ``x``'s backward,
+      inside the region's own steps); its exit key is the plain region's
+      (the forward holds the same tensors);
+    * recompute and backward: the steps of ``NestedWalk`` at the region's
+      nodes, in its order: the outer recompute (up to the early stop), then
+      per inner region (last first) its one-level recompute and the backward
+      of its nodes, with the backward of the outer's own nodes between. Each
+      such step at node ``k`` has live bytes ``A + fa(k) + row``, where
+      ``A`` are the retained bytes before the region, ``fa(k)`` the held open
+      tensors not yet closed at ``k`` (the same term as the plain region's
+      rows: held open tensors are alive through the whole backward of the
+      region, split between ``fa`` and the region's ``cA``) and ``row`` is
+      bit-independent. The rows are read off ``simulate`` (the one cost
+      model), once per region: the nested and the plain region alone in a
+      plan, ``row = live_nested(step) - base(k)``, where ``base(k) =
+      live_plain(recompute of k) - rc[k] - gr[b] - held[b]`` (the plain
+      recompute step's context, the program's own decomposition) removes
+      ``A`` and ``fa(k)`` of that plan; the rows at one ``k`` are reduced to
+      their maximum, and the region's local backward peak is
+      ``max_k (row(k) + fa(k))`` for each held pattern;
+    * cost: the plain region's plus the difference of the two plans'
+      recompute costs (the second recompute of inner regions, less what the
+      early stop skips).
+
+    The rows are exact where the nested walk's steps at the region's nodes
+    depend on the rest of the plan only through ``A`` and the held open
+    tensors, the decomposition the program makes of every other step; the
+    test (``tests/solvers/test_frontier_nested.py``) checks the optimum
+    against the brute force on random DAGs with spans, stochastic nodes and
+    extra bytes, and ``by_frontier`` simulates every answer (a disagreement
+    is a ``SolverBug``, never a plan). A chain of repeated blocks is not
+    composed with ``nested`` (``solvers.blocks``: the program walks every
+    node); the plans are the same, only slower to find on long chains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..dp.profiles import NEG
+from ..model.plan import Plan
+from ..model.simulate import simulate
+from ..model.terms import INF, region_rng_bytes
+from ..nested import inner_menu
+
+__all__ = ["NestedStep", "NestedRegions", "NestedRows"]
+
+
+@dataclass(frozen=True)
+class NestedStep:
+    """The back pointer of a nested region: its last node (its inner regions are its menu)."""
+
+    last: int
+
+
+@dataclass(frozen=True)
+class NestedRows:
+    """One nested region ``[p, b]``'s bit-independent terms (NOTE [ Nested regions in the frontier DP ]).
+
+    Attributes:
+        f: the largest live bytes of its forward steps, less the retained bytes before the region.
+        back: per node ``k`` of the region, the largest ``row`` of its recompute and backward steps at ``k``
+            (``NEG``: none), to which the held open tensors' bytes at ``k`` are added.
+        dA: what joins the retained bytes after it.
+        cost: its recompute cost.
+    """
+
+    f: int
+    back: np.ndarray
+    dA: int
+    cost: int
+
+    def local(self, fa: np.ndarray) -> int:
+        return max(self.f, int((self.back + fa).max()))
+
+
+class NestedRegions:
+    """The nested variants of the regions of one program, their rows computed once each.
+
+    Args:
+        program: the :class:`~solvers.frontier.program.FrontierDP` of the graph.
+    """
+
+    def __init__(self, program: Any) -> None:
+        self.prog = program
+        self.graph = program.graph
+        self._rows: dict[tuple[int, int], NestedRows | None] = {}
+
+    @property
+    def any(self) -> bool:
+        """Some span has child calls (a region may nest at all)."""
+        g = self.graph
+        return bool(g.spans) and any(inner_menu(g, sp.first, sp.last) for sp in g.spans)
+
+    def rows(self, p: int, b: int, terms: tuple) -> NestedRows | None:
+        """The nested variant of ``[p, b]`` (None: no child calls); ``terms``: ``program.region_terms(p, kmax)``."""
+        key = (p, b)
+        if key in self._rows:
+            return self._rows[key]
+        menu = inner_menu(self.graph, p, b)
+        got = self._profile(p, b, menu, terms) if menu else None
+        self._rows[key] = got
+        return got
+
+    def _profile(self, p: int, b: int, menu: tuple, terms: tuple) -> NestedRows:
+        graph = self.graph
+        _, _, rc, cA, _, gr, cost, held, fwd, rng = terms
+        i = b - p
+        self.prog.count(steps=2 * len(graph), elements=2 * len(graph))  # two simulations
+        plain = simulate(graph, Plan(regions=((p, b),)))
+        nest = simulate(graph, Plan(regions=((p, b),), inner=menu))
+        p_at = {step: live for step, live in zip(plain.steps, plain.live_bytes)}
+        size = i + 1
+        base = np.array([p_at[("recompute", k)] for k in range(p, b + 1)], dtype=np.int64)
+        base -= rc[:size] + int(gr[i]) + int(held[i])
+        back = np.full(size, NEG, dtype=np.int64)
+        f = int(fwd[:size].max()) + int(rng[i])
+        for (phase, k), live in zip(nest.steps, nest.live_bytes):
+            if not p <= k <= b:
+                continue
+            if phase == "forward":
+                f = max(f, int(fwd[k - p]) + int(rng[i]) + live - p_at[(phase, k)])
+            else:
+                back[k - p] = max(back[k - p], live - int(base[k - p]))
+        dA = int(cA[i]) + sum(region_rng_bytes(graph, menu))
+        return NestedRows(f, back, dA, int(cost[i]) + nest.recompute_cost - plain.recompute_cost)
+
+    def extend(self, p: int, fr: Any, fronts: list, terms: tuple, cap: int, endok: np.ndarray | None,
+               max_free: int | None) -> None:
+        """Carry the front ``fr`` at ``p`` over every nested region ``[p, b]`` that fits.
+
+        Args: as :meth:`~solvers.frontier.kept.KeptRegions.extend`.
+        """
+        from .front import round_up  # solvers.frontier.front imports this module
+        from .kept import _HeldBytes
+
+        prog = self.prog
+        fwdm = terms[0]
+        amin = min(int(v[0][0]) for v in fr.keys.values())
+        over = np.nonzero(fwdm > cap - amin)[0]  # the nested forward is at or above the plain one
+        m = int(over[0]) if len(over) else len(fwdm)
+        first_reader = {j: next((c for c in prog.readers[j] if c >= p), INF) for j in prog.opens[p]}
+        fas = _HeldBytes(prog, p, m)
+        for b in range(p, p + m):
+            if endok is not None and not endok[b - p]:
+                continue
+            ent = self.rows(p, b, terms)
+            if ent is None:
+                continue
+            size = b - p + 1
+            read = frozenset(j for j in prog.opens[p] if first_reader[j] <= b)
+            nkeys: dict[frozenset, tuple[int, ...]] = {}
+            for key, (a, o, *_rest) in fr.keys.items():
+                eff = frozenset(key) | read
+                local = ent.local(fas.of(eff)[:size])
+                cut = int(np.searchsorted(a, cap - local, side="right"))
+                prog.count(steps=1, elements=size, entries=cut)
+                if not cut:
+                    continue
+                nkey = nkeys.get(eff)
+                if nkey is None:
+                    nkey = prog.region_nkey(eff, p, b)
+                    if max_free is not None:
+                        nkey = round_up(nkey, prog.opens[b + 1], max_free, prog.out)
+                    nkeys[eff] = nkey
+                fronts[b + 1].add(nkey, a, o, cut, ent.dA, ent.cost, local, (p, key, NestedStep(b)))
