@@ -50,11 +50,19 @@ NOTE [ Solving nested plans ]
     simulated. :func:`solve_nested` (``scheduler.solve(..., nested=True)``)
     therefore takes the cheapest that fits of (1) ``dp`` with ``nested=True``,
     (2) the one-level solver asked for (``ilp`` by default: exact over
-    one-level plans), and (3) when the one-level solver finds nothing, its
+    one-level plans), (3) when the one-level solver finds nothing, its
     least plan with the nesting of its regions chosen to fit
     (:func:`nest_to_fit`: every choice up to :data:`MAX_FLAG_REGIONS` regions
-    with child calls). It is optimal where (1) is (a chain); elsewhere the
-    plan says ``feasible``, and it is never worse than the one-level solver.
+    with child calls), and (4) when the one-level solver is ``ilp`` or
+    ``frontier`` and the graph is within the frontier program's width, the
+    frontier program with ``nested=True`` (NOTE [ Nested regions in the
+    frontier DP ] in ``solvers.frontier.nested``; with kept sets when
+    ``selective``), exact over the menu on any graph it takes. The answer is
+    optimal where (1) is (a chain) or where (4) finished within its limits
+    (:data:`FRONTIER_TIME_LIMIT_S`, :data:`FRONTIER_WORK_LIMIT`) and nothing
+    cheaper was found; then it is ``optimal`` over the menu (a program that
+    proves no plan fits raises its least peak, proven). Elsewhere the plan
+    says ``feasible``, and it is never worse than the one-level solver.
 
 NOTE [ The menu of inner regions ]
     The exact solvers optimise over a restricted, stated space: a region
@@ -91,12 +99,17 @@ from .model.plan import Plan, Status
 from .registry import finalize, solve
 from .model.simulate import simulate
 
-__all__ = ["inner_menu", "nested_plan_inner", "nest_to_fit", "solve_nested", "MAX_FLAG_REGIONS"]
+__all__ = ["inner_menu", "nested_plan_inner", "nest_to_fit", "solve_nested", "MAX_FLAG_REGIONS",
+           "FRONTIER_TIME_LIMIT_S", "FRONTIER_WORK_LIMIT"]
 
 log = logging.getLogger(__name__)
 
 #: :func:`nest_to_fit` tries every choice of nested regions up to this many regions with child calls.
 MAX_FLAG_REGIONS = 10
+#: :func:`solve_nested`'s frontier program (NOTE [ Solving nested plans ]): its wall-clock limit, and its work
+#: limit in about seconds of one idle core (NOTE [ The frontier program's work ]).
+FRONTIER_TIME_LIMIT_S = 60.0
+FRONTIER_WORK_LIMIT = 30.0
 
 
 def _is_call(path: str) -> bool:
@@ -171,7 +184,7 @@ def nest_to_fit(graph: Graph, regions: Sequence[tuple[int, int]], budget_bytes: 
 
 
 def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, int], Any], *,
-                 selective: bool = True) -> Any:
+                 selective: bool = True, solver: str | None = None) -> Any:
     """The cheapest plan that fits among nested and one-level answers (NOTE [ Solving nested plans ]).
 
     Args:
@@ -179,15 +192,26 @@ def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, in
         budget_bytes: the whole step's budget.
         solve_one: the one-level solver, ``solve_one(graph, budget_bytes)`` (``solvers.solve`` of a
             registered name).
-        selective: ``dp``'s option: its regions may keep nodes (NOTE [ The menu of kept sets ]).
+        selective: ``dp``'s option: its regions may keep nodes (NOTE [ The menu of kept sets ]); the
+            frontier program's too.
+        solver: the name of the one-level solver; ``"ilp"`` or ``"frontier"`` also runs the frontier
+            program with ``nested=True`` (NOTE [ Solving nested plans ]).
 
     Raises:
-        InfeasibleBudget: nothing fits; the least peak of what was tried (proven least only when ``dp``
-            proved it on a chain and nothing tried went lower).
+        InfeasibleBudget: nothing fits; the least peak of what was tried (proven least when ``dp`` proved
+            it on a chain, or the frontier program over the menu, and nothing tried went lower).
     """
     t0 = time.perf_counter()
     found: list[Any] = []
     failures: list[InfeasibleBudget] = []
+    proven = None
+    if solver in ("ilp", "frontier"):
+        try:
+            proven = _by_nested_frontier(graph, budget_bytes, selective)
+        except InfeasibleBudget as exc:
+            failures.append(exc)
+        if proven is not None:
+            found.append(proven)
     try:
         found.append(solve(graph, budget_bytes, solver="dp", nested=True, selective=selective))
     except InfeasibleBudget as exc:
@@ -207,12 +231,51 @@ def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, in
     if found:
         best = min(found, key=lambda p: (p.recompute_cost, p.peak_bytes))
         status = best.status if best.solver == "dp" else Status.FEASIBLE
+        if proven is not None and best.recompute_cost >= proven.recompute_cost:
+            best, status = proven, Status.OPTIMAL  # optimal over the menu; what ties it is no cheaper
+        elif proven is not None:
+            log.warning("nested: %s found a plan cheaper (%d) than the frontier program's optimum over the menu "
+                        "(%d): it lies outside the menu", best.solver, best.recompute_cost, proven.recompute_cost)
         if best.status != status:
             best = dataclasses.replace(best, status=status, bound=None, gap=None)
         log.info("nested: %s, recompute %d", best.solver, best.recompute_cost)
         return dataclasses.replace(best, findings={**best.findings, "nested_regions": len(best.inner)})
-    closest = min(failures, key=lambda e: e.min_feasible_bytes)  # the least floor of what was tried
-    if closest.solver == "dp" and closest.proven and not closest.scope:
+    exact = [e for e in failures if e.solver == "frontier" and e.proven]
+    # the least floor of what was tried; the frontier program's is proven over the menu
+    closest = exact[0] if exact else min(failures, key=lambda e: e.min_feasible_bytes)
+    if closest.proven and (closest.solver == "frontier" or (closest.solver == "dp" and not closest.scope)):
         raise closest
     raise closest.replace(scope=closest.scope or "the plans nested solving tries (NOTE [ Solving nested plans ] "
                                                  "in solvers.nested)")
+
+
+def _by_nested_frontier(graph: Graph, budget_bytes: int, selective: bool) -> Any:
+    """The frontier program with ``nested=True`` (NOTE [ Solving nested plans ]): a plan optimal over the
+    menu, or None where the graph is too wide or the program stopped at its limits.
+
+    Raises:
+        InfeasibleBudget: no plan of the menu fits (its least peak, proven).
+    """
+    from .deadline import Deadline
+    from .errors import SolverBug
+    from .frontier.front import TooWide
+    from .frontier.phases import by_frontier, frontier_program, keepable
+    from .frontier.program import WORK_PER_S, FrontierTimeout
+
+    t0 = time.perf_counter()
+    try:
+        program = frontier_program(graph, blocks=False, selective=selective and keepable(graph), nested=True)
+        plan = by_frontier(graph, budget_bytes, program, Deadline(FRONTIER_TIME_LIMIT_S),
+                           max_work=int(FRONTIER_WORK_LIMIT * WORK_PER_S))
+    except InfeasibleBudget as exc:
+        raise InfeasibleBudget(budget_bytes, exc.min_feasible_bytes, solver="frontier",
+                               best_regions=exc.best_regions,
+                               scope="the plans nesting regions by the menu of inner regions (NOTE [ The menu of "
+                                     "inner regions ] in solvers.nested)") from None
+    except (TooWide, FrontierTimeout, SolverBug, MemoryError) as exc:
+        log.info("nested: the frontier program gave no answer (%s)", exc or type(exc).__name__)
+        return None
+    over = "regions, kept nodes and the menu of inner regions" if program.kept is not None else \
+        "regions and the menu of inner regions"
+    return finalize(graph, dataclasses.replace(plan, findings=dict(plan.findings, optimal_over=over)),
+                    budget_bytes, "frontier", {"nested": True, "selective": program.kept is not None}, t0)

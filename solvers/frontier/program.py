@@ -52,7 +52,10 @@ NOTE [ The frontier DP ]
     every bit pattern it is entered with, instead of walking its nodes.
     With ``selective`` each region is also tried once per entry of its menu
     of kept sets (NOTE [ Kept nodes in the frontier DP ] in
-    ``solvers.frontier.kept``), in a block's own front too.
+    ``solvers.frontier.kept``), in a block's own front too. With ``nested``
+    each region with child calls is also tried nested (NOTE [ Nested regions
+    in the frontier DP ] in ``solvers.frontier.nested``; blocks then not
+    composed).
 """
 
 from __future__ import annotations
