@@ -270,8 +270,8 @@ def _by_nested_frontier(graph: Graph, budget_bytes: int, selective: bool) -> Any
     except InfeasibleBudget as exc:
         raise InfeasibleBudget(budget_bytes, exc.min_feasible_bytes, solver="frontier",
                                best_regions=exc.best_regions,
-                               scope="the plans nesting regions by the menu of inner regions (NOTE [ The menu of "
-                                     "inner regions ] in solvers.nested)") from None
+                               scope="the plans nesting regions by the menu of inner regions "
+                                     "(NOTE [ The menu of inner regions ] in solvers.nested)") from None
     except (TooWide, FrontierTimeout, SolverBug, MemoryError) as exc:
         log.info("nested: the frontier program gave no answer (%s)", exc or type(exc).__name__)
         return None

@@ -6,6 +6,7 @@ first phase of ``ilp`` (NOTE [ One plan space ] in ``solvers.ilp``).
 * ``program``: the program (NOTE [ The frontier DP ]) and its work bound;
 * ``front``: its states and Pareto bookkeeping;
 * ``kept``: regions that keep some nodes (selective recompute);
+* ``nested``: regions whose child calls are checkpointed inside them (nested regions);
 * ``phases``: how ``ilp`` runs it (without, then with kept nodes) and its
   bounded-width heuristic for wide graphs.
 """
