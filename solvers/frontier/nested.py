@@ -46,15 +46,16 @@ NOTE [ Nested regions in the frontier DP ]
     tensors, the decomposition the program makes of every other step. That
     is checked, not derived: ``tests/solvers/test_frontier_nested.py``
     compares the optimum (and the least peak) with the brute force on 49
-    random DAGs with spans, stochastic nodes and extra bytes, with and
-    without kept sets; on the 889 random DAGs with child calls of seeds
+    random DAGs with spans, stochastic nodes and extra bytes (5 of them with
+    kept sets too); on the 889 random DAGs with child calls of seeds
     0..999 (3,608 budgets, most stochastic) and on 768 budgets with kept
     sets (graphs of seeds 0..399 the brute force takes) it found no
     difference at the time of writing. ``by_frontier`` simulates every
     answer (a disagreement is a ``SolverBug``, never a plan). The forward
     term (the inner generator states) bound no optimum among those cases;
-    the retained ones did (``RNG_SEEDS`` in the test). A chain of repeated blocks is not
-    composed with ``nested`` (``solvers.blocks``: the program walks every
+    the retained ones did (``RNG_SEEDS`` in the test).
+
+    A chain of repeated blocks is not composed with ``nested`` (``solvers.blocks``: the program walks every
     node); the plans are the same, only slower to find on long chains.
 """
 
