@@ -55,8 +55,9 @@ NOTE [ Nested regions in the frontier DP ]
     term (the inner generator states) bound no optimum among those cases;
     the retained ones did (``RNG_SEEDS`` in the test).
 
-    A chain of repeated blocks is not composed with ``nested`` (``solvers.blocks``: the program walks every
-    node); the plans are the same, only slower to find on long chains.
+    A chain of repeated blocks is not composed with ``nested``
+    (``solvers.blocks``: the program walks every node); the plans are the
+    same, only slower to find on long chains.
 """
 
 from __future__ import annotations
