@@ -121,7 +121,8 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
         return solvers.solve(g, b, solver=solver, **options)
 
     selective = bool(options.get("selective", True))  # dp's too, where the solver asked for takes it
-    solve_graph = (lambda g, b: solve_nested(g, b, one, selective=selective, solver=solver)) if nested else one
+    solve_graph = (lambda g, b: solve_nested(g, b, one, selective=selective, solver=solver,
+                                                time_limit_s=options.get("time_limit_s"))) if nested else one
     try:
         if chunks or mlp_chunks:
             return solve_chunked(graph, budget_bytes, solve_graph, chunks or (1,), mlp_chunks or (1,))

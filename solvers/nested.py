@@ -184,7 +184,7 @@ def nest_to_fit(graph: Graph, regions: Sequence[tuple[int, int]], budget_bytes: 
 
 
 def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, int], Any], *,
-                 selective: bool = True, solver: str | None = None) -> Any:
+                 selective: bool = True, solver: str | None = None, time_limit_s: float | None = None) -> Any:
     """The cheapest plan that fits among nested and one-level answers (NOTE [ Solving nested plans ]).
 
     Args:
@@ -196,6 +196,8 @@ def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, in
             frontier program's too.
         solver: the name of the one-level solver; ``"ilp"`` or ``"frontier"`` also runs the frontier
             program with ``nested=True`` (NOTE [ Solving nested plans ]).
+        time_limit_s: the one-level solver's time limit, if any: the program's too, when under
+            :data:`FRONTIER_TIME_LIMIT_S`.
 
     Raises:
         InfeasibleBudget: nothing fits; the least peak of what was tried (proven least when ``dp`` proved
@@ -207,7 +209,8 @@ def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, in
     proven = None
     if solver in ("ilp", "frontier"):
         try:
-            proven = _by_nested_frontier(graph, budget_bytes, selective)
+            limit = FRONTIER_TIME_LIMIT_S if time_limit_s is None else min(FRONTIER_TIME_LIMIT_S, time_limit_s)
+            proven = _by_nested_frontier(graph, budget_bytes, selective, limit)
         except InfeasibleBudget as exc:
             failures.append(exc)
         if proven is not None:
@@ -249,7 +252,7 @@ def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, in
                                                  "in solvers.nested)")
 
 
-def _by_nested_frontier(graph: Graph, budget_bytes: int, selective: bool) -> Any:
+def _by_nested_frontier(graph: Graph, budget_bytes: int, selective: bool, time_limit_s: float) -> Any:
     """The frontier program with ``nested=True`` (NOTE [ Solving nested plans ]): a plan optimal over the
     menu, or None where the graph is too wide or the program stopped at its limits.
 
@@ -265,7 +268,7 @@ def _by_nested_frontier(graph: Graph, budget_bytes: int, selective: bool) -> Any
     t0 = time.perf_counter()
     try:
         program = frontier_program(graph, blocks=False, selective=selective and keepable(graph), nested=True)
-        plan = by_frontier(graph, budget_bytes, program, Deadline(FRONTIER_TIME_LIMIT_S),
+        plan = by_frontier(graph, budget_bytes, program, Deadline(time_limit_s),
                            max_work=int(FRONTIER_WORK_LIMIT * WORK_PER_S))
     except InfeasibleBudget as exc:
         raise InfeasibleBudget(budget_bytes, exc.min_feasible_bytes, solver="frontier",
