@@ -144,3 +144,23 @@ def test_scheduler_solve_nested_is_optimal_on_a_dag():
     full = pareto_frontier(graph, selective=True, nested=True)
     plan = solve(graph, full[0][0], nested=True)  # selective: kept sets and nesting together
     assert plan.status == "optimal" and plan.recompute_cost == full[0][1]
+
+
+def test_nesting_lowers_a_transformers_least_peak_and_the_plan_simulates_as_claimed():
+    from graphs.synthetic import transformer
+
+    graph = transformer(60, spans=True)  # GPT-2-like spans: a block's attn and mlp are its child calls
+    flat = FrontierDP(graph).solve(None, objective="peak")
+    program = FrontierDP(graph, nested=True)
+    assert program.chain is None  # blocks are not composed with nesting
+    least = program.solve(None, objective="peak")
+    assert least.inner and least.objective < flat.objective
+    assert simulate(graph, Plan(regions=least.regions, inner=least.inner)).peak_bytes == least.objective
+    budget = flat.objective - 1  # no one-level plan fits
+
+    def one(g, b):
+        return solvers.solve(g, b, solver="ilp", selective=False)
+
+    plan = solve_nested(graph, budget, one, selective=False, solver="ilp")
+    assert plan.status == "optimal" and plan.solver == "frontier" and plan.inner
+    assert plan.recompute_cost == program.solve(budget).objective and plan.peak_bytes <= budget
