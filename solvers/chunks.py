@@ -118,6 +118,19 @@ def _base(graph: Graph, j: int) -> int:
     return j
 
 
+def _ops(nd: Any) -> frozenset[str]:
+    """The ATen ops node ``nd`` runs, as the row-wise check reads them: its own op, or, for a node that groups
+    several fx nodes (op ``"2 ops"``: torch.export's ``_assert_tensor_metadata`` with the ``.to`` it checks),
+    the ops it dispatched (NOTE [ Chunked head ]: a group of row-wise ops is row-wise), less the weight's
+    transpose of a matrix product's lowering."""
+    if nd.op in ROWWISE_OPS or not nd.dispatch:
+        return frozenset((nd.op,))
+    ops = frozenset(nd.dispatch)
+    if ops & _MATMUL_OPS:  # a linear's lowering transposes its weight (a parameter, not the rows)
+        ops -= {"aten.t.default"}
+    return ops
+
+
 def _split(graph: Graph, first: int, last: int, *, what: str, loss: bool) -> tuple[list[int], list[int]]:
     """``(chunked, shared)`` positions of ``first..last``, checked row-wise (NOTE [ Chunked head ])."""
     nodes, preds = graph.nodes, graph.preds
@@ -136,13 +149,14 @@ def _split(graph: Graph, first: int, last: int, *, what: str, loss: bool) -> tup
                          "reads one, split into row chunks")
     for i in chunked:
         nd = nodes[i]
-        if nd.op not in ROWWISE_OPS:
+        ops = _ops(nd)
+        if not ops <= ROWWISE_OPS:
             raise ChunkError(f"node {nd.name!r} ({nd.op or 'no op'}) of {what} is not known to compute each token row "
                              "alone, so it cannot run in chunks")
         if nd.stochastic or nd.stateful:
             raise ChunkError(f"node {nd.name!r} of {what} draws random numbers or updates state; chunks would draw or "
                              "update otherwise than the whole")
-        if nd.op in _MATMUL_OPS and len({_base(graph, j) for j in preds[i]}) > 1:
+        if ops & _MATMUL_OPS and len({_base(graph, j) for j in preds[i]}) > 1:
             raise ChunkError(f"node {nd.name!r} ({nd.op}) of {what} multiplies two tensors of the call; only a "
                              "product with a parameter is row-wise")
         for j in preds[i]:

@@ -62,6 +62,11 @@ def is_free(r: OpRecord) -> bool:
     return r.out_bytes == 0 and r.fwd_flops == 0 and r.bwd_flops == 0 and r.own_saved_bytes == 0 and not r.saves
 
 
+def _reads(r: OpRecord, group: Sequence[int]) -> bool:
+    """``r`` reads a record of ``group``, or reads none."""
+    return not r.inputs or any(j in group for j in r.inputs)
+
+
 def group_records(records: Sequence[OpRecord], granularity: str | int) -> list[list[int]]:
     """Partition record positions into contiguous groups.
 
@@ -73,7 +78,12 @@ def group_records(records: Sequence[OpRecord], granularity: str | int) -> list[l
             nodes whose module paths agree on their first ``d`` components).
 
     A free op folds only into a node of the same submodule calls, so that
-    every call's nodes stay whole cost nodes (NOTE [ Module-aligned regions ]).
+    every call's nodes stay whole cost nodes (NOTE [ Module-aligned regions ]);
+    outside every call (the model's top-level code: the loss), only into a
+    node it reads or when it reads nothing, so that a view of the logits
+    stays apart from the labels' ops before it (a chunked head splits the
+    logits' rows and shares the labels: NOTE [ Chunked head ] in
+    ``solvers.chunks``).
 
     Returns:
         Lists of positions, contiguous and in order, covering every record.
@@ -89,7 +99,7 @@ def group_records(records: Sequence[OpRecord], granularity: str | int) -> list[l
         key = ""
         if depth is not None and depth > 0 and r.module:
             key = ".".join(r.module.split(".")[:depth])
-        if groups and is_free(r) and calls[i] == calls[groups[-1][-1]]:
+        if groups and is_free(r) and calls[i] == calls[groups[-1][-1]] and (calls[i] or _reads(r, groups[-1])):
             groups[-1].append(i)
             continue
         if groups and key and key_of[-1] == key:

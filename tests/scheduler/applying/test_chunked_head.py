@@ -125,3 +125,21 @@ def test_a_model_that_changes_its_logits_after_the_head_is_refused():
     forward.previous = scaled
     with pytest.raises(ChunkedHeadError, match="changes the logits after its head 'lm_head'"):
         model(**kwargs)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "bert"])
+@pytest.mark.parametrize("granularity", ["fold", 2])
+def test_a_grouped_trace_keeps_its_head_chunkable(kind, granularity):
+    """At a coarser granularity (``auto`` on a full-size model) views of the logits stay apart from the labels'
+    ops before them, and a node grouping an export check with its cast is read op by op: the tail is still found
+    and a chunked plan still fits (a traced Llama-2-7B on meta once refused --chunks at ``auto``)."""
+    model, kwargs = _model(kind)
+    graph = scheduler.trace(model, (), kwargs, loss=_loss, granularity=granularity)
+    tail = find_tail(graph)
+    assert tail.head in ("lm_head", "cls")
+    plain = scheduler.solve(graph, simulate(graph).peak_bytes)
+    with pytest.raises(scheduler.InfeasibleBudget) as least:
+        scheduler.solve(graph, 1)
+    plan = scheduler.solve(graph, least.value.min_feasible_bytes, chunks=(1, 2, 4, 8, 16))
+    assert plan.findings.get("head_chunks", 1) > 1 and plan.peak_bytes < least.value.min_feasible_bytes
+    assert plain.peak_bytes <= simulate(graph).peak_bytes
