@@ -126,7 +126,7 @@ class NestedRegions:
     def any(self) -> bool:
         """Some span has child calls (a region may nest at all)."""
         g = self.graph
-        return bool(g.spans) and any(inner_menu(g, sp.first, sp.last) for sp in g.spans)
+        return next((True for sp in g.spans if inner_menu(g, sp.first, sp.last)), False)
 
     def rows(self, p: int, b: int, terms: tuple) -> NestedRows | None:
         """The nested variant of ``[p, b]`` (None: no child calls); ``terms``: ``program.region_terms(p, kmax)``."""
