@@ -15,12 +15,14 @@ neither torch, OR-Tools, matplotlib nor transformers:
 from __future__ import annotations
 
 import importlib
+import time
 from typing import Any, Sequence
 
 import solvers
 from graphs import Graph
 from solvers import InfeasibleBudget, Plan, Simulation, SolverOptionError
 from solvers.chunks import solve_chunked
+from solvers.deadline import Deadline
 from solvers.nested import solve_nested
 
 from .sizing.budget import BudgetSpec
@@ -38,6 +40,10 @@ LAZY = {
     "verify": "scheduler.measuring.verification:verify",
     "compare": "scheduler.comparing.run:compare",
 }
+
+
+#: The clock a chunked or nested solve's shared time limit reads (tests inject their own).
+_clock = time.perf_counter
 
 
 def __getattr__(name: str) -> Any:
@@ -117,12 +123,18 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
                             mixed_precision=mixed_precision, reserve=reserve, **options)
     budget_bytes = step_budget_bytes(budget, graph, optimizer=optimizer, mixed_precision=mixed_precision,
                                      reserve=reserve)
+    # NOTE [ One deadline ] in solvers.deadline: the solves a chunked or nested solve makes share the limit
+    limit = options.get("time_limit_s")
+    deadline = Deadline(float(limit), clock=_clock) if limit is not None and (chunks or mlp_chunks or nested) else None
+
     def one(g: Graph, b: int) -> Plan:
-        return solvers.solve(g, b, solver=solver, **options)
+        opts = options if deadline is None else {**options, "time_limit_s": deadline.left()}
+        return solvers.solve(g, b, solver=solver, **opts)
 
     selective = bool(options.get("selective", True))  # dp's too, where the solver asked for takes it
     solve_graph = (lambda g, b: solve_nested(g, b, one, selective=selective, solver=solver,
-                                                time_limit_s=options.get("time_limit_s"))) if nested else one
+                                                time_limit_s=limit if deadline is None else deadline.left())
+                   ) if nested else one
     try:
         if chunks or mlp_chunks:
             return solve_chunked(graph, budget_bytes, solve_graph, chunks or (1,), mlp_chunks or (1,))

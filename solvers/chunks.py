@@ -63,8 +63,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from graphs import Graph, Node, Span
+from graphs import CkptError, Graph, Node, Span
 
+from .deadline import stopped
 from .errors import InfeasibleBudget, PlanError, SolverInputError
 
 __all__ = ["CHUNK_MENU", "ROWWISE_OPS", "LOSS_SUFFIX", "ChunkError", "Tail", "find_tail", "find_calls", "chunk_entries", "chunked_graph", "expand",
@@ -379,7 +380,7 @@ def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, i
     if calls[-1] > 1 and not find_calls(graph):
         raise ChunkError("no call of this graph is row-wise (one input, one output, row-wise ops only), so none can "
                          "run in chunks")
-    best, failures = None, []
+    best, failures, stops = None, [], []
     for kc in calls:
         for kh in heads:
             chunks = chunk_entries(graph, kh, kc)
@@ -387,6 +388,12 @@ def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, i
                 plan = solve_one(expand(graph, chunks), budget_bytes)
             except InfeasibleBudget as exc:
                 failures.append(exc.replace(best_regions=None) if chunks else exc)  # positions of another graph
+                continue
+            except CkptError as exc:
+                if not stopped(exc):
+                    raise
+                log.info("chunks head %d, calls %d: %s", kh, kc, exc)  # NOTE [ One deadline ]
+                stops.append(exc)
                 continue
             if chunks:
                 plan = dataclasses.replace(plan, chunks=chunks, fingerprint=graph.fingerprint(),
@@ -396,6 +403,12 @@ def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, i
                 best = plan
             log.info("chunks head %d, calls %d: recompute %d", kh, kc, plan.recompute_cost)
     if best is None:
+        if stops:
+            raise stops[0]
         closest = min(failures, key=lambda e: e.min_feasible_bytes)  # an InfeasibleBudget: the least floor
         raise closest
+    from .model.plan import Status  # (plan imports this module)
+
+    if stops and best.status != Status.FEASIBLE:  # the menu was not searched whole
+        best = dataclasses.replace(best, status=Status.FEASIBLE, bound=None, gap=None)
     return best

@@ -24,6 +24,13 @@ NOTE [ One deadline ]
     per-phase floors: ``max(1.0, left)`` for each of three phases once made
     ``ilp(time_limit_s=1)`` run 4.1 s on a loaded machine.
 
+    A solve that makes several solves (``scheduler.solve`` with ``chunks=``,
+    ``mlp_chunks=`` or ``nested=True``: one per chunk count, the nested
+    candidates) keeps the caller's one limit: each solve it makes gets what
+    is left of it, and one that stops without a plan (:func:`stopped`) leaves
+    the others' answers standing; the answer then says ``feasible`` (the menu
+    was not searched whole).
+
     The clock only stops a search that runs too long; what a search finds
     is decided by the work it counts (``work_limit``): CP-SAT's deterministic
     time (NOTE [ Deterministic CP-SAT ] in ``solvers.cpsat.solver``), the
@@ -36,12 +43,13 @@ NOTE [ One deadline ]
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable
 
 from graphs import CkptError
 
-__all__ = ["Deadline", "OutOfTime", "READ_OUT_S", "PASS_S_PER_NODE"]
+__all__ = ["Deadline", "OutOfTime", "stopped", "READ_OUT_S", "PASS_S_PER_NODE"]
 
 #: Seconds a solve keeps back at the end for reading its plan out, besides one pass over the graph.
 READ_OUT_S = 0.1
@@ -131,3 +139,12 @@ class Deadline:
 
     def __repr__(self) -> str:
         return f"Deadline({self.limit_s:g} s, {self.left():.3g} s left)"
+
+
+def stopped(exc: BaseException) -> bool:
+    """``exc`` says a solver stopped at its time or work limit without a plan (:class:`OutOfTime`, or ``ilp``'s
+    ``IlpTimeout``), not that the input was wrong (NOTE [ One deadline ])."""
+    if isinstance(exc, OutOfTime):
+        return True
+    cpsat = sys.modules.get("solvers.cpsat.solver")  # loaded whenever it raised
+    return cpsat is not None and isinstance(exc, cpsat.IlpTimeout)

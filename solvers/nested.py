@@ -91,9 +91,10 @@ import logging
 import time
 from typing import Any, Callable, Sequence
 
-from graphs import Graph
+from graphs import CkptError, Graph
 
 from .chunks import parse_chunk_module
+from .deadline import stopped
 from .errors import InfeasibleBudget
 from .model.plan import Plan, Status
 from .registry import finalize, solve
@@ -215,13 +216,23 @@ def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, in
             failures.append(exc)
         if proven is not None:
             found.append(proven)
+    stops: list[CkptError] = []  # NOTE [ One deadline ]: a solve that stopped without a plan
     try:
         found.append(solve(graph, budget_bytes, solver="dp", nested=True, selective=selective))
     except InfeasibleBudget as exc:
         failures.append(exc)
+    one_failed: InfeasibleBudget | None = None
     try:
         found.append(solve_one(graph, budget_bytes))
     except InfeasibleBudget as exc:
+        one_failed = exc
+    except CkptError as exc:
+        if not stopped(exc):
+            raise
+        log.info("nested: the one-level solver stopped: %s", exc)
+        stops.append(exc)
+    if one_failed is not None:
+        exc = one_failed
         failures.append(exc)
         if exc.best_regions:
             plan, least = nest_to_fit(graph, exc.best_regions, budget_bytes)
@@ -239,10 +250,14 @@ def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, in
         elif proven is not None:
             log.warning("nested: %s found a plan cheaper (%d) than the frontier program's optimum over the menu "
                         "(%d): it lies outside the menu", best.solver, best.recompute_cost, proven.recompute_cost)
+        if stops and status == Status.OPTIMAL and best is not proven:  # the one-level solver's answer is missing
+            status = Status.FEASIBLE
         if best.status != status:
             best = dataclasses.replace(best, status=status, bound=None, gap=None)
         log.info("nested: %s, recompute %d", best.solver, best.recompute_cost)
         return dataclasses.replace(best, findings={**best.findings, "nested_regions": len(best.inner)})
+    if stops and not any(e.solver == "frontier" and e.proven for e in failures):
+        raise stops[0]
     exact = [e for e in failures if e.solver == "frontier" and e.proven]
     # the least floor of what was tried; the frontier program's is proven over the menu
     closest = exact[0] if exact else min(failures, key=lambda e: e.min_feasible_bytes)

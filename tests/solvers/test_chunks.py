@@ -183,3 +183,41 @@ def test_ckpt_solve_chunks_then_simulate(tmp_path, capsys):
     assert "cheapest:" in capsys.readouterr().out
     assert main(argv[:6] + ["--chunks", "0,2"]) != 0
     assert "chunk counts are integers >= 1" in capsys.readouterr().err
+
+
+def test_chunked_and_nested_solves_share_the_callers_time_limit(monkeypatch):
+    """NOTE [ One deadline ]: scheduler.solve's chunked (and nested) solve hands each solve it makes what is left
+    of the one limit, and a solve that stops at it leaves the answers found standing (then ``feasible``)."""
+    import scheduler
+    import scheduler.api
+    from solvers.deadline import OutOfTime
+
+    now = [0.0]
+    monkeypatch.setattr(scheduler.api, "_clock", lambda: now[0])
+    limits: list[float] = []
+    real = solvers.solve
+
+    def slow(graph, budget, solver="ilp", **options):  # each solve takes 4 s of the fake clock
+        limits.append(options["time_limit_s"])
+        if options["time_limit_s"] <= 0:
+            raise OutOfTime("stopped at the time limit")
+        now[0] += 4.0
+        return real(graph, budget, solver=solver, **options)
+
+    monkeypatch.setattr(solvers, "solve", slow)
+    g = lm_graph(blocks=2)
+    budget = simulate(g).peak_bytes
+    plan = scheduler.solve(g, budget, "ilp", chunks=(1, 2, 4, 8), time_limit_s=10.0)
+    assert limits == [10.0, 6.0, 2.0, 0.0]  # one limit, spent in turn; the fourth count gets none of it
+    assert plan.status == "feasible" and plan.peak_bytes <= budget
+    limits.clear()
+    now[0] = 0.0
+    with pytest.raises(OutOfTime):  # nothing found before the limit: the stop says so
+        scheduler.solve(g, budget, "ilp", chunks=(1, 2), time_limit_s=0.0)
+    assert limits == [0.0, 0.0]
+    limits.clear()
+    plan = scheduler.solve(g, budget, "ilp", time_limit_s=10.0)  # one solve: the limit as given
+    assert limits == [10.0] and plan.status == "optimal"
+    limits.clear()
+    plan = scheduler.solve(g, budget, "ilp", nested=True, time_limit_s=0.0)  # the one-level solve stops at once
+    assert limits == [0.0] and plan.peak_bytes <= budget and plan.status == "feasible"
