@@ -49,6 +49,7 @@ def _grads(model):
 def _worker(rank: int, world: int, init: str, modes: tuple[str, ...], plan_bytes: bytes, out_dir: str) -> None:
     """One process group for every mode: the spawn and gloo's set-up cost more than a step (test_distributed_runs
     does the same)."""
+    torch.set_num_threads(1)  # two processes on two cores (scheduler.measuring.distributed does the same)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         plan = pickle.loads(plan_bytes)
@@ -72,6 +73,9 @@ def _worker(rank: int, world: int, init: str, modes: tuple[str, ...], plan_bytes
                 results[with_plan] = _grads(model)
             if rank == 0:
                 torch.save(results, os.path.join(out_dir, f"{mode}.pt"))
+            # both ranks done with this mode's collectives before the next (and before the group goes: a rank
+            # tearing gloo down while the other still used it once aborted it, "terminate called ...")
+            dist.barrier()
     finally:
         dist.destroy_process_group()
 
