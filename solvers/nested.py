@@ -261,7 +261,9 @@ def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, in
     exact = [e for e in failures if e.solver == "frontier" and e.proven]
     # the least floor of what was tried; the frontier program's is proven over the menu
     closest = exact[0] if exact else min(failures, key=lambda e: e.min_feasible_bytes)
-    if closest.proven and (closest.solver == "frontier" or (closest.solver == "dp" and not closest.scope)):
+    if closest.proven and closest.solver == "frontier":
+        raise closest.replace(solver=solver or closest.solver)  # proven over the menu: named as the user asked
+    if closest.proven and closest.solver == "dp" and not closest.scope:
         raise closest
     raise closest.replace(scope=closest.scope or "the plans nested solving tries (NOTE [ Solving nested plans ] "
                                                  "in solvers.nested)")

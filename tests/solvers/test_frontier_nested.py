@@ -131,6 +131,7 @@ def test_solve_nested_with_ilp_proves_its_answer_on_a_dag():
     with pytest.raises(InfeasibleBudget) as info:
         solve_nested(graph, least - 1, one, selective=False, solver="ilp")
     assert info.value.proven and info.value.min_feasible_bytes == least
+    assert info.value.solver == "ilp" and "menu of inner regions" in str(info.value)  # named as asked
     # without the solver's name the program does not run: the answer is dp's or the one-level solver's
     assert solve_nested(graph, least, one, selective=False).solver != "frontier"
 
