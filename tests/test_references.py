@@ -142,7 +142,7 @@ def test_the_readme_states_how_long_make_test_takes():
     text = _flat(_text(ROOT / "README.md"))
     m = re.search(r"`make test` about (\d+) minutes", text)
     assert m, "README.md must say how long `make test` takes (\"`make test` about N minutes\")"
-    # the README states what the suite takes now on an idle 2-core machine (428 s at c0e1620): under 10 is the aim
+    # the README states what the suite takes now on an idle 2-core machine (339 s at 01ef17f): under 10 is the aim
     assert int(m.group(1)) < 10, "the whole suite must take under 10 minutes on an idle 2-core machine"
 
 
