@@ -389,8 +389,9 @@ def run_cnn(case: CnnCase, pairs: int, largest_to: int) -> dict:
 def nested_least(graph: Any, menu: tuple[int, ...] = (1,), mlp_menu: tuple[int, ...] = (1,)) -> tuple[int, Any]:
     """The least budget of a plan that may nest regions (NOTE [ Nested regions ] in ``solvers.nested``) on
     ``graph``, with the chunk menus of :func:`_least` (the default: nothing chunked), and the plan solved at it:
-    ``scheduler.solve(..., nested=True)``, the cheapest of ``dp`` over nested candidates, the one-level solver
-    (``ilp``) and nestings of its plan."""
+    ``scheduler.solve(..., nested=True)``: the frontier program over the menu of inner regions where the graph
+    is narrow enough (optimal over it), else the cheapest of ``dp`` over nested candidates, the one-level solver
+    (``ilp``) and nestings of its plan (NOTE [ Solving nested plans ])."""
     mlp_menu = mlp_menu if find_calls(graph) else (1,)
     options = dict(nested=True, chunks=menu if menu != (1,) else None,
                    mlp_chunks=mlp_menu if mlp_menu != (1,) else None)
@@ -480,7 +481,8 @@ def main(quick: bool = False) -> None:
         "onto the same model and measured the same way, at our least budget and at their peak. Longest "
         f"sequence: doubling from {seq} up to {longest_to}, the longest whose least plan is at most their peak at "
         f"{seq}. Nesting allowed: the least budget of `scheduler.solve(..., nested=True)` with the same menus "
-        "(the cheapest of `dp` over nested candidates, `ilp`'s one-level plan and nestings of it), the plan at it "
+        "(`ilp`'s frontier program over the menu of inner regions, optimal over it on these graphs; "
+        "NOTE [ Solving nested plans ]), the plan at it "
         "measured by the allocator, with its count of inner regions. Recomputed: the FLOPs our plan at their peak "
         "recomputes (predicted), and those theirs does (the "
         "calls it checkpoints, by torch's `FlopCounterMode`), as shares of the forward's FLOPs. Step time: ours at "
