@@ -52,7 +52,7 @@ from ..dp.profiles import NEG
 from ..model.terms import INF
 from ..model.selective import DEFAULT_LIMIT, GrowingMenus
 
-__all__ = ["KeptStep", "BlockStep", "KeptEntry", "KeptRegions"]
+__all__ = ["KeptStep", "BlockStep", "KeptEntry", "KeptRegions", "extend_variants"]
 
 
 @dataclass(frozen=True)
@@ -154,40 +154,57 @@ class KeptRegions:
             endok: which ends are allowed (spans), or None for all.
             max_free: as for :meth:`~solvers.frontier.program.FrontierDP.solve`.
         """
-        from .front import round_up  # solvers.frontier.front imports this module
+        extend_variants(self.prog, p, fr, fronts, terms, cap, endok, max_free,
+                        lambda b: self.entries(p, b, terms), lambda b, ent: KeptStep(b, ent.kept))
 
-        prog = self.prog
-        fwdm = terms[0]
-        amin = min(int(v[0][0]) for v in fr.keys.values())
-        over = np.nonzero(fwdm > cap - amin)[0]
-        m = int(over[0]) if len(over) else len(fwdm)
-        first_reader = {j: next((c for c in prog.readers[j] if c >= p), INF) for j in prog.opens[p]}
-        fas = _HeldBytes(prog, p, m)
-        for b in range(p, p + m):
-            if endok is not None and not endok[b - p]:
-                continue
-            entries = self.entries(p, b, terms)
-            if not entries:
-                continue
-            size = b - p + 1
-            read = frozenset(j for j in prog.opens[p] if first_reader[j] <= b)
-            effs = {key: frozenset(key) | read for key in fr.keys}
-            for ent in entries:
-                nkeys: dict[frozenset, tuple[int, ...]] = {}
-                for key, (a, o, *_rest) in fr.keys.items():
-                    eff = effs[key]
-                    local = max(ent.f, ent.back(fas.of(eff)[:size]))
-                    cut = int(np.searchsorted(a, cap - local, side="right"))
-                    prog.count(steps=1, elements=size, entries=cut)
-                    if not cut:
-                        continue
-                    nkey = nkeys.get(eff)
-                    if nkey is None:
-                        nkey = ent.exit_key(prog, p, b, eff)
-                        if max_free is not None:
-                            nkey = round_up(nkey, prog.opens[b + 1], max_free, prog.out)
-                        nkeys[eff] = nkey
-                    fronts[b + 1].add(nkey, a, o, cut, ent.dA, ent.cost, local, (p, key, KeptStep(b, ent.kept)))
+
+def extend_variants(prog: Any, p: int, fr: Any, fronts: list, terms: tuple, cap: int, endok: np.ndarray | None,
+                    max_free: int | None, entries_at: Any, step_of: Any) -> None:
+    """Carry the front ``fr`` at ``p`` over every variant of every region ``[p, b]`` that fits: the regions that
+    keep a menu entry (:class:`KeptRegions`) and the nested ones (``solvers.frontier.nested``).
+
+    A variant's forward steps are never below the plain region's, so the ends ``b`` tried stop where the plain
+    forward peak (which only grows with ``b``) leaves no room.
+
+    Args:
+        prog: the :class:`~solvers.frontier.program.FrontierDP`; the rest as :meth:`KeptRegions.extend`.
+        entries_at: ``entries_at(b)``: the variants of ``[p, b]``, each with ``f``, ``back(fa)``,
+            ``exit_key(prog, p, b, eff)``, ``dA`` and ``cost`` (:class:`KeptEntry`).
+        step_of: ``step_of(b, entry)``: the back pointer of the variant (NOTE [ The frontier DP ]).
+    """
+    from .front import round_up  # solvers.frontier.front imports this module
+
+    fwdm = terms[0]
+    amin = min(int(v[0][0]) for v in fr.keys.values())
+    over = np.nonzero(fwdm > cap - amin)[0]
+    m = int(over[0]) if len(over) else len(fwdm)
+    first_reader = {j: next((c for c in prog.readers[j] if c >= p), INF) for j in prog.opens[p]}
+    fas = _HeldBytes(prog, p, m)
+    for b in range(p, p + m):
+        if endok is not None and not endok[b - p]:
+            continue
+        entries = entries_at(b)
+        if not entries:
+            continue
+        size = b - p + 1
+        read = frozenset(j for j in prog.opens[p] if first_reader[j] <= b)
+        effs = {key: frozenset(key) | read for key in fr.keys}
+        for ent in entries:
+            nkeys: dict[frozenset, tuple[int, ...]] = {}
+            for key, (a, o, *_rest) in fr.keys.items():
+                eff = effs[key]
+                local = max(ent.f, ent.back(fas.of(eff)[:size]))
+                cut = int(np.searchsorted(a, cap - local, side="right"))
+                prog.count(steps=1, elements=size, entries=cut)
+                if not cut:
+                    continue
+                nkey = nkeys.get(eff)
+                if nkey is None:
+                    nkey = ent.exit_key(prog, p, b, eff)
+                    if max_free is not None:
+                        nkey = round_up(nkey, prog.opens[b + 1], max_free, prog.out)
+                    nkeys[eff] = nkey
+                fronts[b + 1].add(nkey, a, o, cut, ent.dA, ent.cost, local, (p, key, step_of(b, ent)))
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ import numpy as np
 from ..dp.profiles import NEG
 from ..model.plan import Plan
 from ..model.simulate import simulate
-from ..model.terms import INF, region_rng_bytes
+from ..model.terms import region_rng_bytes
 from ..nested import inner_menu
 
 __all__ = ["NestedStep", "NestedRegions", "NestedRows", "SIMULATE_NODE_WORK"]
@@ -94,19 +94,25 @@ class NestedRows:
 
     Attributes:
         f: the largest live bytes of its forward steps, less the retained bytes before the region.
-        back: per node ``k`` of the region, the largest ``row`` of its recompute and backward steps at ``k``
+        rows: per node ``k`` of the region, the largest ``row`` of its recompute and backward steps at ``k``
             (``NEG``: none), to which the held open tensors' bytes at ``k`` are added.
         dA: what joins the retained bytes after it.
         cost: its recompute cost.
     """
 
     f: int
-    back: np.ndarray
+    rows: np.ndarray
     dA: int
     cost: int
 
-    def local(self, fa: np.ndarray) -> int:
-        return max(self.f, int((self.back + fa).max()))
+    def back(self, fa: np.ndarray) -> int:
+        """The largest live bytes of its recompute and backward steps, less the retained bytes before it, with
+        the held open tensors ``fa`` (per node of the region)."""
+        return int((self.rows + fa).max())
+
+    def exit_key(self, prog: Any, p: int, b: int, eff: frozenset) -> tuple[int, ...]:
+        """The held open tensors after it: the plain region's (its forward holds the same tensors)."""
+        return prog.region_nkey(eff, p, b)
 
 
 class NestedRegions:
@@ -198,36 +204,11 @@ class NestedRegions:
 
         Args: as :meth:`~solvers.frontier.kept.KeptRegions.extend`.
         """
-        from .front import round_up  # solvers.frontier.front imports this module
-        from .kept import _HeldBytes
+        from .kept import extend_variants
 
-        prog = self.prog
-        fwdm = terms[0]
-        amin = min(int(v[0][0]) for v in fr.keys.values())
-        over = np.nonzero(fwdm > cap - amin)[0]  # the nested forward is at or above the plain one
-        m = int(over[0]) if len(over) else len(fwdm)
-        first_reader = {j: next((c for c in prog.readers[j] if c >= p), INF) for j in prog.opens[p]}
-        fas = _HeldBytes(prog, p, m)
-        for b in range(p, p + m):
-            if endok is not None and not endok[b - p]:
-                continue
+        def entries_at(b: int) -> list[NestedRows]:
             ent = self.rows(p, b, terms)
-            if ent is None:
-                continue
-            size = b - p + 1
-            read = frozenset(j for j in prog.opens[p] if first_reader[j] <= b)
-            nkeys: dict[frozenset, tuple[int, ...]] = {}
-            for key, (a, o, *_rest) in fr.keys.items():
-                eff = frozenset(key) | read
-                local = ent.local(fas.of(eff)[:size])
-                cut = int(np.searchsorted(a, cap - local, side="right"))
-                prog.count(steps=1, elements=size, entries=cut)
-                if not cut:
-                    continue
-                nkey = nkeys.get(eff)
-                if nkey is None:
-                    nkey = prog.region_nkey(eff, p, b)
-                    if max_free is not None:
-                        nkey = round_up(nkey, prog.opens[b + 1], max_free, prog.out)
-                    nkeys[eff] = nkey
-                fronts[b + 1].add(nkey, a, o, cut, ent.dA, ent.cost, local, (p, key, NestedStep(b)))
+            return [] if ent is None else [ent]
+
+        extend_variants(self.prog, p, fr, fronts, terms, cap, endok, max_free, entries_at,
+                        lambda b, ent: NestedStep(b))
