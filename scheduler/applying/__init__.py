@@ -20,10 +20,10 @@ from solvers import Plan
 
 from .modules import ApplyError, RegionForward, SequentialRuns, applied_plan, planned, region_wrappers, remove
 from .modules import apply as apply_modules
-from .selective import RegionPolicy, SaveOpsMismatch
+from .selective import KeptOpsDropped, RegionPolicy
 
 __all__ = ["apply", "remove", "applied_plan", "planned", "region_wrappers", "ApplyError", "RegionForward", "SequentialRuns",
-           "RegionPolicy", "SaveOpsMismatch", "LOWERINGS"]
+           "RegionPolicy", "KeptOpsDropped", "LOWERINGS"]
 
 #: How a plan can be applied.
 LOWERINGS = ("module", "graph")

@@ -7,34 +7,62 @@ NOTE [ Selective checkpoint policies ]
     the region's forward" (NOTE [ Which op a policy keeps ] in
     ``scheduler.tracing.recorder`` says how the tracer finds them). Such a
     region runs under ``torch.utils.checkpoint.checkpoint(...,
-    use_reentrant=False, context_fn=...)`` with the contexts of
-    ``create_selective_checkpoint_contexts`` and a :class:`RegionPolicy`:
+    use_reentrant=False, context_fn=...)`` with two dispatch modes of our own
+    and a :class:`RegionPolicy`:
 
-    * in the forward the policy counts the calls of each overload and
-      answers ``CheckpointPolicy.MUST_SAVE`` for the listed ones and
-      ``PREFER_RECOMPUTE`` for every other; the checkpoint's caching mode
-      keeps what a saved call returned, and its recompute returns that
-      instead of running the call again (what ``solvers.model.simulate`` models
-      as NOTE [ Selective recompute ]);
-    * the policy counts as the checkpoint's own modes do (``detach`` and the
-      other ``SAC_IGNORED_OPS`` are never shown to it), and not the calls of
-      our own devices: the recompute probe (NOTE [ Recompute at the
-      region's end ]) is made while the policy is paused, and the BatchNorm
-      snapshot (NOTE [ Stateful ops under recompute ]) is taken and put back
-      outside the checkpoint's recompute mode, which would otherwise look the
-      ``clone`` up among the forward's calls and fail;
-    * when the region's forward ends, every listed call must have happened,
-      and each listed overload must have been called as many times as in
-      the trace (``Plan.save_op_calls``, when the plan carries it). A count
-      that differs (another torch whose ops decompose differently, a forward
-      that takes another branch at this shape) raises
-      :class:`SaveOpsMismatch`, naming the region and the call, instead of a
-      plan that silently keeps other tensors than the ones it was costed
-      for. Gradients would be right either way (a cached call returns what
-      the forward computed); the memory would not be the predicted one.
-      Overloads the plan keeps no call of are not compared: eager may run
-      calls the trace does not have (transformers' GPT-2 block builds its
-      causal mask with ``ones``/``tril`` in eager only).
+    * in the forward (:class:`_Keeping`) the policy counts the calls of each
+      overload and answers ``MUST_SAVE`` for the listed ones; the mode keeps
+      a detached alias of what such a call returned (and its version
+      counter). In the recompute (:class:`_Replaying`) the same call, found
+      by overload and count, returns the kept tensor instead of running
+      again (what ``solvers.model.simulate`` models as NOTE [ Selective
+      recompute ]), and the mode lets go of it;
+    * the modes count as torch's own selective checkpoint does (``detach``
+      and the other ``SAC_IGNORED_OPS`` are never counted), and the policy
+      not the calls of our own devices: the recompute probe (NOTE [
+      Recompute at the region's end ]) is made while the policy is paused,
+      and the BatchNorm snapshot (NOTE [ Stateful ops under recompute ]) is
+      taken and put back outside the recompute mode.
+
+NOTE [ Kept calls that do not come ]
+    The calls are matched by overload and count, so a forward that runs
+    other ATen ops than the trace recorded would keep other tensors than the
+    plan was costed for: a region that drops its key/value cache (NOTE [
+    Caches under recompute ]) no longer makes the cache writes (``cat``) the
+    trace saw; a model moved to bf16, or run under autocast, after an fp32
+    trace makes casts (``_to_copy``) the trace did not have; another torch
+    decomposes differently. Recomputing a call instead of keeping it is
+    always right (the call is deterministic: the tracer never keeps one that
+    draws random numbers or updates state) and never costs memory the plan
+    did not count, so a mismatch degrades, never fails:
+
+    * an overload is "off" in a region once its calls in a forward differ
+      from the traced count (``Plan.save_op_calls``), or a listed call of it
+      did not happen: as soon as a forward calls it more often than traced,
+      or when the forward ends; what the forward kept of it is let go of
+      then, and every later forward of the region keeps none of it (the
+      other overloads' calls are still kept: their counts matched);
+    * one :class:`KeptOpsDropped` warning per region says which overloads
+      are recomputed and why (a region whose cache was dropped has said so
+      with ``CacheDropped`` already, and says this once more);
+    * a kept tensor written in place after the forward (its version counter
+      moved) is recomputed instead of returned.
+
+    Overloads the plan keeps no call of are not compared: eager may run
+    calls the trace does not have (transformers' GPT-2 block builds its
+    causal mask with ``ones``/``tril`` in eager only).
+
+NOTE [ Double backward through kept calls ]
+    A kept tensor is let go of when the recompute returns it, so that it is
+    freed as the plan predicts. A second backward through the region
+    (``backward(retain_graph=True)`` twice, or the backward of a gradient
+    made with ``create_graph=True``) recomputes the region again and finds
+    nothing kept: the call runs again, on the same recomputed inputs, and
+    returns the same values (torch's own selective checkpoint raises "backward
+    an extra time" there). That second recompute is a plain checkpoint's,
+    which holds no more than the first. The unpacked tensors take their
+    autograd history from the forward's graph, not from the recompute, so
+    higher-order gradients are those of the unplanned step.
 
     Regions without listed calls run exactly as before (no ``context_fn``).
     Under ``torch.compile`` the regions are plain checkpoints: the policy
@@ -45,19 +73,26 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
 import torch
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy
 
-from graphs import CkptError
+__all__ = ["RegionPolicy", "KeptOpsDropped", "selective_contexts"]
 
-__all__ = ["RegionPolicy", "SaveOpsMismatch", "selective_contexts"]
+try:  # the calls torch's selective checkpoint does not count (the forward and its recompute differ there)
+    from torch.utils.checkpoint import SAC_IGNORED_OPS as _IGNORED
+except ImportError:  # pragma: no cover (older torch)
+    _IGNORED = {torch.ops.aten.detach.default}
 
 
-class SaveOpsMismatch(CkptError, RuntimeError):
-    """A region's forward did not make the ATen calls its plan keeps (the message names the region and call)."""
+class KeptOpsDropped(UserWarning):
+    """A region's forward did not make the ATen calls its plan keeps; those calls are recomputed instead
+    (NOTE [ Kept calls that do not come ] in ``scheduler.applying.selective``)."""
 
 
 class RegionPolicy:
@@ -71,16 +106,21 @@ class RegionPolicy:
 
     Attributes:
         counts: calls of each overload seen in the running forward.
-        saved: ``(overload, occurrence)`` pairs saved in the running forward.
+        saved: ``(overload, occurrence)`` pairs kept in the running forward (and not let go of).
+        off: overloads this region no longer keeps, with why (NOTE [ Kept calls that do not come ]).
     """
 
     def __init__(self, region: str, save_ops: Iterable[Sequence[Any]], calls: Iterable[Sequence[Any]] = ()) -> None:
         self.region = region
         self.save_ops = tuple((str(op), int(k)) for op, k in save_ops)
         self.calls = tuple((str(op), int(n)) for op, n in calls)
+        self._traced = dict(self.calls)
         self._wanted = frozenset(self.save_ops)
         self._names: dict[Any, str] = {}
+        self.off: dict[str, str] = {}
         self.paused = 0
+        self._warned = False
+        self._store: _Store | None = None
         self.reset()
 
     def __getstate__(self) -> dict[str, Any]:  # pickle / deepcopy: the counts of no running forward
@@ -89,9 +129,11 @@ class RegionPolicy:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["region"], state["save_ops"], state.get("calls", ()))
 
-    def reset(self) -> None:
+    def reset(self, store: "_Store | None" = None) -> None:
+        """A forward starts (keeping into ``store``)."""
         self.counts: dict[str, int] = defaultdict(int)
         self.saved: list[tuple[str, int]] = []
+        self._store = store
 
     def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         if self.paused:
@@ -101,6 +143,12 @@ class RegionPolicy:
             name = self._names.setdefault(func, str(func))
         k = self.counts[name]
         self.counts[name] = k + 1
+        if name in self.off:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        traced = self._traced.get(name)
+        if traced is not None and k >= traced:
+            self._turn_off(name, f"called more than the {traced} time(s) traced")
+            return CheckpointPolicy.PREFER_RECOMPUTE
         if (name, k) in self._wanted:
             self.saved.append((name, k))
             return CheckpointPolicy.MUST_SAVE
@@ -115,52 +163,145 @@ class RegionPolicy:
         finally:
             self.paused -= 1
 
-    def check(self) -> None:
-        """Raise :class:`SaveOpsMismatch` when a listed call did not happen in the forward that just
-        ended, or a listed overload was called another number of times than traced."""
+    def settle(self) -> dict[str, str]:
+        """The forward ended: turn off every kept overload whose calls differed from the trace (NOTE [ Kept
+        calls that do not come ]), warn once, and return the overloads off in this region with why."""
         for op, n in self.calls:
             seen = self.counts.get(op, 0)
-            if seen != n:
-                raise SaveOpsMismatch(
-                    f"region {self.region!r}: the traced region calls {op} {n} time(s) and the plan keeps some of "
-                    f"those calls, but the region's forward called it {seen} time(s), so the kept calls would be "
-                    "other tensors than planned. The module runs other ATen ops than the traced graph recorded "
-                    "(another torch version or device, another branch at this shape); trace and solve again on "
-                    "this setup, or solve with -S selective=false for a plan without kept ops")
+            if seen != n and op not in self.off:
+                self._turn_off(op, f"traced {n} time(s), called {seen} time(s)")
         for op, k in self.save_ops:
             seen = self.counts.get(op, 0)
-            if seen <= k:
-                raise SaveOpsMismatch(
-                    f"region {self.region!r}: the plan keeps call {k} (counting from 0) of {op}, but the region's "
-                    f"forward called {op} {seen} time(s). The module runs other ATen ops than the traced graph "
-                    "recorded (another torch version or device, another branch at this shape); trace and solve "
-                    "again on this setup, or solve with -S selective=false for a plan without kept ops")
+            if seen <= k and op not in self.off:
+                self._turn_off(op, f"call {k} (from 0) kept, called {seen} time(s)")
+        self._store = None
+        if self.off and not self._warned:
+            self._warned = True
+            why = "; ".join(f"{op}: {reason}" for op, reason in self.off.items())
+            warnings.warn(
+                f"region {self.region!r}: its forward did not make the ATen calls the plan keeps ({why}), so those "
+                "calls are recomputed instead of kept: less memory than planned, more recompute, the same gradients. "
+                "The module runs other ops than traced (a dropped key/value cache, a dtype or autocast other than the "
+                "trace's, another torch); trace and solve again on this setup to keep them (NOTE [ Kept calls that do "
+                "not come ])", KeptOpsDropped, stacklevel=2)
+        return dict(self.off)
+
+    def _turn_off(self, op: str, why: str) -> None:
+        self.off[op] = why
+        self.saved = [s for s in self.saved if s[0] != op]
+        if self._store is not None:
+            self._store.let_go(op)
 
     def __repr__(self) -> str:
         return f"RegionPolicy({self.region!r}, {list(self.save_ops)})"
 
 
-class _Forward:
-    """The forward context: the caching mode, then the policy's check when the forward returns."""
+# --------------------------------------------------------------------------- the two dispatch modes
+def _detached(t: Any) -> Any:
+    """A detached alias sharing ``t``'s version counter (below autograd, ``detach`` needs the view key
+    back on for that), and the version it had."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    with torch._C._SetExcludeDispatchKeyGuard(torch._C.DispatchKey.ADInplaceOrView, False):
+        alias = t.detach()
+    return _Kept(alias, t._version)
 
-    def __init__(self, policy: RegionPolicy, mode: Any) -> None:
-        self.policy, self.mode = policy, mode
+
+class _Kept:
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor: torch.Tensor, version: int) -> None:
+        self.tensor, self.version = tensor, version
+
+
+class _Store:
+    """What one region call keeps: ``(overload, index) -> output`` with ``_Kept`` leaves."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[Any, int], Any] = {}
+
+    def let_go(self, op: str) -> None:
+        for key in [key for key in self.entries if str(key[0]) == op]:
+            del self.entries[key]
+
+    def take(self, key: tuple[Any, int]) -> Any:
+        """The kept output for ``key``, let go of (None: recompute the call: never kept, taken by an earlier
+        backward, or written in place since)."""
+        entry = self.entries.pop(key, None)
+        if entry is None:
+            return None
+        leaves = pytree.tree_leaves(entry, is_leaf=lambda x: isinstance(x, _Kept))
+        if any(isinstance(x, _Kept) and x.tensor._version != x.version for x in leaves):
+            return None
+        return pytree.tree_map(lambda x: x.tensor if isinstance(x, _Kept) else x, entry,
+                               is_leaf=lambda x: isinstance(x, _Kept))
+
+
+class _Keeping(TorchDispatchMode):
+    """The forward's mode: counts calls, keeps what the policy says (NOTE [ Selective checkpoint policies ])."""
+
+    def __init__(self, policy: RegionPolicy, store: _Store) -> None:
+        super().__init__()
+        self.policy, self.store = policy, store
+        self.index: dict[Any, int] = defaultdict(int)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _IGNORED:
+            return out
+        i = self.index[func]
+        self.index[func] = i + 1
+        if self.policy(None, func, *args, **kwargs) is CheckpointPolicy.MUST_SAVE:
+            self.store.entries[(func, i)] = pytree.tree_map(_detached, out)
+        return out
+
+
+class _Replaying(TorchDispatchMode):
+    """The recompute's mode: a kept call returns what the forward kept, once (NOTE [ Double backward through
+    kept calls ]); every other call runs."""
+
+    def __init__(self, store: _Store) -> None:
+        super().__init__()
+        self.store = store
+        self.index: dict[Any, int] = defaultdict(int)
+
+    def __enter__(self) -> Any:
+        self.index.clear()
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _IGNORED:
+            return func(*args, **kwargs)
+        i = self.index[func]
+        self.index[func] = i + 1
+        kept = self.store.take((func, i))
+        return func(*args, **kwargs) if kept is None else kept
+
+
+class _Forward:
+    """The forward context: the keeping mode, then the policy's settling when the forward returns."""
+
+    def __init__(self, policy: RegionPolicy, store: _Store) -> None:
+        self.policy, self.mode = policy, _Keeping(policy, store)
 
     def __enter__(self) -> None:
-        self.policy.reset()
+        self.policy.reset(self.mode.store)
         self.mode.__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         self.mode.__exit__(*exc)
         if exc[0] is None:
-            self.policy.check()
+            self.policy.settle()
 
 
 class _Recompute:
-    """The recompute context: BatchNorm snapshot outside the cached mode (NOTE [ Selective checkpoint policies ])."""
+    """The recompute context: BatchNorm snapshot outside the replaying mode (NOTE [ Selective checkpoint
+    policies ])."""
 
-    def __init__(self, mode: Any, stats: Sequence[torch.Tensor]) -> None:
-        self.mode, self.stats = mode, stats
+    def __init__(self, store: _Store, stats: Sequence[torch.Tensor]) -> None:
+        self.mode, self.stats = _Replaying(store), stats
         self.saved: list[torch.Tensor] = []
 
     def __enter__(self) -> None:
@@ -178,8 +319,8 @@ class _Recompute:
 
 
 def _contexts(policy: RegionPolicy, stats: Sequence[torch.Tensor]) -> tuple[_Forward, _Recompute]:
-    caching, cached = create_selective_checkpoint_contexts(policy)
-    return _Forward(policy, caching), _Recompute(cached, stats)
+    store = _Store()
+    return _Forward(policy, store), _Recompute(store, stats)
 
 
 def selective_contexts(policy: RegionPolicy, stats: Sequence[torch.Tensor]) -> Any:

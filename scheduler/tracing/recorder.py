@@ -33,7 +33,8 @@ NOTE [ Which op a policy keeps ]
       lifts a tensor constant made in ``forward`` (``torch.tensor(...)``,
       transformers' GPT-2 attention) to such a call, which the eager forward
       never dispatches, so the policy would wait for a call that does not
-      come (measured: ``SaveOpsMismatch`` on ``transformer.h.0``; keeping a
+      come (measured: ``SaveOpsMismatch`` on ``transformer.h.0``, before such
+      calls were recomputed instead, NOTE [ Kept calls that do not come ]; keeping a
       constant saves nothing worth a byte anyway).
 
     Everything else (several calls creating storage, merged nodes with more
