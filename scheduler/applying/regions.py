@@ -222,7 +222,10 @@ class RegionForward:
             return fwd(*args, **kwargs)
         fwd = as_before(self.module, fwd)  # NOTE [ Visible to gradient-checkpointing checks ]
         if not torch.compiler.is_compiling():
+            given = args, kwargs
             args, kwargs = _without_cache(self.module, args, kwargs, self.path)
+            if self.policy is not None:  # for its warning (NOTE [ Kept calls that do not come ])
+                self.policy.cache_dropped = args is not given[0] or kwargs is not given[1]
         return run_region(fwd, args, kwargs, modules=(self.module,), path=self.path, stochastic=self.stochastic,
                           counter=self,
                           policy=self.policy)

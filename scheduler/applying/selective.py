@@ -108,6 +108,7 @@ class RegionPolicy:
         counts: calls of each overload seen in the running forward.
         saved: ``(overload, occurrence)`` pairs kept in the running forward (and not let go of).
         off: overloads this region no longer keeps, with why (NOTE [ Kept calls that do not come ]).
+        cache_dropped: the running call dropped its key/value cache (NOTE [ Caches under recompute ]).
     """
 
     def __init__(self, region: str, save_ops: Iterable[Sequence[Any]], calls: Iterable[Sequence[Any]] = ()) -> None:
@@ -120,6 +121,7 @@ class RegionPolicy:
         self.off: dict[str, str] = {}
         self.paused = 0
         self._warned = False
+        self.cache_dropped = False  # set by the region when this call dropped its cache (for the warning)
         self._store: _Store | None = None
         self.reset()
 
@@ -178,12 +180,14 @@ class RegionPolicy:
         if self.off and not self._warned:
             self._warned = True
             why = "; ".join(f"{op}: {reason}" for op, reason in self.off.items())
+            cause = ("this call dropped its key/value cache, so the cache writes the trace saw were not made: trace "
+                     "with use_cache=False to plan the step a plan runs" if self.cache_dropped else
+                     "the module runs other ops than traced (a dtype or autocast other than the trace's, another "
+                     "torch, another branch): trace and solve again on this setup to keep them")
             warnings.warn(
                 f"region {self.region!r}: its forward did not make the ATen calls the plan keeps ({why}), so those "
-                "calls are recomputed instead of kept: less memory than planned, more recompute, the same gradients. "
-                "The module runs other ops than traced (a dropped key/value cache, a dtype or autocast other than the "
-                "trace's, another torch); trace and solve again on this setup to keep them (NOTE [ Kept calls that do "
-                "not come ])", KeptOpsDropped, stacklevel=2)
+                f"calls are recomputed instead of kept: less memory than planned, more recompute, the same gradients; "
+                f"{cause} (NOTE [ Kept calls that do not come ])", KeptOpsDropped, stacklevel=2)
         return dict(self.off)
 
     def _turn_off(self, op: str, why: str) -> None:

@@ -36,6 +36,13 @@ NOTE [ Which op a policy keeps ]
       come (measured: ``SaveOpsMismatch`` on ``transformer.h.0``, before such
       calls were recomputed instead, NOTE [ Kept calls that do not come ]; keeping a
       constant saves nothing worth a byte anyway).
+    * the call is no dtype conversion (``_to_copy``): how many of those a
+      forward makes depends on the dtype it runs in (a model moved to bf16
+      after an fp32 trace, or run under autocast, makes casts the trace did
+      not have, and ``.to(float32)`` of an fp32 tensor makes none), so the
+      ``k``-th one is not the same call from one setup to the next (NOTE [
+      Kept calls that do not come ] in ``scheduler.applying.selective``);
+      every other overload keeps its count under a cast.
 
     Everything else (several calls creating storage, merged nodes with more
     than one such member) is ``sac_op = -1``, and the solvers never keep it.
@@ -108,8 +115,9 @@ def module_calls(node: torch.fx.Node, strip: str = "") -> tuple[tuple[str, str],
     return tuple(out)
 
 
-#: Overloads an export graph runs where the eager forward runs none (NOTE [ Which op a policy keeps ]).
-_EXPORT_ONLY = ("aten.lift_fresh_copy.", "aten.lift_fresh.")
+#: Overloads a policy never keeps (NOTE [ Which op a policy keeps ]): an export graph runs them where the eager
+#: forward runs none, or their count depends on the dtype the forward runs in.
+_NOT_KEPT = ("aten.lift_fresh_copy.", "aten.lift_fresh.", "aten._to_copy.")
 
 
 def _policy_calls(watch: OpWatch, owned: set[int]) -> tuple[tuple[str, ...], int]:
@@ -121,7 +129,7 @@ def _policy_calls(watch: OpWatch, owned: set[int]) -> tuple[tuple[str, ...], int
     hits = [i for i, (_, keys, free) in enumerate(calls) if not free and set(keys) == owned]
     if len(hits) != 1 or any(not free for j, (_, _, free) in enumerate(calls) if j != hits[0]):
         return dispatch, -1
-    if calls[hits[0]][0].startswith(_EXPORT_ONLY):
+    if calls[hits[0]][0].startswith(_NOT_KEPT):
         return dispatch, -1
     return dispatch, hits[0]
 
