@@ -181,7 +181,7 @@ class RegionPolicy:
             self._warned = True
             why = "; ".join(f"{op}: {reason}" for op, reason in self.off.items())
             cause = ("this call dropped its key/value cache, so the cache writes the trace saw were not made: trace "
-                     "with use_cache=False to plan the step a plan runs" if self.cache_dropped else
+                     "and train with use_cache=False to plan the step that runs" if self.cache_dropped else
                      "the module runs other ops than traced (a dtype or autocast other than the trace's, another "
                      "torch, another branch): trace and solve again on this setup to keep them")
             warnings.warn(
