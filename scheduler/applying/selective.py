@@ -59,8 +59,10 @@ NOTE [ Double backward through kept calls ]
     made with ``create_graph=True``) recomputes the region again and finds
     nothing kept: the call runs again, on the same recomputed inputs, and
     returns the same values (torch's own selective checkpoint raises "backward
-    an extra time" there). That second recompute is a plain checkpoint's,
-    which holds no more than the first. The unpacked tensors take their
+    an extra time" there). That second recompute is a plain checkpoint's:
+    it makes again what the first was handed (``simulate`` models one
+    backward; a second one is not part of a plan's prediction, with or
+    without kept calls). The unpacked tensors take their
     autograd history from the forward's graph, not from the recompute, so
     higher-order gradients are those of the unplanned step.
 
