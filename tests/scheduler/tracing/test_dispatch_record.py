@@ -172,3 +172,35 @@ def test_a_constant_export_lifts_is_not_keepable():
     lifted = [nd for nd in g.nodes if any(op.startswith("aten.lift_fresh") for op in nd.dispatch)]
     assert lifted and all(nd.sac_op == -1 for nd in lifted)
     assert any(nd.sac_op >= 0 for nd in g.nodes)  # the linear and the product stay keepable
+
+
+def test_a_kept_tensor_written_in_place_is_recomputed_and_taken_once():
+    """NOTE [ Kept calls that do not come ], [ Double backward through kept calls ]: the recompute gets a kept
+    tensor once, and nothing (the call runs again) when it was written in place since it was kept."""
+    from scheduler.applying.selective import _detached, _Store
+
+    mm = torch.ops.aten.mm.default
+    store = _Store()
+    t = torch.ones(2, 2)
+    store.entries[(mm, 0)] = _detached(t)
+    store.entries[(mm, 1)] = _detached(torch.zeros(2))
+    assert torch.equal(store.take((mm, 0)), t)
+    assert store.take((mm, 0)) is None, "taken once: a second backward recomputes it"
+    kept = store.entries[(mm, 1)].tensor
+    kept.add_(1)  # shares the version counter of what the forward returned
+    assert store.take((mm, 1)) is None
+    store.entries[(mm, 2)] = _detached(torch.zeros(2))
+    store.let_go("aten.mm.default")
+    assert not store.entries
+    # kept below autograd, in the forward's mode: the alias still shares the version counter of the output
+    from scheduler.applying.selective import _Keeping
+
+    pol = RegionPolicy("r", [("aten.mm.default", 0)])
+    pol.reset(store)
+    x = torch.randn(3, 3, requires_grad=True)
+    with _Keeping(pol, store):
+        y = x @ x
+    assert list(store.entries) == [(mm, 0)] and store.entries[(mm, 0)].tensor.data_ptr() == y.data_ptr()
+    with torch.no_grad():
+        y.add_(1)
+    assert store.take((mm, 0)) is None
