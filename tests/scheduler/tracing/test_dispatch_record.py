@@ -139,7 +139,8 @@ def test_policy_counts_per_overload_and_pauses():
     assert pol.settle() == {}
     pol.reset()
     pol(None, mm)
-    with pytest.warns(KeptOpsDropped, match=r"region 'blocks.0'.*aten.mm.default: call 1 \(from 0\) kept, called 1 time"):
+    with pytest.warns(KeptOpsDropped,
+                      match=r"region 'blocks.0'.*aten.mm.default: call 1 \(from 0\) kept, called 1 time"):
         assert set(pol.settle()) == {"aten.mm.default"}
     pol.reset()
     pol(None, mm)
