@@ -72,20 +72,29 @@ def _capped(counts: list[int], most: int, what: str, notes: list[str]) -> list[i
     return kept
 
 
+#: Last module-path names of the calls an example of :func:`_why_no_calls` prefers (an MLP, not an attention).
+_MLP_NAMES = ("mlp", "ffn", "feed_forward", "feedforward", "intermediate", "fc")
+
+
 def _why_no_calls(graph: Graph) -> str:
-    """Why no call of ``graph`` is row-wise, with the first MLP-like call (two products or more) as an example."""
+    """Why no call of ``graph`` is row-wise, with an MLP-like call (the innermost of two products or more, an
+    MLP's name preferred) as the example."""
     from .chunks import _products, _split  # the row-wise check find_calls makes
 
+    def products(sp: Any) -> int:
+        return sum(_products(graph.nodes[i]) for i in range(sp.first, sp.last + 1))
+
+    reasons = []
     for sp in graph.spans:
-        if sum(_products(graph.nodes[i]) for i in range(sp.first, sp.last + 1)) < 2 or any(
-                inner is not sp and sp.first <= inner.first and inner.last <= sp.last and sum(
-                    _products(graph.nodes[i]) for i in range(inner.first, inner.last + 1)) >= 2
-                for inner in graph.spans):
+        if products(sp) < 2 or any(inner is not sp and sp.first <= inner.first and inner.last <= sp.last
+                                   and products(inner) >= 2 for inner in graph.spans):
             continue  # the innermost calls of two products or more: an MLP, not the block around it
         try:
             _split(graph, sp.first, sp.last, what=f"call {sp.module!r}", loss=False)
         except ChunkError as exc:
-            return f"no call of this graph is row-wise, e.g. {exc}"
+            reasons.append((not sp.module.rpartition(".")[2].lower().startswith(_MLP_NAMES), str(exc)))
+    if reasons:
+        return f"no call of this graph is row-wise, e.g. {min(reasons, key=lambda r: r[0])[1]}"
     return "no call of this graph is row-wise (one input, one output, row-wise ops only)"
 
 
