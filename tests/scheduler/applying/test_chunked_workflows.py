@@ -156,3 +156,13 @@ def test_a_coarse_trace_of_llama_chunks_its_mlps():
     assert [sp.module for sp in find_calls(graph)] == [sp.module for sp in mlps]
     plan = scheduler.solve(graph, 1.0, chunks=(1,), mlp_chunks=(2,))
     assert sorted(plan.chunk_modules) == sorted(sp.module for sp in mlps)
+
+
+def test_a_batch_with_fewer_rows_than_chunks_runs_one_chunk_per_row():
+    """NOTE [ Chunk counts and rows ]: a plan's k above a smaller batch's rows runs no empty chunks."""
+    model, twin, kwargs = _planned_pair(k=16)
+    short = {key: value[:1, :4] for key, value in kwargs.items()}  # 4 token rows
+    out, plain = model(**short), twin(**short)
+    assert model.__dict__["forward"].recomputes == 0 and _close(out.loss, plain.loss)
+    out.loss.backward()
+    assert model.__dict__["forward"].recomputes == 4
