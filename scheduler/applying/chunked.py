@@ -19,8 +19,17 @@ NOTE [ Chunked head (applying) ]
     of the chunks. Chunks the plan checkpoints run as regions
     (``scheduler.applying.regions.run_region``); the others run plainly. The
     output is the model's own output type with that loss and no logits
-    (``None``: they are never whole, as with any fused linear cross-entropy).
-    Without labels or without grad the model runs as written.
+    (``None``: they are never whole, as with any fused linear cross-entropy);
+    asked for the tuple form (``return_dict=False``, in the call or the
+    config), it is transformers' ``(loss, logits, ...)`` with ``None`` in the
+    logits' place, so every other field keeps its position. Without labels,
+    without grad, or in eval mode (``model.eval()``, gradients on or off)
+    the model runs as written and returns its logits: only a training call
+    is planned. The installed forward shows the model's own signature
+    (``__signature__``): ``transformers.Trainer`` keeps only the batch
+    columns the forward names, and a ``(*args, **kwargs)`` one lost them all
+    (``KeyError: 'input_ids'``). A batch with fewer token rows than k runs
+    one chunk per row (NOTE [ Chunk counts and rows ] in ``solvers.chunks``).
 """
 
 from __future__ import annotations
