@@ -159,3 +159,17 @@ def test_a_menu_is_optimal_only_when_every_member_proved_it():
         stopped.findings["menu_unproven"]
     # the member proven infeasible (k = 1 at this budget) left the exact answer optimal
     assert budget < _least(g, (1,)) and k_best != 1
+
+
+def test_ckpt_solve_refuses_chunk_counts_above_the_rows_in_one_line(tmp_path, capsys):
+    import graphs
+    from scheduler.cli import main
+
+    g = dataclasses.replace(lm_graph(blocks=2), meta=ROWS_META)
+    graphs.save(g, tmp_path / "g.json")
+    argv = ["solve", str(tmp_path / "g.json"), "--budget", "1.0"]
+    for flags, most in ((["--chunks", "1000000"], 16), (["--chunks", str(10**30)], 16),
+                        (["--mlp-chunks", "100000"], 16)):
+        assert main(argv + flags) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"at most {most} chunks" in err
