@@ -79,19 +79,17 @@ NOTE [ Chunk counts and rows ]
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from graphs import CkptError, Graph, Node, Span
+from graphs import Graph, Node, Span
 
 from .errors import PlanError, SolverInputError
 
 __all__ = ["CHUNK_MENU", "ROWWISE_OPS", "LOSS_SUFFIX", "ChunkError", "Tail", "find_tail", "find_calls", "chunk_entries", "chunked_graph", "expand",
            "chunk_module", "parse_chunk_module", "solve_chunked", "token_rows", "max_chunks"]
 
-log = logging.getLogger(__name__)
 
 #: The chunk counts the solvers try (1: the call as traced).
 CHUNK_MENU = (1, 2, 4, 8, 16)
