@@ -15,9 +15,11 @@ NOTE [ Chunk menus ]
       no menu that asks for chunks can be used is the solve refused
       (:class:`~solvers.chunks.ChunkError`, the reasons of each);
     * counts above the rows of their calls (NOTE [ Chunk counts and rows ]
-      in ``solvers.chunks``) are dropped with the same note, and a menu left
-      with no count above 1 is refused in one line naming the most chunks
-      allowed, before any chunked graph is built.
+      in ``solvers.chunks``) are dropped with the same note, before any
+      chunked graph is built; a menu left with no count above 1 is skipped
+      as above (a classifier's head over one image's row, its MLPs over
+      patches), and refused, in one line naming the most chunks allowed,
+      when nothing else is chunked (``--chunks 1000000``).
 
     The answer is the least recompute that fits over every pair. It is
     ``optimal`` only when that plan is proven optimal for its own pair and
@@ -59,15 +61,17 @@ def _counts(menu: Sequence[int], name: str) -> list[int]:
     return sorted({int(k) for k in values})
 
 
-def _capped(counts: list[int], most: int, what: str, notes: list[str]) -> list[int]:
-    """``counts`` without those above ``most``; a menu left with none above 1 is refused."""
+def _capped(counts: list[int], most: int, what: str, notes: list[str], refused: list[str]) -> list[int]:
+    """``counts`` without those above ``most``, said in ``notes``; a menu left with none above 1 is refused
+    (in ``refused``, and ``[1]``)."""
     over = [k for k in counts if k > most]
     if not over:
         return counts
     kept = [k for k in counts if k <= most]
     if not any(k > 1 for k in kept):
-        raise ChunkError(f"{what} computes {most} rows, so it runs in at most {most} chunks; "
-                         f"got {', '.join(_count(k) for k in over)}")
+        refused.append(f"{what} has at most {most} rows, so it runs in at most {most} chunks; "
+                       f"got {', '.join(_count(k) for k in over)}")
+        return [1]
     notes.append(f"{what}: counts {', '.join(_count(k) for k in over)} dropped, above its {most} rows")
     return kept
 
@@ -102,8 +106,8 @@ def read_menus(graph: Graph, menu: Sequence[int], call_menu: Sequence[int]) -> t
     """``(head counts, call counts, notes)``: the menus as :func:`solve_chunked` runs them (NOTE [ Chunk menus ]).
 
     Raises:
-        ChunkError: a count is no integer >= 1; no menu that asks for chunks has a call that can run in them;
-            or a menu's every count above 1 is above its call's rows.
+        ChunkError: a count is no integer >= 1, or no menu that asks for chunks can be used (no call that can run
+            in chunks, or every count above 1 above the call's rows): the reason of each.
     """
     heads, calls = _counts(menu, "head"), _counts(call_menu, "MLP")
     notes: list[str] = []
@@ -116,7 +120,7 @@ def read_menus(graph: Graph, menu: Sequence[int], call_menu: Sequence[int]) -> t
             heads = [1]
         else:
             heads = _capped(heads, max_chunks(graph, tail.first, len(graph) - 1),
-                            f"the head {tail.head!r} with its loss", notes)
+                            f"the head {tail.head!r} with its loss", notes, refused)
     if calls[-1] > 1:
         found = find_calls(graph)
         if not found:
@@ -124,7 +128,7 @@ def read_menus(graph: Graph, menu: Sequence[int], call_menu: Sequence[int]) -> t
             calls = [1]
         else:
             most = min(max_chunks(graph, sp.first, sp.last) for sp in found)
-            calls = _capped(calls, most, f"the row-wise calls ({found[0].module!r}, ...)", notes)
+            calls = _capped(calls, most, f"the row-wise calls ({found[0].module!r}, ...)", notes, refused)
     if refused and heads[-1] == 1 and calls[-1] == 1:
         raise ChunkError("; ".join(refused))
     for note in refused + notes:

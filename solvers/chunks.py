@@ -64,14 +64,17 @@ NOTE [ Chunk counts and rows ]
     A call runs in at most as many chunks as it has token rows: more would be
     empty chunks, and a count such as 10**6 would have :func:`expand` build
     millions of copies (a plan file edited to 10**6 chunks once grew an API
-    step to 6.9 GB and never answered). The rows are the traced step's token
-    rows, :func:`token_rows`: the most elements of an integer input the
-    graph's meta records (``input_ids``, ``labels``: batch x sequence, which
-    transformers flattens into the rows a head or MLP computes); on a graph
-    that records none (a hand-built one) the bytes of the tensor the call
-    reads bound them (a row holds one byte at least). :func:`expand` refuses
-    a larger count before it copies a node, ``Plan`` (``normalise_chunks``,
-    reading ``graph_meta``) when a plan is built or loaded, and a menu drops
+    step to 6.9 GB and never answered). The rows are bounded from the
+    inputs the graph's meta records (:func:`token_rows`, :func:`max_chunks`):
+    the tail's rows are its labels', so the most elements of an integer input
+    (``input_ids``, ``labels``: batch x sequence, the rows transformers
+    flattens; a classifier's ``[batch]`` labels); another call's rows are at
+    most the elements of the largest input (a ViT's MLP rows are patches, not
+    labels: no integer input bounds them). On a graph that records no inputs
+    (a hand-built one) the bytes of the tensor the call reads bound them (a
+    row holds one byte at least). :func:`expand` refuses a larger count
+    before it copies a node, ``Plan`` (``normalise_chunks``, the largest
+    input of ``graph_meta``) when a plan is built or loaded, and a menu drops
     such counts (NOTE [ Chunk menus ]). At run time a batch with fewer rows
     than k runs one chunk per row (``scheduler.applying.chunked``).
 """
@@ -248,25 +251,28 @@ def _find_calls(graph: Graph) -> tuple[Span, ...]:
     return tuple(found)
 
 
-def token_rows(meta: Mapping[str, Any]) -> int | None:
-    """The token rows of a traced step, from the inputs its graph's meta records (NOTE [ Chunk counts and rows ]):
-    the most elements of an integer input (``input_ids``, ``labels``: batch x sequence); None when none is recorded.
-    """
+def token_rows(meta: Mapping[str, Any], *, integers: bool = False) -> int | None:
+    """A bound on the rows a call of a traced step computes, from the inputs its graph's meta records (NOTE
+    [ Chunk counts and rows ]): the most elements of an input (of an integer input with ``integers``: the labels
+    a cross-entropy reads, batch x sequence); None when no such input is recorded."""
     rows = None
     for spec in meta.get("inputs") or ():
-        if not isinstance(spec, Mapping) or not str(spec.get("dtype", "")).startswith(("int", "uint")):
+        if not isinstance(spec, Mapping) or integers and not str(spec.get("dtype", "")).startswith(("int", "uint")):
             continue
         shape = spec.get("shape")
-        if isinstance(shape, (list, tuple)) and shape and all(isinstance(d, int) and d >= 0 for d in shape):
+        if isinstance(shape, (list, tuple)) and all(isinstance(d, int) and d >= 0 for d in shape):
             rows = max(rows or 0, math.prod(shape))
     return rows
 
 
 def max_chunks(graph: Graph, first: int, last: int) -> int:
-    """The most chunks the call ``first..last`` of ``graph`` runs in: its token rows (NOTE [ Chunk counts and
-    rows ]), or, on a graph that records no integer input, the bytes of the tensor it reads (a row holds one byte
-    at least)."""
-    rows = token_rows(graph.meta)
+    """The most chunks the call ``first..last`` of ``graph`` runs in, a bound on its rows (NOTE [ Chunk counts and
+    rows ]): for the tail the most elements of an integer input (its labels), for another call those of any
+    input; on a graph that records no inputs, the bytes of the tensor the call reads (a row holds one byte at
+    least)."""
+    rows = token_rows(graph.meta, integers=True) if last == len(graph) - 1 else None
+    if rows is None:
+        rows = token_rows(graph.meta)
     if rows is not None:
         return max(rows, 1)
     entry = [_base(graph, j) for i in range(first, last + 1) for j in graph.preds[i] if j < first]
@@ -275,7 +281,8 @@ def max_chunks(graph: Graph, first: int, last: int) -> int:
 
 def normalise_chunks(chunks: Any, meta: Mapping[str, Any] | None = None) -> tuple[tuple[int, int, int], ...]:
     """``Plan.chunks`` sorted and checked: disjoint ``(first, last, k >= 2)`` triples of integers, ``k`` no more
-    than the token rows ``meta`` (the plan's ``graph_meta``) records (NOTE [ Chunk counts and rows ]).
+    than the elements of the largest input ``meta`` (the plan's ``graph_meta``) records (NOTE [ Chunk counts and
+    rows ]).
 
     Raises:
         PlanError: naming the entry at fault.
@@ -288,7 +295,7 @@ def normalise_chunks(chunks: Any, meta: Mapping[str, Any] | None = None) -> tupl
             raise PlanError(f"a chunked call is a (first node, last node, k >= 2 chunks) triple of integers, got {c!r}")
         if rows is not None and c[2] > rows:
             raise PlanError(f"the chunked call ({c[0]}, {c[1]}) runs in {_count(c[2])} chunks, more than the {rows} "
-                            f"token rows it was traced with: at most {rows} (an edited plan? solve again)")
+                            f"rows its step was traced with can have: at most {rows} (an edited plan? solve again)")
     for (a1, b1, _), (a2, b2, _) in zip(out, out[1:]):
         if a2 <= b1:
             raise PlanError(f"chunked calls ({a1}, {b1}) and ({a2}, {b2}) overlap; they must be disjoint")

@@ -101,12 +101,20 @@ def test_chunk_counts_are_capped_by_the_rows():
     for k in (17, 1000, 10**30):
         with pytest.raises(ChunkError, match="at most 16; solve again"):
             expand(g, [(first, last, k)])
-        with pytest.raises(solvers.PlanError, match="more than the 16 token rows it was traced with: at most 16"):
+        with pytest.raises(solvers.PlanError, match="more than the 16 rows its step was traced with can have: at most 16"):
             Plan(regions=(), chunks=((first, last, k),), graph_meta=ROWS_META)
     saved = dataclasses.replace(plan, chunks=((first, last, 2),)).to_dict()
     saved["chunks"] = [[first, last, 10**6]]
-    with pytest.raises(solvers.PlanError, match="runs in 1000000 chunks, more than the 16 token rows"):
+    with pytest.raises(solvers.PlanError, match="runs in 1000000 chunks, more than the 16 rows"):
         Plan.from_dict(saved)
+    # a classifier's step: its head over one image's row (labels [1]), its MLPs over more rows (the pixels bound
+    # them): the head's menu is skipped, said, and the MLPs chunked
+    image = dataclasses.replace(lm_graph(blocks=2), meta={"inputs": [{"shape": [1, 3, 8, 8], "dtype": "float32"},
+                                                                     {"shape": [1], "dtype": "int64"}]})
+    assert max_chunks(image, first, last) == 1 and max_chunks(image, 1, 3) == 192
+    plan = solve_chunked(image, simulate(image).peak_bytes, _ilp, (1, 2, 4), (1, 2))
+    assert "'lm_head' with its loss has at most 1 rows" in plan.findings["chunks_skipped"]
+    assert "head_chunks" not in plan.findings or plan.findings["head_chunks"] == 1
     # a graph that records no inputs: the bytes of the tensor the call reads bound its rows
     bare = lm_graph(blocks=2)
     most = max_chunks(bare, first, last)
