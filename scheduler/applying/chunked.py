@@ -148,7 +148,7 @@ class _Chunks:
         """``fn(rows chunk, *others chunks)`` for each of the k row chunks, as the plan checkpoints them."""
         size = max(-(-rows.shape[0] // self.k), 1)
         out = []
-        for c in range(min(self.k, -(-rows.shape[0] // size))):  # a batch of fewer rows than k: no empty chunks
+        for c in range(max(1, min(self.k, -(-rows.shape[0] // size)))):  # fewer rows than k: no empty chunk
             start = c * size
             length = min(size, rows.shape[0] - start)
             args = tuple(t.narrow(0, start, length) for t in (rows, *others))
