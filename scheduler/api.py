@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import solvers
 from graphs import Graph
 from solvers import InfeasibleBudget, Plan, Simulation, SolverOptionError
-from solvers.chunks import solve_chunked
+from solvers.chunk_menu import solve_chunked
 from solvers.deadline import Deadline
 from solvers.nested import solve_nested
 
@@ -94,7 +94,12 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
             [ Chunked head ] in ``solvers.chunks``; transformers causal and
             masked LMs traced with their labels). None: the head as traced.
         mlp_chunks: chunk counts to try for every row-wise call (an MLP),
-            the same count for all; combined with each of ``chunks``.
+            the same count for all; combined with each of ``chunks``. A
+            menu whose calls cannot run in chunks is skipped (and said, in
+            ``plan.findings["chunks_skipped"]``), counts above the rows are
+            dropped; refused only when nothing asked for can be chunked; the
+            answer is ``optimal`` only when every count proved it (NOTE
+            [ Chunk menus ] in ``solvers.chunk_menu``).
         nested: regions may nest one level: a region's child calls
             checkpointed again inside its recompute (NOTE [ Nested regions ]
             in ``solvers.nested``): the cheapest that fits of ``dp`` with

@@ -171,6 +171,9 @@ def plan_summary(graph: Graph, plan: Plan) -> str:
     if plan.recompute_flops is not None:
         lines.append(recompute_line(graph, plan.recompute_flops, plan.recompute_time_s))
     lines.append(checkpoints_line(plan))
+    for key, what in (("chunks_skipped", "chunk menus"), ("menu_unproven", "not proven over the chunk menu")):
+        if plan.findings.get(key):  # NOTE [ Chunk menus ] in solvers.chunk_menu
+            lines.append(f"{what}: {plan.findings[key]}")
     if plan.regions:
         lines.append(regions_table(graph, plan))
     return "\n".join(lines)

@@ -24,7 +24,11 @@ NOTE [ Chunked head ]
     :data:`ROWWISE_OPS` (views are taken to keep the token dimension leading,
     as the calls transformers writes do), none draws random numbers or
     updates state, and a matrix product reads one tensor (up to views) of the
-    call, its other operand a parameter. Chunking reassociates only sums over
+    call, its other operand a parameter. A node that groups several ops (a
+    coarser granularity: ``auto`` folds a full-size model's MLP into one node)
+    is read by the ops it dispatched, its products counted among the call's
+    two or more (a 32-layer Llama-3-8B traced at ``auto`` once had no MLP
+    that chunks could run, where its 2-layer page, traced op by op, had two). Chunking reassociates only sums over
     rows: parameter gradients (and the loss) agree with the plain step to
     rounding, about 1e-7 relative.
 
@@ -51,27 +55,44 @@ NOTE [ Chunked head ]
     Plans are solved on the expanded graph with every solver unchanged;
     ``Plan.chunks`` lists the ``(first, last, k)`` and the plan's regions and
     kept nodes are positions of the expanded graph, which ``simulate``,
-    ``Plan.validate`` and the brute force read. :func:`solve_chunked`
-    chooses k by solving once per menu entry (one k for the tail, one for
-    every row-wise call), so an exact solver is exact over the menu.
+    ``Plan.validate`` and the brute force read. ``solve_chunked``
+    (``solvers.chunk_menu``) chooses k by solving once per menu entry (one k
+    for the tail, one for every row-wise call), so an exact solver is exact
+    over the menu (NOTE [ Chunk menus ]).
+
+NOTE [ Chunk counts and rows ]
+    A call runs in at most as many chunks as it has token rows: more would be
+    empty chunks, and a count such as 10**6 would have :func:`expand` build
+    millions of copies (a plan file edited to 10**6 chunks once grew an API
+    step to 6.9 GB and never answered). The rows are bounded from the
+    inputs the graph's meta records (:func:`token_rows`, :func:`max_chunks`):
+    the tail's rows are its labels', so the most elements of an integer input
+    (``input_ids``, ``labels``: batch x sequence, the rows transformers
+    flattens; a classifier's ``[batch]`` labels); another call's rows are at
+    most the elements of the largest input (a ViT's MLP rows are patches, not
+    labels: no integer input bounds them). On a graph that records no inputs
+    (a hand-built one) the bytes of the tensor the call reads bound them (a
+    row holds one byte at least). :func:`expand` refuses a larger count
+    before it copies a node, ``Plan`` (``normalise_chunks``, the largest
+    input of ``graph_meta``) when a plan is built or loaded, and a menu drops
+    such counts (NOTE [ Chunk menus ]). At run time a batch with fewer rows
+    than k runs one chunk per row (``scheduler.applying.chunked``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
+import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Mapping, Sequence
 
-from graphs import CkptError, Graph, Node, Span
+from graphs import Graph, Node, Span
 
-from .deadline import stopped
-from .errors import InfeasibleBudget, PlanError, SolverInputError
+from .errors import PlanError, SolverInputError
 
 __all__ = ["CHUNK_MENU", "ROWWISE_OPS", "LOSS_SUFFIX", "ChunkError", "Tail", "find_tail", "find_calls", "chunk_entries", "chunked_graph", "expand",
-           "chunk_module", "parse_chunk_module", "solve_chunked"]
+           "chunk_module", "parse_chunk_module", "solve_chunked", "token_rows", "max_chunks"]
 
-log = logging.getLogger(__name__)
 
 #: The chunk counts the solvers try (1: the call as traced).
 CHUNK_MENU = (1, 2, 4, 8, 16)
@@ -130,6 +151,12 @@ def _ops(nd: Any) -> frozenset[str]:
     if ops & _MATMUL_OPS:  # a linear's lowering transposes its weight (a parameter, not the rows)
         ops -= {"aten.t.default"}
     return ops
+
+
+def _products(nd: Any) -> int:
+    """How many matrix products node ``nd`` runs: one for a product's own node, or those its dispatch lists (a node
+    grouping an MLP's ops at a coarse granularity runs all of its products; NOTE [ Chunked head ])."""
+    return max(int(nd.op in _MATMUL_OPS), sum(op in _MATMUL_OPS for op in nd.dispatch))
 
 
 def _split(graph: Graph, first: int, last: int, *, what: str, loss: bool) -> tuple[list[int], list[int]]:
@@ -210,7 +237,7 @@ def _find_calls(graph: Graph) -> tuple[Span, ...]:
     for sp in graph.spans:  # sorted by (first, -last): an outer call comes before the calls inside it
         if sp.last >= end or (found and sp.first <= found[-1].last):
             continue
-        if sum(graph.nodes[i].op in _MATMUL_OPS for i in range(sp.first, sp.last + 1)) < 2:
+        if sum(_products(graph.nodes[i]) for i in range(sp.first, sp.last + 1)) < 2:
             continue  # an MLP has two products or more; one alone buys nothing in chunks
         out = _base(graph, sp.last)
         if any(last_reader[i] > sp.last and _base(graph, i) != out for i in range(sp.first, sp.last)) \
@@ -224,21 +251,61 @@ def _find_calls(graph: Graph) -> tuple[Span, ...]:
     return tuple(found)
 
 
-def normalise_chunks(chunks: Any) -> tuple[tuple[int, int, int], ...]:
-    """``Plan.chunks`` sorted and checked: disjoint ``(first, last, k >= 2)`` triples of integers.
+def token_rows(meta: Mapping[str, Any], *, integers: bool = False) -> int | None:
+    """A bound on the rows a call of a traced step computes, from the inputs its graph's meta records (NOTE
+    [ Chunk counts and rows ]): the most elements of an input (of an integer input with ``integers``: the labels
+    a cross-entropy reads, batch x sequence); None when no such input is recorded."""
+    rows = None
+    for spec in meta.get("inputs") or ():
+        if not isinstance(spec, Mapping) or integers and not str(spec.get("dtype", "")).startswith(("int", "uint")):
+            continue
+        shape = spec.get("shape")
+        if isinstance(shape, (list, tuple)) and all(isinstance(d, int) and d >= 0 for d in shape):
+            rows = max(rows or 0, math.prod(shape))
+    return rows
+
+
+def max_chunks(graph: Graph, first: int, last: int) -> int:
+    """The most chunks the call ``first..last`` of ``graph`` runs in, a bound on its rows (NOTE [ Chunk counts and
+    rows ]): for the tail the most elements of an integer input (its labels), for another call those of any
+    input; on a graph that records no inputs, the bytes of the tensor the call reads (a row holds one byte at
+    least)."""
+    rows = token_rows(graph.meta, integers=True) if last == len(graph) - 1 else None
+    if rows is None:
+        rows = token_rows(graph.meta)
+    if rows is not None:
+        return max(rows, 1)
+    entry = [_base(graph, j) for i in range(first, last + 1) for j in graph.preds[i] if j < first]
+    return max([graph.nodes[j].out_bytes for j in entry] + [1])
+
+
+def normalise_chunks(chunks: Any, meta: Mapping[str, Any] | None = None) -> tuple[tuple[int, int, int], ...]:
+    """``Plan.chunks`` sorted and checked: disjoint ``(first, last, k >= 2)`` triples of integers, ``k`` no more
+    than the elements of the largest input ``meta`` (the plan's ``graph_meta``) records (NOTE [ Chunk counts and
+    rows ]).
 
     Raises:
         PlanError: naming the entry at fault.
     """
     out = tuple(sorted(tuple(c) for c in chunks))
+    rows = token_rows(meta or {})
     for c in out:
         if len(c) != 3 or any(isinstance(v, bool) or not isinstance(v, int) for v in c) or not 0 <= c[0] <= c[1] \
                 or c[2] < 2:
             raise PlanError(f"a chunked call is a (first node, last node, k >= 2 chunks) triple of integers, got {c!r}")
+        if rows is not None and c[2] > rows:
+            raise PlanError(f"the chunked call ({c[0]}, {c[1]}) runs in {_count(c[2])} chunks, more than the {rows} "
+                            f"rows its step was traced with can have: at most {rows} (an edited plan? solve again)")
     for (a1, b1, _), (a2, b2, _) in zip(out, out[1:]):
         if a2 <= b1:
             raise PlanError(f"chunked calls ({a1}, {b1}) and ({a2}, {b2}) overlap; they must be disjoint")
     return out
+
+
+def _count(k: int) -> str:
+    """``k`` for a message: a count too long to read (an edited plan's 10**30) shortened."""
+    text = str(k)
+    return text if len(text) <= 12 else f"{text[:3]}...({len(text)} digits)"
 
 
 def chunk_paths(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> tuple[str, ...]:
@@ -302,12 +369,17 @@ def _expand(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
             if first != tail.first:
                 raise ChunkError(f"a chunked tail starts at node {first}, but the head {tail.head!r} of this graph "
                                  f"starts at node {tail.first}; solve again")
-            out = _build(out, first, last, k, tail.head + LOSS_SUFFIX, loss=True)
+            path, loss = tail.head + LOSS_SUFFIX, True
         elif (first, last) in calls:
-            out = _build(out, first, last, k, calls[(first, last)], loss=False)
+            path, loss = calls[(first, last)], False
         else:
             raise ChunkError(f"nodes {first}..{last} are no call of this graph that chunks can run (row-wise, one "
                              "input, one output); solve again")
+        most = max_chunks(graph, first, last)
+        if k > most:  # NOTE [ Chunk counts and rows ]: before any copy is made
+            raise ChunkError(f"{path!r} runs in {_count(k)} chunks, more than the rows it computes: at most {most}; "
+                             "solve again")
+        out = _build(out, first, last, k, path, loss=loss)
     meta = {**graph.meta, "chunks": [list(c) for c in chunks]}
     return dataclasses.replace(out, meta=meta)
 
@@ -358,57 +430,4 @@ def _build(graph: Graph, first: int, last: int, k: int, path: str, *, loss: bool
     return dataclasses.replace(graph, nodes=tuple(out), spans=tuple(spans), outputs=outputs)
 
 
-def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, int], Any],
-                  menu: Sequence[int] = CHUNK_MENU, call_menu: Sequence[int] = (1,)) -> Any:
-    """The cheapest plan over the chunk counts of ``menu`` (the tail) and ``call_menu`` (every row-wise call).
-
-    ``solve_one(g, budget_bytes)`` solves one graph (a registered solver
-    through ``solvers.solve``); each pair of counts is solved on
-    :func:`expand`, and the plan with the least recompute cost that fits
-    wins (ties: fewer chunks). With an exact ``solve_one`` the answer is
-    optimal over the menus and every interval plan (NOTE [ Chunked head ]).
-
-    Raises:
-        ChunkError: a menu asks for chunks the graph has no call for.
-        InfeasibleBudget: no pair fits; its least feasible budget is the least over the menus.
-    """
-    heads, calls = sorted(set(int(k) for k in menu)), sorted(set(int(k) for k in call_menu))
-    if not heads or not calls or min(heads + calls) < 1:
-        raise ChunkError(f"chunk counts are integers >= 1, got {list(menu)!r} and {list(call_menu)!r}")
-    if heads[-1] > 1:
-        find_tail(graph)  # the reason there is none
-    if calls[-1] > 1 and not find_calls(graph):
-        raise ChunkError("no call of this graph is row-wise (one input, one output, row-wise ops only), so none can "
-                         "run in chunks")
-    best, failures, stops = None, [], []
-    for kc in calls:
-        for kh in heads:
-            chunks = chunk_entries(graph, kh, kc)
-            try:
-                plan = solve_one(expand(graph, chunks), budget_bytes)
-            except InfeasibleBudget as exc:
-                failures.append(exc.replace(best_regions=None) if chunks else exc)  # positions of another graph
-                continue
-            except CkptError as exc:
-                if not stopped(exc):
-                    raise
-                log.info("chunks head %d, calls %d: %s", kh, kc, exc)  # NOTE [ One deadline ]
-                stops.append(exc)
-                continue
-            if chunks:
-                plan = dataclasses.replace(plan, chunks=chunks, fingerprint=graph.fingerprint(),
-                                           graph_meta=graph.meta, findings={**plan.findings, "head_chunks": kh,
-                                                                            "call_chunks": kc}).labelled(graph)
-            if best is None or plan.recompute_cost < best.recompute_cost:
-                best = plan
-            log.info("chunks head %d, calls %d: recompute %d", kh, kc, plan.recompute_cost)
-    if best is None:
-        if stops:
-            raise stops[0]
-        closest = min(failures, key=lambda e: e.min_feasible_bytes)  # an InfeasibleBudget: the least floor
-        raise closest
-    from .model.plan import Status  # (plan imports this module)
-
-    if stops and best.status != Status.FEASIBLE:  # the menu was not searched whole
-        best = dataclasses.replace(best, status=Status.FEASIBLE, bound=None, gap=None)
-    return best
+from .chunk_menu import solve_chunked  # noqa: E402  (re-exported: it reads the functions above)

@@ -19,15 +19,25 @@ NOTE [ Chunked head (applying) ]
     of the chunks. Chunks the plan checkpoints run as regions
     (``scheduler.applying.regions.run_region``); the others run plainly. The
     output is the model's own output type with that loss and no logits
-    (``None``: they are never whole, as with any fused linear cross-entropy).
-    Without labels or without grad the model runs as written.
+    (``None``: they are never whole, as with any fused linear cross-entropy);
+    asked for the tuple form (``return_dict=False``, in the call or the
+    config), it is transformers' ``(loss, logits, ...)`` with ``None`` in the
+    logits' place, so every other field keeps its position. Without labels,
+    without grad, or in eval mode (``model.eval()``, gradients on or off)
+    the model runs as written and returns its logits: only a training call
+    is planned. The installed forward shows the model's own signature
+    (``__signature__``): ``transformers.Trainer`` keeps only the batch
+    columns the forward names, and a ``(*args, **kwargs)`` one lost them all
+    (``KeyError: 'input_ids'``). A batch with fewer token rows than k runs
+    one chunk per row (NOTE [ Chunk counts and rows ] in ``solvers.chunks``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -48,19 +58,24 @@ class ChunkedHeadError(CkptError, RuntimeError):
     """A chunked head could not be installed or run on this model (the message says why)."""
 
 
-def split_chunks(plan: Plan) -> tuple[Plan, list[tuple[str, int, tuple[bool, ...], bool]]]:
-    """``plan`` without its chunk regions, and per chunked call ``(path, k, checkpointed chunks, is the tail)``."""
+def split_chunks(plan: Plan) -> tuple[Plan, list[tuple[str, int, frozenset[int], bool]]]:
+    """``plan`` without its chunk regions, and per chunked call ``(path, k, checkpointed chunks, is the tail)``
+    (the checkpointed chunks: the indices of those the plan runs as regions)."""
     if len(plan.chunk_modules) != len(plan.chunks):
         raise ChunkedHeadError("this plan runs calls in chunks but names none of their modules (chunk_modules); "
                                "solve it again with scheduler.solve(..., chunks=...)")
-    flags = {path: [False] * k for path, (_, _, k) in zip(plan.chunk_modules, plan.chunks)}
+    counts = {path: k for path, (_, _, k) in zip(plan.chunk_modules, plan.chunks)}
+    flags: dict[str, set[int]] = {path: set() for path in counts}
     keep = []
     for r, path in enumerate(plan.modules or [""] * len(plan.regions)):
         parsed = parse_chunk_module(path)
         if parsed is None or parsed[0] not in flags:
             keep.append(r)
             continue
-        flags[parsed[0]][parsed[1]] = True
+        if parsed[2] != counts[parsed[0]] or parsed[1] >= parsed[2]:
+            raise ChunkedHeadError(f"region {path!r} names chunk {parsed[1]} of {parsed[2]}, but the plan runs "
+                                   f"{parsed[0]!r} in {counts[parsed[0]]} chunks (an edited plan? solve again)")
+        flags[parsed[0]].add(parsed[1])
         if plan.save_ops and plan.save_ops[r]:
             raise ChunkedHeadError(f"the plan keeps op outputs inside chunk {parsed[1]} of {parsed[0]!r}; a chunk "
                                    "recomputes whole (solve again)")
@@ -73,7 +88,7 @@ def split_chunks(plan: Plan) -> tuple[Plan, list[tuple[str, int, tuple[bool, ...
     rest = dataclasses.replace(plan, regions=regions, modules=pick(plan.modules), stochastic=pick(plan.stochastic),
                                save_ops=pick(plan.save_ops), save_op_calls=pick(plan.save_op_calls), saved=saved,
                                node_names=pick(plan.node_names), chunks=(), chunk_modules=())
-    entries = [(path.removesuffix(LOSS_SUFFIX), k, tuple(flags[path]), path.endswith(LOSS_SUFFIX))
+    entries = [(path.removesuffix(LOSS_SUFFIX), k, frozenset(flags[path]), path.endswith(LOSS_SUFFIX))
                for path, (_, _, k) in zip(plan.chunk_modules, plan.chunks)]
     return rest, entries
 
@@ -90,7 +105,7 @@ def _loss_kind(model: nn.Module) -> str:
                            f"{type(model).__name__} is neither. Solve without chunks")
 
 
-def install(model: nn.Module, entries: Sequence[tuple[str, int, tuple[bool, ...], bool]]) -> None:
+def install(model: nn.Module, entries: Sequence[tuple[str, int, frozenset[int], bool]]) -> None:
     """Install each chunked call of :func:`split_chunks` on ``model`` in place (NOTE [ Chunked head (applying) ]):
     a :class:`ChunkedCall` as the call's ``forward``, a :class:`ChunkedHead` as the model's for the tail."""
     for path, k, checkpointed, tail in entries:
@@ -109,9 +124,9 @@ def install(model: nn.Module, entries: Sequence[tuple[str, int, tuple[bool, ...]
 class _Chunks:
     """What both chunked forwards share: the wrapped forward, the chunks' regions, the recompute count."""
 
-    def __init__(self, module: nn.Module, path: str, k: int, checkpointed: Sequence[bool], previous: Any) -> None:
+    def __init__(self, module: nn.Module, path: str, k: int, checkpointed: Iterable[int], previous: Any) -> None:
         self.module, self.path, self.k = module, path, int(k)
-        self.checkpointed, self.previous = tuple(checkpointed), previous
+        self.checkpointed, self.previous = frozenset(checkpointed), previous
         self.recomputes = 0
 
     def original(self) -> Any:
@@ -119,19 +134,25 @@ class _Chunks:
             return self.previous
         return types.MethodType(type(self.module).forward, self.module)
 
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The wrapped forward's own parameters, for callers that read them (``transformers.Trainer`` drops
+        every batch column the forward does not name; NOTE [ Chunked head (applying) ])."""
+        return inspect.signature(self.original())
+
     def saw_random(self, path: str, why: str) -> None:
         raise ChunkedHeadError(f"the chunked call {path!r} draws random numbers ({why}); chunks would draw otherwise "
                                "than the whole. Solve without chunks")
 
     def chunked(self, fn: Any, rows: torch.Tensor, *others: torch.Tensor, region: nn.Module) -> list[Any]:
         """``fn(rows chunk, *others chunks)`` for each of the k row chunks, as the plan checkpoints them."""
-        size = -(-rows.shape[0] // self.k)
+        size = max(-(-rows.shape[0] // self.k), 1)
         out = []
-        for c in range(self.k):
-            start = min(c * size, rows.shape[0])
+        for c in range(max(1, min(self.k, -(-rows.shape[0] // size)))):  # fewer rows than k: no empty chunk
+            start = c * size
             length = min(size, rows.shape[0] - start)
             args = tuple(t.narrow(0, start, length) for t in (rows, *others))
-            if self.checkpointed[c]:
+            if c in self.checkpointed:
                 out.append(run_region(fn, args, {}, modules=(region,), path=f"{self.path}@chunk{c}",
                                       stochastic=False, counter=self))
             else:
@@ -163,21 +184,21 @@ class ChunkedHead(_Chunks):
 
     Attributes:
         module: the model; path: the head's module path; k: the chunk count;
-        checkpointed: per chunk, whether it is a checkpoint region; kind:
+        checkpointed: the chunks (by index) run as checkpoint regions; kind:
         ``causal`` or ``masked`` (how labels line up with logits); previous:
         the instance-level ``forward`` there before (None: the class's);
         recomputes: chunk recomputes run (tests read it).
     """
 
-    def __init__(self, model: nn.Module, head: str, k: int, checkpointed: Sequence[bool], *, kind: str,
+    def __init__(self, model: nn.Module, head: str, k: int, checkpointed: Iterable[int], *, kind: str,
                  previous: Any = None) -> None:
         super().__init__(model, head, k, checkpointed, previous)
         self.kind = kind
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         labels = kwargs.get("labels")
-        if labels is None or not torch.is_grad_enabled():
-            return self.original()(*args, **kwargs)
+        if labels is None or not torch.is_grad_enabled() or not self.module.training:
+            return self.original()(*args, **kwargs)  # NOTE [ Chunked head (applying) ]: eval returns the logits
         head = self.module.get_submodule(self.path)
         seen: list[torch.Tensor] = []
 
@@ -185,22 +206,33 @@ class ChunkedHead(_Chunks):
             seen.append(x)
             return x
 
+        as_tuple = kwargs.get("return_dict")
+        if as_tuple is None:
+            as_tuple = getattr(getattr(self.module, "config", None), "return_dict", True)
+        as_tuple = not as_tuple
         before = head.__dict__.get("forward")
         head.forward = hand_on
         try:
-            out = self.original()(*args, **{**kwargs, "labels": None})
+            out = self.original()(*args, **{**kwargs, "labels": None, "return_dict": True})
         finally:
             if before is None:
                 del head.__dict__["forward"]
             else:
                 head.__dict__["forward"] = before
-        if len(seen) != 1 or getattr(out, "logits", None) is not seen[0]:
-            raise ChunkedHeadError(f"{type(self.module).__name__} changes the logits after its head {self.path!r} (or "
-                                   "calls it more than once), so its loss cannot be computed in chunks of the head's "
+        name = type(self.module).__name__
+        if not hasattr(out, "logits") or not hasattr(out, "items"):
+            raise ChunkedHeadError(f"{name} returned a {type(out).__name__} with no logits field although asked for "
+                                   "return_dict=True, so its head's output cannot be found. Solve without chunks")
+        if len(seen) != 1 or out.logits is not seen[0]:
+            raise ChunkedHeadError(f"{name} changes the logits after its head {self.path!r} (or calls it "
+                                   f"{len(seen)} times), so its loss cannot be computed in chunks of the head's "
                                    "output. Solve without chunks")
         loss = self.loss(head, seen[0], labels, kwargs.get("num_items_in_batch"))
         fields = {key: value for key, value in out.items() if key not in ("logits", "loss")}
-        return type(out)(loss=loss, **fields)
+        result = type(out)(loss=loss, **fields)
+        if as_tuple:  # transformers' tuple form: (loss, logits, ...); no logits, so None keeps the positions
+            return (loss, None, *result.to_tuple()[1:])
+        return result
 
     def loss(self, head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, num_items: Any) -> torch.Tensor:
         """The loss of ``head`` over ``hidden``, summed over k chunks of the token rows."""

@@ -140,7 +140,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         regions = _normalise_regions(self.regions)
-        object.__setattr__(self, "chunks", normalise_chunks(self.chunks))
+        object.__setattr__(self, "chunks", normalise_chunks(self.chunks, self.graph_meta))
         object.__setattr__(self, "chunk_modules", tuple(self.chunk_modules))
         if self.chunk_modules and len(self.chunk_modules) != len(self.chunks):
             raise PlanError(f"plan lists {len(self.chunk_modules)} chunk_modules for {len(self.chunks)} chunked calls")
