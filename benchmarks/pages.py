@@ -100,6 +100,10 @@ SUITES: tuple[Suite, ...] = (
           how="PYTHONPATH=. VENV/bin/python -m benchmarks.thirdparty, in a venv with timm, torchvision, diffusers, "
               "peft, monai and segmentation_models_pytorch (make bench runs the models it can and keeps the committed "
               "page when a library is missing)"),
+    Suite("levers", ("levers.md",), _STEP + ("benchmarks/thirdparty.py", "benchmarks/thirdparty_models.py",
+                                           "scheduler/applying/chunked.py"),
+          how="PYTHONPATH=. VENV/bin/python -m benchmarks.levers, in the venv of thirdparty (make bench runs the "
+              "models it can and keeps the committed page when a library is missing)"),
     Suite("cost_models", ("cost_models.md",), _TRACE),
     Suite("startup", ("startup.md",), ("graphs/", "solvers/", "scheduler/")),
     Suite("accounting", ("accounting.md",), _STEP, bench=False,
