@@ -26,7 +26,6 @@ NOTE [ Chunked head (applying) ]
 from __future__ import annotations
 
 import dataclasses
-import types
 from typing import Any, Sequence
 
 import torch
@@ -114,10 +113,15 @@ class _Chunks:
         self.checkpointed, self.previous = tuple(checkpointed), previous
         self.recomputes = 0
 
+    def _own_forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The class's forward, called as a function (no bound method built per call: NOTE [ Regions under
+        torch.compile ] in ``scheduler.applying.regions``)."""
+        return type(self.module).forward(self.module, *args, **kwargs)
+
     def original(self) -> Any:
         if self.previous is not None:
             return self.previous
-        return types.MethodType(type(self.module).forward, self.module)
+        return self._own_forward
 
     def saw_random(self, path: str, why: str) -> None:
         raise ChunkedHeadError(f"the chunked call {path!r} draws random numbers ({why}); chunks would draw otherwise "
