@@ -168,6 +168,16 @@ def test_nested_regions_compile_whole():
     assert_equal_steps(compiled_step(twin, (ids,), fullgraph=True), compiled_step(planned, (ids,), fullgraph=True))
 
 
+def test_a_selective_plan_compiles_whole_its_regions_recomputed_whole():
+    torch.manual_seed(0)
+    model = Transformer(width=32).train()
+    ids = torch.randint(0, 32, (2, 32), generator=torch.Generator().manual_seed(1))
+    plan = scheduler.solve(scheduler.trace(model, (ids,)), budget=0.7, solver="dp", selective=True)
+    assert any(plan.save_ops), "the plan keeps op outputs in a region"
+    planned, twin = planned_and_twin(model, plan)
+    assert_equal_steps(compiled_step(twin, (ids,), fullgraph=True), compiled_step(planned, (ids,), fullgraph=True))
+
+
 def test_transformers_gpt2_breaks_as_often_with_a_plan_as_without():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
