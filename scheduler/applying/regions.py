@@ -32,8 +32,8 @@ NOTE [ Regions under torch.compile ]
     the compiled unplanned one (bitwise under ``aot_eager``, dropout
     included; within inductor's own tolerance under inductor). Kept ops are
     not kept under compile (the policy counts Python state: NOTE [ Selective
-    checkpoint policies ]): the region recomputes whole, less memory than
-    planned, more recompute. Caches are dropped as in eager (NOTE [ Caches
+    checkpoint policies ]): the region recomputes whole, as a region without
+    kept ops does. Caches are dropped as in eager (NOTE [ Caches
     under recompute ]; a cache written inside the checkpoint is a side
     effect Dynamo refuses), from where the signature puts them, found once
     per class (:func:`_cache_slots`), but without the ``CacheDropped``
@@ -45,8 +45,8 @@ NOTE [ Regions under torch.compile ]
     (as in eager, NOTE [ Stateful ops under recompute ]) the running
     statistics are put back after any run that autograd's backward makes
     (``torch._C._current_graph_task_id() != -1``), so they are still
-    updated once. Such a region costs one break, as it would without
-    the plan.
+    updated once. Such a region adds breaks of its own (a CNN whose two
+    regions each hold a ``graph_break()``: 2 breaks, 1 without the plan).
 """
 
 from __future__ import annotations
