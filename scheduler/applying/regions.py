@@ -361,7 +361,7 @@ class SequentialRuns:
         self.recomputes = 0
         self.policies = {path: RegionPolicy(path, ops, calls) for path, (ops, calls) in (save_ops or {}).items() if ops}
         self.random: set[str] = set()  # runs found drawing random numbers (NOTE [ RNG replay decided at run time ])
-        self.marked: tuple[nn.Module, ...] = ()  # region modules under its children: NOTE [ Regions under torch.compile ]
+        self.marked: tuple[nn.Module, ...] = ()  # region modules in its children (NOTE [ Regions under torch.compile ])
 
     @property
     def path(self) -> str:
