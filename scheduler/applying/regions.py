@@ -47,6 +47,10 @@ NOTE [ Regions under torch.compile ]
     (``torch._C._current_graph_task_id() != -1``), so they are still
     updated once. Such a region adds breaks of its own (a CNN whose two
     regions each hold a ``graph_break()``: 2 breaks, 1 without the plan).
+    Under ``backend="eager"`` (no AOTAutograd) torch runs its checkpoint
+    operator as an eager checkpoint of the captured graph, whose recompute
+    writes BatchNorm's buffers again: autograd refuses it ("modified by an
+    inplace operation"), as it does for ``torch.utils.checkpoint`` itself.
 """
 
 from __future__ import annotations
