@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import types
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -129,10 +128,15 @@ class _Chunks:
         self.checkpointed, self.previous = frozenset(checkpointed), previous
         self.recomputes = 0
 
+    def _own_forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The class's forward, called as a function (no bound method built per call: NOTE [ Regions under
+        torch.compile ] in ``scheduler.applying.regions``)."""
+        return type(self.module).forward(self.module, *args, **kwargs)
+
     def original(self) -> Any:
         if self.previous is not None:
             return self.previous
-        return types.MethodType(type(self.module).forward, self.module)
+        return self._own_forward
 
     @property
     def __signature__(self) -> inspect.Signature:
