@@ -142,7 +142,9 @@ class _Chunks:
     def __signature__(self) -> inspect.Signature:
         """The wrapped forward's own parameters, for callers that read them (``transformers.Trainer`` drops
         every batch column the forward does not name; NOTE [ Chunked head (applying) ])."""
-        return inspect.signature(self.original())
+        if self.previous is not None:
+            return inspect.signature(self.previous)
+        return inspect.signature(type(self.module).forward.__get__(self.module))
 
     def saw_random(self, path: str, why: str) -> None:
         raise ChunkedHeadError(f"the chunked call {path!r} draws random numbers ({why}); chunks would draw otherwise "
