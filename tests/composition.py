@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import pickle
 import tempfile
-import warnings
 from typing import Any, Callable
 
 import torch
@@ -78,7 +77,8 @@ def loss_of(out: Any) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------ plans
 def make_plan(family: str, kind: str, graph: Any) -> Plan:
-    """The plan of ``kind`` for ``graph`` by the real solvers, at a budget where the kind is used.
+    """The plan of ``kind`` for ``graph`` by the real solvers, at a budget where the kind is used; for a
+    pipeline stage, the first stage of a 2-stage GPipe layout whose plan checkpoints.
 
     Budgets are in bytes, from the least feasible one-level budget and store-all's peak of this graph
     (a fixed fraction would not put every family where the kind pays)."""
@@ -87,28 +87,29 @@ def make_plan(family: str, kind: str, graph: Any) -> Plan:
         scheduler.solve(graph, 1, selective=False)
     except InfeasibleBudget as info:
         least = info.min_feasible_bytes
-    between = (least + full) // 2
+    budgets = [least + (full - least) * i // 8 for i in range(8)]  # the least one-level budget up to store-all's
     if kind == "regions":
-        plan = scheduler.solve(graph, between, selective=False)
+        plan = scheduler.solve(graph, budgets[4], selective=False)
         assert plan.regions and not plan.saved, "a one-level plan without kept ops"
     elif kind == "kept":
-        plan = scheduler.solve(graph, least)
-        assert plan.saved and any(plan.save_ops), "the plan keeps op outputs inside its regions"
+        plan = next((p for p in (scheduler.solve(graph, b) for b in budgets) if p.saved), None)
+        assert plan is not None and any(plan.save_ops), "the plan keeps op outputs inside its regions"
     elif kind == "chunked":
         plan = scheduler.solve(graph, least - 1, chunks=(1, 2, 4), mlp_chunks=(1, 2))
         assert any(k > 1 for _, _, k in plan.chunks), "the plan runs calls in chunks"
-    elif kind == "nested":
+    elif kind == "nested":  # below every one-level plan: where nesting pays
         plan = scheduler.solve(graph, least - 1, nested=True)
         assert plan.inner, "the plan nests regions"
     else:
         from scheduler.distributed import Layout, solve_layout
 
         layout = Layout(pp=2, microbatches=2)
-        whole = solve_layout(graph, "1GiB", layout)
-        stages = solve_layout(graph, int(whole.peak_bytes * 0.85), layout, strict=False)
-        plans = [s.plan for s in stages.stages if s.plan is not None and s.plan.regions]
+        whole = solve_layout(graph, "1GiB", layout).peak_bytes
+        plans = [s.plan for share in (0.85, 0.8) for s in solve_layout(graph, int(whole * share), layout,
+                                                                       strict=False).stages
+                 if s.plan is not None and s.plan.regions]
         assert plans, "a stage's plan checkpoints"
-        plan = max(plans, key=lambda p: len(p.regions))
+        plan = plans[0]
     return plan
 
 
@@ -148,12 +149,6 @@ def wf_dropped(model, batch, family):
 
 def wf_tuple_output(model, batch, family):
     return _held(model, batch, return_dict=False)
-
-
-def wf_use_cache(model, batch, family):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # CacheDropped: documented (NOTE [ Caches under recompute ])
-        return _held(model, batch, use_cache=True)
 
 
 def wf_eval_grad(model, batch, family):
@@ -222,11 +217,13 @@ def wf_save_load(model, batch, family):
     out = {"keys": list(model.state_dict())}
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
-        back = type(model).from_pretrained(tmp)
-    out["reloaded"] = dict(back.state_dict())
-    for name, clone in (("pickled", pickle.loads(pickle.dumps(model))), ("copied", copy.deepcopy(model))):
-        assert applied_plan(clone) == plan
-        out[name] = _held(clone, batch)
+        out["reloaded"] = dict(type(model).from_pretrained(tmp).state_dict())
+    copied = copy.deepcopy(model)
+    assert applied_plan(copied) == plan
+    assert all(a is not b for a, b in zip(copied.modules(), model.modules()))
+    clone = pickle.loads(pickle.dumps(model))
+    assert applied_plan(clone) == plan
+    out["pickled"] = _held(clone, batch)
     return out
 
 
@@ -236,7 +233,7 @@ def _dataset(batch):
 
 
 def _trainer(model, tmp):
-    args = transformers.TrainingArguments(output_dir=tmp, max_steps=2, per_device_train_batch_size=2,
+    args = transformers.TrainingArguments(output_dir=tmp, max_steps=1, per_device_train_batch_size=BATCH,
                                           per_device_eval_batch_size=2, report_to="none", save_strategy="no")
     return transformers.Trainer(model=model, args=args, compute_metrics=_metrics)
 
@@ -270,16 +267,33 @@ def wf_trainer_predict(model, batch, family):
 WORKFLOWS: dict[str, Callable[..., dict]] = {
     "held": wf_held, "dropped": wf_dropped, "trainer-train": wf_trainer_train,
     "trainer-evaluate": wf_trainer_evaluate, "trainer-predict": wf_trainer_predict,
-    "tuple-output": wf_tuple_output, "use-cache": wf_use_cache, "generate": wf_generate,
+    "tuple-output": wf_tuple_output, "generate": wf_generate,
     "eval-grad": wf_eval_grad, "autocast-bf16": wf_autocast_bf16, "to-bf16": wf_to_bf16,
     "grad-accum": wf_grad_accum, "retain-graph": wf_retain_graph, "grad-penalty": wf_grad_penalty,
-    "save-load": wf_save_load,
+    "save-load": wf_save_load, "peak": None,  # the held step by the allocator (the test module measures it)
 }
 
+#: Workflows that differ from the held step only in who calls the model, in its output's form, or run
+#: without grad (nothing is checkpointed): the kind of regions does not change them, the chunked head
+#: does (it replaces the model's own forward), so they run for those two kinds.
+CALLERS = ("dropped", "trainer-train", "trainer-evaluate", "trainer-predict", "tuple-output", "generate")
 
-def applies(family: str, workflow: str) -> bool:
-    """Whether ``workflow`` means something for ``family`` (generation and caches: causal LMs)."""
-    return family in CAUSAL or workflow not in ("generate", "use-cache")
+#: Kinds the solvers never use on a family at these sizes (no budget makes them pay), and why.
+NOT_USED = {("cnn", "nested"): "no budget makes nesting pay on this ResNet: the solver nests nothing"}
+
+
+def applies(family: str, kind: str, workflow: str) -> bool:
+    """Whether cell ``family-kind-workflow`` tests something (see CALLERS): generation is for causal LMs; a
+    gradient penalty needs attention that torch can differentiate twice (its CPU flash attention, which
+    Llama's and ViT's default ``sdpa`` runs, cannot: the unplanned model fails too); peaks are predicted
+    for one stage's rank, not for the whole model, so a stage's plan has no peak cell here."""
+    if (family, kind) in NOT_USED or (workflow in CALLERS and kind not in ("regions", "chunked")):
+        return False
+    if workflow == "generate":
+        return family in CAUSAL
+    if workflow == "grad-penalty":
+        return family not in ("llama", "vit")
+    return not (workflow == "peak" and kind == "stage")
 
 
 # ------------------------------------------------------------------------------------------ comparing
@@ -313,3 +327,17 @@ def tolerance(kind: str, workflow: str) -> float | None:
         return None
     return CHUNKED_RTOL[torch.bfloat16 if "bf16" in workflow else torch.float32]
 
+
+
+# ------------------------------------------------------------------------------------------ peft
+#: The modules LoRA adapts per family (peft's own defaults for these architectures, or their convolutions).
+LORA_TARGETS = {"gpt2": ["c_attn"], "llama": ["q_proj", "v_proj"], "bert": ["query", "value"],
+                "cnn": ["convolution"], "vit": ["query", "value"]}
+
+
+def lora(model: nn.Module, family: str) -> nn.Module:
+    """``model`` wrapped by peft's LoRA (the base frozen, adapters trained), as a user traces and plans it."""
+    import peft
+
+    torch.manual_seed(2)
+    return peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=LORA_TARGETS[family]))
