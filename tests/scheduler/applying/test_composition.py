@@ -113,7 +113,14 @@ class _Cache:
 
 @pytest.fixture(scope="module")
 def cache():
-    return _Cache()
+    """One intra-op thread while the matrix runs: its steps are tiny, and on a busy machine two threads
+    spinning for each op made the file 20 times slower (both the planned and the plain step run so)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield _Cache()
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("family,kind,workflow", list(_cells()))
@@ -129,8 +136,14 @@ def test_cell(cache, family, kind, workflow):
     agree(got, cache.reference(family, workflow), tolerance(kind, workflow), f"{family}-{kind}-{workflow}")
 
 
-@pytest.mark.parametrize("family,kind", sorted(REFUSED), ids=[f"{f}-{k}-refused" for f, k in sorted(REFUSED)])
+_NO_ROW_WISE = ("issue 33 item 5: --mlp-chunks on a model without a row-wise call is refused by solve ('no call of "
+                "this graph is row-wise'), naming no way out, instead of chunking the head alone")
+
+
+@pytest.mark.parametrize("family,kind", [pytest.param(f, k, id=f"{f}-{k}-refused", marks=(
+    [pytest.mark.xfail(strict=True, reason=_NO_ROW_WISE)] if f == "cnn" else [])) for f, k in sorted(REFUSED)])
 def test_refused_at_once_in_one_line(cache, family, kind):
+    """Solved, then refused by apply before any step, in one line that says what to do."""
     base, _ = cache.model(family)
     with pytest.raises(CkptError, match=REFUSED[family, kind]) as info:
         scheduler.apply(copy.deepcopy(base), make_plan(family, kind, cache.graph(family)))
