@@ -334,7 +334,7 @@ def tolerance(kind: str, workflow: str) -> float | None:
 # ------------------------------------------------------------------------------------------ peft
 #: The modules LoRA adapts per family (peft's own defaults for these architectures, or their convolutions).
 LORA_TARGETS = {"gpt2": ["c_attn"], "llama": ["q_proj", "v_proj"], "bert": ["query", "value"],
-                "cnn": ["convolution"], "vit": ["query", "value"]}
+                "cnn": ["convolution"], "vit": ["q_proj", "v_proj"]}
 
 
 def lora(model: nn.Module, family: str) -> nn.Module:
