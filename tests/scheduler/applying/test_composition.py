@@ -11,6 +11,7 @@ part of issue 33 fixes are strict xfails naming the item. DDP and FSDP2 with a p
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -21,11 +22,13 @@ import composition  # noqa: E402  (tests/ is on pytest's pythonpath)
 import scheduler  # noqa: E402
 from composition import FAMILIES, KINDS, WORKFLOWS, agree, applies, build, make_plan, tolerance  # noqa: E402
 from graphs import CkptError  # noqa: E402
+from scheduler.applying.chunked import ChunkedHeadError  # noqa: E402
 from scheduler.measuring.steps import allocator_step_peak  # noqa: E402
+from solvers.chunks import ChunkError  # noqa: E402
 
 composition.use(transformers)
 
-#: (family, kind) -> the one-line refusal, matched: a cell that cannot work must be refused by solve or apply.
+#: (family, kind) -> the one-line refusal, matched: a cell that cannot work is refused by apply before any step.
 REFUSED: dict[tuple[str, str], str] = {
     # The solver chunks an image classifier's head over the batch rows; apply runs a chunked head only on
     # causal and masked LMs, whose loss it knows, and says so at once.
@@ -33,37 +36,42 @@ REFUSED: dict[tuple[str, str], str] = {
     ("vit", "chunked"): r"ViTForImageClassification is neither\. Solve without chunks",
 }
 
-#: (family or "*", kind or "*", workflow or "*") -> why the cell fails today and which part of issue 33 owns it.
 _MLP_DROPOUT = ("issue 33 item 5: --mlp-chunks refused on a model with dropout in its MLP (ChunkError: no call of "
-                "this graph is row-wise) instead of chunking the head alone")
+                "this graph is row-wise) instead of chunking the head alone", ChunkError)
 _TRAINER = ("issue 33 item 5: the chunked head's forward signature (*args, **kwargs) makes Trainer's "
-            "remove_unused_columns drop every column")
+            "remove_unused_columns drop every column", (KeyError, ValueError))
 _TWICE = ("issue 33 item 4: a second backward (retain_graph, create_graph) through a region that keeps op outputs "
-          "raises torch's 'backward once ... selective activation checkpoint'")
-XFAIL: dict[tuple[str, str, str], str] = {
+          "raises torch's 'backward once ... selective activation checkpoint'", RuntimeError)
+
+#: (family or "*", kind or "*", workflow or "*") -> why the cell fails today, naming the part of issue 33 that
+#: fixes it, and the exception it fails with (any other failure of the cell is a failure).
+XFAIL: dict[tuple[str, str, str], tuple[str, Any]] = {
     ("gpt2", "chunked", "*"): _MLP_DROPOUT,
     ("bert", "chunked", "*"): _MLP_DROPOUT,
     ("llama", "chunked", "trainer-train"): _TRAINER,
     ("llama", "chunked", "trainer-evaluate"): _TRAINER,
     ("llama", "chunked", "trainer-predict"): _TRAINER,
-    ("llama", "chunked", "tuple-output"): "issue 33 item 5: return_dict=False with labels refused as 'changes the "
-                                          "logits after its head'",
-    ("llama", "chunked", "eval-grad"): "issue 33 item 5: eval() with grad and labels returns logits=None",
+    ("llama", "chunked", "tuple-output"): ("issue 33 item 5: return_dict=False with labels refused as 'changes the "
+                                           "logits after its head'", ChunkedHeadError),
+    ("llama", "chunked", "eval-grad"): ("issue 33 item 5: eval() with grad and labels returns logits=None",
+                                        AssertionError),
     ("*", "kept", "retain-graph"): _TWICE, ("*", "kept", "grad-penalty"): _TWICE,
     ("*", "stage", "retain-graph"): _TWICE, ("*", "stage", "grad-penalty"): _TWICE,  # every stage plan keeps ops
     ("llama", "chunked", "retain-graph"): _TWICE,
     ("gpt2", "nested", "retain-graph"): _TWICE, ("gpt2", "nested", "grad-penalty"): _TWICE,
     ("llama", "nested", "retain-graph"): _TWICE, ("bert", "nested", "retain-graph"): _TWICE,
     ("bert", "nested", "grad-penalty"): _TWICE,
-    ("vit", "nested", "peak"): "issue 33 item 2: a nested plan measures over its prediction by the allocator",
+    ("vit", "nested", "peak"): ("issue 33 item 2: a nested plan measures over its prediction by the allocator",
+                                AssertionError),
 }
 
 
-def _xfail(family: str, kind: str, workflow: str) -> str | None:
-    for (f, k, w), reason in XFAIL.items():
+def _xfail(family: str, kind: str, workflow: str) -> list:
+    """The strict expected-failure mark of a cell, or none."""
+    for (f, k, w), (reason, raises) in XFAIL.items():
         if f in ("*", family) and k in ("*", kind) and w in ("*", workflow):
-            return reason
-    return None
+            return [pytest.mark.xfail(strict=True, reason=reason, raises=raises)]
+    return []
 
 
 def _cells():
@@ -74,9 +82,8 @@ def _cells():
             for workflow in WORKFLOWS:
                 if not applies(family, kind, workflow):
                     continue
-                reason = _xfail(family, kind, workflow)
-                marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-                yield pytest.param(family, kind, workflow, id=f"{family}-{kind}-{workflow}", marks=marks)
+                yield pytest.param(family, kind, workflow, id=f"{family}-{kind}-{workflow}",
+                                   marks=_xfail(family, kind, workflow))
 
 
 class _Cache:
@@ -141,12 +148,14 @@ _NO_ROW_WISE = ("issue 33 item 5: --mlp-chunks on a model without a row-wise cal
 
 
 @pytest.mark.parametrize("family,kind", [pytest.param(f, k, id=f"{f}-{k}-refused", marks=(
-    [pytest.mark.xfail(strict=True, reason=_NO_ROW_WISE)] if f == "cnn" else [])) for f, k in sorted(REFUSED)])
+    [pytest.mark.xfail(strict=True, reason=_NO_ROW_WISE, raises=ChunkError)] if f == "cnn" else []))
+    for f, k in sorted(REFUSED)])
 def test_refused_at_once_in_one_line(cache, family, kind):
     """Solved, then refused by apply before any step, in one line that says what to do."""
     base, _ = cache.model(family)
+    plan = make_plan(family, kind, cache.graph(family))
     with pytest.raises(CkptError, match=REFUSED[family, kind]) as info:
-        scheduler.apply(copy.deepcopy(base), make_plan(family, kind, cache.graph(family)))
+        scheduler.apply(copy.deepcopy(base), plan)
     assert "\n" not in str(info.value)
 
 
@@ -156,8 +165,7 @@ def lora_cache():
     return {}
 
 
-@pytest.mark.parametrize("family,kind", [pytest.param(f, k, id=f"{f}-{k}-peft", marks=(
-    [pytest.mark.xfail(strict=True, reason=_xfail(f, k, "peft"))] if _xfail(f, k, "peft") else []))
+@pytest.mark.parametrize("family,kind", [pytest.param(f, k, id=f"{f}-{k}-peft")  # all pass (torch 2.14.1, peft 0.21)
     for f in FAMILIES for k in KINDS if (f, k) not in REFUSED and (f, k) not in composition.NOT_USED])
 def test_peft_lora(cache, lora_cache, family, kind):
     """peft's LoRA around the model, traced and planned as a user would, one held step against the twin."""
