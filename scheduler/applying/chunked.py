@@ -92,14 +92,19 @@ def split_chunks(plan: Plan) -> tuple[Plan, list[tuple[str, int, frozenset[int],
     return rest, entries
 
 
-def _loss_kind(model: nn.Module) -> str:
+def _loss_kind(model: nn.Module, head: str) -> str:
+    """``causal`` or ``masked``: how the labels line up with the logits, from the model's class, or from the
+    class of a module the head lies in when the model wraps one (peft's ``PeftModel`` around a causal LM)."""
     from transformers.models.auto import modeling_auto as auto
 
-    names = {c.__name__ for c in type(model).__mro__}
-    if names & set(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
-        return "causal"
-    if names & set(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.values()):
-        return "masked"
+    parts = head.split(".")
+    for depth in range(len(parts)):
+        inner = model.get_submodule(".".join(parts[:depth])) if depth else model
+        names = {c.__name__ for c in type(inner).__mro__}
+        if names & set(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
+            return "causal"
+        if names & set(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.values()):
+            return "masked"
     raise ChunkedHeadError(f"a chunked head runs on transformers causal-LM and masked-LM models (their loss is known); "
                            f"{type(model).__name__} is neither. Solve without chunks")
 
@@ -114,7 +119,7 @@ def install(model: nn.Module, entries: Sequence[tuple[str, int, frozenset[int], 
             raise ChunkedHeadError(f"this plan runs {path!r} in chunks, which {type(model).__name__} does not have; "
                                    "trace and solve this model") from None
         if tail:
-            model.forward = ChunkedHead(model, path, k, checkpointed, kind=_loss_kind(model),
+            model.forward = ChunkedHead(model, path, k, checkpointed, kind=_loss_kind(model, path),
                                         previous=model.__dict__.get("forward"))
         else:
             module.forward = ChunkedCall(module, path, k, checkpointed, previous=module.__dict__.get("forward"))
