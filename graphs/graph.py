@@ -30,6 +30,7 @@ __all__ = [
     "BUILD_META",
     "TARGET_META",
     "SCALARS_META",
+    "FROZEN_META",
     "LOOPS",
     "CkptError",
     "GraphError",
@@ -57,6 +58,10 @@ BUILD_META = "build"
 #: (NOTE [ Saved Python scalars ] in ``scheduler.tracing.costs``); memory accounting, not part of the
 #: fingerprint (a pipeline stage holds its own per micro-batch in flight, ``scheduler.distributed.stages``).
 SCALARS_META = "saved_scalars"
+#: ``meta`` key: the bytes of frozen parameters (``frozen_param_bytes``) per node that first uses them; memory
+#: accounting for a pipeline stage (its own frozen weights, ``scheduler.distributed.stages``), not part of the
+#: fingerprint. Present only when some parameters are frozen.
+FROZEN_META = "frozen_params"
 #: The training loops a graph can be planned for (NOTE [ The user's loop ]).
 LOOPS = ("held", "dropped")
 
@@ -365,6 +370,7 @@ class Graph:
         d["meta"].pop(BUILD_META, None)
         d["meta"].pop(TARGET_META, None)
         d["meta"].pop(SCALARS_META, None)
+        d["meta"].pop(FROZEN_META, None)
         for nd in d["nodes"]:
             del nd["fwd_flops"], nd["bwd_flops"], nd["fwd_cost"], nd["workspace_bytes"]
             del nd["dispatch"], nd["sac_op"]  # how a kept output is lowered, not what the plan does

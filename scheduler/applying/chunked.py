@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import types
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -93,14 +92,19 @@ def split_chunks(plan: Plan) -> tuple[Plan, list[tuple[str, int, frozenset[int],
     return rest, entries
 
 
-def _loss_kind(model: nn.Module) -> str:
+def _loss_kind(model: nn.Module, head: str) -> str:
+    """``causal`` or ``masked``: how the labels line up with the logits, from the model's class, or from the
+    class of a module the head lies in when the model wraps one (peft's ``PeftModel`` around a causal LM)."""
     from transformers.models.auto import modeling_auto as auto
 
-    names = {c.__name__ for c in type(model).__mro__}
-    if names & set(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
-        return "causal"
-    if names & set(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.values()):
-        return "masked"
+    parts = head.split(".")
+    for depth in range(len(parts)):
+        inner = model.get_submodule(".".join(parts[:depth])) if depth else model
+        names = {c.__name__ for c in type(inner).__mro__}
+        if names & set(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
+            return "causal"
+        if names & set(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.values()):
+            return "masked"
     raise ChunkedHeadError(f"a chunked head runs on transformers causal-LM and masked-LM models (their loss is known); "
                            f"{type(model).__name__} is neither. Solve without chunks")
 
@@ -115,7 +119,7 @@ def install(model: nn.Module, entries: Sequence[tuple[str, int, frozenset[int], 
             raise ChunkedHeadError(f"this plan runs {path!r} in chunks, which {type(model).__name__} does not have; "
                                    "trace and solve this model") from None
         if tail:
-            model.forward = ChunkedHead(model, path, k, checkpointed, kind=_loss_kind(model),
+            model.forward = ChunkedHead(model, path, k, checkpointed, kind=_loss_kind(model, path),
                                         previous=model.__dict__.get("forward"))
         else:
             module.forward = ChunkedCall(module, path, k, checkpointed, previous=module.__dict__.get("forward"))
@@ -129,16 +133,23 @@ class _Chunks:
         self.checkpointed, self.previous = frozenset(checkpointed), previous
         self.recomputes = 0
 
+    def _own_forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The class's forward, called as a function (no bound method built per call: NOTE [ Regions under
+        torch.compile ] in ``scheduler.applying.regions``)."""
+        return type(self.module).forward(self.module, *args, **kwargs)
+
     def original(self) -> Any:
         if self.previous is not None:
             return self.previous
-        return types.MethodType(type(self.module).forward, self.module)
+        return self._own_forward
 
     @property
     def __signature__(self) -> inspect.Signature:
         """The wrapped forward's own parameters, for callers that read them (``transformers.Trainer`` drops
         every batch column the forward does not name; NOTE [ Chunked head (applying) ])."""
-        return inspect.signature(self.original())
+        if self.previous is not None:
+            return inspect.signature(self.previous)
+        return inspect.signature(type(self.module).forward.__get__(self.module))
 
     def saw_random(self, path: str, why: str) -> None:
         raise ChunkedHeadError(f"the chunked call {path!r} draws random numbers ({why}); chunks would draw otherwise "

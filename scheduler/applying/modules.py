@@ -103,7 +103,7 @@ from ..tracing.spans import MODULES_META, TREE_META, parse_run_path
 from .chunked import _Chunks, split_chunks
 from .chunked import install as install_chunked
 from .regions import RegionForward, SequentialRuns
-from .visible import mark, unmark
+from .visible import is_marked, mark, unmark
 
 __all__ = ["apply", "remove", "applied_plan", "planned", "region_wrappers", "ApplyError", "RegionForward",
            "SequentialRuns"]
@@ -175,6 +175,7 @@ def apply(model: nn.Module, plan: Plan, *, check: bool = True) -> nn.Module:
         mark(module)
     _install_inner(model, plan, check=check)
     install_chunked(model, chunked)
+    _record_marked(model)
     model.__dict__[_PLAN_ATTR] = whole
     log.info("applied %d checkpoint regions (%s) to %s", len(targets), plan.solver, type(model).__name__)
     return model
@@ -203,6 +204,17 @@ def _install_inner(model: nn.Module, plan: Plan, *, check: bool) -> None:
                              "inside its outer one (solve again)")
         module.forward = RegionForward(module, path, stochastic=stochastic, previous=module.__dict__.get("forward"))
         mark(module)
+
+
+def _record_marked(model: nn.Module) -> None:
+    """NOTE [ Regions under torch.compile ]: each wrapper knows the region modules at and under its module
+    (a ``SequentialRuns``: under its children), whose flags it sets around its traced checkpoint."""
+    for m in model.modules():
+        wrapper = m.__dict__.get("forward")
+        if isinstance(wrapper, RegionForward):
+            wrapper.marked = tuple(x for x in m.modules() if is_marked(x))
+        elif isinstance(wrapper, SequentialRuns):
+            wrapper.marked = tuple(x for child in m.children() for x in child.modules() if is_marked(x))
 
 
 def remove(model: nn.Module) -> nn.Module:

@@ -4,9 +4,53 @@
 The rules they follow are the NOTEs of ``scheduler.applying.modules``:
 [ Checkpointing forward, not __call__ ], [ Recompute at the region's end ],
 [ Stateful ops under recompute ], [ RNG state per region ], [ Caches under
-recompute ], and [ Containers passed to a region ] below; a region that keeps
-some op outputs runs under its selective-checkpoint policy (NOTE [ Selective
-checkpoint policies ] in ``scheduler.applying.selective``).
+recompute ], and [ Containers passed to a region ] and [ Regions under
+torch.compile ] below; a region that keeps some op outputs runs under its
+selective-checkpoint policy (NOTE [ Selective checkpoint policies ] in
+``scheduler.applying.selective``).
+
+NOTE [ Regions under torch.compile ]
+    While Dynamo traces a region's call (``torch.compiler.is_compiling()``),
+    the region is torch's own checkpoint, which Dynamo turns into its
+    checkpoint operator and traces into the graph (AOTAutograd then
+    recomputes the region's ops in the backward): a plan adds no graph break,
+    and ``fullgraph=True`` works wherever it works without the plan. For
+    that, nothing Dynamo traces builds a bound method per call (the class's
+    forward is called as a function, ``RegionForward._own_forward``) and
+    nothing inside the checkpoint's function changes Python state (Dynamo
+    refuses side effects inside its checkpoint operator and would run the
+    whole region eagerly): the ``gradient_checkpointing`` flags are set to
+    their values before ``apply`` *outside* the checkpoint, for the region's
+    module and every region module under it (``wrapper.marked``; NOTE [
+    Visible to gradient-checkpointing checks ]), and put back after it.
+    The eager devices stay out of the compiled call: no probe (NOTE [
+    Recompute at the region's end ]: the partitioner places the recompute),
+    no RNG watch (the generator state is always preserved; the compiled
+    graph replays its random ops), no statistics snapshot: the traced
+    forward updates BatchNorm's running statistics once, and the backward
+    recomputes values, not buffer updates. A compiled planned step equals
+    the compiled unplanned one (bitwise under ``aot_eager``, dropout
+    included; within inductor's own tolerance under inductor). Kept ops are
+    not kept under compile (the policy counts Python state: NOTE [ Selective
+    checkpoint policies ]): the region recomputes whole, as a region without
+    kept ops does. Caches are dropped as in eager (NOTE [ Caches
+    under recompute ]; a cache written inside the checkpoint is a side
+    effect Dynamo refuses), from where the signature puts them, found once
+    per class (:func:`_cache_slots`), but without the ``CacheDropped``
+    warning (Dynamo cannot trace a warning without a break).
+
+    When Dynamo cannot trace a region's forward (a graph break inside the
+    user's module), it runs that checkpoint eagerly: then the region's
+    function runs again in the backward, outside any compiled frame, and
+    (as in eager, NOTE [ Stateful ops under recompute ]) the running
+    statistics are put back after any run that autograd's backward makes
+    (``torch._C._current_graph_task_id() != -1``), so they are still
+    updated once. Such a region adds breaks of its own (a CNN whose two
+    regions each hold a ``graph_break()``: 2 breaks, 1 without the plan).
+    Under ``backend="eager"`` (no AOTAutograd) torch runs its checkpoint
+    operator as an eager checkpoint of the captured graph, whose recompute
+    writes BatchNorm's buffers again: autograd refuses it ("modified by an
+    inplace operation"), as it does for ``torch.utils.checkpoint`` itself.
 """
 
 from __future__ import annotations
@@ -15,7 +59,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import types
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -26,7 +69,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .rng import RngWatch, random_modules, warn_random_region
 from .selective import RegionPolicy, selective_contexts
-from .visible import as_before
+from .visible import as_before, flags_as_before, restore_flag
 
 __all__ = ["RegionForward", "SequentialRuns", "run_region", "CacheDropped"]
 
@@ -80,10 +123,8 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
 
     ``stochastic`` is what the plan says of the region's randomness; whether the recompute replays
     the generator state is decided here, as it runs (NOTE [ RNG replay decided at run time ])."""
-    if torch.compiler.is_compiling():
-        # Dynamo turns this call into its checkpoint operator; the probe, the snapshot and the RNG
-        # watch are eager-mode devices it cannot trace, so the state is always preserved.
-        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+    if torch.compiler.is_compiling():  # NOTE [ Regions under torch.compile ]
+        return traced_region(fn, args, kwargs, modules=modules)
     if not stochastic:
         drawing = random_modules(modules)
         if drawing:
@@ -142,6 +183,30 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
     return out
 
 
+def traced_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Sequence[nn.Module]) -> Any:
+    """``fn(*args, **kwargs)`` as one region while Dynamo traces (NOTE [ Regions under torch.compile ])."""
+    body = functools.partial(_traced_body, fn, tuple(modules))
+    return checkpoint(body, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+
+
+def _traced_body(fn: Callable[..., Any], modules: tuple[nn.Module, ...], *args: Any, **kwargs: Any) -> Any:
+    if torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1:
+        return fn(*args, **kwargs)  # traced into the graph, or the forward of a region Dynamo ran eagerly
+    stats = _running_stats(modules)  # a recompute by autograd: Dynamo ran this region eagerly
+    saved = [b.detach().clone() for b in stats]
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        with torch.no_grad():
+            for b, s in zip(stats, saved):
+                b.copy_(s)
+
+
+def _put_back(changed: list) -> None:
+    for module, present, value in changed:
+        restore_flag(module, present, value)
+
+
 @functools.lru_cache(maxsize=None)
 def _cache_params(cls: type) -> tuple[inspect.Signature | None, tuple[str, ...]]:
     try:
@@ -150,6 +215,46 @@ def _cache_params(cls: type) -> tuple[inspect.Signature | None, tuple[str, ...]]
         return None, ()
     names = tuple(n for n in sig.parameters if n in _CACHE_ARGS or n == "use_cache")
     return (sig if names else None), names
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_slots(cls: type) -> tuple[tuple[str, int], ...]:
+    """Per cache argument of ``cls.forward``: its name and its position among the positional arguments after
+    ``self`` (-1: keyword only). Dynamo reads these constants (NOTE [ Regions under torch.compile ])."""
+    sig, names = _cache_params(cls)
+    if sig is None:
+        return ()
+    params = list(sig.parameters.values())[1:]
+    slots = []
+    for name in names:
+        index = -1
+        for i, p in enumerate(params):
+            if p.kind is p.VAR_POSITIONAL or p.kind is p.KEYWORD_ONLY:
+                break
+            if p.name == name:
+                index = i
+                break
+        slots.append((name, index))
+    return tuple(slots)
+
+
+def _without_cache_traced(slots: tuple[tuple[str, int], ...], args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """NOTE [ Caches under recompute ] while Dynamo traces: as :func:`_without_cache`, no warning."""
+    if not slots:
+        return args, kwargs
+    args, kwargs = list(args), dict(kwargs)
+    for name, index in slots:
+        if name in kwargs:
+            kwargs[name] = _no_cache(name, kwargs[name])
+        elif 0 <= index < len(args):
+            args[index] = _no_cache(name, args[index])
+    return tuple(args), kwargs
+
+
+def _no_cache(name: str, value: Any) -> Any:
+    if name == "use_cache":
+        return False if value else value
+    return None if value is not None and not isinstance(value, torch.Tensor) else value
 
 
 def _without_cache(module: nn.Module, args: tuple, kwargs: dict, where: str = "") -> tuple[tuple, dict]:
@@ -205,11 +310,17 @@ class RegionForward:
         self.previous = previous
         self.recomputes = 0
         self.policy = RegionPolicy(path, save_ops, save_op_calls) if save_ops else None
+        self.marked: tuple[nn.Module, ...] = (module,)  # NOTE [ Regions under torch.compile ]; set by apply
+        self.cache_slots = _cache_slots(type(module))
+
+    def _own_forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The class's forward, called as a function (NOTE [ Regions under torch.compile ])."""
+        return type(self.module).forward(self.module, *args, **kwargs)
 
     def original(self) -> Callable[..., Any]:
         if self.previous is not None:
             return self.previous
-        return types.MethodType(type(self.module).forward, self.module)
+        return self._own_forward
 
     def saw_random(self, path: str, why: str) -> None:
         """The region draws random numbers: replay from now on (NOTE [ RNG replay decided at run time ])."""
@@ -220,12 +331,17 @@ class RegionForward:
         fwd = self.original()
         if not torch.is_grad_enabled():
             return fwd(*args, **kwargs)
+        if torch.compiler.is_compiling():  # NOTE [ Regions under torch.compile ]
+            changed = flags_as_before(self.marked)
+            args, kwargs = _without_cache_traced(self.cache_slots, args, kwargs)
+            out = traced_region(fwd, args, kwargs, modules=(self.module,))
+            _put_back(changed)
+            return out
         fwd = as_before(self.module, fwd)  # NOTE [ Visible to gradient-checkpointing checks ]
-        if not torch.compiler.is_compiling():
-            given = args, kwargs
-            args, kwargs = _without_cache(self.module, args, kwargs, self.path)
-            if self.policy is not None:  # for its warning (NOTE [ Kept calls that do not come ])
-                self.policy.cache_dropped = args is not given[0] or kwargs is not given[1]
+        given = args, kwargs
+        args, kwargs = _without_cache(self.module, args, kwargs, self.path)
+        if self.policy is not None:  # for its warning (NOTE [ Kept calls that do not come ])
+            self.policy.cache_dropped = args is not given[0] or kwargs is not given[1]
         return run_region(fwd, args, kwargs, modules=(self.module,), path=self.path, stochastic=self.stochastic,
                           counter=self,
                           policy=self.policy)
@@ -252,6 +368,7 @@ class SequentialRuns:
         self.recomputes = 0
         self.policies = {path: RegionPolicy(path, ops, calls) for path, (ops, calls) in (save_ops or {}).items() if ops}
         self.random: set[str] = set()  # runs found drawing random numbers (NOTE [ RNG replay decided at run time ])
+        self.marked: tuple[nn.Module, ...] = ()  # region modules in its children (NOTE [ Regions under torch.compile ])
 
     @property
     def path(self) -> str:
@@ -262,14 +379,18 @@ class SequentialRuns:
         self.random.add(path)
         warn_random_region(path, why)
 
+    def _own_forward(self, *args: Any, **kwargs: Any) -> Any:
+        return type(self.module).forward(self.module, *args, **kwargs)
+
     def original(self) -> Callable[..., Any]:
         if self.previous is not None:
             return self.previous
-        return types.MethodType(type(self.module).forward, self.module)
+        return self._own_forward
 
     def __call__(self, input: Any) -> Any:  # noqa: A002  (nn.Sequential.forward's name)
         if not torch.is_grad_enabled():
             return self.original()(input)
+        changed = flags_as_before(self.marked) if torch.compiler.is_compiling() else []
         children = list(self.module)
         starts = {i: (j, stochastic, path) for i, j, path, stochastic in self.runs}
         k = 0
@@ -284,6 +405,7 @@ class SequentialRuns:
             else:
                 input = children[k](input)
                 k += 1
+        _put_back(changed)
         return input
 
     def __repr__(self) -> str:

@@ -17,7 +17,10 @@ NOTE [ Visible to gradient-checkpointing checks ]
     checkpoint their own forward when it is true, and some models drop their
     cache. Inside the region the module runs as without the plan: the
     region's function (forward and recompute) sees the value the module had
-    before (:func:`as_before`), so nothing is checkpointed twice.
+    before (:func:`as_before`), so nothing is checkpointed twice. Under
+    ``torch.compile`` the flags are set so around the region's checkpoint
+    instead of inside it (:func:`flags_as_before`, NOTE [ Regions under
+    torch.compile ] in ``scheduler.applying.regions``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-__all__ = ["FLAG", "mark", "unmark", "as_before"]
+__all__ = ["FLAG", "mark", "unmark", "as_before", "is_marked", "flags_as_before", "restore_flag"]
 
 #: The attribute libraries read.
 FLAG = "gradient_checkpointing"
@@ -75,3 +78,36 @@ def as_before(module: nn.Module, fn: Callable[..., Any]) -> Callable[..., Any]:
                 d.pop(FLAG, None)
 
     return run
+
+
+def is_marked(module: nn.Module) -> bool:
+    """Whether :func:`mark` set the flag on ``module`` (and :func:`unmark` has not put it back)."""
+    return _BEFORE in module.__dict__
+
+
+def flags_as_before(modules: Any) -> list[tuple[nn.Module, bool, Any]]:
+    """Set the flag of each marked module in ``modules`` to its value before :func:`mark`, where it differs;
+    return ``(module, present, value)`` for :func:`restore_flag`. Traceable by Dynamo (plain dict reads and
+    writes, none where nothing changes: a region inside another finds its flag set already)."""
+    changed = []
+    for m in modules:
+        d = m.__dict__
+        if _BEFORE not in d:
+            continue
+        had, value = d[_BEFORE]
+        want = bool(value) if had else False
+        present = FLAG in d
+        current = d.get(FLAG)
+        if present and current is want:
+            continue
+        d[FLAG] = want
+        changed.append((m, present, current))
+    return changed
+
+
+def restore_flag(module: nn.Module, present: bool, value: Any) -> None:
+    """Put back what :func:`flags_as_before` changed."""
+    if present:
+        module.__dict__[FLAG] = value
+    else:
+        module.__dict__.pop(FLAG, None)

@@ -162,11 +162,10 @@ def persistent_graph(graph: Graph) -> Graph:
     gradient before adding it into the held one (``AccumulateGrad``): that gradient is charged as the
     node's workspace (in its forward too, where it does not exist: conservative)."""
     grads = sum(nd.param_bytes for nd in graph.nodes)
-    unattributed = max(0, graph.param_bytes - grads)
-    held = graph.input_bytes + graph.param_bytes + grads + unattributed
+    held = graph.input_bytes + graph.param_bytes + grads + graph.unattributed_grad_bytes()  # frozen: no gradient
     nodes = [dataclasses.replace(nd, param_bytes=0, workspace_bytes=nd.workspace_bytes + nd.param_bytes)
              if nd.param_bytes else nd for nd in graph.nodes]
-    return graph.with_nodes(nodes, param_bytes=0, input_bytes=held)
+    return graph.with_nodes(nodes, param_bytes=0, frozen_param_bytes=0, input_bytes=held)
 
 
 def _seed_bytes(graph: Graph) -> int:

@@ -216,6 +216,10 @@ def solve_layout(graph: Graph, budget: int | str, layout: Layout, *, solver: str
     if kind == "fraction":
         raise LayoutError("a layout's budget is the memory of one rank's card (e.g. 80GiB); a fraction of the "
                           "store-all activations has no meaning per rank")
+    if graph.frozen_param_bytes and layout.shard > 1:
+        raise LayoutError(f"{graph.frozen_param_bytes:,} bytes of this model's parameters are frozen, and what FSDP "
+                          "gathers of frozen weights is not modelled; plan it without --fsdp/--hsdp (pipeline and "
+                          "tensor parallelism are), or with every parameter trained")
     card = int(value)
     budget_bytes = card - parse_reserve(reserve, card)
     stages = stage_graphs(graph, layout)

@@ -31,7 +31,11 @@ NOTE [ A stage's graph ]
     head, counts on the stage that uses it first). Spans inside the stage
     keep their module paths, so a stage's plan applies onto the stage's
     module as long as it keeps the model's paths (a copy of the model with
-    the other stages' layers deleted, as torchtitan builds stages). The
+    the other stages' layers deleted, as torchtitan builds stages). Frozen
+    parameters (a base under adapters) go to the stage whose nodes use
+    them first (``meta["frozen_params"]``; all of them to every stage of a
+    graph without that count), trained ones to the node whose backward
+    makes their gradient, as in the whole graph. The
     parameter count is not checked on a stage's plan: a tied weight makes
     it differ.
 
@@ -55,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from graphs import SCALARS_META, Graph, Node, Span
+from graphs import FROZEN_META, SCALARS_META, Graph, Node, Span
 
 from .fsdp import repeated_blocks
 from .layout import Layout, LayoutError
@@ -174,9 +178,10 @@ def stage_graph(graph: Graph, first: int, last: int, *, index: int = 0, stages: 
     shift = len(crossing) - first
     spans = [Span(sp.first + shift, sp.last + shift, sp.module, sp.extra_bytes) for sp in graph.spans
              if first <= sp.first and sp.last <= last]
-    params = sum(nd.param_bytes for nd in graph.nodes[first:last + 1])
-    if first == 0:
-        params += max(0, graph.param_bytes - sum(nd.param_bytes for nd in graph.nodes))
+    frozen = stage_frozen_bytes(graph, first, last)
+    params = sum(nd.param_bytes for nd in graph.nodes[first:last + 1]) + frozen
+    if first == 0:  # the trained parameters no node is given
+        params += graph.unattributed_grad_bytes()
     meta = {k: v for k, v in graph.meta.items() if k != "parameters"}
     meta[STAGE_META] = {"index": index, "stages": stages, "first": graph.nodes[first].name,
                         "last": graph.nodes[last].name, "inputs": [graph.nodes[j].name for j in crossing]}
@@ -191,8 +196,22 @@ def stage_graph(graph: Graph, first: int, last: int, *, index: int = 0, stages: 
     if "outputs" in fields:  # the user's loop (NOTE [ The user's loop ]): outputs of this stage only
         mine = {graph.nodes[i].name for i in range(first, last + 1)}
         extra["outputs"] = tuple(o for o in getattr(graph, "outputs") if o in mine)
-    return dataclasses.replace(graph, nodes=tuple(nodes), param_bytes=params, input_bytes=inputs, spans=tuple(spans),
-                               meta=meta, name=f"{graph.name} stage {index}", **extra)
+    return dataclasses.replace(graph, nodes=tuple(nodes), param_bytes=params, frozen_param_bytes=frozen,
+                               input_bytes=inputs, spans=tuple(spans), meta=meta, name=f"{graph.name} stage {index}",
+                               **extra)
+
+
+def stage_frozen_bytes(graph: Graph, first: int, last: int) -> int:
+    """The frozen parameters of nodes ``first..last`` of ``graph`` (NOTE [ A stage's graph ]): those its nodes
+    use first (``meta["frozen_params"]``), and on the first stage those no node uses; for a graph without that
+    count (saved by an older version), all of them on every stage."""
+    total = graph.frozen_param_bytes
+    per_node = graph.meta.get(FROZEN_META)
+    if not total or not isinstance(per_node, dict):
+        return total
+    names = {nd.name for nd in graph.nodes}
+    unplaced = max(0, total - sum(int(v) for k, v in per_node.items() if k in names))
+    return (unplaced if first == 0 else 0) + sum(int(per_node.get(nd.name, 0)) for nd in graph.nodes[first:last + 1])
 
 
 def saved_scalar_bytes(graph: Graph) -> int:

@@ -288,6 +288,22 @@ def attribute_params(nodes: list[Node], records: Sequence[OpRecord], groups: Seq
     return [dataclasses.replace(nd, param_bytes=extra[g]) if extra[g] else nd for g, nd in enumerate(nodes)]
 
 
+def frozen_by_node(nodes: Sequence[Node], records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
+                   frozen_bytes_of: dict[int, int]) -> dict[str, int]:
+    """Node name -> bytes of the frozen parameters it is the first to use (``graphs.FROZEN_META``): the
+    stage that runs that node holds them (NOTE [ A stage's graph ] in ``scheduler.distributed.stages``)."""
+    group_of = {m: g for g, ms in enumerate(groups) for m in ms}
+    first: dict[int, int] = {}
+    for j, r in enumerate(records):
+        for k in r.param_keys:
+            if k in frozen_bytes_of and k not in first:
+                first[k] = group_of[j]
+    out: dict[str, int] = {}
+    for k, g in first.items():
+        out[nodes[g].name] = out.get(nodes[g].name, 0) + frozen_bytes_of[k]
+    return out
+
+
 def _temporaries_peak(records: Sequence[OpRecord], members: Sequence[int], kept: set[int]) -> int:
     pos = {m: k for k, m in enumerate(members)}
     last_use = {m: pos[m] for m in members}

@@ -170,7 +170,7 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
         ``(records, totals)``: one :class:`OpRecord` per compute node in graph
         order, and graph-level byte counts ``param_bytes`` (unique parameter
         storages), ``buffer_bytes``, ``input_bytes``, ``trainable_param_bytes``
-        and ``trainable`` (fake storage key -> bytes of each trainable parameter),
+        and ``trainable`` (fake storage key -> bytes of each trainable parameter; ``frozen``: of each other one),
         ``scalar_bytes`` (NOTE [ Saved Python scalars ]) and ``scalar_at`` (record position -> its share).
     """
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -180,7 +180,9 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
     state_keys: set[int] = set()
     totals = {"param_bytes": 0, "trainable_param_bytes": 0, "buffer_bytes": 0, "input_bytes": 0}
     seen_real: set[int] = set()
+    seen_frozen: set[int] = set()
     trainable: dict[int, int] = {}  # fake storage key -> bytes, trainable parameters
+    frozen: dict[int, int] = {}  # fake storage key -> bytes, parameters without grad
     with fake:
         for kind, items in (("param", gm.named_parameters(remove_duplicate=False)),
                             ("buffer", gm.named_buffers(remove_duplicate=False))):
@@ -210,6 +212,9 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
                     param_keys.add(k)
                     if t.requires_grad:
                         trainable[k] = storage_bytes(t)
+                    elif rk not in seen_frozen:
+                        seen_frozen.add(rk)
+                        frozen[k] = storage_bytes(t)
         fake_inputs = []
         input_keys: set[int] = set()
         for v in flat_inputs:
@@ -265,6 +270,7 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
     if tail and records:
         records[-1] = dataclasses.replace(records[-1], members=records[-1].members + tail)
     totals["trainable"] = trainable  # type: ignore[assignment]
+    totals["frozen"] = frozen  # type: ignore[assignment]
     totals["scalar_bytes"] = rec.scalar_bytes  # NOTE [ Saved Python scalars ]
     totals["scalar_at"] = dict(rec.scalar_at)  # type: ignore[assignment]
     return records, totals

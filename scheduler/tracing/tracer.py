@@ -61,9 +61,9 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch import nn
 
-from graphs import COSTS_META, LOOPS, SCALARS_META, TARGET_META, WORKSPACES_META, Graph
+from graphs import COSTS_META, FROZEN_META, LOOPS, SCALARS_META, TARGET_META, WORKSPACES_META, Graph
 
-from .build import attribute_params, build_nodes, group_records, output_names
+from .build import attribute_params, build_nodes, frozen_by_node, group_records, output_names
 from .spans import MODULES_META, TREE_META, module_spans, module_tree, sequential_children
 from .loss_storage import split_loss_storage
 from .capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
@@ -389,6 +389,7 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     groups = group_records(records, chosen)
     nodes = build_nodes(records, groups, dict(totals.get("trainable", {})))
     nodes = attribute_params(nodes, records, groups, dict(totals.get("trainable", {})))
+    frozen_nodes = frozen_by_node(nodes, records, groups, dict(totals.get("frozen", {})))
     at = dict(totals.get("scalar_at", {}))  # NOTE [ Saved Python scalars ]: each node's (before the loss's split)
     scalar_nodes = {nd.name: n for nd, g in zip(nodes, groups) if (n := sum(at.get(p, 0) for p in g))}
     spans, modules = module_spans(records, groups, sequentials)
@@ -403,6 +404,8 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
         meta["saved_scalar_bytes"] = scalars
         meta[SCALARS_META] = scalar_nodes  # per node: a pipeline stage holds its own per micro-batch
     frozen = int(totals["param_bytes"]) - int(totals.get("trainable_param_bytes", totals["param_bytes"]))
+    if frozen:  # named only when present: per node, so that a pipeline stage holds its own (NOTE [ A stage's graph ])
+        meta[FROZEN_META] = frozen_nodes
     graph = Graph(nodes=tuple(nodes), param_bytes=int(totals["param_bytes"]), frozen_param_bytes=frozen,
                   input_bytes=int(totals["input_bytes"]) + int(totals["buffer_bytes"]) + scalars, name=name, meta=meta,
                   spans=tuple(spans), rng_state_bytes=int(totals.get("rng_state_bytes", 0)),

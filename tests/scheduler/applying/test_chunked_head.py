@@ -143,3 +143,28 @@ def test_a_grouped_trace_keeps_its_head_chunkable(kind, granularity):
     plan = scheduler.solve(graph, least.value.min_feasible_bytes, chunks=(1, 2, 4, 8, 16))
     assert plan.findings.get("head_chunks", 1) > 1 and plan.peak_bytes < least.value.min_feasible_bytes
     assert plain.peak_bytes <= simulate(graph).peak_bytes
+
+
+def test_a_wrapped_causal_lm_gets_its_loss_kind_from_the_model_its_head_is_in():
+    """peft's PeftModel wraps a causal LM (``base_model.model.lm_head``): its head was refused ("PeftModel is
+    neither") although the model the head lies in says how labels line up. A plain wrapper stands in for peft."""
+    from scheduler.applying.chunked import install
+
+    class Wrapper(torch.nn.Module):  # forwards every argument, as PeftModel does
+        def __init__(self, inner):
+            super().__init__()
+            self.base_model = inner
+
+        def forward(self, *args, **kwargs):
+            return self.base_model(*args, **kwargs)
+
+    model, kwargs = _model("llama")
+    plain_out, plain = _step(model, kwargs)
+    wrapped = Wrapper(model)
+    install(wrapped, [("base_model.lm_head", 4, (True,) * 4, True)])
+    out, grads = _step(wrapped, kwargs)
+    assert out.logits is None and torch.allclose(out.loss, plain_out.loss, rtol=1e-6, atol=0)
+    for name, g in grads.items():
+        ref = plain[name.removeprefix("base_model.")]
+        assert ((g - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item() <= 1e-6, name
+    assert wrapped.__dict__["forward"].recomputes == 4

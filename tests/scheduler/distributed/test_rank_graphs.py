@@ -170,3 +170,28 @@ def test_a_stage_whose_solve_stops_has_no_plan(graph, monkeypatch):
     for layout in (Layout(pp=2, microbatches=2), Layout(shard=2)):
         plans = solve_layout(graph, "1GiB", layout, strict=False)
         assert not plans.fits and all(s.plan is None and s.needs_bytes is None for s in plans.stages)
+
+
+def test_a_stage_holds_its_own_frozen_parameters():
+    """NOTE [ A stage's graph ]: frozen weights (a base under adapters) go to the stage that uses them. Each stage
+    once got the whole model's frozen bytes beside its own parameters, and every stage after the first was refused
+    ("frozen_param_bytes exceeds param_bytes"): a peft LoRA model could not be planned for a pipeline."""
+    torch.manual_seed(0)
+    model = StagedLM(vocab=64, width=16, heads=2, layers=4, seq=8).train()
+    for name, p in model.named_parameters():
+        p.requires_grad_(not (name.startswith("layers.") and "attn" not in name))  # every block's MLP and norms
+    x = torch.randint(0, 64, (2, 8))
+    graph = scheduler.trace(model, (x, x))
+    assert graph.frozen_param_bytes == sum(p.nbytes for p in model.parameters() if not p.requires_grad)
+    layout = Layout(pp=2, microbatches=2)
+    stages = stage_graphs(graph, layout)
+    assert len(stages) == 2
+    for stage in stages:
+        assert 0 < stage.frozen_param_bytes < graph.frozen_param_bytes <= graph.param_bytes
+        assert stage.frozen_param_bytes < stage.param_bytes
+    assert sum(s.frozen_param_bytes for s in stages) == graph.frozen_param_bytes
+    assert sum(s.param_bytes for s in stages) == graph.param_bytes  # no weight is tied across these stages
+    assert scheduler.solve(graph, "1GiB", layout=layout).fits
+    with pytest.raises(LayoutError, match="frozen.*without --fsdp") as info:  # FSDP's gathers of frozen weights
+        scheduler.solve(graph, "1GiB", layout=Layout(shard=2))
+    assert "\n" not in str(info.value)
