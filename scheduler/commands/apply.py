@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"chunked calls reassociate sums over token rows: gradients and loss compared within {atol:g}")
     ok = v.fits and v.grads_equal(atol)
     if not v.fits:
-        print("FAIL: the measured peak is over the budget", file=sys.stderr)
+        print(f"FAIL: the measured peak, {v.measured_peak_bytes:,} B, is {v.over_budget_bytes:,} B over the budget "
+              f"({v.budget_bytes:,} B); predicted {v.predicted_peak_bytes:,} B", file=sys.stderr)
     if not v.grads_equal(atol):
         print("FAIL: gradients, loss or buffers differ from the un-checkpointed step", file=sys.stderr)
     return 0 if ok else 1
