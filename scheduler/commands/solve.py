@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "it can be and never without a plan where another solver finds one; frontier and cp-sat are "
                         "its two methods on their own)")
     p.add_argument("--time-limit", type=positive_float, default=None,
-                   help="wall-clock seconds for ilp, cp-sat, frontier (a safety net; default: 60)")
+                   help="wall-clock seconds for ilp, cp-sat, frontier, dp (a safety net; default: 60)")
     p.add_argument("--gap", type=gap_fraction, default=None,
                    help="ilp, cp-sat: stop once the proven gap is at most this fraction, e.g. 0.01 "
                         "(default: prove optimality)")

@@ -63,7 +63,7 @@ class CheckpointModel:
         # bound rounds up to whole units, which closes gaps on its own).
         self.unit = (math.gcd(*graph.recompute_costs()) or 1) if budget_bytes is not None else 1
         self._variables()
-        self._same = SameLiterals(graph, self.m, self.x, self.cont, self.z)
+        self._same = SameLiterals(graph, self.m, self.x, self.cont, self.z, tick=self._tick)
         self._constraints(budget_bytes)
         self._objective(budget_bytes)
 

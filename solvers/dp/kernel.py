@@ -41,7 +41,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["kernel", "plain_kernel", "compiled_ready", "load_in_background", "WORK_PER_S", "PLAIN_NAME"]
+__all__ = ["kernel", "plain_kernel", "compiled_ready", "load_in_background", "wait_for_compiled", "WORK_PER_S",
+           "PLAIN_NAME"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,19 @@ def load_in_background() -> None:
         if "thread" not in _state and "compiled" not in _state:
             _state["thread"] = threading.Thread(target=_load_in_background, name="ckpt-dp-kernel", daemon=True)
             _state["thread"].start()
+
+
+def wait_for_compiled(timeout_s: float) -> bool:
+    """Start loading the compiled kernel (:func:`load_in_background`) and wait for it at most ``timeout_s``
+    seconds; whether this process has it now. ``dp`` under its own time limit waits this way: the compile
+    counts against the limit (NOTE [ dp under a time limit ] in ``solvers.dp.limited``)."""
+    if compiled_ready():
+        return True
+    load_in_background()
+    thread = _state.get("thread")
+    if thread is not None and timeout_s > 0:
+        thread.join(timeout_s)
+    return compiled_ready()
 
 
 def kernel(*, wait: bool) -> tuple[Callable[..., Any], bool]:

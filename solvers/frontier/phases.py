@@ -98,7 +98,11 @@ def frontier_heuristic(graph: Graph, budget_bytes: int, deadline: Deadline, max_
     """A plan for a graph too wide for the exact program: the program with at
     most ``k`` unheld open tensors per boundary (the rest counted as held, so
     the plan fits), for ``k`` = 0, 2, 4, 8 while the time and the work last; the cheapest."""
-    program = FrontierDP(graph, max_width=None, blocks=False)
+    try:  # on a graph this wide the open sets alone are millions of entries: built only when there is time
+        program = FrontierDP(graph, max_width=None, blocks=False, deadline=deadline)
+    except (FrontierTimeout, MemoryError) as exc:
+        log.info("ilp heuristic: %s", exc or type(exc).__name__)
+        return None
     best: Incumbent | None = None
     spent = 0
     for k in (0, 2, 4, 8):
