@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        args._argv = list(sys.argv[1:] if argv is None else argv)  # which flags were given (fit's assumptions)
         command = args.command or ""
         _configure_logging(args.verbose)
         if not getattr(args, "_run", None):
