@@ -73,6 +73,11 @@ class InfeasibleBudget(CkptError, ValueError):
             ``min_feasible_bytes``, when the solver has it (``()`` is
             store-all); None when unknown.
         proven: whether ``min_feasible_bytes`` is proven least.
+        best_inner, best_saved: that plan's inner regions and kept nodes (a
+            nested or selective plan), so that what explains its peak is the
+            plan itself: one floor per message (issue 33: "least feasible
+            48.83 MiB" beside "the lowest plan found peaks at 55.85 MiB", the
+            same plan without its inner regions).
         lower_bound_bytes: a proven lower bound on the least feasible budget
             (``budget_bytes + 1`` when only the budget is proven too small;
             None when not even that is known).
@@ -84,7 +89,8 @@ class InfeasibleBudget(CkptError, ValueError):
 
     def __init__(self, budget_bytes: int, min_feasible_bytes: int, *, solver: str = "", floor: str = "",
                  best_regions: tuple[tuple[int, int], ...] | None = None, proven: bool = True,
-                 lower_bound_bytes: int | None = None, time_limit_s: float | None = None, scope: str = "") -> None:
+                 lower_bound_bytes: int | None = None, time_limit_s: float | None = None, scope: str = "",
+                 best_inner: tuple[tuple[int, int], ...] = (), best_saved: tuple[int, ...] = ()) -> None:
         self.budget_bytes = int(budget_bytes)
         self.min_feasible_bytes = int(min_feasible_bytes)
         self.solver = solver
@@ -94,6 +100,8 @@ class InfeasibleBudget(CkptError, ValueError):
         self.lower_bound_bytes = None if lower_bound_bytes is None else int(lower_bound_bytes)
         self.time_limit_s = time_limit_s
         self.scope = scope
+        self.best_inner = tuple((int(a), int(b)) for a, b in best_inner)
+        self.best_saved = tuple(int(k) for k in best_saved)
         who = f" for solver {solver!r}" if solver else ""
         if self.proven:
             msg = (
@@ -129,7 +137,8 @@ class InfeasibleBudget(CkptError, ValueError):
     def replace(self, **changes: object) -> "InfeasibleBudget":
         """The same error with some attributes changed (the message follows)."""
         kw = dict(solver=self.solver, floor=self.floor, best_regions=self.best_regions, proven=self.proven,
-                  lower_bound_bytes=self.lower_bound_bytes, time_limit_s=self.time_limit_s, scope=self.scope)
+                  lower_bound_bytes=self.lower_bound_bytes, time_limit_s=self.time_limit_s, scope=self.scope,
+                  best_inner=self.best_inner, best_saved=self.best_saved)
         kw.update(changes)
         return InfeasibleBudget(self.budget_bytes, self.min_feasible_bytes, **kw)  # type: ignore[arg-type]
 

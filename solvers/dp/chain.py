@@ -278,7 +278,9 @@ class DPTable:
         root = self.root
         idx = int(np.searchsorted(root.h, budget_bytes - self.const, side="right")) - 1
         if idx < 0:
-            raise InfeasibleBudget(budget_bytes, self.min_peak_bytes, solver="dp", best_regions=self.plan_at(0)[0])
+            least = self.plan_at(0)
+            raise InfeasibleBudget(budget_bytes, self.min_peak_bytes, solver="dp", best_regions=least[0],
+                                   best_inner=least.inner, best_saved=least.saved)
         return self.plan_at(idx)
 
     def plan_at(self, idx: int) -> "Answer":
@@ -506,7 +508,9 @@ def _dp_inexact(graph: Graph, table: DPTable, budget_bytes: int, deadline: Deadl
         if best is None or answer[2] < best[2]:
             best = answer
     if best is None:
-        raise InfeasibleBudget(budget_bytes, table.min_peak_bytes, solver="dp", best_regions=table.plan_at(0)[0])
+        least = table.plan_at(0)
+        raise InfeasibleBudget(budget_bytes, table.min_peak_bytes, solver="dp", best_regions=least[0],
+                               best_inner=least.inner, best_saved=least.saved)
     regions, peak, cost = best
     return Plan(regions=regions, saved=best.saved, inner=best.inner, status=Status.FEASIBLE, bound=None,
                 options={"stages": len(table.stages), "predicted_peak_bytes": peak})

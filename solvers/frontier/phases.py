@@ -74,7 +74,8 @@ def by_frontier(graph: Graph, budget_bytes: int, program: FrontierDP, deadline: 
         least = program.solve(top, objective="peak", deadline=deadline,
                               max_work=None if max_work is None else max(0, max_work - work))
         if least is not None and least.objective > budget_bytes:
-            raise InfeasibleBudget(budget_bytes, least.objective, solver="ilp", best_regions=least.regions)
+            raise InfeasibleBudget(budget_bytes, least.objective, solver="ilp", best_regions=least.regions,
+                                   best_inner=least.inner, best_saved=least.saved)
         log.error("ilp frontier program found no plan under %d, yet its least peak is %s", budget_bytes,
                   None if least is None else least.objective)
         raise SolverBug("the frontier program's least peak fits the budget it found no plan under")
