@@ -8,6 +8,8 @@ import graphs
 from graphs import CkptError
 from solvers import InfeasibleBudget, Plan, available_solvers, format_bytes, solver_info
 
+from solvers.deadline import already_spent, process_age_s
+
 from ..api import solve
 from ..sizing.floor import explain_floor
 from ..sizing.budget import parse_budget, read_budget
@@ -52,6 +54,8 @@ and the predicted recompute time."""
 
 
 #: Solver flag -> the option it sets (NOTE [ How the CLI fails ]: a solver that does not take it refuses it).
+#: Seconds a time limit keeps back for writing the plan and printing it (NOTE [ One deadline ]).
+OUTPUT_S = 0.1
 SOLVER_FLAGS = {"--time-limit": "time_limit_s", "--gap": "gap_limit", "--method": "method"}
 
 
@@ -159,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"budget {args.budget} for the whole step: solvers plan against {format_bytes(budget)} (less "
               f"{_terms(args)})")
     if args.solver != "all":
-        with phase(f"solving with {args.solver}"):
+        with phase(f"solving with {args.solver}"), already_spent(process_age_s() + OUTPUT_S):
             plan = solve(graph, budget, solver=args.solver, chunks=args.chunks, mlp_chunks=args.mlp_chunks,
                          nested=args.nested, **_options(args.solver, args))
         if args.output:

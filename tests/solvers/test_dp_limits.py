@@ -193,3 +193,32 @@ def test_a_long_chain_of_same_literals_checks_the_deadline():
     same = SameLiterals(g, m, x, cont, {}, tick=lambda: ticks.append(1))
     same(0, len(g) - 1)
     assert len(ticks) >= 4
+
+
+# ------------------------------------------------------------------ the command's time limit covers the command
+def test_the_first_deadline_of_a_solve_counts_what_the_command_spent():
+    from solvers.deadline import already_spent
+
+    clock = HandClock()
+    with already_spent(2.0):
+        first, second = Deadline(5.0, clock=clock), Deadline(5.0, clock=clock)
+    after = Deadline(5.0, clock=clock)
+    assert (first.limit_s, first.left()) == (5.0, 3.0)  # the limit named is the user's; 2 s are gone
+    assert second.left() == after.left() == 5.0  # made after it: handed what is left by the solve itself
+
+
+def test_ckpt_solve_time_limit_covers_the_start_of_the_command(tmp_path, capsys, monkeypatch):
+    """Issue 33: ``ckpt solve DAG700 --budget 0.8 --time-limit 5`` took 7.1-8.7 s at a load of 7-9: Python's
+    start, the imports and reading the graph came on top of the limit. Here the command is 'started' 4.95 s
+    ago: what is left cannot hold a plan, and the answer says so at once, naming the user's limit."""
+    from scheduler.cli import main
+    from scheduler.commands import solve as solve_command
+
+    path = tmp_path / "dag.json"
+    save(synthetic.make("random-dag", 60), str(path))
+    monkeypatch.setattr(solve_command, "process_age_s", lambda: 4.95)
+    assert main(["solve", str(path), "--budget", "0.8", "--time-limit", "5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "within 5 s" in err[0]
+    monkeypatch.setattr(solve_command, "process_age_s", lambda: 0.0)
+    assert main(["solve", str(path), "--budget", "0.8", "--time-limit", "5"]) == 0
