@@ -221,7 +221,8 @@ class IlpSolver:
                 lower = max(lower, self.budget_bytes + 1)  # the budget itself is proven too small
                 raise InfeasibleBudget(self.budget_bytes, least, solver="ilp", best_regions=regions,
                                        proven=least <= lower, lower_bound_bytes=lower,
-                                       time_limit_s=None if least <= lower else self.time_limit_s)
+                                       time_limit_s=None if least <= lower else self.time_limit_s,
+                                       stopped_by="" if least <= lower else self._least_stop)
             if result.regions is None:
                 return self._out_of_time(result.bound)
             sim = simulate(self.graph, Plan(regions=result.regions), record=False)
@@ -246,6 +247,7 @@ class IlpSolver:
         peaks = simple_peaks(self.graph)
         bound = 0.0
         result = None
+        self._least_stop = ""  # the time limit, unless CP-SAT's work limit stopped it (named then)
         if self._cp_sat_left() > 0:
             try:
                 model = checkpoint_model()(self.graph, budget_bytes=None, deadline=self.deadline)
@@ -258,6 +260,9 @@ class IlpSolver:
                 peaks.append((simulate(self.graph, Plan(regions=result.regions), record=False).peak_bytes,
                               result.regions))
             bound = result.bound if result.bound == result.bound else 0.0  # NaN when CP-SAT has none
+            if result.status != "optimal" and self.work_limit is not None and result.work >= 0.99 * self.work_limit:
+                self._least_stop = (f"CP-SAT's work limit ({self.work_limit:g} deterministic s) after "
+                                    f"{self.deadline.elapsed():.1f} s of the {self.time_limit_s:g} s time limit")
         least, regions = min(peaks, key=lambda p: p[0])
         return least, regions, min(least, int(math.ceil(bound - 1e-6)))
 

@@ -222,3 +222,15 @@ def test_ckpt_solve_time_limit_covers_the_start_of_the_command(tmp_path, capsys,
     assert len(err) == 1 and "within 5 s" in err[0]
     monkeypatch.setattr(solve_command, "process_age_s", lambda: 0.0)
     assert main(["solve", str(path), "--budget", "0.8", "--time-limit", "5"]) == 0
+
+
+def test_a_floor_stopped_by_the_work_limit_names_it_not_the_time_limit():
+    """Issue 33: DenseNet said "not proven within 60 s" after 6 s: CP-SAT's deterministic work limit had
+    stopped the least-peak search. The message names what stopped it and the lever that goes further."""
+    g = synthetic.make("random-dag", 60, seed=3)
+    with pytest.raises(solvers.InfeasibleBudget) as info:
+        solvers.solve(g, 1, solver="cp-sat", work_limit=1e-3, time_limit_s=600)
+    exc, text = info.value, str(info.value)
+    assert not exc.proven and "work limit" in exc.stopped_by
+    assert "within 600 s" not in text and "stopped by CP-SAT's work limit" in text and "-S work_limit" in text
+    assert "of the 600 s time limit" in text  # the limit it did not reach, named as such
