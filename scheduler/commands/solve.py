@@ -8,7 +8,7 @@ import graphs
 from graphs import CkptError
 from solvers import InfeasibleBudget, Plan, available_solvers, format_bytes, solver_info
 
-from solvers.deadline import already_spent, process_age_s
+from solvers.deadline import already_spent
 
 from ..api import solve
 from ..sizing.floor import explain_floor
@@ -120,6 +120,13 @@ def _check_all(args: argparse.Namespace) -> None:
         _options(name, args, strict=False)  # a value of the wrong type is an error before any work
 
 
+def _spent(args: argparse.Namespace) -> float:
+    """Seconds this command has run (NOTE [ One deadline ]: set by ``scheduler.cli.main``; 0 when called
+    otherwise)."""
+    spent = getattr(args, "_spent", None)
+    return float(spent()) if callable(spent) else 0.0
+
+
 def _terms(args: argparse.Namespace) -> str:
     """What the budget holds beside the graph's tensors, as the user gave it."""
     terms = [f"{args.optimizer} state" if args.optimizer not in (None, "none") else "",
@@ -163,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"budget {args.budget} for the whole step: solvers plan against {format_bytes(budget)} (less "
               f"{_terms(args)})")
     if args.solver != "all":
-        with phase(f"solving with {args.solver}"), already_spent(process_age_s() + OUTPUT_S):
+        with phase(f"solving with {args.solver}"), already_spent(_spent(args) + OUTPUT_S):
             plan = solve(graph, budget, solver=args.solver, chunks=args.chunks, mlp_chunks=args.mlp_chunks,
                          nested=args.nested, **_options(args.solver, args))
         if args.output:
