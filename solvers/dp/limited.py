@@ -14,7 +14,11 @@ NOTE [ dp under a time limit ]
       plain copy would take more than :data:`PLAIN_MAX_S`, numba is loaded
       (or compiled, about 10 s on a cold cache) in its thread and waited for
       at most :data:`KERNEL_SHARE` of what is left, so the compile counts
-      against the limit; if it is not ready by then, the plain copy fills;
+      against the limit; if it is not ready by then, the plain copy fills.
+      Where numba's cache does not hold the kernel (``cache_is_warm``) and a
+      compile (``solvers.dp.kernel.LOAD_S``, slowed by the load) does not fit
+      that share, it is not started at all: a compile thread left running
+      took the CPU from the fill and held the process's exit 1.7-3.5 s;
     * the table: where the whole table is more work than the kernel at hand
       does in :data:`FILL_SHARE` of what is left (at
       ``solvers.dp.kernel.WORK_PER_S``, slowed by the load the deadline has
@@ -95,7 +99,11 @@ def dp_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, max_front:
 
     compiled = dp_kernel.compiled_ready()
     if not compiled and work * deadline.slowdown / dp_kernel.WORK_PER_S[False] > PLAIN_MAX_S:
-        compiled = dp_kernel.wait_for_compiled(max(0.0, KERNEL_SHARE * avail()))
+        wait = max(0.0, KERNEL_SHARE * avail())
+        if dp_kernel.LOAD_S[dp_kernel.cache_is_warm()] * deadline.slowdown <= wait:
+            compiled = dp_kernel.wait_for_compiled(wait)
+        else:  # a cold compile the limit cannot hold: not started (it would take the CPU and hold up the exit)
+            log.info("dp: numba's kernel is not cached, and compiling it does not fit %.3g s", wait)
         log.info("dp: %s kernel after %.2f s", "numba's" if compiled else "the plain", deadline.elapsed())
     rate = dp_kernel.WORK_PER_S[compiled] / deadline.slowdown
     allowed = FILL_SHARE * avail() * rate

@@ -92,6 +92,7 @@ def test_dp_counts_the_kernel_compile_against_its_limit(monkeypatch, no_probe):
         return False  # not ready within the wait
 
     monkeypatch.setattr(dp_kernel, "compiled_ready", lambda: False)
+    monkeypatch.setattr(dp_kernel, "cache_is_warm", lambda: True)  # a load (1.5 s) fits the share: waited for
     monkeypatch.setattr(dp_kernel, "wait_for_compiled", compile_that_takes_10_s)
     monkeypatch.setattr(dp_kernel, "WORK_PER_S", {True: 10**9, False: 1000})  # the plain copy: slow
     monkeypatch.setattr(dp_chain, "kernel", lambda wait: (dp_kernel.plain_kernel(), False))
@@ -99,6 +100,27 @@ def test_dp_counts_the_kernel_compile_against_its_limit(monkeypatch, no_probe):
     plan = limited.dp_within(g, budget, deadline, max_front=None, selective=True, nested=False)
     assert len(waited) == 1 and 0 < waited[0] <= limited.KERNEL_SHARE * 4.0
     assert clock.now <= 4.0 and simulate(g, plan, record=False).peak_bytes <= budget
+
+
+def test_dp_does_not_start_a_cold_compile_its_limit_cannot_hold(monkeypatch, no_probe):
+    g = synthetic.make("chain", 200)
+    budget = activation_budget_bytes(g, 0.5)
+    monkeypatch.setattr(dp_kernel, "compiled_ready", lambda: False)
+    monkeypatch.setattr(dp_kernel, "cache_is_warm", lambda: False)  # a 12 s compile in a 4 s limit
+    monkeypatch.setattr(dp_kernel, "wait_for_compiled", lambda t: pytest.fail("a compile the limit cannot hold"))
+    monkeypatch.setattr(dp_kernel, "WORK_PER_S", {True: 10**9, False: 1000})
+    monkeypatch.setattr(dp_chain, "kernel", lambda wait: (dp_kernel.plain_kernel(), False))
+    plan = limited.dp_within(g, budget, Deadline(4.0, clock=HandClock()), max_front=None, selective=True,
+                             nested=False)
+    assert simulate(g, plan, record=False).peak_bytes <= budget
+
+
+def test_the_warm_cache_is_found_without_numba(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert not dp_kernel.cache_is_warm()
+    (tmp_path / "x" / "y").mkdir(parents=True)
+    (tmp_path / "x" / "y" / "_kernel.merge_stage-258.py311.nbi").write_bytes(b"")
+    assert dp_kernel.cache_is_warm()
 
 
 def test_dp_without_time_for_a_table_says_no_plan_within_the_limit(monkeypatch, no_probe):
