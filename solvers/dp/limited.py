@@ -109,7 +109,8 @@ def dp_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, max_front:
     allowed = FILL_SHARE * avail() * rate
     max_len = None
     if work > allowed:
-        max_len = _longest(st, allowed)
+        # at least one-stage regions while the whole of what is left may fill them: the pace decides the rest
+        max_len = max(_longest(st, allowed), 1 if fill_work(st, 1) <= avail() * rate else 0)
         if max_len < 1:
             raise OutOfTime(f"dp: no plan within {deadline.limit_s:g} s: not even its table of one-stage regions "
                             f"({fill_work(st, 1)} units of work) fits what is left"
