@@ -21,6 +21,7 @@ NOTE [ Deterministic CP-SAT ]
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import sys
@@ -191,6 +192,11 @@ class IlpSolver:
                 model = model_class(self.graph, budget_bytes=self.budget_bytes, deadline=self.deadline)
             except (OutOfTime, MemoryError) as exc:
                 log.info("ilp: CP-SAT's model not built (%s)", exc or "out of memory")
+                built = False
+            else:
+                built = True
+            if not built:  # free the half-built model's cycles now, within the limit, not at the process's exit
+                gc.collect()
                 return self._out_of_time()
             for bad in cuts:
                 model.forbid(bad)
