@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="try only multiples of this (default 1 for batch, 64 for seq)")
     add_loop_flag(p)
     p.add_argument("--time-limit", type=positive_float, default=10.0,
-                   help="wall-clock seconds per solve for the solvers that take a limit (ilp, cp-sat, frontier; default 10)")
+                   help="wall-clock seconds per solve for the solvers that take a limit (ilp, cp-sat, frontier, dp; default 10)")
     p.add_argument("-o", "--output", help="write the plan fit reports here (JSON; see --plan-solver), for `ckpt apply`")
     p.add_argument("--plan-solver", default=None, metavar="NAME",
                    help="the solver whose plan is reported and written (default: the one that fits the largest size, "
