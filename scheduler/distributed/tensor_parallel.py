@@ -148,7 +148,7 @@ def check_tp_degree(graph: Graph, tp: int) -> None:
     Raises:
         LayoutError: naming what ``tp`` does not divide and the degrees that divide all of it.
     """
-    sizes = graph.meta.get(TP_META) if isinstance(graph.meta, dict) else None
+    sizes = graph.meta.get(TP_META) if hasattr(graph.meta, "get") else None
     if tp == 1 or not sizes:
         return
     heads, widths = list(sizes.get("heads", ())), list(sizes.get("widths", ()))
