@@ -289,7 +289,7 @@ def _by_nested_frontier(graph: Graph, budget_bytes: int, selective: bool, time_l
                            max_work=int(FRONTIER_WORK_LIMIT * WORK_PER_S))
     except InfeasibleBudget as exc:
         raise InfeasibleBudget(budget_bytes, exc.min_feasible_bytes, solver="frontier",
-                               best_regions=exc.best_regions,
+                               best_regions=exc.best_regions, best_inner=exc.best_inner, best_saved=exc.best_saved,
                                scope="the plans nesting regions by the menu of inner regions "
                                      "(NOTE [ The menu of inner regions ] in solvers.nested)") from None
     except (TooWide, FrontierTimeout, SolverBug, MemoryError) as exc:
