@@ -24,7 +24,8 @@ from typing import Mapping
 from graphs import CkptError, Graph
 from solvers import Plan, Simulation, format_bytes, simulate, terms_of
 from solvers.nested import nest_to_fit
-from solvers.chunks import CHUNK_MENU, ChunkError, chunk_entries, chunked_graph, expand, find_tail, parse_chunk_module
+from solvers.chunks import (CHUNK_MENU, ChunkError, chunk_entries, chunked_graph, expand, find_tail, max_chunks,
+                            parse_chunk_module)
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,10 @@ def _chunk_lever(graph: Graph, plan: Plan | None, peak_bytes: int) -> str:
         tail = find_tail(graph)
     except ChunkError:
         return ""
-    k = CHUNK_MENU[-1]
+    fitting = [c for c in CHUNK_MENU if c <= max_chunks(graph, tail.first, len(graph) - 1)]
+    if not fitting or fitting[-1] < 2:  # fewer rows than two chunks (NOTE [ Chunk counts and rows ])
+        return ""
+    k = fitting[-1]
     try:  # a lever, never the error: DenseNet's head over 4 rows in 16 chunks raised a GraphError here
         chunked = chunked_graph(graph, k)
         kept = [r for r in (plan.regions if plan is not None else ()) if r[1] < tail.first]
