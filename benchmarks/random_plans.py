@@ -175,14 +175,16 @@ def _state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, t
     return grads, {n: b.detach().clone() for n, b in model.named_buffers()}
 
 
-def _compare(a: torch.Tensor, b: torch.Tensor) -> float:
-    """0.0 when bitwise equal, else the largest difference relative to ``b``'s largest entry."""
+def _compare(a: torch.Tensor, b: torch.Tensor, scale: float | None = None) -> float:
+    """0.0 when bitwise equal, else the largest difference relative to ``scale`` (default: ``b``'s largest
+    entry). Gradients are compared relative to the model's largest gradient entry: a gradient that is
+    zero but for rounding (a convolution's bias before a BatchNorm) has no scale of its own."""
     if a.shape != b.shape:
         return float("inf")
     if torch.equal(a, b):
         return 0.0
-    scale = b.abs().max().clamp_min(1e-30).double()
-    return float(((a.double() - b.double()).abs().max() / scale).item())
+    top = float(b.abs().max()) if scale is None else scale
+    return float((a.double() - b.double()).abs().max()) / max(top, 1e-30)
 
 
 def run_pair(model: torch.nn.Module, args: tuple, loss: Any, graph: Graph, plan: Plan, *, seed: int = 0) -> Outcome:
@@ -215,7 +217,8 @@ def run_pair(model: torch.nn.Module, args: tuple, loss: Any, graph: Graph, plan:
     if g0.keys() != g1.keys() or b0.keys() != b1.keys():
         worst = float("inf")
     else:
-        worst = max([worst] + [_compare(g1[n], g0[n]) for n in g0])
+        scale = max((float(g.abs().max()) for g in g0.values() if g.numel()), default=0.0)
+        worst = max([worst] + [_compare(g1[n], g0[n], scale) for n in g0])
     buffers = all(_compare(b1[n], b0[n]) <= (CHUNK_RTOL if plan.chunks else 0.0) for n in b0)
     equal = buffers and worst <= (CHUNK_RTOL if plan.chunks else 0.0)
     return Outcome(predicted=predicted, allocator=allocator, storages=storages, equal=equal, worst=worst)
