@@ -79,8 +79,11 @@ def _keepable(graph: Graph, a: int, b: int) -> list[int]:
     return [i for i in range(a, min(b, reach[b]) + 1) if ok[i]]
 
 
-def draw_plan(graph: Graph, kind: str, seed: int, loop: str) -> Plan | None:
-    """A random plan of ``kind`` over ``graph`` for ``loop``; None when the graph offers no such plan."""
+def draw_plan(graph: Graph, kind: str, seed: int, loop: str, *, rows: int | None = None) -> Plan | None:
+    """A random plan of ``kind`` over ``graph`` for ``loop``; None when the graph offers no such plan.
+
+    ``rows``: the token rows of the step; chunk counts are then drawn among those that divide them (where
+    the prediction claims exactness, NOTE [ Chunked head ]); None draws 2, 3 or 4 whatever the rows."""
     rng = random.Random(seed)
     graph = graph.with_loop(loop)
     if kind == "store-all":
@@ -93,7 +96,8 @@ def draw_plan(graph: Graph, kind: str, seed: int, loop: str) -> Plan | None:
                 return None
         else:
             picked = [sp for sp in calls if rng.random() < 0.7] or [rng.choice(calls)]
-            chunks = tuple((sp.first, sp.last, rng.choice((2, 3, 4))) for sp in picked)
+            counts = [k for k in (2, 3, 4) if rows is None or rows % k == 0] or [2]
+            chunks = tuple((sp.first, sp.last, rng.choice(counts)) for sp in picked)
     work = expand(graph, chunks)
     spans = SpanIndex(work).spans
     if not spans:
