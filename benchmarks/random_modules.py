@@ -84,9 +84,9 @@ class Spec:
 
 
 def describe(spec: Spec) -> str:
-    """The readable id of a module: ``s12:attn(sdpa)>mlp(relu_,p0.1)>conv|ln-head+cache``."""
+    """The readable id of a module: ``s12:attn(sdpa)>mlp(relu_,p0.1)>conv/ln-head+cache``."""
     head = ("ln-" if spec.head_norm else "") + "head" + ("+cache" if spec.cache else "")
-    return f"s{spec.seed}:" + ">".join(b.label() for b in spec.blocks) + "|" + head
+    return f"s{spec.seed}:" + ">".join(b.label() for b in spec.blocks) + "/" + head
 
 
 def draw_spec(seed: int, *, max_blocks: int = 3) -> Spec:

@@ -37,9 +37,10 @@ from solvers import Plan, PlanError, simulate
 from solvers.chunks import expand, find_calls, parse_chunk_module
 from solvers.model.selective import recompute_reach
 from solvers.model.spans import SpanIndex
+from solvers.model.terms import terms_of
 from solvers.nested import _is_call
 
-__all__ = ["KINDS", "CHUNK_RTOL", "Outcome", "draw_plan", "run_pair"]
+__all__ = ["KINDS", "CHUNK_RTOL", "Outcome", "draw_plan", "plan_kind", "inner_input_saved_inside", "run_pair"]
 
 #: The plan kinds :func:`draw_plan` draws.
 KINDS = ("store-all", "regions", "kept", "chunked", "nested", "mixed")
@@ -145,6 +146,20 @@ def plan_kind(plan: Plan) -> str:
     if len(levers) > 1:
         return "mixed"
     return levers[0] if levers else ("regions" if plan.regions else "store-all")
+
+
+def inner_input_saved_inside(graph: Graph, plan: Plan) -> bool:
+    """Whether an inner region of ``plan`` has an input made by its outer's recompute that a node inside it
+    saves: ``simulate`` releases that input when the inner region's recompute ends, though the node's
+    backward still reads it (the NESTED rule of issue 33, fixed on its own branch)."""
+    g = expand(graph, plan.chunks)
+    saves = terms_of(g).saves
+    for x, y in plan.inner:
+        a = max(ra for ra, _ in plan.regions if ra <= x)  # its outer region: the inputs its recompute makes
+        inputs = {j for k in range(x, y + 1) for j in g.preds[k] if a <= j < x}
+        if any(j in inputs for k in range(x, y + 1) for j in saves[k]):
+            return True
+    return False
 
 
 @dataclass(frozen=True)

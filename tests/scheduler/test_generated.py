@@ -23,9 +23,7 @@ import pytest
 
 import scheduler
 from benchmarks.random_modules import describe, draw_spec, random_case
-from benchmarks.random_plans import KINDS, draw_plan, plan_kind, run_pair
-from graphs import Graph
-from solvers import Plan
+from benchmarks.random_plans import KINDS, draw_plan, inner_input_saved_inside, plan_kind, run_pair
 
 #: Seeds of modules whose blocks cover the grammar (each block kind, both attentions, dropout, a cache).
 SEEDS = (0, 1, 6, 8, 13, 20, 21, 26)
@@ -40,22 +38,6 @@ PLAN_KINDS = ("regions", "kept", "chunked", "nested", "mixed")
 def _traced(seed: int):
     spec, model, args, loss = random_case(seed)
     return spec, model, args, loss, scheduler.trace(model, args, {}, loss=loss)
-
-
-def inner_input_saved_inside(graph: Graph, plan: Plan) -> bool:
-    """Whether an inner region of ``plan`` has an input made by its outer's recompute that a node inside it
-    saves (the NESTED rule)."""
-    from solvers.chunks import expand
-    from solvers.model.terms import terms_of
-
-    g = expand(graph, plan.chunks)
-    saves = terms_of(g).saves
-    for x, y in plan.inner:
-        a = max(ra for ra, _ in plan.regions if ra <= x)  # its outer region: the inputs its recompute makes
-        inputs = {j for k in range(x, y + 1) for j in g.preds[k] if a <= j < x}
-        if any(j in inputs for k in range(x, y + 1) for j in saves[k]):
-            return True
-    return False
 
 
 def test_the_grammar_is_covered_and_seeded():
