@@ -147,8 +147,12 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
     except InfeasibleBudget as exc:
         if exc.floor:
             raise
-        best = None if exc.best_regions is None else Plan(regions=exc.best_regions)
-        floor = explain_floor(graph, best, levers=not (chunks or mlp_chunks), nested_lever=not nested).text
+        best = None if exc.best_regions is None else Plan(regions=exc.best_regions, inner=exc.best_inner,
+                                                          saved=exc.best_saved)  # the plan itself: one floor
+        floor = explain_floor(graph, best, levers=not (chunks or mlp_chunks), nested_lever=not nested)
+        if best is not None and floor.best_peak_bytes != exc.min_feasible_bytes:  # not that plan: say no other figure
+            floor = explain_floor(graph, None, levers=not (chunks or mlp_chunks), nested_lever=not nested)
+        floor = floor.text
         raise exc.with_floor(floor) from None
 
 

@@ -22,6 +22,7 @@ import importlib
 import logging
 import os
 import sys
+import time
 from typing import Any, NoReturn
 
 from graphs import CkptError
@@ -97,6 +98,13 @@ class _PipeSafeStdout:
         return getattr(self.stream, name)
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (``solvers.deadline.process_age_s``, imported when run as the program)."""
+    from solvers.deadline import process_age_s as age
+
+    return age()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``ckpt`` with ``argv``; the exit status (NOTE [ How the CLI fails ])."""
     stdout = sys.stdout
@@ -104,7 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     command = ""
     try:
         parser = build_parser()
+        # NOTE [ One deadline ]: run as the program (argv None), the command's time limit also covers the
+        # process's start and imports; called with argv (tests, a caller's process), from here on
+        started, before = time.monotonic(), process_age_s() if argv is None else 0.0
         args = parser.parse_args(argv)
+        args._argv = list(sys.argv[1:] if argv is None else argv)  # which flags were given (fit's assumptions)
+        args._spent = lambda: before + time.monotonic() - started  # seconds this command has run
         command = args.command or ""
         _configure_logging(args.verbose)
         if not getattr(args, "_run", None):

@@ -237,6 +237,8 @@ def _find_calls(graph: Graph) -> tuple[Span, ...]:
     for sp in graph.spans:  # sorted by (first, -last): an outer call comes before the calls inside it
         if sp.last >= end or (found and sp.first <= found[-1].last):
             continue
+        if "[" in sp.module:  # a run of nn.Sequential children ("body[0:2]"): no one forward to run in chunks;
+            continue  # its calls are candidates each (a run offered here failed at apply: ChunkedHeadError)
         if sum(_products(graph.nodes[i]) for i in range(sp.first, sp.last + 1)) < 2:
             continue  # an MLP has two products or more; one alone buys nothing in chunks
         out = _base(graph, sp.last)

@@ -73,10 +73,19 @@ class InfeasibleBudget(CkptError, ValueError):
             ``min_feasible_bytes``, when the solver has it (``()`` is
             store-all); None when unknown.
         proven: whether ``min_feasible_bytes`` is proven least.
+        best_inner, best_saved: that plan's inner regions and kept nodes (a
+            nested or selective plan), so that what explains its peak is the
+            plan itself: one floor per message (issue 33: "least feasible
+            48.83 MiB" beside "the lowest plan found peaks at 55.85 MiB", the
+            same plan without its inner regions).
         lower_bound_bytes: a proven lower bound on the least feasible budget
             (``budget_bytes + 1`` when only the budget is proven too small;
             None when not even that is known).
         time_limit_s: the time limit that cut the search short, if one did.
+        stopped_by: what cut it short when that was not the time limit (a
+            work limit: "CP-SAT's work limit (...) after 6.1 s of the 60 s
+            time limit"); the message names it instead of the time limit
+            (issue 33: "not proven within 60 s" after 6 s).
         scope: the plans the minimum is over when not every interval plan
             (``"the plans dp considers (ilp searches every interval plan)"``);
             "" for every interval plan.
@@ -84,7 +93,9 @@ class InfeasibleBudget(CkptError, ValueError):
 
     def __init__(self, budget_bytes: int, min_feasible_bytes: int, *, solver: str = "", floor: str = "",
                  best_regions: tuple[tuple[int, int], ...] | None = None, proven: bool = True,
-                 lower_bound_bytes: int | None = None, time_limit_s: float | None = None, scope: str = "") -> None:
+                 lower_bound_bytes: int | None = None, time_limit_s: float | None = None, scope: str = "",
+                 best_inner: tuple[tuple[int, int], ...] = (), best_saved: tuple[int, ...] = (),
+                 stopped_by: str = "") -> None:
         self.budget_bytes = int(budget_bytes)
         self.min_feasible_bytes = int(min_feasible_bytes)
         self.solver = solver
@@ -94,6 +105,9 @@ class InfeasibleBudget(CkptError, ValueError):
         self.lower_bound_bytes = None if lower_bound_bytes is None else int(lower_bound_bytes)
         self.time_limit_s = time_limit_s
         self.scope = scope
+        self.best_inner = tuple((int(a), int(b)) for a, b in best_inner)
+        self.best_saved = tuple(int(k) for k in best_saved)
+        self.stopped_by = stopped_by
         who = f" for solver {solver!r}" if solver else ""
         if self.proven:
             msg = (
@@ -104,6 +118,8 @@ class InfeasibleBudget(CkptError, ValueError):
             )
         else:
             within = f" within {time_limit_s:g} s" if time_limit_s is not None else ""
+            if stopped_by:  # what really stopped the search, not a limit it never reached
+                within = f" (stopped by {stopped_by})"
             lower = self.lower_bound_bytes
             best = format_bytes(self.min_feasible_bytes)
             if lower is not None and lower > self.budget_bytes:
@@ -117,7 +133,9 @@ class InfeasibleBudget(CkptError, ValueError):
                        f"infeasible): the best plan found peaks at {best} (not proven least)")
                 msg += (f"; best proven lower bound on the least feasible budget: {format_bytes(lower)}."
                         if lower is not None else ".")
-            msg += f" Raise the time limit (--time-limit) to search longer, or the budget to {best}."
+            lever = ("CP-SAT's work limit (-S work_limit=...)" if "work limit" in stopped_by
+                     else "the time limit (--time-limit)")
+            msg += f" Raise {lever} to search longer, or the budget to {best}."
         if floor:
             msg += f" {floor}"
         super().__init__(msg)
@@ -129,7 +147,8 @@ class InfeasibleBudget(CkptError, ValueError):
     def replace(self, **changes: object) -> "InfeasibleBudget":
         """The same error with some attributes changed (the message follows)."""
         kw = dict(solver=self.solver, floor=self.floor, best_regions=self.best_regions, proven=self.proven,
-                  lower_bound_bytes=self.lower_bound_bytes, time_limit_s=self.time_limit_s, scope=self.scope)
+                  lower_bound_bytes=self.lower_bound_bytes, time_limit_s=self.time_limit_s, scope=self.scope,
+                  best_inner=self.best_inner, best_saved=self.best_saved, stopped_by=self.stopped_by)
         kw.update(changes)
         return InfeasibleBudget(self.budget_bytes, self.min_feasible_bytes, **kw)  # type: ignore[arg-type]
 

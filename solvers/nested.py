@@ -20,7 +20,11 @@ NOTE [ Nested regions ]
       region keeps nothing (own buffers freed at once, its output freed after
       its last consumer), and each inner region's inputs made by the
       recompute are kept (the outer's recompute stores what the inner
-      checkpoint saves) until that inner region's own recompute ends;
+      checkpoint saves) until that inner region's own recompute ends; so is
+      the generator state a stochastic inner region's checkpoint stores again
+      as the recompute runs it (its own recompute replays from that copy;
+      released at the end of the outer's recompute before, a step measured
+      4,800 bytes over its prediction: ``tests/regressions/test_nested_inner_rng.py``);
     * early stop: the outer's recompute ends as soon as it has saved again
       the last tensor the outer saved (non-reentrant checkpoint's early
       stop). An inner region saves its inputs before it runs, so when no node
@@ -289,7 +293,7 @@ def _by_nested_frontier(graph: Graph, budget_bytes: int, selective: bool, time_l
                            max_work=int(FRONTIER_WORK_LIMIT * WORK_PER_S))
     except InfeasibleBudget as exc:
         raise InfeasibleBudget(budget_bytes, exc.min_feasible_bytes, solver="frontier",
-                               best_regions=exc.best_regions,
+                               best_regions=exc.best_regions, best_inner=exc.best_inner, best_saved=exc.best_saved,
                                scope="the plans nesting regions by the menu of inner regions "
                                      "(NOTE [ The menu of inner regions ] in solvers.nested)") from None
     except (TooWide, FrontierTimeout, SolverBug, MemoryError) as exc:

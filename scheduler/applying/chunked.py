@@ -184,6 +184,9 @@ class ChunkedCall(_Chunks):
                                    f"{len(args)} positional and {len(kwargs)} keyword arguments. Solve without chunks")
         x = args[0]
         ys = self.chunked(fwd, x.reshape(-1, x.shape[-1]), region=self.module)
+        if not all(isinstance(y, torch.Tensor) for y in ys):  # the graph saw one tensor of a tuple, say
+            raise ChunkedHeadError(f"the chunked call {self.path!r} returns {type(ys[0]).__name__}, not one tensor, so "
+                                   "its chunks cannot be joined. Solve without chunks for it (mlp_chunks=(1,))")
         return torch.cat(ys, 0).view(*x.shape[:-1], ys[0].shape[-1])
 
     def __repr__(self) -> str:

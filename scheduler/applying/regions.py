@@ -67,7 +67,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .rng import RngWatch, random_modules, warn_random_region
+from .rng import RngWatch, calls_of, drawing_modules, warn_random_region
 from .selective import RegionPolicy, selective_contexts
 from .visible import as_before, flags_as_before, restore_flag
 
@@ -125,11 +125,10 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
     the generator state is decided here, as it runs (NOTE [ RNG replay decided at run time ])."""
     if torch.compiler.is_compiling():  # NOTE [ Regions under torch.compile ]
         return traced_region(fn, args, kwargs, modules=modules)
-    if not stochastic:
-        drawing = random_modules(modules)
-        if drawing:
-            counter.saw_random(path, f"{drawing[0]} in training mode")
-            stochastic = True
+    # A stochastic module the region holds but does not call (torchvision's EfficientNet keeps a
+    # StochasticDepth in blocks without a residual) draws nothing: the watch decides, and names the
+    # stochastic modules that were called (NOTE [ RNG replay decided at run time ]).
+    drawing = [] if stochastic else drawing_modules(modules)
     watched: list[RngWatch | None] = [None]  # a deterministic region's snapshot while it may be needed
     # NOTE [ Containers passed to a region ]: checkpoint keeps the arguments for the recompute by
     # reference; torchvision's DenseNet passes a list of features that it appends to after the call,
@@ -155,10 +154,12 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
             if stochastic:
                 return fn(*a, **kwargs)
             watch = RngWatch(a)
-            result = fn(*a, **kwargs)
+            with calls_of(drawing) as called:
+                result = fn(*a, **kwargs)
             if watch.drew():
                 watched[0] = watch
-                counter.saw_random(path, "a generator advanced during its forward")
+                counter.saw_random(path, f"{called[0]} called in training mode" if called
+                                   else "a generator advanced during its forward")
             return result
         counter.recomputes += 1
         replay = watched[0].replay() if watched[0] is not None else contextlib.nullcontext()

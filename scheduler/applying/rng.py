@@ -14,30 +14,36 @@ NOTE [ RNG replay decided at run time ]
     So the trace's flag is a memory prediction, not the decision. At each
     call of a region the plan calls deterministic:
 
-    * its modules are looked at as they are now (:func:`random_modules`):
-      a dropout with ``p > 0``, ``RReLU``, or a stochastic-depth /
-      drop-path module with a positive rate, in training mode, makes the
-      region replay (checkpoint's own ``preserve_rng_state=True``);
-    * otherwise the generators it could draw from are watched
-      (:class:`RngWatch`): the CPU generator's state is cloned into a
-      generator object (host heap, no tensor: neither the allocator nor the
-      storage count sees it), the accelerator generators of the region's
-      inputs are read (host tensors); after the forward, the CPU clone and
-      a fresh clone each draw one 63-bit number (into a buffer of the
-      watch's own, with the dispatch modes of the region paused, so that no
-      storage is created and no selective-checkpoint policy counts the
-      call) and the accelerator states are compared. A region that drew
-      replays this step from the snapshot (under ``fork_rng``, as
-      checkpoint does), is switched to checkpoint's replay for every later
-      call, and a warning says so once. A region that drew nothing drops
-      the snapshot.
+    * the generators it could draw from are watched (:class:`RngWatch`):
+      the CPU generator's state is cloned into a generator object (host
+      heap, no tensor: neither the allocator nor the storage count sees
+      it), the accelerator generators of the region's inputs are read
+      (host tensors); after the forward, the CPU clone and a fresh clone
+      each draw one 63-bit number (into a buffer of the watch's own, with
+      the dispatch modes of the region paused, so that no storage is
+      created and no selective-checkpoint policy counts the call) and the
+      accelerator states are compared. A region that drew replays this
+      step from the snapshot (under ``fork_rng``, as checkpoint does), is
+      switched to checkpoint's replay for every later call, and a warning
+      says so once, naming the stochastic modules (a dropout with
+      ``p > 0``, ``RReLU``, a stochastic-depth / drop-path module with a
+      positive rate, in training mode: :func:`drawing_modules`) that were
+      called in that forward (:func:`calls_of`). A region that drew
+      nothing drops the snapshot.
+    * a stochastic module the region holds decides nothing by itself: only
+      a call draws. torchvision's EfficientNet-B0 holds a ``StochasticDepth``
+      in each block and calls it only in blocks with a residual; deciding
+      by the modules present made three regions without a residual replay,
+      each storing the CPU generator's 5,056 B that their plan rightly did
+      not count (14,774 B over the budget), with a warning that told a user
+      who had traced in training mode to trace in training mode.
 
     Gradients are therefore those of the step without checkpointing on the
     very first step. What is not exact then is the memory: a region that
     replays stores ``rng_state_bytes`` the plan did not count for it, and
     a model traced in eval mode has no dropout masks in its graph; the
-    warnings (here, at ``trace`` and at ``apply``) say to trace in training
-    mode. Under ``torch.compile`` the region always preserves the state:
+    warning says why the trace saw no draw there (a mode, a rate of 0, a
+    branch not taken, an edited plan) and to trace the step as it trains. Under ``torch.compile`` the region always preserves the state:
     nothing can be watched in a compiled graph.
 """
 
@@ -54,7 +60,7 @@ from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import _get_device_module, _infer_device_type, get_device_states, set_device_states
 
-__all__ = ["random_modules", "RngWatch", "RandomRegionWarning", "warn_random_region"]
+__all__ = ["random_modules", "drawing_modules", "calls_of", "RngWatch", "RandomRegionWarning", "warn_random_region"]
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +88,28 @@ def _draws(m: nn.Module) -> bool:
     return False
 
 
+def drawing_modules(modules: Iterable[nn.Module]) -> list[nn.Module]:
+    """The modules under ``modules`` that draw random numbers when called now (training mode, rate > 0)."""
+    return [m for top in modules for m in top.modules() if _draws(m)]
+
+
 def random_modules(modules: Iterable[nn.Module]) -> list[str]:
-    """Class names of the modules under ``modules`` that draw random numbers now (training mode, rate > 0)."""
-    return [type(m).__name__ for top in modules for m in top.modules() if _draws(m)]
+    """Class names of :func:`drawing_modules` (held, whether or not a forward calls them)."""
+    return [type(m).__name__ for m in drawing_modules(modules)]
+
+
+@contextlib.contextmanager
+def calls_of(modules: Sequence[nn.Module]) -> Iterator[list[str]]:
+    """Within the block, the class names of those of ``modules`` that are called, in call order (forward
+    pre-hooks, removed on exit)."""
+    called: list[str] = []
+    handles = [m.register_forward_pre_hook(lambda mod, _args: called.append(type(mod).__name__))
+               for m in modules]
+    try:
+        yield called
+    finally:
+        for h in handles:
+            h.remove()
 
 
 class RngWatch:
@@ -137,9 +162,10 @@ def _next(gen: torch.Generator) -> int:
 
 def warn_random_region(path: str, why: str) -> None:
     """Say once per region that it replays the generator state although its plan did not count it."""
-    msg = (f"checkpoint region {path!r} draws random numbers ({why}) but its plan was traced without them: its "
-           "recompute now replays the generator state, so gradients are exact, but the plan counted neither that "
-           "state nor the random masks. Trace the model as it trains (model.train() before scheduler.trace / "
-           "ckpt trace; from_pretrained returns a model in eval mode) and solve again")
+    msg = (f"checkpoint region {path!r} drew random numbers ({why}) although no random op ran in it in the "
+           "traced step, so its plan counts neither the generator state its recompute now stores and replays nor "
+           "random masks: gradients stay exact, the step's peak can exceed the prediction. The traced step differed "
+           "from this one (modules in eval mode with mode='as-is', a dropout or drop-path rate of 0, a branch not "
+           "taken, or an edited plan): trace the step as it trains and solve again")
     log.info(msg)
     warnings.warn(msg, RandomRegionWarning, stacklevel=4)

@@ -71,6 +71,20 @@ def _model_and_options(args: argparse.Namespace, plan: Any) -> tuple[str, dict[s
     return str(recorded["model"]), {**recorded.get("options", {}), **given}
 
 
+def _check_target(plan: Any, model: Any, path: str) -> None:
+    """Refuse a plan solved for another kind of device than the one the model runs on here (issue 33: ``ckpt fit``'s
+    H100 plan went onto this CPU's model without a word): what it keeps and its peak are that device's."""
+    from ..report import describe_target
+
+    target = plan.graph_meta.get("target") or {}
+    kind = str(target.get("kind") or "")
+    here = next((p.device.type for p in model.parameters()), "cpu")
+    if kind and kind != here:
+        raise CkptError(f"{path} was solved for {describe_target(target)}, and the model runs on {here} here: what it "
+                        f"keeps and its peak are that device's; solve it for this one (ckpt fit ... --target {here}, "
+                        f"ckpt trace ... --target {here}), or apply it on a {kind} device")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -82,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     model_name, options = _model_and_options(args, plan)
     torch.manual_seed(0)
     ex = build(model_name, **options)
+    _check_target(plan, ex.model, args.target[-1])
     name = model_name if plan.graph_name == model_name else None
     if not args.verify:
         with phase(f"applying the plan to {model_name}"):
@@ -102,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"chunked calls reassociate sums over token rows: gradients and loss compared within {atol:g}")
     ok = v.fits and v.grads_equal(atol)
     if not v.fits:
-        print("FAIL: the measured peak is over the budget", file=sys.stderr)
+        print(f"FAIL: the measured peak, {v.measured_peak_bytes:,} B, is {v.over_budget_bytes:,} B over the budget "
+              f"({v.budget_bytes:,} B); predicted {v.predicted_peak_bytes:,} B", file=sys.stderr)
     if not v.grads_equal(atol):
         print("FAIL: gradients, loss or buffers differ from the un-checkpointed step", file=sys.stderr)
     return 0 if ok else 1

@@ -80,9 +80,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import torch
 
+    from graphs import CkptError
+
+    folder = cache_dir(args.cache)
+    way_out = "pass --cache DIR with a folder you can write, or set $CKPT_CACHE_DIR"
+    try:  # before minutes of measuring: the figures are measured to be stored
+        os.makedirs(folder, exist_ok=True)
+        writable = os.access(folder, os.W_OK)
+    except OSError as exc:
+        raise CkptError(f"cannot use {folder} as the cache folder ({exc.strerror or exc}); {way_out}") from None
+    if not writable:
+        raise CkptError(f"the cache folder {folder} is not writable; {way_out}")
     threads = args.threads or torch.get_num_threads()
     cpu_peaks(cache=args.cache, refresh=True, threads=threads, rounds=args.rounds)
     key = cache_key(threads)
-    print(_report(key, stored_calibrations(args.cache)[key]))
-    print(f"stored in {os.path.join(cache_dir(args.cache), 'cpu_peaks.json')}")
+    entry = stored_calibrations(args.cache).get(key)
+    if entry is None:  # cpu_peaks only warns when it cannot write (a trace goes on without the cache)
+        raise CkptError(f"the CPU peaks were measured but could not be stored in {folder}; {way_out}")
+    print(_report(key, entry))
+    print(f"stored in {os.path.join(folder, 'cpu_peaks.json')}")
     return 0

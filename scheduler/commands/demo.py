@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         v = verify(ex.model, best, ex.args, dict(ex.kwargs), loss=ex.loss, steps=args.steps, graph=graph)
     print(table(v.rows(), ["", "with the plan", "without"]))
     ok = v.fits and v.grads_equal()
-    print(f"\n{'OK' if ok else 'FAIL'}: {'fits' if v.fits else 'does NOT fit'} the budget, gradients "
+    print(f"\n{'OK' if ok else 'FAIL'}: {'fits' if v.fits else f'does NOT fit ({v.over_budget_bytes:,} B over)'} the budget, gradients "
           f"{'bitwise equal' if v.grads_equal() else 'DIFFER'}; demo took {time.perf_counter() - t0:.0f}s")
     return 0 if ok else 1
 

@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="try only multiples of this (default 1 for batch, 64 for seq)")
     add_loop_flag(p)
     p.add_argument("--time-limit", type=positive_float, default=10.0,
-                   help="wall-clock seconds per solve for the solvers that take a limit (ilp, cp-sat, frontier; default 10)")
+                   help="wall-clock seconds per solve for the solvers that take a limit (ilp, cp-sat, frontier, dp; default 10)")
     p.add_argument("-o", "--output", help="write the plan fit reports here (JSON; see --plan-solver), for `ckpt apply`")
     p.add_argument("--plan-solver", default=None, metavar="NAME",
                    help="the solver whose plan is reported and written (default: the one that fits the largest size, "
@@ -96,14 +96,15 @@ def _solvers(args: argparse.Namespace) -> list[str]:
 def _progress(probe) -> None:
     if probe.phase == "report":
         return
-    if probe.fits:
-        what = f"fits, peak {format_bytes(probe.peak_bytes)}"
+    if probe.fits:  # the table's figure, by the table's name (issue 33: "peak" here, "step total" there)
+        what = f"fits, step total on card {format_bytes(probe.peak_bytes + probe.card_extra_bytes)}"
         if probe.solver != "store-all":
             what += f", recompute +{100 * (probe.recompute_ratio or 0):.1f}%"
     elif probe.stop:
         what = probe.stop
     else:
-        what = "does not fit" + (f" (needs {format_bytes(probe.min_feasible_bytes)})" if probe.min_feasible_bytes else "")
+        what = "does not fit" + (f" (needs {format_bytes(probe.min_feasible_bytes + probe.card_extra_bytes)} card)"
+                                 if probe.min_feasible_bytes else "")
     print(f"  [{probe.phase}] {probe.solver} at {probe.size}: {what}", file=sys.stderr, flush=True)
 
 
@@ -144,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"ckpt fit {args.model}: {dtype}{' mixed precision' if args.mixed_precision else ''}, "
           f"optimizer {args.optimizer}, card {args.device_memory}; searching {search if search != 'none' else 'nothing'}"
           " (progress on stderr)", flush=True)
+    print(assumptions(args), flush=True)
     try:
         res = fit(args.model, args.device_memory, search=dim, batch=batch, seq=seq, solvers=names, options=options,
                   target=args.target, loop=args.loop, **kwargs)
@@ -190,6 +192,24 @@ def run(args: argparse.Namespace) -> int:
     _report_plan(chosen, dim, args.output)
     print(f"{res.traces} traces, {res.elapsed_s:.1f}s")
     return 0
+
+
+def assumptions(args: argparse.Namespace) -> str:
+    """What fit assumes that the user may not have said (issue 33: a CPU model was sized for Adam on an H100
+    without a word): the optimizer whose state it counts and the device it plans for."""
+    from ..tracing.roofline import DEFAULT_DEVICE
+
+    given = set(getattr(args, "_argv", None) or ())
+    opt = args.optimizer
+    opt_text = (f"optimizer {opt}'s state counted" if opt not in (None, "none") else "no optimizer state counted")
+    if "--optimizer" not in given and not any(a.startswith("--optimizer=") for a in given):
+        opt_text += " (the default; --optimizer sgd, adamw, none...)"
+    if args.target:
+        target_text = f"planned for --target {args.target}"
+    else:
+        target_text = (f"planned for cuda = {DEFAULT_DEVICE} (the default for a model built on the meta device; "
+                       "--target cpu to size it for this machine, which `ckpt apply --verify` can check here)")
+    return f"assuming: {opt_text}; {target_text}"
 
 
 def _report_plan(chosen, dim: str, output: str | None) -> None:  # noqa: ANN001

@@ -8,6 +8,8 @@ import graphs
 from graphs import CkptError
 from solvers import InfeasibleBudget, Plan, available_solvers, format_bytes, solver_info
 
+from solvers.deadline import already_spent
+
 from ..api import solve
 from ..sizing.floor import explain_floor
 from ..sizing.budget import parse_budget, read_budget
@@ -52,6 +54,8 @@ and the predicted recompute time."""
 
 
 #: Solver flag -> the option it sets (NOTE [ How the CLI fails ]: a solver that does not take it refuses it).
+#: Seconds a time limit keeps back for writing the plan and printing it (NOTE [ One deadline ]).
+OUTPUT_S = 0.1
 SOLVER_FLAGS = {"--time-limit": "time_limit_s", "--gap": "gap_limit", "--method": "method"}
 
 
@@ -74,7 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "it can be and never without a plan where another solver finds one; frontier and cp-sat are "
                         "its two methods on their own)")
     p.add_argument("--time-limit", type=positive_float, default=None,
-                   help="wall-clock seconds for ilp, cp-sat, frontier (a safety net; default: 60)")
+                   help="wall-clock seconds for ilp, cp-sat, frontier, dp (a safety net; default: 60)")
     p.add_argument("--gap", type=gap_fraction, default=None,
                    help="ilp, cp-sat: stop once the proven gap is at most this fraction, e.g. 0.01 "
                         "(default: prove optimality)")
@@ -114,6 +118,13 @@ def _check_all(args: argparse.Namespace) -> None:
             raise CkptError(f"-S {key}=...: no solver takes option {key!r} (ckpt solve --help-options)")
     for name in available_solvers():
         _options(name, args, strict=False)  # a value of the wrong type is an error before any work
+
+
+def _spent(args: argparse.Namespace) -> float:
+    """Seconds this command has run (NOTE [ One deadline ]: set by ``scheduler.cli.main``; 0 when called
+    otherwise)."""
+    spent = getattr(args, "_spent", None)
+    return float(spent()) if callable(spent) else 0.0
 
 
 def _terms(args: argparse.Namespace) -> str:
@@ -159,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"budget {args.budget} for the whole step: solvers plan against {format_bytes(budget)} (less "
               f"{_terms(args)})")
     if args.solver != "all":
-        with phase(f"solving with {args.solver}"):
+        with phase(f"solving with {args.solver}"), already_spent(_spent(args) + OUTPUT_S):
             plan = solve(graph, budget, solver=args.solver, chunks=args.chunks, mlp_chunks=args.mlp_chunks,
                          nested=args.nested, **_options(args.solver, args))
         if args.output:

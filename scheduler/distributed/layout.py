@@ -95,6 +95,9 @@ class Layout:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise LayoutError(f"layout: {name} must be a whole number of 0 or more, got {value!r}")
+        if self.fsdp_units and self.shard == 1:
+            raise LayoutError(f"layout: --fsdp-units ({', '.join(self.fsdp_units)}) names the modules FSDP2 shards "
+                              "on their own, but nothing is sharded: add --fsdp N (2 or more)")
         if self.sequence_parallel and self.tp == 1:
             raise LayoutError("layout: sequence parallelism splits the sequence across the tensor-parallel ranks; "
                               "it needs tp > 1 (--tp 2 or more)")

@@ -45,10 +45,18 @@ NOTE [ Tensor-parallel activations ]
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from graphs import Graph
 
-__all__ = ["COLWISE", "ROWWISE", "EMBEDDINGS", "tp_roles", "split_tensor_parallel", "split_bytes"]
+__all__ = ["COLWISE", "ROWWISE", "EMBEDDINGS", "tp_roles", "split_tensor_parallel", "split_bytes", "tp_sizes",
+           "check_tp_degree", "TP_META"]
+
+#: ``Graph.meta`` key: ``{"heads": [...], "widths": [...]}``, what tensor parallelism splits (:func:`tp_sizes`).
+TP_META = "tensor_parallel"
+#: Attributes that hold a head count, on a module or its ``config``.
+_HEAD_ATTRS = ("num_attention_heads", "num_key_value_heads", "num_heads", "n_head", "n_heads", "heads",
+               "num_kv_heads", "n_kv_heads")
 
 #: Module names (the last component of a path) parallelised column-wise.
 COLWISE = frozenset({
@@ -108,6 +116,55 @@ def tp_roles(graph: Graph) -> tuple[list[bool], list[str]]:
     return split, kinds
 
 
+def tp_sizes(model: Any) -> dict[str, list[int]]:
+    """What tensor parallelism splits across its ranks, read off the model at trace time: the head counts
+    (attributes of its modules and their ``config``) and the widths of its block linears (a column-wise
+    linear's outputs, a row-wise one's inputs; the LM head and the embeddings, split by vocabulary, aside)."""
+    heads: set[int] = set()
+    widths: set[int] = set()
+    for path, m in model.named_modules():
+        for holder in (m, getattr(m, "config", None)):
+            for attr in _HEAD_ATTRS:
+                v = getattr(holder, attr, None) if holder is not None else None
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    heads.add(v)
+        name = path.rsplit(".", 1)[-1]
+        weight = getattr(m, "weight", None)
+        shape = tuple(getattr(weight, "shape", ()))
+        if len(shape) != 2 or name in ("lm_head", "embed_out"):
+            continue
+        conv1d = type(m).__name__ == "Conv1D"  # GPT-2's: weight (in, out)
+        if name in COLWISE:
+            widths.add(int(shape[1] if conv1d else shape[0]))
+        elif name in ROWWISE:
+            widths.add(int(shape[0] if conv1d else shape[1]))
+    return {"heads": sorted(heads), "widths": sorted(widths)}
+
+
+def check_tp_degree(graph: Graph, tp: int) -> None:
+    """Refuse a tensor-parallel degree that does not divide the heads and widths the trace recorded
+    (``graph.meta[TP_META]``; a graph traced before it was recorded is not checked).
+
+    Raises:
+        LayoutError: naming what ``tp`` does not divide and the degrees that divide all of it.
+    """
+    sizes = graph.meta.get(TP_META) if hasattr(graph.meta, "get") else None
+    if tp == 1 or not sizes:
+        return
+    heads, widths = list(sizes.get("heads", ())), list(sizes.get("widths", ()))
+    bad = [f"{h} heads" for h in heads if h % tp] + [f"width {w}" for w in widths if w % tp]
+    if not bad:
+        return
+    from .layout import LayoutError
+
+    every = heads + widths
+    ok = [d for d in range(2, min(every) + 1) if all(v % d == 0 for v in every)] if every else []
+    shown = ", ".join(map(str, ok[:8])) + (", ..." if len(ok) > 8 else "")
+    raise LayoutError(f"layout: --tp {tp} does not divide the model's {', '.join(bad)} (tensor parallelism splits "
+                      f"every head count and block linear width across the ranks); "
+                      + (f"use --tp {shown}" if ok else "no --tp above 1 divides them all: use --tp 1"))
+
+
 def split_tensor_parallel(graph: Graph, tp: int, *, sequence_parallel: bool = False) -> Graph:
     """The graph one of ``tp`` tensor-parallel ranks runs (NOTE [ Tensor-parallel activations ]).
 
@@ -118,6 +175,7 @@ def split_tensor_parallel(graph: Graph, tp: int, *, sequence_parallel: bool = Fa
     """
     if tp == 1:
         return graph
+    check_tp_degree(graph, tp)
     split, kinds = tp_roles(graph)
     gathered = [False] * len(graph.nodes)
     if sequence_parallel:

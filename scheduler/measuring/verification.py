@@ -105,6 +105,17 @@ class Verification:
         return (self.measured_peak_bytes - self.predicted_peak_bytes) / max(self.predicted_peak_bytes, 1)
 
     @property
+    def over_budget_bytes(self) -> int:
+        """How far the measured peak is above the budget (0 when it fits or there is no budget)."""
+        return 0 if self.budget_bytes is None else max(0, self.measured_peak_bytes - self.budget_bytes)
+
+    def peak_error_text(self) -> str:
+        """The peak error in bytes and percent: ``+1,024 B (+0.048 %)``. A percentage alone rounds a small
+        difference to ``+0.0 %``, which beside a failed budget reads as a contradiction."""
+        diff = self.measured_peak_bytes - self.predicted_peak_bytes
+        return f"{diff:+,} B ({100 * self.peak_error:+.3g} %)" if diff else "0 B (exact)"
+
+    @property
     def predicted_time_ratio(self) -> float:
         return 1.0 + self.predicted_recompute_ratio
 
@@ -122,8 +133,8 @@ class Verification:
             ("peak predicted", format_bytes(self.predicted_peak_bytes), format_bytes(self.predicted_store_all_bytes)),
             ("budget", budget, ""),
             ("loop (model output through backward)", self.loop, ""),
-            ("fits the budget", "yes" if self.fits else "NO", ""),
-            ("peak error (measured vs predicted)", f"{100 * self.peak_error:+.1f}%", ""),
+            ("fits the budget", "yes" if self.fits else f"NO, {self.over_budget_bytes:,} B over", ""),
+            ("peak error (measured vs predicted)", self.peak_error_text(), ""),
             ("step time ratio (median)", f"{self.step_time_ratio:.3f}", f"1 ({1000 * self.step_time_s:.1f} ms)"),
             ("step time ratio predicted", f"{self.predicted_time_ratio:.3f}", ""),
             ("recompute ratio predicted", f"{100 * self.predicted_recompute_ratio:.1f}%", ""),

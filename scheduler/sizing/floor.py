@@ -17,13 +17,17 @@ gives the real peak, whose step and breakdown :func:`explain_floor` reports.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Mapping
 
-from graphs import Graph
+from graphs import CkptError, Graph
 from solvers import Plan, Simulation, format_bytes, simulate, terms_of
 from solvers.nested import nest_to_fit
-from solvers.chunks import CHUNK_MENU, ChunkError, chunk_entries, chunked_graph, expand, find_tail, parse_chunk_module
+from solvers.chunks import (CHUNK_MENU, ChunkError, chunk_entries, chunked_graph, expand, find_tail, max_chunks,
+                            parse_chunk_module)
+
+log = logging.getLogger(__name__)
 
 __all__ = ["NodeFloor", "Floor", "node_floors", "explain_floor"]
 
@@ -161,11 +165,18 @@ def _chunk_lever(graph: Graph, plan: Plan | None, peak_bytes: int) -> str:
         tail = find_tail(graph)
     except ChunkError:
         return ""
-    k = CHUNK_MENU[-1]
-    chunked = chunked_graph(graph, k)
-    kept = [r for r in (plan.regions if plan is not None else ()) if r[1] < tail.first]
-    regions = kept + [(sp.first, sp.last) for sp in chunked.spans if parse_chunk_module(sp.module)]
-    lower = simulate(graph, Plan(regions=regions, chunks=chunk_entries(graph, k))).peak_bytes
+    fitting = [c for c in CHUNK_MENU if c <= max_chunks(graph, tail.first, len(graph) - 1)]
+    if not fitting or fitting[-1] < 2:  # fewer rows than two chunks (NOTE [ Chunk counts and rows ])
+        return ""
+    k = fitting[-1]
+    try:  # a lever, never the error: DenseNet's head over 4 rows in 16 chunks raised a GraphError here
+        chunked = chunked_graph(graph, k)
+        kept = [r for r in (plan.regions if plan is not None else ()) if r[1] < tail.first]
+        regions = kept + [(sp.first, sp.last) for sp in chunked.spans if parse_chunk_module(sp.module)]
+        lower = simulate(graph, Plan(regions=regions, chunks=chunk_entries(graph, k))).peak_bytes
+    except CkptError as exc:
+        log.info("floor: no chunk lever for this graph (%s)", exc)
+        return ""
     if lower >= peak_bytes:
         return ""
     return (f" Running the head {tail.head!r} and its loss in {k} chunks, each recomputed, would bring this plan to "

@@ -30,6 +30,8 @@ NOTE [ One solver's stop ]
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import time
 from dataclasses import dataclass, field
@@ -68,6 +70,8 @@ class Probe:
         min_feasible_bytes: without a plan, the least budget the solver needs.
         phase: ``gallop`` or ``bisect``.
         stop: why the solver gave no answer here (NOTE [ One solver's stop ]), "" when it answered.
+        card_extra_bytes: what the card holds beyond ``simulate``'s peak (optimizer state, master weights, the
+            reserve): ``peak_bytes`` plus this is the step's total on the card, the figure fit's table shows.
     """
 
     solver: str
@@ -78,6 +82,7 @@ class Probe:
     min_feasible_bytes: int | None = None
     phase: str = "gallop"
     stop: str = ""
+    card_extra_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,7 @@ class _Trials:
                  progress: Callable[[Probe], None] | None) -> None:
         self.model = model
         self.budget = budget_bytes
+        self.card_extra = 0  # set by fit: the card less this budget
         self.options = solver_options
         self.progress = progress
         self.graphs: dict[int, Graph] = {}
@@ -225,6 +231,7 @@ class _Trials:
                 probe, plan = Probe(solver, size, False, phase=phase, stop=f"tracing at {size} failed: {_first(exc)}"), None
             else:
                 probe, plan = self._solve(graph, solver, size, phase)
+            probe = dataclasses.replace(probe, card_extra_bytes=self.card_extra)
             self.done[key] = (probe, plan)
             log.info("%s at %s %d: %s", solver, self.model.dimension, size, "fits" if probe.fits else "does not fit")
             if self.progress is not None:
@@ -308,6 +315,7 @@ def fit_graphs(model: SizedModel, device_memory: int | str, *, optimizer: str | 
     budget = base.solver_budget_bytes
     check_state_fits(base)
     trials = _Trials(model, budget, solver_options or {}, progress)
+    trials.card_extra = base.device_bytes - budget
     if first_graph is not None:
         trials.graphs[max(min_size, multiple_of)] = first_graph
     results = []

@@ -65,6 +65,7 @@ from graphs import COSTS_META, FROZEN_META, LOOPS, SCALARS_META, TARGET_META, WO
 
 from .build import attribute_params, build_nodes, frozen_by_node, group_records, output_names
 from .spans import MODULES_META, TREE_META, module_spans, module_tree, sequential_children
+from ..distributed.tensor_parallel import TP_META, tp_sizes
 from .loss_storage import split_loss_storage
 from .capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .costs import OpRecord, measure_ops
@@ -448,4 +449,4 @@ def _describe(model: nn.Module, name: str, args: tuple, kwargs: Mapping[str, Any
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     return {"model": name, "inputs": inputs, "dtype": ",".join(dtypes), "tracer": method,
             "training": bool(model.training), "parameters": sum(p.numel() for p in model.parameters()),
-            TREE_META: module_tree(model)}
+            TREE_META: module_tree(model), TP_META: tp_sizes(model)}

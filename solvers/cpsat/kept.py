@@ -51,6 +51,7 @@ NOTE [ Kept nodes in the CP-SAT model ]
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Any, NamedTuple
 
@@ -301,6 +302,7 @@ def solve_selective(graph: Graph, budget_bytes: int, deadline: Deadline, *, work
         model = KeptModel(graph, budget_bytes=budget_bytes, choices=choices, deadline=deadline)
     except OutOfTime as exc:
         log.info("ilp (kept nodes): %s", exc)
+        gc.collect()  # the half-built model's cycles, freed within the limit (NOTE [ One deadline ])
         findings["cp_sat_stopped_by"] = "time limit"
         if inc is not None:
             return from_inc(Status.FEASIBLE, None)

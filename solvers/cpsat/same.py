@@ -23,6 +23,8 @@ NOTE [ Building same(j, t) ]
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from ortools.sat.python import cp_model
 
@@ -42,10 +44,13 @@ class SameLiterals:
         x: ``x[k]``, node ``k`` is in a region.
         cont: ``cont[k]``, node ``k`` continues the region of ``k - 1``.
         z: ``{(a, b): bool}`` of the usable spans (aligned graphs), else empty.
+        tick: called every few hundred literals made (the model's deadline check: NOTE [ One deadline ]).
     """
 
-    def __init__(self, graph: Graph, m: cp_model.CpModel, x: list, cont: list, z: dict) -> None:
+    def __init__(self, graph: Graph, m: cp_model.CpModel, x: list, cont: list, z: dict,
+                 tick: Callable[[], None] | None = None) -> None:
         self.m, self.x, self.cont, self.z = m, x, cont, z
+        self._tick = tick  # the model's deadline check: one call may make a chain of thousands of literals
         self.aligned = bool(graph.spans)
         bad = np.concatenate(([0], np.cumsum([not nd.recomputable for nd in graph.nodes])))
         self._bad = bad.astype(np.int64).tolist()  # non-recomputable nodes before each position
@@ -106,4 +111,6 @@ class SameLiterals:
             m.AddBoolOr([a.Not(), b.Not(), lit])
             self._chain[i, t] = lit
             self.made += 1
+            if self._tick is not None and not self.made % 256:
+                self._tick()
         return lit

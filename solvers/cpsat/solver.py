@@ -21,6 +21,7 @@ NOTE [ Deterministic CP-SAT ]
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import sys
@@ -191,6 +192,11 @@ class IlpSolver:
                 model = model_class(self.graph, budget_bytes=self.budget_bytes, deadline=self.deadline)
             except (OutOfTime, MemoryError) as exc:
                 log.info("ilp: CP-SAT's model not built (%s)", exc or "out of memory")
+                built = False
+            else:
+                built = True
+            if not built:  # free the half-built model's cycles now, within the limit, not at the process's exit
+                gc.collect()
                 return self._out_of_time()
             for bad in cuts:
                 model.forbid(bad)
@@ -221,7 +227,8 @@ class IlpSolver:
                 lower = max(lower, self.budget_bytes + 1)  # the budget itself is proven too small
                 raise InfeasibleBudget(self.budget_bytes, least, solver="ilp", best_regions=regions,
                                        proven=least <= lower, lower_bound_bytes=lower,
-                                       time_limit_s=None if least <= lower else self.time_limit_s)
+                                       time_limit_s=None if least <= lower else self.time_limit_s,
+                                       stopped_by="" if least <= lower else self._least_stop)
             if result.regions is None:
                 return self._out_of_time(result.bound)
             sim = simulate(self.graph, Plan(regions=result.regions), record=False)
@@ -246,6 +253,7 @@ class IlpSolver:
         peaks = simple_peaks(self.graph)
         bound = 0.0
         result = None
+        self._least_stop = ""  # the time limit, unless CP-SAT's work limit stopped it (named then)
         if self._cp_sat_left() > 0:
             try:
                 model = checkpoint_model()(self.graph, budget_bytes=None, deadline=self.deadline)
@@ -257,7 +265,13 @@ class IlpSolver:
             if result.regions is not None:
                 peaks.append((simulate(self.graph, Plan(regions=result.regions), record=False).peak_bytes,
                               result.regions))
-            bound = result.bound if result.bound == result.bound else 0.0  # NaN when CP-SAT has none
+            # The model minimises the activations' peak; the whole step's adds the parameters and inputs (issue
+            # 33: without them a proven least peak was 'not proven', DenseNet's by exactly its 27.43 MiB).
+            const = self.graph.param_bytes + self.graph.input_bytes
+            bound = result.bound + const if result.bound == result.bound else 0.0  # NaN when CP-SAT has none
+            if result.status != "optimal" and self.work_limit is not None and result.work >= 0.99 * self.work_limit:
+                self._least_stop = (f"CP-SAT's work limit ({self.work_limit:g} deterministic s) after "
+                                    f"{self.deadline.elapsed():.1f} s of the {self.time_limit_s:g} s time limit")
         least, regions = min(peaks, key=lambda p: p[0])
         return least, regions, min(least, int(math.ceil(bound - 1e-6)))
 

@@ -1,6 +1,9 @@
 """The chain DP: ``dp``, the optimal dynamic program over a chain of stages.
 
-* ``chain``: the solver (registered as ``dp``) and its table;
+* ``chain``: the solver (registered as ``dp``) and its table; ``fronts``: the
+  Pareto sets the table holds and the buffer its kernel reads them from;
+* ``limited``: ``dp`` under a wall-clock limit (NOTE [ dp under a time limit ]);
+  ``work``: the table's work, counted before it is filled, and its pace under a deadline;
 * ``profiles``: segment profiles, the memory model the program composes;
 * ``selective``: the profile of a region that keeps nodes;
 * ``nested``: the profile of a region nested with its child calls;

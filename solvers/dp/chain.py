@@ -43,15 +43,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from graphs import Graph
 
-from ..deadline import Deadline, OutOfTime
+from ..deadline import Deadline
+from .work import _check_work, _paced, fill_work, last_regionable
+from .fronts import Front as _Front, SuccessorBuffer as _SuccessorBuffer, thin as _thin
 from .nested import NESTED_CODE, NestedRuns
-from .kernel import WORK_PER_S, compiled_ready, kernel, load_in_background
+from .kernel import kernel
 from .profiles import NodeArrays, RegionRows, node_arrays, region_rng, stored_profile
 from .selective import KeptRuns
 from ..errors import InfeasibleBudget
@@ -71,18 +72,11 @@ _CACHE: dict[str, "DPTable"] = {}
 _CACHE_SIZE = 16
 #: Default cap on Pareto-set sizes (see :func:`dp`); exact below it.
 DEFAULT_MAX_FRONT = 256
-
-
-@dataclass(frozen=True)
-class _Front:
-    """A Pareto set: ``h`` ascending, ``cost`` strictly descending; ``choice``
-    is -1 (stored stage) or the last stage of a region; ``nxt`` the index in
-    the next state's set."""
-
-    h: np.ndarray
-    cost: np.ndarray
-    choice: np.ndarray
-    nxt: np.ndarray
+#: ``dp``'s default wall-clock limit, as ``ilp``'s (NOTE [ dp under a time limit ] in ``solvers.dp.limited``).
+DEFAULT_TIME_LIMIT_S = 60.0
+#: A table filled against its deadline (``adapt``) sets its region length again every this many stages, aiming
+#: to end at ``solvers.dp.work.ADAPT_MARGIN`` of the time left.
+ADAPT_EVERY = 32
 
 
 class DPTable:
@@ -96,6 +90,9 @@ class DPTable:
         is_chain: every node is a stage (the DP is over all interval plans).
         thinned: some Pareto set was capped at ``max_front`` (answers stay
             feasible, optimality is no longer guaranteed).
+        capped: ``max_len`` left out some region (answers are optimal only
+            over the regions of at most ``max_len`` stages: NOTE [ dp under a
+            time limit ] in ``solvers.dp.limited``).
         selective: regions may keep nodes (see :func:`dp`).
         fill_time_s: seconds spent filling the table.
         compiled: the table was filled by numba's kernel (else by its plain-Python copy).
@@ -109,10 +106,17 @@ class DPTable:
             than the kernel at hand does in this many seconds of an idle core
             (``solvers.dp.kernel.WORK_PER_S``; ``OutOfTime`` by the work limit,
             the same on any machine); None: any.
+        max_len: regions of at most this many stages (None: any length).
+        adapt: with ``deadline`` and ``max_len``, ``max_len`` is where the
+            fill starts: every :data:`ADAPT_EVERY` stages the length is
+            lowered or raised so that the rest of the table fills by the
+            deadline at the pace measured so far (NOTE [ dp under a time
+            limit ]); :attr:`max_len` is then the longest used.
     """
 
     def __init__(self, graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True,
-                 deadline: Deadline | None = None, max_s: float | None = None, nested: bool = False) -> None:
+                 deadline: Deadline | None = None, max_s: float | None = None, nested: bool = False,
+                 max_len: int | None = None, adapt: bool = False) -> None:
         t0 = time.perf_counter()
         self.graph = graph
         self.max_front = max_front
@@ -124,7 +128,11 @@ class DPTable:
         self.const = self._na.const
         self.is_chain = len(self.stages) == len(graph)
         self.exact = not self.stages.common
-        _check_work(self.stages, max_s)
+        self.max_len = max_len
+        self._adapt = adapt and deadline is not None and max_len is not None
+        self.capped = not self._adapt and max_len is not None and fill_work(self.stages, max_len) < fill_work(
+            self.stages)  # adapt: set as the table fills
+        _check_work(self.stages, max_s, max_len)
         self._merge, self.compiled = kernel(wait=deadline is None)
         self._deadline = deadline
         self._fill()
@@ -152,7 +160,7 @@ class DPTable:
         nest = None
         if self.nested:  # NOTE [ Nested regions in the chain decomposition ] in solvers.dp.nested
             span_ends0 = SpanIndex(self.graph).ends
-            lmax0 = last_regionable(st)
+            lmax0 = last_regionable(st, self.max_len)
             cands = []
             if span_ends0 is not None:
                 stage_of = {e: s for s, e in enumerate(ends)}
@@ -168,6 +176,8 @@ class DPTable:
         empty = _Front(np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -2), np.zeros(1, np.int64))
         fronts: dict[tuple[int, int], _Front] = {(m, 0): empty, (m, 1): empty}
         for i in range(m):
+            if self._deadline is not None and not i % 256:  # a pass over the stages: seconds on a long chain
+                self._deadline.check("dp's table")
             for lh in (0, 1):
                 stored[i, lh] = stored_profile(na, st.starts[i], ends[i], lh, p=st.boundary[i] if i else None,
                                                q=bnd[i])
@@ -180,18 +190,25 @@ class DPTable:
                 need[i].add(1)
         merge_stage, deadline = self._merge, self._deadline
         buf = _SuccessorBuffer(2 * m if kept is not None else m)  # m + j: the set after j entered in state 1
-        lmax = last_regionable(st)
+        lmax = last_regionable(st, None if self._adapt else self.max_len)
+        cap, longest, paced = self.max_len or m, 0, (deadline.clock(), m) if self._adapt else (0.0, m)
         span_ends = SpanIndex(self.graph).ends  # None: any stages i..j may form a region
         no_ret = np.zeros(m, np.int64)
         stage_of_end = {e: s for s, e in enumerate(ends)}
         for i in range(m - 1, -1, -1):
-            if deadline is not None and i % 64 == 0:
+            if deadline is not None:  # every stage: a stage of a long chain is up to its length of work
                 deadline.check("dp's table")
+                if self._adapt and paced[1] - i >= ADAPT_EVERY:  # NOTE [ dp under a time limit ]
+                    cap, paced = _paced(cap, paced, i, deadline, m)
             if st.regionable[i]:
                 buf.push(i, fronts[i + 1, lh_reg[i]])
                 if kept is not None and kept.needs_lh1[i]:
                     buf.push(m + i, fronts[i + 1, 1])
             jmax = int(lmax[i])
+            if self._adapt and jmax >= i:
+                self.capped |= jmax > i + cap - 1
+                jmax = min(jmax, i + cap - 1)
+                longest = max(longest, jmax - i + 1)
             l0, cost = rows.row(i, jmax) if jmax >= i else (no_ret[:0], no_ret[:0])
             if span_ends is None:
                 js = np.arange(i, jmax + 1, dtype=np.int64)
@@ -232,6 +249,9 @@ class DPTable:
                     front = _thin(front, self.max_front)
                     self.thinned = True
                 fronts[i, lh] = front
+        if self._adapt:
+            log.info("dp table paced by its deadline: regions of up to %d stages (%d at the first stage)", longest, cap)
+            self.max_len = longest
         self._fronts = fronts
         self._lh_reg = lh_reg
         self._stored = stored
@@ -260,7 +280,9 @@ class DPTable:
         root = self.root
         idx = int(np.searchsorted(root.h, budget_bytes - self.const, side="right")) - 1
         if idx < 0:
-            raise InfeasibleBudget(budget_bytes, self.min_peak_bytes, solver="dp", best_regions=self.plan_at(0)[0])
+            least = self.plan_at(0)
+            raise InfeasibleBudget(budget_bytes, self.min_peak_bytes, solver="dp", best_regions=least[0],
+                                   best_inner=least.inner, best_saved=least.saved)
         return self.plan_at(idx)
 
     def plan_at(self, idx: int) -> "Answer":
@@ -296,38 +318,6 @@ class DPTable:
         return Answer(tuple(regions), self.const + int(root.h[idx]), int(root.cost[idx]), tuple(saved), tuple(inner))
 
 
-def last_regionable(st: Stages) -> np.ndarray:
-    """Per stage ``i`` the last stage ``j >= i`` with stages ``i..j`` all regionable (``i - 1``: none)."""
-    m = len(st)
-    lmax = np.full(m, -1, dtype=np.int64)
-    for i in range(m - 1, -1, -1):
-        lmax[i] = (lmax[i + 1] if i + 1 < m and st.regionable[i + 1] else i) if st.regionable[i] else i - 1
-    return lmax
-
-
-def _check_work(st: Stages, max_s: float | None) -> None:
-    """Refuse a table of more work than the kernel at hand does in ``max_s`` (NOTE [ The dp kernel under a
-    deadline ]), starting to load the compiled kernel where it would do it."""
-    if max_s is None:
-        return
-    work, compiled = fill_work(st), compiled_ready()
-    if work <= max_s * WORK_PER_S[compiled]:
-        return
-    if not compiled and work <= max_s * WORK_PER_S[True]:
-        load_in_background()  # for the calls that follow
-    raise OutOfTime(f"dp's table is {work} units of work, more than its kernel fills in {max_s:g} s"
-                    + ("" if compiled else " (plain Python: numba's kernel is not loaded)"), by="work limit")
-
-
-def fill_work(st: Stages) -> int:
-    """The work of filling the table of ``st``, counted before it is filled: the nodes of every region's
-    row (``sum over i of the nodes from stage i to its last regionable stage``) plus the stages."""
-    lmax = last_regionable(st)
-    starts, ends = np.asarray(st.starts, dtype=np.int64), np.asarray(st.ends, dtype=np.int64)
-    ok = lmax >= np.arange(len(st))
-    return int(len(st) + (ends[lmax[ok]] - starts[ok] + 1).sum())
-
-
 class Answer(tuple):
     """A plan read from the table: the triple ``(regions, predicted peak,
     recompute cost)`` with the kept nodes (selective recompute) as :attr:`saved`
@@ -344,55 +334,9 @@ class Answer(tuple):
         return self
 
 
-class _SuccessorBuffer:
-    """The fronts that follow a region ending at each stage ``j``, in one flat
-    array ordered by ``j`` (filled right to left), so that the kernel reads all
-    regions starting at one stage without a Python loop over ``j``: front
-    ``j`` is ``h[seg_start[j]:seg_end[j]]`` (and ``c``).
-    """
-
-    def __init__(self, m: int) -> None:
-        self.cap = 1024
-        self.h = np.empty(self.cap, np.int64)
-        self.c = np.empty(self.cap, np.int64)
-        self.left = self.cap  # first used position
-        self.seg_start = np.zeros(m, np.int64)
-        self.seg_end = np.zeros(m, np.int64)
-
-    def _grow(self, need: int) -> None:
-        used = self.cap - self.left
-        cap = max(2 * self.cap, used + need + 1024)
-        shift = cap - self.cap
-        for name in ("h", "c"):
-            arr = np.empty(cap, np.int64)
-            arr[shift + self.left:] = getattr(self, name)[self.left:]
-            setattr(self, name, arr)
-        self.seg_start += shift
-        self.seg_end += shift
-        self.left += shift
-        self.cap = cap
-
-    def push(self, j: int, front: _Front) -> None:
-        """Add the successor front of stage ``j`` (stages are pushed right to left)."""
-        n = len(front.h)
-        if n > self.left:
-            self._grow(n)
-        a = self.left - n
-        self.h[a:self.left] = front.h
-        self.c[a:self.left] = front.cost
-        self.seg_start[j], self.seg_end[j] = a, self.left
-        self.left = a
-
-
-def _thin(front: _Front, size: int) -> _Front:
-    """Keep ``size`` entries evenly spread over the front, always the first
-    (least ``h``: the least peak stays exact) and the last (least cost)."""
-    keep = np.unique(np.linspace(0, len(front.h) - 1, size).round().astype(np.int64))
-    return _Front(front.h[keep], front.cost[keep], front.choice[keep], front.nxt[keep])
-
-
 def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True,
-             deadline: Deadline | None = None, max_s: float | None = None, nested: bool = False) -> DPTable:
+             deadline: Deadline | None = None, max_s: float | None = None, nested: bool = False,
+             max_len: int | None = None, adapt: bool = False) -> DPTable:
     """The DP table of ``graph``, cached by content (a budget sweep fills it once).
 
     Args:
@@ -400,7 +344,8 @@ def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selecti
         max_front: see :func:`dp`.
         selective: see :func:`dp`.
         nested: see :func:`dp`.
-        deadline, max_s: see :class:`DPTable` (a table found in the cache is held to ``max_s`` all the same).
+        deadline, max_s, max_len: see :class:`DPTable` (a table found in the cache is held to ``max_s`` all
+            the same).
 
     Returns:
         The filled :class:`DPTable`.
@@ -409,13 +354,16 @@ def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selecti
         OutOfTime: the table was not filled within ``deadline`` or ``max_work``.
     """
     # costs included: fingerprints leave them out
-    key = f"{graph.content_hash()}:{max_front}:{bool(selective)}" + (":nested" if nested else "")
+    key = f"{graph.content_hash()}:{max_front}:{bool(selective)}:{max_len}" + (":nested" if nested else "")
+    if adapt and deadline is not None and max_len is not None:  # paced by the clock: not cached
+        return DPTable(graph, max_front=max_front, selective=selective, deadline=deadline, max_s=max_s,
+                       nested=nested, max_len=max_len, adapt=True)
     table = _CACHE.get(key)
     if table is not None:
-        _check_work(table.stages, max_s)  # as if it were not cached: the answer does not depend on earlier calls
+        _check_work(table.stages, max_s, max_len)  # as if it were not cached: the answer does not depend on earlier calls
     else:
         table = DPTable(graph, max_front=max_front, selective=selective, deadline=deadline, max_s=max_s,
-                        nested=nested)
+                        nested=nested, max_len=max_len)
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = table
@@ -427,9 +375,11 @@ def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selecti
                           Option("selective", bool, "regions may keep op outputs from the forward (the menu of "
                                  "NOTE [ The menu of kept sets ]); False: every region recomputes all of it"),
                           Option("nested", bool, "regions may also run their child calls checkpointed inside "
-                                 "their recompute (NOTE [ Nested regions ]); False: one level")))
+                                 "their recompute (NOTE [ Nested regions ]); False: one level"),
+                          Option("time_limit_s", float, "wall-clock limit (NOTE [ dp under a time limit ]); "
+                                 "None: none", minimum=0, none_ok=True)))
 def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_FRONT, selective: bool = True,
-       nested: bool = False) -> Plan:
+       nested: bool = False, time_limit_s: float | None = DEFAULT_TIME_LIMIT_S) -> Plan:
     """Optimal plan over the chain of articulation points (see the module docstring).
 
     Args:
@@ -447,6 +397,11 @@ def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_F
             plan's ``inner``, optimal on a chain over plans whose regions are
             each one level or nested that way. On a graph without spans this
             changes nothing.
+        time_limit_s: wall clock: the call returns within this + 1 s, its
+            table filled with the regions its time allows, or raises
+            :class:`~solvers.deadline.OutOfTime` (NOTE [ dp under a time
+            limit ] in ``solvers.dp.limited``). None: no limit (the table is
+            quadratic in a chain's length: hours at 50,000 nodes).
 
     Returns:
         A plan with status ``optimal`` on a chain, ``feasible`` on other
@@ -457,16 +412,22 @@ def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_F
     Raises:
         InfeasibleBudget: with the least budget any such plan needs.
     """
+    if time_limit_s is not None:
+        from .limited import dp_within
+
+        return dp_within(graph, budget_bytes, Deadline(time_limit_s), max_front=max_front, selective=selective,
+                         nested=nested)
     return dp_answer(graph, dp_table(graph, max_front=max_front, selective=selective, nested=nested), budget_bytes)
 
 
-def dp_answer(graph: Graph, table: DPTable, budget_bytes: int) -> Plan:
-    """:func:`dp`'s plan from a filled table."""
+def dp_answer(graph: Graph, table: DPTable, budget_bytes: int, deadline: Deadline | None = None) -> Plan:
+    """:func:`dp`'s plan from a filled table (``deadline``: the simulations of an inexact table's answers stop
+    when it passes)."""
     if not table.exact:
-        return _dp_inexact(graph, table, budget_bytes)
+        return _dp_inexact(graph, table, budget_bytes, deadline)
     answer = table.solve(budget_bytes)
     regions, peak, cost = answer
-    optimal = table.is_chain and table.exact and not table.thinned
+    optimal = table.is_chain and table.exact and not table.thinned and not table.capped
     return Plan(regions=regions, saved=answer.saved, inner=answer.inner,
                 status=Status.OPTIMAL if optimal else Status.FEASIBLE,
                 bound=float(cost) if optimal else None,
@@ -478,7 +439,7 @@ def dp_answer(graph: Graph, table: DPTable, budget_bytes: int) -> Plan:
 RESCUE = 16
 
 
-def _dp_inexact(graph: Graph, table: DPTable, budget_bytes: int) -> Plan:
+def _dp_inexact(graph: Graph, table: DPTable, budget_bytes: int, deadline: Deadline | None = None) -> Plan:
     """``dp`` when common tensors make the table's peaks upper bounds: the
     cheapest of the predicted fit and the next :data:`RESCUE` front entries
     whose *simulated* peak fits (so store-all at a budget it fits is found)."""
@@ -488,6 +449,8 @@ def _dp_inexact(graph: Graph, table: DPTable, budget_bytes: int) -> Plan:
     # A nested region's profile is read off simulate at one context (NOTE [ Nested regions in the chain
     # decomposition ]): off a chain it is no upper bound, so every nested answer is simulated too.
     for at in range(max(idx, 0), min(len(root.h), max(idx, 0) + RESCUE + 1)):
+        if at > max(idx, 0) and deadline is not None and deadline.left() < deadline.pass_estimate(len(graph)):
+            break  # no time for one more simulation (NOTE [ dp under a time limit ])
         answer = table.plan_at(at)
         if (at > idx or answer.inner) and simulate(graph, Plan(regions=answer[0], saved=answer.saved,
                                                                inner=answer.inner),
@@ -496,7 +459,9 @@ def _dp_inexact(graph: Graph, table: DPTable, budget_bytes: int) -> Plan:
         if best is None or answer[2] < best[2]:
             best = answer
     if best is None:
-        raise InfeasibleBudget(budget_bytes, table.min_peak_bytes, solver="dp", best_regions=table.plan_at(0)[0])
+        least = table.plan_at(0)
+        raise InfeasibleBudget(budget_bytes, table.min_peak_bytes, solver="dp", best_regions=least[0],
+                               best_inner=least.inner, best_saved=least.saved)
     regions, peak, cost = best
     return Plan(regions=regions, saved=best.saved, inner=best.inner, status=Status.FEASIBLE, bound=None,
                 options={"stages": len(table.stages), "predicted_peak_bytes": peak})

@@ -41,7 +41,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["kernel", "plain_kernel", "compiled_ready", "load_in_background", "WORK_PER_S", "PLAIN_NAME"]
+__all__ = ["kernel", "plain_kernel", "compiled_ready", "load_in_background", "wait_for_compiled", "cache_is_warm",
+           "WORK_PER_S", "PLAIN_NAME", "LOAD_S"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,10 @@ PLAIN_NAME = "solvers.dp._plain"
 #: ``dp``'s table work (``solvers.dp.chain.fill_work``) one idle core fills in about a second, by kernel: compiled
 #: (True) or the plain copy (False).
 WORK_PER_S = {True: 500_000, False: 20_000}
+
+#: Seconds an idle core takes to make the compiled kernel callable: importing numba and loading the cached
+#: machine code (warm: True), or compiling it on an empty cache (False).
+LOAD_S = {True: 1.5, False: 12.0}
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}  # "compiled": merge_stage once run; "thread": the loader; "error": why it failed
@@ -108,6 +113,43 @@ def load_in_background() -> None:
         if "thread" not in _state and "compiled" not in _state:
             _state["thread"] = threading.Thread(target=_load_in_background, name="ckpt-dp-kernel", daemon=True)
             _state["thread"].start()
+
+
+def cache_is_warm() -> bool:
+    """Whether numba's cache likely holds the compiled kernel (NOTE [ numba's cache ] in ``solvers.dp._kernel``:
+    ``$NUMBA_CACHE_DIR``, the ``__pycache__`` beside it, the user's cache, the temporary fallback), newer than
+    its source; looked up without importing numba."""
+    import glob
+    import tempfile
+
+    here = os.path.dirname(__file__)
+    source = os.path.getmtime(os.path.join(here, "_kernel.py"))
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    env = os.environ.get("NUMBA_CACHE_DIR")
+    folders = [env] if env else [os.path.join(here, "__pycache__"),
+                                 os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "numba"),
+                                 os.path.join(tempfile.gettempdir(), f"ckpt-numba-cache-{uid}")]
+    for folder in folders:
+        for path in glob.glob(os.path.join(folder, "**", "_kernel.merge_stage-*.nbi"), recursive=True):
+            try:
+                if os.path.getmtime(path) >= source:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def wait_for_compiled(timeout_s: float) -> bool:
+    """Start loading the compiled kernel (:func:`load_in_background`) and wait for it at most ``timeout_s``
+    seconds; whether this process has it now. ``dp`` under its own time limit waits this way: the compile
+    counts against the limit (NOTE [ dp under a time limit ] in ``solvers.dp.limited``)."""
+    if compiled_ready():
+        return True
+    load_in_background()
+    thread = _state.get("thread")
+    if thread is not None and timeout_s > 0:
+        thread.join(timeout_s)
+    return compiled_ready()
 
 
 def kernel(*, wait: bool) -> tuple[Callable[..., Any], bool]:

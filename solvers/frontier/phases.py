@@ -74,7 +74,8 @@ def by_frontier(graph: Graph, budget_bytes: int, program: FrontierDP, deadline: 
         least = program.solve(top, objective="peak", deadline=deadline,
                               max_work=None if max_work is None else max(0, max_work - work))
         if least is not None and least.objective > budget_bytes:
-            raise InfeasibleBudget(budget_bytes, least.objective, solver="ilp", best_regions=least.regions)
+            raise InfeasibleBudget(budget_bytes, least.objective, solver="ilp", best_regions=least.regions,
+                                   best_inner=least.inner, best_saved=least.saved)
         log.error("ilp frontier program found no plan under %d, yet its least peak is %s", budget_bytes,
                   None if least is None else least.objective)
         raise SolverBug("the frontier program's least peak fits the budget it found no plan under")
@@ -98,7 +99,11 @@ def frontier_heuristic(graph: Graph, budget_bytes: int, deadline: Deadline, max_
     """A plan for a graph too wide for the exact program: the program with at
     most ``k`` unheld open tensors per boundary (the rest counted as held, so
     the plan fits), for ``k`` = 0, 2, 4, 8 while the time and the work last; the cheapest."""
-    program = FrontierDP(graph, max_width=None, blocks=False)
+    try:  # on a graph this wide the open sets alone are millions of entries: built only when there is time
+        program = FrontierDP(graph, max_width=None, blocks=False, deadline=deadline)
+    except (FrontierTimeout, MemoryError) as exc:
+        log.info("ilp heuristic: %s", exc or type(exc).__name__)
+        return None
     best: Incumbent | None = None
     spent = 0
     for k in (0, 2, 4, 8):

@@ -97,6 +97,11 @@ STEP_WORK = 1200
 ENTRY_WORK = 1
 
 
+#: Entries of the open sets (``solvers.frontier.front._open_sets``) an idle core builds in a second (about 3
+#: million here; a margin below it).
+OPEN_ENTRIES_PER_S = 2_000_000
+
+
 class FrontierTimeout(OutOfTime):
     """The program stopped before it finished: at its work limit (``by="work limit"``, the same on any
     machine) or at the deadline (``by="time limit"``)."""
@@ -131,7 +136,7 @@ class FrontierDP:
     """
 
     def __init__(self, graph: Graph, *, max_width: int | None = MAX_WIDTH, blocks: bool = True,
-                 selective: bool = False, nested: bool = False) -> None:
+                 selective: bool = False, nested: bool = False, deadline: Deadline | None = None) -> None:
         self.graph = graph
         na = node_arrays(graph, frozenset())
         self.na = na
@@ -146,6 +151,10 @@ class FrontierDP:
         if max_width is not None and w > max_width:
             raise TooWide(w, max_width, int(np.argmax(counts)))
         self.width = w
+        entries = int(counts.sum())  # the open sets' size: millions on a wide graph (NOTE [ One deadline ])
+        if deadline is not None and entries / OPEN_ENTRIES_PER_S * deadline.slowdown > deadline.left():
+            raise FrontierTimeout(f"the frontier program's open sets ({entries} entries, {w} tensors open at one "
+                                  f"position) would not be built within the {deadline.limit_s:g} s time limit")
         self.opens = _open_sets(bits, na.lc)
         rg = na.rg
         terms = terms_of(graph)  # NOTE [ One table of terms ]

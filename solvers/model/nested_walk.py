@@ -50,6 +50,7 @@ class NestedWalk(_Walk):
         self.rec_node_holds: list[list[int]] = [[] for _ in range(n)]
         self.shared = [False] * n
         self.inner_holds: dict[tuple[int, int], list[int]] = {}
+        self.inner_rng_held: dict[tuple[int, int], int] = {}  # the recompute's copy of an inner region's state
         for i in range(n - 1, -1, -1):
             if i in region_last:
                 r = region_last[i]
@@ -64,6 +65,7 @@ class NestedWalk(_Walk):
                 self.rng_at = outer_rng
                 for j in self.inner_holds.pop(inner, ()):  # the outer's copies of its inputs: released with the args
                     self._release_recomputed(j)
+                self.act -= self.inner_rng_held.pop(inner, 0)  # and the state its checkpoint stored in the outer's
             if self.rg[i]:
                 self._node_backward(i)
             if i in inner_first:
@@ -100,7 +102,6 @@ class NestedWalk(_Walk):
                     if a <= j <= b:
                         rec_hold[j] += 1
                         self.rec_node_holds[k].append(j)
-        rng_here = 0
         for x, y in inner:
             if x > stop:
                 break
@@ -120,9 +121,9 @@ class NestedWalk(_Walk):
         inner_start = {x: (x, y) for x, y in inner}
         for k in range(a, stop):
             nd = nodes[k]
-            if k in inner_start:  # the inner checkpoint stores the generator state again, for this recompute
+            if k in inner_start:  # the inner checkpoint stores the generator state again, for its own recompute
                 rng = self.inner_rng.get(inner_start[k], 0)
-                rng_here += rng
+                self.inner_rng_held[inner_start[k]] = rng
                 self.act += rng
             self.recompute_flops += nd.fwd_flops
             self.recompute_cost += self.costs[k]
@@ -142,9 +143,9 @@ class NestedWalk(_Walk):
                 self._drop_recomputed(k)
         if stop == last_x and last_x in inner_start:  # stopped as it stored the last inner region's inputs
             rng = self.inner_rng.get(inner_start[last_x], 0)
-            rng_here += rng
+            self.inner_rng_held[inner_start[last_x]] = rng
             self.act += rng
         for k in range(a, stop):
             if live[k - a] and rec_hold[k] == 0:
                 self._drop_recomputed(k)
-        self.act -= snapshot + rng_here
+        self.act -= snapshot

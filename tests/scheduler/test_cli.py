@@ -125,7 +125,8 @@ def test_fit_takes_model_options_keeps_answers_past_a_stop_and_writes_the_plan(t
     real = solvers.solve
     monkeypatch.setattr(solvers, "solve", solve)
     code, out, err = run(capsys, "fit", "tinynet:build", "-m", "640KiB", "--reserve", "0", "--optimizer", "sgd",
-                         "--layers", "3", "-O", "width=32", "--search", "none", "--batch", "8", "-o", "plan.json")
+                         "--layers", "3", "-O", "width=32", "--search", "none", "--batch", "8", "--target", "cpu",
+                         "-o", "plan.json")
     assert code == 0, err
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in
             (["store-all"], ["ilp"], ["dp"], ["chen"], ["per-module"])}
@@ -139,6 +140,33 @@ def test_fit_takes_model_options_keeps_answers_past_a_stop_and_writes_the_plan(t
     code, out, err = run(capsys, "apply", "plan.json")
     assert code == 0, err
     assert "applied 2 checkpoint regions of the ilp plan to tinynet:build" in out and "blocks.1" in out
+
+
+def test_fit_says_what_it_assumes_one_figure_one_name_and_apply_refuses_another_target(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """Issue 33: fit on a CPU model silently assumed Adam and an H100; its stderr said "peak" and its table "step
+    total" for one run; ``ckpt apply`` put the H100 plan on the CPU model without a word."""
+    (tmp_path / "tinynet.py").write_text(TINYNET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "fit", "tinynet:build", "-m", "2MiB", "--reserve", "0", "--layers", "3",
+                         "-O", "width=32", "--search", "none", "--batch", "8", "--solver", "ilp", "-o", "plan.json")
+    assert code == 0, err
+    assert "assuming: optimizer adam's state counted (the default; --optimizer" in out
+    assert "planned for cuda = " in out and "--target cpu" in out
+    progress = [line for line in err.splitlines() if "ilp at 8: fits" in line]
+    assert progress and "step total on card" in progress[0] and " peak " not in progress[0]
+    shown = progress[0].split("step total on card ")[1].split(",")[0].strip()
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["ilp"])
+    assert shown in row  # the table's "step total on card", the same figure
+    code, out, err = run(capsys, "apply", "plan.json")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "was solved for" in lines[0] and "--target cpu" in lines[0]
+    code, out, err = run(capsys, "fit", "tinynet:build", "-m", "2MiB", "--reserve", "0", "--layers", "3",
+                         "-O", "width=32", "--search", "none", "--batch", "8", "--solver", "ilp", "--optimizer", "adam",
+                         "--target", "cpu", "-o", "plan.json")
+    assert code == 0 and "(the default" not in out and "planned for --target cpu" in out
+    assert run(capsys, "apply", "plan.json")[0] == 0
 
 
 def test_solve_and_simulate_print_the_module_paths(tmp_path, capsys, monkeypatch):

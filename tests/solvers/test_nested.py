@@ -10,7 +10,7 @@ import random
 import pytest
 
 import solvers
-from graphs import Graph, Node, Span
+from graphs import Graph, Node, Span, synthetic
 from solvers import InfeasibleBudget, Plan, PlanError, pareto_frontier, simulate
 from solvers.brute_force import best_from_frontier, brute_force
 from solvers.dp import DPTable
@@ -192,3 +192,19 @@ def test_the_menu_is_a_subset_of_every_nesting():
             assert best_from_frontier(every, peak)[1] <= cost
         seen += 1
     assert seen >= 3
+
+
+@pytest.mark.parametrize("solver", ["ilp", "dp"])
+def test_a_nested_floor_names_one_figure(solver):
+    """Issue 33 (NOTE [ No unproven floor ]): "the least feasible budget is 80.50 MiB ... The lowest-peak plan found
+    peaks at 94.13 MiB" in one message: the floor re-simulated the least plan without its inner regions."""
+    import scheduler
+    from solvers import format_bytes
+
+    g = synthetic.transformer(30, spans=True)
+    with pytest.raises(InfeasibleBudget) as info:
+        scheduler.solve(g, 1, solver=solver, nested=True, time_limit_s=60)
+    exc, text = info.value, str(info.value)
+    assert exc.proven and f"least feasible budget is {format_bytes(exc.min_feasible_bytes)}" in text
+    assert "peaks at" in text and text.split("peaks at ")[1].startswith(format_bytes(exc.min_feasible_bytes))
+    assert exc.best_inner  # the least plan nests: what explains its peak is that plan

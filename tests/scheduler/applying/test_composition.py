@@ -22,9 +22,7 @@ import composition  # noqa: E402  (tests/ is on pytest's pythonpath)
 import scheduler  # noqa: E402
 from composition import FAMILIES, KINDS, WORKFLOWS, agree, applies, build, make_plan, tolerance  # noqa: E402
 from graphs import CkptError  # noqa: E402
-from scheduler.applying.chunked import ChunkedHeadError  # noqa: E402
 from scheduler.measuring.steps import allocator_step_peak  # noqa: E402
-from solvers.chunks import ChunkError  # noqa: E402
 
 composition.use(transformers)
 
@@ -36,31 +34,9 @@ REFUSED: dict[tuple[str, str], str] = {
     ("vit", "chunked"): r"ViTForImageClassification is neither\. Solve without chunks",
 }
 
-_MLP_DROPOUT = ("issue 33 item 5: --mlp-chunks refused on a model with dropout in its MLP (ChunkError: no call of "
-                "this graph is row-wise) instead of chunking the head alone", ChunkError)
-_TRAINER = ("issue 33 item 5: the chunked head's forward signature (*args, **kwargs) makes Trainer's "
-            "remove_unused_columns drop every column", (KeyError, ValueError))
-_TWICE = ("issue 33 item 4: a second backward (retain_graph, create_graph) through a region that keeps op outputs "
-          "raises torch's 'backward once ... selective activation checkpoint'", RuntimeError)
-
 #: (family or "*", kind or "*", workflow or "*") -> why the cell fails today, naming the part of issue 33 that
 #: fixes it, and the exception it fails with (any other failure of the cell is a failure).
 XFAIL: dict[tuple[str, str, str], tuple[str, Any]] = {
-    ("gpt2", "chunked", "*"): _MLP_DROPOUT,
-    ("bert", "chunked", "*"): _MLP_DROPOUT,
-    ("llama", "chunked", "trainer-train"): _TRAINER,
-    ("llama", "chunked", "trainer-evaluate"): _TRAINER,
-    ("llama", "chunked", "trainer-predict"): _TRAINER,
-    ("llama", "chunked", "tuple-output"): ("issue 33 item 5: return_dict=False with labels refused as 'changes the "
-                                           "logits after its head'", ChunkedHeadError),
-    ("llama", "chunked", "eval-grad"): ("issue 33 item 5: eval() with grad and labels returns logits=None",
-                                        AssertionError),
-    ("*", "kept", "retain-graph"): _TWICE, ("*", "kept", "grad-penalty"): _TWICE,
-    ("*", "stage", "retain-graph"): _TWICE, ("*", "stage", "grad-penalty"): _TWICE,  # every stage plan keeps ops
-    ("llama", "chunked", "retain-graph"): _TWICE,
-    ("gpt2", "nested", "retain-graph"): _TWICE, ("gpt2", "nested", "grad-penalty"): _TWICE,
-    ("llama", "nested", "retain-graph"): _TWICE, ("bert", "nested", "retain-graph"): _TWICE,
-    ("bert", "nested", "grad-penalty"): _TWICE,
     ("vit", "nested", "peak"): ("issue 33 item 2: a nested plan measures over its prediction by the allocator",
                                 AssertionError),
 }
@@ -143,13 +119,7 @@ def test_cell(cache, family, kind, workflow):
     agree(got, cache.reference(family, workflow), tolerance(kind, workflow), f"{family}-{kind}-{workflow}")
 
 
-_NO_ROW_WISE = ("issue 33 item 5: --mlp-chunks on a model without a row-wise call is refused by solve ('no call of "
-                "this graph is row-wise'), naming no way out, instead of chunking the head alone")
-
-
-@pytest.mark.parametrize("family,kind", [pytest.param(f, k, id=f"{f}-{k}-refused", marks=(
-    [pytest.mark.xfail(strict=True, reason=_NO_ROW_WISE, raises=ChunkError)] if f == "cnn" else []))
-    for f, k in sorted(REFUSED)])
+@pytest.mark.parametrize("family,kind", [pytest.param(f, k, id=f"{f}-{k}-refused") for f, k in sorted(REFUSED)])
 def test_refused_at_once_in_one_line(cache, family, kind):
     """Solved, then refused by apply before any step, in one line that says what to do."""
     base, _ = cache.model(family)

@@ -56,6 +56,9 @@ def test_solve_writes_a_plan_per_stage_that_applies_onto_the_stage_module(graph_
     (["--pp", "2", "--microbatches", "2", "--solver", "all"], "one solver"),
     (["--pp", "2", "--microbatches", "2", "--stages", "layers.9"], "no submodule call"),
     (["--fsdp", "2", "--budget", "0.5"], "one rank's card"),
+    # issue 33: accepted silently before
+    (["--tp", "3"], "--tp 3 does not divide the model's 2 heads"),
+    (["--fsdp-units", "layers.0"], "add --fsdp N"),
 ])
 def test_a_bad_layout_is_one_line_and_exit_status_2(graph_file, capsys, flags, words):
     budget = [] if "--budget" in flags else ["--budget", "1GiB"]
@@ -96,3 +99,12 @@ def test_a_stage_whose_solve_hit_its_time_limit_says_so(graph_file, monkeypatch)
     assert table.count("stopped at the time limit (no plan found in 7 s)") == 2 and "  no plan" not in table
     with pytest.raises(solvers.InfeasibleBudget, match="was stopped at the time limit"):
         solve_layout(graphs.load(graph_file), "1GiB", layout, time_limit_s=7)
+
+
+def test_the_trace_records_what_tensor_parallelism_splits(graph_file):
+    """Issue 33: a --tp that divides neither the heads nor the widths was accepted; the trace now records them."""
+    from scheduler.distributed.tensor_parallel import TP_META
+
+    sizes = graphs.load(graph_file).meta[TP_META]
+    assert 2 in sizes["heads"]
+    assert solve_layout(graphs.load(graph_file), "1GiB", Layout(tp=2)).fits

@@ -30,3 +30,19 @@ def test_chunks_with_a_layout_are_refused():
 
     with pytest.raises(SolverOptionError, match="not with layout="):
         scheduler.solve(lm_graph(), 1.0, chunks=(1, 2), layout=Layout(shard=2))
+
+
+def test_a_head_that_cannot_be_chunked_leaves_the_floor_without_the_lever(monkeypatch):
+    """Issue 33: torchvision's DenseNet-121 at batch 4, an infeasible budget: the floor's chunk lever built the
+    head in 16 chunks of 4 rows and raised a GraphError ("span ... out of range") in place of the answer."""
+    from graphs import GraphError
+    from scheduler.sizing import floor
+
+    g = lm_graph(blocks=2, vocab_x=16)
+
+    def unchunkable(*_a, **_k):
+        raise GraphError("span [82, 81, 'net+loss@chunk0/16'] is out of range")
+
+    monkeypatch.setattr(floor, "chunked_graph", unchunkable)
+    text = explain_floor(g).text
+    assert text and "chunks" not in text

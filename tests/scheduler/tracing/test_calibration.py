@@ -137,3 +137,18 @@ def test_ckpt_calibrate_measures_stores_and_shows(fake_cpu, capsys, monkeypatch)
     assert main(["calibrate", "--show"]) == 0
     out = capsys.readouterr().out
     assert "| 2 threads |" in out and "measured " in out and "CONTENDED" in out
+
+
+def test_ckpt_calibrate_with_a_cache_it_cannot_write_says_so_in_one_line(fake_cpu, capsys, monkeypatch, tmp_path):
+    """Issue 33: ``ckpt calibrate --cache <read-only dir>`` ended in a KeyError traceback."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    assert main(["calibrate", "--cache", str(not_a_folder), "--rounds", "1"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cache folder" in err[0] and "--cache DIR" in err[0] and "Traceback" not in err[0]
+    assert fake_cpu == []  # refused before measuring
+    # A folder that looks writable but takes no file (a read-only mount seen as root): measured, then one line.
+    monkeypatch.setattr(calibration, "write_text_atomic", lambda *a, **k: (_ for _ in ()).throw(OSError(30, "ro")))
+    assert main(["calibrate", "--cache", str(tmp_path / "ro"), "--rounds", "1"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "could not be stored" in err[0] and "KeyError" not in err[0]

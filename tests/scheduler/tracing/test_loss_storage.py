@@ -16,7 +16,7 @@ from torch import nn
 
 import scheduler
 import solvers
-from scheduler.measuring.steps import allocator_step_peak
+from scheduler.measuring.steps import allocator_step_peak, measure_step_peak
 from scheduler.tracing.loss_storage import STORAGE_SUFFIX, resized_bytes
 from solvers.brute_force import pareto_frontier
 
@@ -82,20 +82,39 @@ def test_a_meta_trace_for_the_cpu_has_the_same_nodes():
         [(nd.name, nd.out_bytes, nd.recomputable) for nd in cpu.nodes]
 
 
+@functools.lru_cache(maxsize=None)
+def _graph_without_workspaces(loop):
+    return scheduler.trace(_net(), (_x,), loss=_loss, loop=loop, workspaces="none")
+
+
 @pytest.mark.parametrize("loop", ["held", "dropped"])
 @pytest.mark.parametrize("regions", [(), ("0",), ("[0:2]",)])
 def test_the_allocator_peak_is_the_prediction(loop, regions):
+    """The tensors to the byte; the kernels' workspaces within what the trace measured of them.
+
+    The tensors a step holds (the storage count, ``measure_step_peak``) are the prediction without workspaces,
+    exactly, on any CPU. The allocator's peak adds the buffers the convolutions' kernels allocate inside their
+    calls, which the trace measures once per signature on this CPU (NOTE [ Op workspaces ]): what oneDNN
+    allocates depends on the CPU (AVX-512 or AVX2 kernels) and on the threads it runs with (this net's first
+    convolution's backward: 1,071,424 B more at 2 threads than at 1). A step never exceeds the prediction, and
+    falls short of it by no more than the workspace at the predicted peak (an AMD EPYC with AVX2 measured 968 B
+    under in a full run, where this test asserted equality; issue 33 item 8)."""
     g = _graph(loop)
     spans = {sp.module: (sp.first, sp.last) for sp in g.spans}
     plan = solvers.Plan.from_regions(g, [spans[r] for r in regions])
+    bare = _graph_without_workspaces(loop)
+    assert [(nd.name, nd.out_bytes) for nd in bare.nodes] == [(nd.name, nd.out_bytes) for nd in g.nodes]
     model = _net()
     if regions:
         scheduler.apply(model, plan)
     try:
+        counted = measure_step_peak(model, model, (_x,), {}, _loss, loop=loop)
         measured = allocator_step_peak(model, model, (_x,), {}, _loss, loop=loop)
     finally:
         scheduler.remove(model)
-    assert measured == solvers.simulate(g, plan).peak_bytes
+    assert counted == solvers.simulate(bare, plan).peak_bytes
+    sim = solvers.simulate(g, plan)
+    assert sim.peak_bytes - sim.breakdown["workspace"] <= measured <= sim.peak_bytes
 
 
 EXACT = [("ilp", True, {}), ("ilp", False, {}), ("ilp", True, {"method": "cp-sat", "warm_start": False}),

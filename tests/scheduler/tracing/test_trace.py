@@ -54,13 +54,19 @@ def test_store_all_peak_matches_a_measured_cpu_step_within_10_percent(traced_cas
 
     name, ex, traced = traced_case
     measured = allocator_step_peak(ex.model, ex.model, ex.args, ex.kwargs, ex.loss)
-    for gran in ("op", "fold", 3):
+    for gran in ("op", "fold"):  # exact up to the allocator's own few bytes
         predicted = simulate(traced.regroup(gran).graph).peak_bytes
-        err = (predicted - measured) / measured
-        # op and fold are exact up to the allocator's own few bytes; a module-depth graph merges
-        # nodes and may only over-count (a merged node holds its members' buffers together)
-        limit = 0.02 if gran in ("op", "fold") else 0.15
-        assert -0.02 < err < limit, f"{name} at {gran}: predicted {predicted}, measured {measured}"
+        assert abs(predicted - measured) < 0.02 * measured, f"{name} at {gran}: predicted {predicted}, measured {measured}"
+    # A module-depth graph merges nodes and may only over-count: a merged node holds at once what its members
+    # held in turn, its backward's buffers (workspace_bytes: the members' workspaces and internal gradients) and
+    # its parameters' gradients. So the over-count is bounded by the largest merged node's two, not by a share of
+    # the peak: the workspaces are the CPU's kernels' (unet at depth 3: +11.3 % on AVX-512, +15.2 % with oneDNN
+    # and ATen limited to AVX2, as on an AVX2 EPYC, against a fixed 15 % that failed there; issue 33 item 8).
+    graph = traced.regroup(3).graph
+    merged = [nd for nd in graph.nodes if len(nd.members) > 1]
+    bound = max((nd.workspace_bytes + nd.param_bytes for nd in merged), default=0)
+    over = simulate(graph).peak_bytes - simulate(traced.regroup("op").graph).peak_bytes
+    assert 0 <= over <= bound, f"{name} at depth 3: {over} B over the op graph, bound {bound}"
 
 
 def test_flops_agree_with_flop_counter_over_eager_forward_and_backward(traced_case):
