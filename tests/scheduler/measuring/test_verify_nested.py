@@ -27,6 +27,22 @@ def _nested_blocks(graph, prefix: str, layers: int) -> Plan:
     return Plan.from_regions(graph, blocks, inner=inner)
 
 
+def test_verify_passes_on_a_nested_gpt2_plan():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=256, n_positions=64, use_cache=False)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, 256, (1, 64))
+    kwargs = {"input_ids": ids, "labels": ids}
+    graph = scheduler.trace(model, (), kwargs, loss=lambda out: out.loss)
+    plan = _nested_blocks(graph, "transformer.h", 2)
+    assert any(m.endswith(".ln_1") for m in plan.inner_modules)  # the layer norms nest too (the issue's shape)
+    v = scheduler.verify(model, plan, (), kwargs, loss=lambda out: out.loss, graph=graph, steps=1, warmup=0)
+    assert v.grads_equal()  # bitwise
+    assert 0 < v.measured_peak_bytes <= v.predicted_peak_bytes
+    assert not any("forward" in m.__dict__ for m in model.modules())  # verify leaves the model as it was
+
+
 @pytest.fixture(scope="module")
 def nested_plan_file(tmp_path_factory) -> str:
     """A plan file for ``ckpt apply``: the CLI's gpt, every block a region with its child calls nested."""
