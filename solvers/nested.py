@@ -35,8 +35,15 @@ NOTE [ Nested regions ]
       region runs, as a one-level recompute does;
     * when the backward reaches an inner region's last node, the inner region
       is recomputed as a one-level region (NOTE [ Execution model ]) from the
-      inputs the outer's recompute kept, which are released when that
-      recompute ends (unless a node of it saves them);
+      inputs the outer's recompute kept. torch hands them over as the inner
+      checkpoint unpacks them (the outer's copy is cleared then), and the
+      inner recompute saves again whatever of them its nodes save: such an
+      input stays until the backward of the last inner node that saves it (a
+      linear layer's or a norm's input, the residual stream); the others are
+      released when the inner recompute ends. (Until issue 33 the walk
+      released every one of them there: plans measured up to 9 % over their
+      prediction; ``tests/scheduler/applying/test_nested_truth.py`` holds
+      the walk to the allocator on real modules.)
     * recompute cost: every node the outer's recompute runs, plus every node
       of every inner region once more.
 
@@ -83,8 +90,9 @@ NOTE [ The menu of inner regions ]
     The brute force also enumerates the whole depth-2 space
     (``pareto_frontier(graph, nested="every")``: every set of disjoint spans
     inside each region): on 25 random chains of at most 8 nodes the menu
-    reached its least budget on 22, and was up to 9 % above it on the other
-    3 (``tests/solvers/test_nested.py``).
+    reached its least budget on all 25 (``tests/solvers/test_nested.py``; on
+    22 before issue 33, when the walk freed the inputs inner nodes save and
+    nesting looked cheaper than it runs).
 """
 
 from __future__ import annotations

@@ -93,6 +93,7 @@ import logging
 import warnings
 from typing import Any
 
+import torch
 from torch import nn
 
 from graphs import CkptError
@@ -235,19 +236,59 @@ def remove(model: nn.Module) -> nn.Module:
 
 
 class _Planned(nn.Module):
-    """``model`` with ``plan`` switched on for each call only (see :func:`planned`)."""
+    """``model`` with ``plan`` switched on for each call only (see :func:`planned`).
+
+    NOTE [ A plan switched on for one step ]
+        One-level regions keep their recompute after the call returns (the
+        checkpoint holds the region's forward), so the plan is removed as the
+        call returns and the next plain call of ``model`` is plain. An outer
+        region's recompute (NOTE [ Nested regions ] in ``solvers.nested``)
+        calls its inner modules again, looked up on the modules as it runs:
+        removed, they ran plain and saved what the inner checkpoints did not
+        (torch's ``CheckpointError``, "recomputed values ... have different
+        metadata": ``verify`` on every nested plan). A plan with inner regions
+        therefore stays applied until the backward of the call's outputs ends
+        (a callback the autograd engine runs at the end of that backward,
+        queued by a gradient hook on the outputs), or until the next call of
+        this wrapper; a call whose outputs need no gradient removes it at once.
+    """
 
     def __init__(self, model: nn.Module, plan: Plan) -> None:
         super().__init__()
         self.__dict__["model"] = model
         self.__dict__["plan"] = plan
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        apply(self.model, self.plan, check=False)
-        try:
-            return self.model(*args, **kwargs)
-        finally:
+    def _remove(self) -> None:
+        if applied_plan(self.model) is self.plan:
             remove(self.model)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._remove()  # a previous call whose backward never ran
+        apply(self.model, self.plan, check=False)
+        held = False
+        try:
+            out = self.model(*args, **kwargs)
+            if self.plan.inner:
+                held = self._remove_after_backward(out)
+            return out
+        finally:
+            if not held:
+                self._remove()
+
+    def _remove_after_backward(self, out: Any) -> bool:
+        """Remove the plan when the backward of ``out`` ends; False when nothing of ``out`` needs a gradient."""
+        outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not outs:
+            return False
+        queued = [False]
+
+        def queue(_grads: Any) -> None:
+            if not queued[0]:
+                queued[0] = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._remove)
+
+        torch.autograd.graph.register_multi_grad_hook(outs, queue, mode="any")
+        return True
 
 
 def planned(model: nn.Module, plan: Plan) -> nn.Module:
@@ -256,7 +297,9 @@ def planned(model: nn.Module, plan: Plan) -> nn.Module:
     For measuring a plan beside the same model without it, alternately
     (``verify``, ``ckpt compare``): the regions a call checkpointed keep
     their recompute after the call returns, so the backward that follows is
-    the planned one, while the next plain call of ``model`` is not.
+    the planned one, while the next plain call of ``model`` is not (a nested
+    plan stays applied through that backward: NOTE [ A plan switched on for
+    one step ]).
     """
     return _Planned(model, plan)
 

@@ -4,9 +4,9 @@
 The rules they follow are the NOTEs of ``scheduler.applying.modules``:
 [ Checkpointing forward, not __call__ ], [ Recompute at the region's end ],
 [ Stateful ops under recompute ], [ RNG state per region ], [ Caches under
-recompute ], and [ Containers passed to a region ] and [ Regions under
-torch.compile ] below; a region that keeps some op outputs runs under its
-selective-checkpoint policy (NOTE [ Selective checkpoint policies ] in
+recompute ], and [ Containers passed to a region ], [ Every tensor a region
+receives is a checkpoint input ] and [ Regions under torch.compile ] below; a
+region that keeps some op outputs runs under its selective-checkpoint policy (NOTE [ Selective checkpoint policies ] in
 ``scheduler.applying.selective``).
 
 NOTE [ Regions under torch.compile ]
@@ -133,8 +133,29 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
     # NOTE [ Containers passed to a region ]: checkpoint keeps the arguments for the recompute by
     # reference; torchvision's DenseNet passes a list of features that it appends to after the call,
     # so the recompute concatenated more channels ("running_mean should contain 1024 elements not 832").
-    # The recompute gets containers of its own (same tensors).
-    args, kwargs = pytree.tree_map(lambda v: v, (tuple(args), dict(kwargs)))
+    # The recompute gets containers of its own (same tensors): every call rebuilds them.
+    # NOTE [ Every tensor a region receives is a checkpoint input ]
+    #     checkpoint saves its positional tensor arguments through the saved-tensor hooks that are active
+    #     (an inner region's, inside its outer region: the outer's, which keeps nothing: NOTE [ Nested
+    #     regions ] in solvers.nested); anything else the function holds (keyword arguments, tensors in
+    #     containers) stays referenced by its closure from the forward to the region's backward. An inner
+    #     region that takes its input by keyword (transformers' attention: ``hidden_states=``) therefore kept
+    #     the forward copy through the whole step, which the plan does not count (32 KiB over on a block
+    #     whose MLP took its input by keyword). So every tensor leaf of the arguments is passed to checkpoint
+    #     as a positional input, and the call is rebuilt from them in both runs; the closure keeps only the
+    #     non-tensor leaves and the structure.
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    tensors = [leaves[i] for i in tensor_at]
+    template = [None if isinstance(v, torch.Tensor) else v for v in leaves]
+    del leaves, args, kwargs
+
+    def rebuild(values: tuple) -> tuple[tuple, dict]:
+        filled = list(template)
+        for i, t in zip(tensor_at, values):
+            filled[i] = t
+        return pytree.tree_unflatten(filled, spec)
+
     stats = _running_stats(modules)
     probes: list[_Probe | None] = []
     use_probe = not any(_is_fsdp(m) for m in modules)
@@ -144,18 +165,19 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
         options["context_fn"] = selective_contexts(policy, stats)  # it snapshots the statistics itself
     quiet = policy.pause if policy is not None else contextlib.nullcontext
 
-    def run(*a: Any) -> Any:
+    def run(*values: Any) -> Any:
         nonlocal calls
         calls += 1
+        a, kw = rebuild(values)
         with quiet():
             probe = _Probe() if use_probe else None  # the region's first saved tensor, in both runs
         if calls == 1:
             probes.append(probe)
             if stochastic:
-                return fn(*a, **kwargs)
-            watch = RngWatch(a)
+                return fn(*a, **kw)
+            watch = RngWatch(values)
             with calls_of(drawing) as called:
-                result = fn(*a, **kwargs)
+                result = fn(*a, **kw)
             if watch.drew():
                 watched[0] = watch
                 counter.saw_random(path, f"{called[0]} called in training mode" if called
@@ -165,17 +187,17 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
         replay = watched[0].replay() if watched[0] is not None else contextlib.nullcontext()
         if not stats or policy is not None:
             with replay:
-                return fn(*a, **kwargs)
+                return fn(*a, **kw)
         saved = [b.detach().clone() for b in stats]
         try:
             with replay:
-                return fn(*a, **kwargs)
+                return fn(*a, **kw)
         finally:
             with torch.no_grad():
                 for b, s in zip(stats, saved):
                     b.copy_(s)
 
-    out = checkpoint(run, *args, use_reentrant=False, preserve_rng_state=stochastic, **options)
+    out = checkpoint(run, *tensors, use_reentrant=False, preserve_rng_state=stochastic, **options)
     probe = probes.pop() if probes else None  # the checkpoint holds run(): the probe must not stay there
     if probe is not None:
         outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]

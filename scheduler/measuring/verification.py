@@ -29,13 +29,15 @@ given: the plan is removed again at the end (apply it yourself to train).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
+from graphs import CkptError
 from solvers import Plan, format_bytes, simulate
 
 from ..applying.graph import CheckpointedModule, apply as apply_graph
@@ -43,9 +45,27 @@ from ..applying import apply as apply_modules, applied_plan, planned, remove
 from .steps import (LossFn, allocator_step_peak, clear_grads, grad_difference, grad_snapshot, measure_step_peak,
                     seeded_step, time_steps)
 
-__all__ = ["Verification", "verify"]
+__all__ = ["Verification", "VerifyError", "verify"]
 
 log = logging.getLogger(__name__)
+
+
+class VerifyError(CkptError, RuntimeError):
+    """A step ``verify`` ran failed: the message says which step, and torch's first line (the error is chained)."""
+
+
+@contextlib.contextmanager
+def _step_failure(what: str) -> Iterator[None]:
+    """An error of one of verify's steps as one :class:`VerifyError` line; the project's own errors pass as they are."""
+    try:
+        yield
+    except CkptError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (torch's errors from deep inside a step: named, not a traceback)
+        log.debug("verify: %s failed", what, exc_info=True)  # the traceback, for ckpt -vv
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        raise VerifyError(f"verify: {what} failed with {type(exc).__name__}: {first.rstrip('.')} (the whole "
+                          "traceback is chained to this error: run scheduler.verify in Python, or ckpt -vv)") from exc
 
 
 @dataclass(frozen=True)
@@ -182,6 +202,7 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
 
     Raises:
         PlanMismatch: the plan was solved for another model, shape or dtype.
+        VerifyError: a step failed (one line naming the step and torch's error, which it chains).
     """
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
     kwargs = dict(kwargs or {})
@@ -233,10 +254,12 @@ def _run(model: nn.Module, plan: Plan, graph: Any, applied: nn.Module, count: in
 
     # Equality: same seed, same weights, same starting buffers.
     reset()
-    l0 = steps_of["all"]()
+    with _step_failure("the step without the plan"):
+        l0 = steps_of["all"]()
     g0, b0 = grad_snapshot(params), [b.detach().clone() for b in buffers]
     reset()
-    l1 = steps_of["plan"]()
+    with _step_failure("the step with the plan"):
+        l1 = steps_of["plan"]()
     max_diff, _ = grad_difference(params, g0, strict=True, names=[n for n, _ in model.named_parameters()])
     buffers_equal = all(torch.equal(x, b.detach()) for x, b in zip(b0, buffers))
     loss_diff = float((l0.double() - l1.double()).abs())
@@ -244,19 +267,24 @@ def _run(model: nn.Module, plan: Plan, graph: Any, applied: nn.Module, count: in
     measured, counted = {}, {}
     if measure_memory:
         for key, module in modules.items():
+            what = "the step with the plan" if key == "plan" else "the step without the plan"
             reset()
             torch.manual_seed(seed)
-            counted[key] = measure_step_peak(module, model, args, kwargs, losses[key], loop=loop)
+            with _step_failure(f"{what}, measured by tensor storages,"):
+                counted[key] = measure_step_peak(module, model, args, kwargs, losses[key], loop=loop)
             reset()
             torch.manual_seed(seed)
-            measured[key] = allocator_step_peak(module, model, args, kwargs, losses[key], loop=loop)
+            with _step_failure(f"{what}, measured by the allocator,"):
+                measured[key] = allocator_step_peak(module, model, args, kwargs, losses[key], loop=loop)
 
     # Time: warm-up, then the two alternated in one run (ABBA), median of each.
-    for _ in range(warmup):
-        for step in steps_of.values():
-            clear_grads(model)
-            step()
-    t_plan, base = time_steps(steps_of["plan"], steps_of["all"], repeats=steps, before_each=lambda: clear_grads(model))
+    with _step_failure("a timed step"):
+        for _ in range(warmup):
+            for step in steps_of.values():
+                clear_grads(model)
+                step()
+        t_plan, base = time_steps(steps_of["plan"], steps_of["all"], repeats=steps,
+                                  before_each=lambda: clear_grads(model))
     reset()
     result = Verification(
         model=graph.name, solver=plan.solver, regions=count, budget_bytes=plan.budget_bytes,

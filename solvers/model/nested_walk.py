@@ -61,9 +61,11 @@ class NestedWalk(_Walk):
             if i in inner_last:
                 inner = inner_last[i]
                 outer_rng, self.rng_at = self.rng_at, {inner[0]: self.inner_rng.get(inner, 0)}
+                copies = self.inner_holds.pop(inner, [])
+                self._hold_saved_inputs(*inner, copies)
                 self._recompute(*inner)  # a one-level recompute, under its own fork_rng copy
                 self.rng_at = outer_rng
-                for j in self.inner_holds.pop(inner, ()):  # the outer's copies of its inputs: released with the args
+                for j in copies:  # the outer's copies of its inputs: released with the args
                     self._release_recomputed(j)
                 self.act -= self.inner_rng_held.pop(inner, 0)  # and the state its checkpoint stored in the outer's
             if self.rg[i]:
@@ -74,6 +76,19 @@ class NestedWalk(_Walk):
                 self.act -= self.rng_at.get(i, 0)
                 for j in self.region_holds[region_first[i]]:
                     self._release(j)
+
+    def _hold_saved_inputs(self, x: int, y: int, copies: list[int]) -> None:
+        """An inner region's nodes that save one of its inputs the outer's recompute made keep that copy
+        until their backward (NOTE [ Nested regions ]: the inner recompute's saved tensors)."""
+        if not copies:
+            return
+        made = set(copies)
+        rec_hold, saves = self.rec_hold, self.terms.saves
+        for k in range(x, y + 1):
+            for j in saves[k]:
+                if j in made:
+                    rec_hold[j] += 1
+                    self.rec_node_holds[k].append(j)
 
     def _release_recomputed(self, j: int) -> None:
         self.rec_hold[j] -= 1

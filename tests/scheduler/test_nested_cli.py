@@ -21,14 +21,14 @@ def run(capsys, *argv):
 
 def _graph():
     """A chain with module spans where nesting goes below every one-level plan (tests/solvers/test_nested.py)."""
-    for seed in range(20):
+    for seed in (61, 64, 99):  # of seeds 0..159, these (issue 33's walk): nesting dp's least plan goes lower too
         g = random_graph(seed, chain=True)
         g = dataclasses.replace(g, spans=tuple(random_spans(len(g), random.Random(7000 + seed), laminar=True)))
         nested, flat = (pareto_frontier(g, selective=False, nested=True)[0][0],
                         pareto_frontier(g, selective=False)[0][0])
         if nested < flat:
             return g, nested, flat
-    raise AssertionError("no chain of the first 20 seeds nests below one level")
+    raise AssertionError("none of these chains nests below one level")
 
 
 def test_solve_nested_reaches_below_one_level_and_the_floor_names_the_lever(tmp_path, capsys):

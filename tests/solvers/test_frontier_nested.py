@@ -82,7 +82,7 @@ def test_nesting_is_used_and_lowers_the_least_peak_on_some_dags():
         if res.objective < one:
             assert res.inner  # only a nested plan goes below every one-level plan
             lower += 1
-    assert lower >= 5
+    assert lower >= 2  # 5 before issue 33 (the walk then freed inner inputs that inner nodes save); 2 after
 
 
 @pytest.mark.parametrize("seed", [4, 21, 27, 29, 38])

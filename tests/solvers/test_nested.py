@@ -78,6 +78,23 @@ def test_the_second_recompute_is_counted_and_early_stop_skips_a_last_inner_regio
     assert simulate(g, Plan(regions=((0, 4),), inner=((1, 2),)), record=False).peak_bytes == mid.peak_bytes
 
 
+def test_an_inner_node_that_saves_an_input_the_outer_recompute_made_keeps_it_until_its_backward():
+    # Issue 33: the walk freed the outer recompute's copy of an inner region's input when the inner recompute
+    # ended, though a node of the inner region saved it (a linear layer saves its input); torch keeps it until
+    # that node's backward, as the one-level recompute of the outer does.
+    def node(k, **kw):
+        return Node(f"n{k}", inputs=(f"n{k - 1}",) if k else (), out_bytes=100 * (k + 1), fwd_flops=10,
+                    bwd_flops=20, **kw)
+
+    g = Graph(nodes=(node(0, saves_output=True), node(1, saves_inputs=()), node(2, saves_inputs=("n1",)),
+                     node(3, saves_inputs=("n2",)), node(4, saves_output=True, saves_inputs=())), name="linear-like")
+    one = simulate(g, Plan(regions=((0, 4),)))
+    nest = simulate(g, Plan(regions=((0, 4),), inner=((2, 3),)))
+    at = {s: live for s, live in zip(nest.steps, nest.live_bytes)}
+    # At the backward of node 2 the same tensors are live as in the one-level walk: n0, and n1 (saved by node 2).
+    assert at[("backward", 2)] == dict(zip(one.steps, one.live_bytes))[("backward", 2)]
+
+
 def test_the_forward_and_what_runs_after_the_outer_are_the_one_level_walk():
     tried = 0
     for seed in range(40):
@@ -129,9 +146,12 @@ def test_dp_nested_equals_the_brute_force_on_chains(seed, graph):
 
 
 def test_nesting_goes_below_every_one_level_plan_somewhere():
-    lower = [s for s, g in CHAINS[:20]
+    # Seeds 0..39 nest no lower since an inner region's saved inputs are kept (issue 33); of seeds 40..109,
+    # 44, 61, 90, 99 and 106 did at the time of writing.
+    chains = [_with_spans(random_graph(seed, chain=True), seed) for seed in (44, 61, 90)]
+    lower = [g for g in chains
              if pareto_frontier(g, selective=False, nested=True)[0][0] < pareto_frontier(g, selective=False)[0][0]]
-    assert lower  # the space is larger and it shows (seeds 1 and 2 at the time of writing)
+    assert lower  # the space is larger and it shows
 
 
 @pytest.mark.parametrize("seed", [1, 2, 5, 7])
@@ -180,7 +200,8 @@ def test_nest_to_fit_finds_the_cheapest_nesting_that_fits():
 
 def test_the_menu_is_a_subset_of_every_nesting():
     """The brute force over every depth-2 nesting (tiny chains) is at or below the menu's, itself at or below
-    one level; on the first 30 seeds the menu reached the whole space's least budget on 22 of 25 chains."""
+    one level; on the first 30 seeds the menu reached the whole space's least budget on all 25 chains of at most 8
+    nodes (22 before issue 33's fix of the walk)."""
     seen = 0
     for seed, graph in CHAINS[:12]:
         if len(graph) > 7:
