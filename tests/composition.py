@@ -22,6 +22,7 @@ from torch import nn
 import scheduler
 from scheduler.applying import applied_plan
 from solvers import InfeasibleBudget, Plan
+from solvers.nested import nested_plan_inner
 
 transformers = None  # imported by the test module (importorskip), set by :func:`use`
 
@@ -97,8 +98,13 @@ def make_plan(family: str, kind: str, graph: Any) -> Plan:
     elif kind == "chunked":
         plan = scheduler.solve(graph, least - 1, chunks=(1, 2, 4), mlp_chunks=(1, 2))
         assert any(k > 1 for _, _, k in plan.chunks), "the plan runs calls in chunks"
-    elif kind == "nested":  # below every one-level plan: where nesting pays
-        plan = scheduler.solve(graph, least - 1, nested=True)
+    elif kind == "nested":  # below every one-level plan, where nesting pays; else every region of the least
+        try:                # one-level plan nested (what the solver would nest, had it paid on these tiny sizes)
+            plan = scheduler.solve(graph, least - 1, nested=True)
+        except InfeasibleBudget:
+            one = scheduler.solve(graph, budgets[2], selective=False)
+            flags = [True] * len(one.regions)
+            plan = Plan.from_regions(graph, one.regions, inner=nested_plan_inner(graph, one.regions, flags))
         assert plan.inner, "the plan nests regions"
     else:
         from scheduler.distributed import Layout, solve_layout

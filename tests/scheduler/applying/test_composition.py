@@ -37,8 +37,6 @@ REFUSED: dict[tuple[str, str], str] = {
 #: (family or "*", kind or "*", workflow or "*") -> why the cell fails today, naming the part of issue 33 that
 #: fixes it, and the exception it fails with (any other failure of the cell is a failure).
 XFAIL: dict[tuple[str, str, str], tuple[str, Any]] = {
-    ("vit", "nested", "peak"): ("issue 33 item 2: a nested plan measures over its prediction by the allocator",
-                                AssertionError),
 }
 
 
