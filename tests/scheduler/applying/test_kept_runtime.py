@@ -150,17 +150,22 @@ def test_llama_in_bf16_after_an_fp32_trace(how):
 
 
 # ------------------------------------------------------------------- item 4: double backward
+def _fresh_forward(m):
+    """``m``'s forward on the batch from seed 0, its gradients cleared (the warnings are item 1's)."""
+    m.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return m(**_batch())
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama-eager"])
 def test_backward_twice_with_retain_graph(name):
     model, _, _ = planned(name)
     twin = _model(name)
     results = []
     for m in (model, twin):
-        m.zero_grad(set_to_none=True)
-        torch.manual_seed(0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = m(**_batch())
+        out = _fresh_forward(m)
         out.loss.backward(retain_graph=True)
         out.loss.backward()
         results.append((out.loss.detach(), _grads(m)))
@@ -174,11 +179,7 @@ def test_gradient_penalty_with_create_graph(name):
     twin = _model(name)
     results = []
     for m in (model, twin):
-        m.zero_grad(set_to_none=True)
-        torch.manual_seed(0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = m(**_batch())
+        out = _fresh_forward(m)
         params = [p for p in m.parameters() if p.requires_grad]
         grads = torch.autograd.grad(out.loss, params, create_graph=True, allow_unused=True)
         penalty = sum((g ** 2).sum() for g in grads if g is not None)
