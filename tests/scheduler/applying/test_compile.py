@@ -241,6 +241,49 @@ def test_transformers_gpt2_breaks_as_often_with_a_plan_as_without():
     assert all(w.recomputes == 0 for w in region_wrappers(planned)), "the compiled graph recomputes, not Python"
 
 
+def test_a_chunked_head_compiles_equal_to_the_compiled_twin():
+    """A chunked head and loss (NOTE [ Chunked head (applying) ]) beside a block region, compiled: no more
+    breaks than the unplanned model's, the loss and gradients of the compiled twin (the loss sum is
+    reassociated over chunks: 1e-6 relative, as in eager), the chunks recomputed by the compiled graph."""
+    transformers = pytest.importorskip("transformers")
+    import dataclasses
+
+    from solvers.chunks import chunk_entries, chunked_graph
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256, n_positions=16, use_cache=False,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    graph = capture(model, (), {"input_ids": ids, "labels": ids}, loss=lambda out: out.loss).graph
+    k = 4
+    chunked = chunked_graph(graph, k, 1)
+    regions = [(sp.first, sp.last) for sp in chunked.spans if "@chunk" in sp.module or sp.module == "transformer.h.0"]
+    plan = dataclasses.replace(Plan.from_regions(chunked, regions), chunks=chunk_entries(graph, k, 1),
+                               fingerprint=graph.fingerprint(), graph_meta=graph.meta).labelled(graph)
+    assert sum("@chunk" in m for m in plan.modules) == k
+    planned, twin = planned_and_twin(model, plan)
+
+    class Call(nn.Module):
+        def __init__(self, m: nn.Module) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.m(input_ids=ids, labels=ids).loss
+
+    base = compiled_step(Call(twin), (ids,))
+    ours = compiled_step(Call(planned), (ids,))
+    assert ours[3] <= base[3]
+    torch.testing.assert_close(ours[0], base[0], rtol=1e-6, atol=0)
+    assert ours[1].keys() == base[1].keys()
+    for name, g in base[1].items():
+        assert float((ours[1][name] - g).abs().max()) <= 1e-6 * float(g.abs().max()), name
+    wrappers = [m.__dict__["forward"] for m in planned.modules() if "forward" in m.__dict__]
+    assert any(type(w).__name__ == "ChunkedHead" for w in wrappers)
+    assert all(w.recomputes == 0 for w in wrappers), "the compiled graph recomputes, not Python"
+
+
 # ------------------------------------------------------------------ state and randomness
 def test_batchnorm_and_dropout_under_aot_eager_equal_the_compiled_twin():
     torch.manual_seed(0)
