@@ -455,13 +455,14 @@ def claims(doc: dict[str, Any]) -> list[str]:
             continue
         why = []
         if o["peak_bytes"] > t["peak_bytes"]:
-            why.append(f"ours {_mib(o['peak_bytes'])} MiB against {_mib(t['peak_bytes'])} after {o['solves']} solves")
+            least = f", our least prediction {_mib(o['floor_bytes'])} MiB" if "floor_bytes" in o else ""
+            why.append(f"ours {_mib(o['peak_bytes'])} MiB against {_mib(t['peak_bytes'])} after {o['solves']} solves{least}")
         if "time_s" in o and o["time_s"] > t["time_s"]:
             why.append(f"ours {_ms(o['time_s'])} ms against {_ms(t['time_s'])} ({o['time_s'] / t['time_s']:.3f})")
         out.append(f"  - {n}@{t['fraction']:g}: " + "; ".join(why))
     below = [(m["model"], m["below"], m["least_theirs_bytes"]) for m in doc["models"] if "below" in m]
     out.append("- ours below compile's least peak: " + "; ".join(
-        f"{n} {_mib(b['peak_bytes'])} MiB against {_mib(least)}" if b.get("reached") and b["peak_bytes"] < least
+        f"{n} {_mib(b['peak_bytes'])} MiB against {_mib(least)}" if b.get("peak_bytes", least) < least
         else f"{n} not reached ({_mib(b.get('peak_bytes', b.get('floor_bytes')))} MiB against {_mib(least)})"
         for n, b, least in below))
     ours = [o for _, _, o in pairs if "peak_bytes" in o] + [b for _, b, _ in below if "peak_bytes" in b]
