@@ -12,9 +12,10 @@ NOTE [ Merging regions for their overhead ]
     parent, at the same recompute and one call less. It is greedy (the best
     single merge, repeated) and only on one-level plans without kept nodes
     or chunks (a chunked or nested plan keeps its solver's regions). A graph
-    without overhead figures is left as solved. The plan's status still
-    refers to its recompute (the solver's proof); the merge only lowers the
-    total.
+    without overhead figures is left as solved. The plan's status refers to
+    its recompute (the solver's proof), so a plan proven optimal is merged
+    only where the merge adds no recompute (it stays optimal); a plan only
+    feasible may trade a little recompute for fewer calls.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import logging
 from graphs import Graph
 
 from .model.overheads import graph_overheads
-from .model.plan import Plan
+from .model.plan import Plan, Status
 from .model.simulate import simulate
 
 __all__ = ["fewer_regions"]
@@ -60,6 +61,7 @@ def fewer_regions(graph: Graph, plan: Plan, budget_bytes: int, *, widest: int = 
     rate = (graph.meta.get("costs") or {}).get("flops_per_s") or 0
     call = o.region_s * float(rate)
     costs = graph.recompute_costs()
+    proven = plan.status == Status.OPTIMAL
     regions = list(plan.regions)
     best_total = simulate(graph, plan, record=False).total_cost
     merged = 0
@@ -75,8 +77,8 @@ def fewer_regions(graph: Graph, plan: Plan, budget_bytes: int, *, widest: int = 
                     continue  # a region partly inside the cover
                 inside = [r for r in regions if cover[0] <= r[0] and r[1] <= cover[1]]
                 added = sum(costs[cover[0]:cover[1] + 1]) - sum(sum(costs[a:b + 1]) for a, b in inside)
-                if added >= call * (len(inside) - 1) or tries <= 0:
-                    continue
+                if added >= call * (len(inside) - 1) or tries <= 0 or (added > 0 and proven):
+                    continue  # an optimal plan's recompute stays optimal: only merges that add none
                 tries -= 1
                 cand = dataclasses.replace(plan, regions=tuple(sorted(trial)))
                 sim = simulate(graph, cand, record=False)

@@ -151,3 +151,12 @@ def test_a_trace_carries_the_overhead_figures():
     g = scheduler.trace(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), (torch.randn(2, 4),))
     assert "overheads" in g.meta["costs"] and graph_overheads(g) is None  # the tests' pinned zero figures
     assert "overheads" not in g.to_dict().get("fingerprint", "")
+
+
+def test_a_merge_adding_recompute_is_made_only_where_the_plan_is_not_proven_optimal():
+    g = _priced(lm_graph(blocks=2), region_s=1e-5).unaligned()
+    assert g.nodes[2].fwd_cost < 1e-5 * RATE  # the gap's recompute costs less than the call saved
+    budget = simulate(g).peak_bytes
+    for status, expect in (("optimal", ((1, 1), (3, 3))), ("feasible", ((1, 3),))):
+        plan = solvers.solve(g, budget, lambda graph, b, s=status: Plan(regions=((1, 1), (3, 3)), status=s))
+        assert plan.regions == expect and plan.status == status
