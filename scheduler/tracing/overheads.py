@@ -128,9 +128,9 @@ def measure_overheads(threads: int) -> dict[str, Any]:
 
         def selective(keep: int) -> Callable[[], None]:
             def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-                policy.seen += 1  # type: ignore[attr-defined]
-                return CheckpointPolicy.MUST_SAVE if policy.seen % n < keep else CheckpointPolicy.PREFER_RECOMPUTE  # type: ignore[attr-defined]
-            policy.seen = 0  # type: ignore[attr-defined]
+                seen[0] += 1
+                return CheckpointPolicy.MUST_SAVE if seen[0] % n < keep else CheckpointPolicy.PREFER_RECOMPUTE
+            seen = [0]
 
             def run() -> None:
                 checkpoint(chain, x, use_reentrant=False,
