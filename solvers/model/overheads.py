@@ -52,6 +52,7 @@ from typing import Any, Mapping, Sequence
 from graphs import COSTS_META, Graph
 
 from ..chunks import _products, expand, max_chunks
+from ..errors import SolverInputError
 from .terms import region_rng_bytes
 
 __all__ = ["OVERHEADS_KEY", "TERMS", "Overheads", "graph_overheads", "overhead_seconds", "with_overheads",
@@ -81,10 +82,10 @@ class Overheads:
         for name in _FIGURES:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"overhead figure {name} must be a finite number >= 0, got {v!r}")
+                raise SolverInputError(f"overhead figure {name} must be a finite number >= 0, got {v!r}")
         rows = tuple(sorted((int(m), float(r)) for m, r in self.gemm_rows))
         if any(m < 1 or not math.isfinite(r) or r <= 0 for m, r in rows):
-            raise ValueError(f"gemm_rows must be (rows >= 1, FLOP/s > 0) pairs, got {self.gemm_rows!r}")
+            raise SolverInputError(f"gemm_rows must be (rows >= 1, FLOP/s > 0) pairs, got {self.gemm_rows!r}")
         object.__setattr__(self, "gemm_rows", rows)
 
     @property
