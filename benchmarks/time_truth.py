@@ -291,7 +291,8 @@ def run_model(name: str, head_pairs: int, pairs: int) -> dict:
     t_ours, t_theirs = alternate(step, ours, theirs, head_pairs)
     plain, their = alternate(step, _PLAIN, theirs, pairs, timed=1)
     their_extra = statistics.median(t[1] - p[1] for p, t in zip(plain, their))
-    return dict(plain_s=statistics.median(p[1] for p in plain), their_extra=their_extra,
+    return dict(overheads=(graph.meta.get("costs") or {}).get("overheads"),
+                plain_s=statistics.median(p[1] for p in plain), their_extra=their_extra,
                 our_extra=pick["measured"], model=name, their_peak=their_peak, our_peak=our_peak, floor=floor,
                 pick=pick, rows=rows,
                 wall=_ratio(t_ours, t_theirs, 0), cpu=_ratio(t_ours, t_theirs, 1),
@@ -378,6 +379,15 @@ def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float) -> list
             out.append(f"| {format_bytes(c['budget'])} | {c['label']} | {_what(c['plan'])} | {_ms(c['predicted'])} "
                        f"({_ms(c['recompute'])}) | {_ms(c['measured'])} ({_ms(c['wall'])}) | {_ms(c['step'])} | "
                        f"{_ms(c['plain'])} |")
+    figures = next((r["overheads"] for r in results if r.get("overheads")), None)
+    if figures:
+        out += ["", "Overhead figures the plans were priced with (NOTE [ Overhead calibration ] in "
+                f"`scheduler/tracing/overheads.py`; {figures.get('source', '')}): "
+                + ", ".join(f"{k} {1e6 * float(figures[k]):.1f} us" for k in
+                            ("region_s", "random_region_s", "selective_op_s", "kept_call_s", "chunk_s", "op_s")
+                            if k in figures)
+                + "; float32 GEMM FLOP/s by rows: "
+                + ", ".join(f"{m}: {r / 1e9:.0f} G" for m, r in figures.get("gemm_rows", [])) + "."]
     out += ["", "## Goals (issue 34)", ""]
     out += goals(results)
     if skipped:
