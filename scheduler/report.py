@@ -157,6 +157,19 @@ def status_text(plan: Plan) -> str:
     return str(plan.status)
 
 
+def extra_line(plan: Plan) -> str:
+    """``predicted extra time T = recompute R + regions X + chunk_loop Y ...`` (NOTE [ Plan overheads ] in
+    ``solvers.model.overheads``), or "" when the plan has no overheads priced."""
+    f = plan.findings
+    terms = [(k[len("extra_"):-len("_s")], v) for k, v in f.items()
+             if k.startswith("extra_") and k.endswith("_s") and k not in ("extra_time_s", "extra_recompute_s")]
+    if not isinstance(f.get("extra_time_s"), (int, float)) or not terms:
+        return ""
+    parts = [f"recompute {format_seconds(f.get('extra_recompute_s', 0.0))}"]
+    parts += [f"{name.replace('_', ' ')} {format_seconds(v)}" for name, v in terms]
+    return f"predicted extra time {format_seconds(f['extra_time_s'])} = " + " + ".join(parts)
+
+
 def plan_summary(graph: Graph, plan: Plan) -> str:
     """Regions, predicted peak vs budget, overhead, solve time, status."""
     method = plan.findings.get("method")
@@ -170,6 +183,9 @@ def plan_summary(graph: Graph, plan: Plan) -> str:
         lines.append(f"predicted peak {format_bytes(plan.peak_bytes)}{budget}{loop}")
     if plan.recompute_flops is not None:
         lines.append(recompute_line(graph, plan.recompute_flops, plan.recompute_time_s))
+    extra = extra_line(plan)
+    if extra:
+        lines.append(extra)
     lines.append(checkpoints_line(plan))
     for key, what in (("chunks_skipped", "chunk menus"), ("menu_unproven", "not proven over the chunk menu")):
         if plan.findings.get(key):  # NOTE [ Chunk menus ] in solvers.chunk_menu

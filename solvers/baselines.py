@@ -95,7 +95,7 @@ def uniform(graph: Graph, budget_bytes: int, k: int | None = None) -> Plan:
         if min_peak is None or sim.peak_bytes < min_peak:
             min_peak, least = sim.peak_bytes, plan.regions
         if sim.peak_bytes <= budget_bytes:
-            key = (sim.recompute_cost, sim.peak_bytes)
+            key = (sim.total_cost, sim.peak_bytes)  # NOTE [ Plan overheads ]
             if best is None or key < best[0]:
                 best = (key, plan, kk)
     if best is None:

@@ -92,7 +92,7 @@ def _best(graph: Graph, budget_bytes: int, candidates, solver: str) -> Plan:
         if least is None or sim.peak_bytes < least:
             least, lowest = sim.peak_bytes, regions
         if sim.peak_bytes <= budget_bytes:
-            key = (sim.recompute_cost, sim.peak_bytes)
+            key = (sim.total_cost, sim.peak_bytes)  # NOTE [ Plan overheads ]
             if best is None or key < best[0]:
                 best = (key, regions)
     if best is None:

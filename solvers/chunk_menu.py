@@ -185,8 +185,9 @@ def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, i
 
     ``solve_one(g, budget_bytes)`` solves one graph (a registered solver
     through ``solvers.solve``); each pair of counts is solved on
-    :func:`~solvers.chunks.expand`, and the plan with the least recompute
-    cost that fits wins (ties: fewer chunks). With an exact ``solve_one`` the
+    :func:`~solvers.chunks.expand`, and the plan with the least total cost
+    that fits wins (recompute plus the chunk loop and region calls: NOTE
+    [ Plan overheads ]; ties: fewer chunks). With an exact ``solve_one`` the
     answer is optimal over the menus and every interval plan (NOTE [ Chunked
     head ]); it says ``optimal`` only where every pair proved it (NOTE
     [ Chunk menus ]).
@@ -196,8 +197,11 @@ def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, i
             counts are above the rows of their calls (:func:`read_menus`).
         InfeasibleBudget: no pair fits; its least feasible budget is the least over the menus.
     """
+    from .model.overheads import with_extra_time  # (the model imports solvers.chunks, which re-exports this)
+    from .model.simulate import simulate
+
     heads, calls, notes = read_menus(graph, menu, call_menu)
-    best, failures, stops = None, [], []
+    best, best_total, failures, stops = None, 0, [], []
     outcomes: dict[tuple[int, int], Any] = {}
     for kc in calls:
         for kh in heads:
@@ -219,10 +223,13 @@ def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, i
                 plan = dataclasses.replace(plan, chunks=chunks, fingerprint=graph.fingerprint(),
                                            graph_meta=graph.meta, findings={**plan.findings, "head_chunks": kh,
                                                                             "call_chunks": kc}).labelled(graph)
+            # NOTE [ Plan overheads ]: the chunk loop priced, so more chunks win only where they pay
+            sim = simulate(graph, plan, record=False)
+            plan = dataclasses.replace(plan, findings=with_extra_time(plan.findings, sim))
             outcomes[(kh, kc)] = plan
-            if best is None or plan.recompute_cost < best.recompute_cost:
-                best = plan
-            log.info("chunks head %d, calls %d: recompute %d", kh, kc, plan.recompute_cost)
+            if best is None or sim.total_cost < best_total:
+                best, best_total = plan, sim.total_cost
+            log.info("chunks head %d, calls %d: recompute %d, total %d", kh, kc, plan.recompute_cost, sim.total_cost)
     if best is None:
         if stops:
             raise stops[0]

@@ -191,8 +191,8 @@ def nest_to_fit(graph: Graph, regions: Sequence[tuple[int, int]], budget_bytes: 
         plan = Plan(regions=regions, inner=nested_plan_inner(graph, opts, flags))
         sim = simulate(graph, plan, record=False)
         least = sim.peak_bytes if least is None else min(least, sim.peak_bytes)
-        if sim.peak_bytes <= budget_bytes and (best_cost is None or sim.recompute_cost < best_cost):
-            best, best_cost = plan, sim.recompute_cost
+        if sim.peak_bytes <= budget_bytes and (best_cost is None or sim.total_cost < best_cost):
+            best, best_cost = plan, sim.total_cost  # NOTE [ Plan overheads ]: inner regions cost their calls
     return best, (least if least is not None else -1)
 
 
@@ -255,7 +255,8 @@ def solve_nested(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, in
                 failures.append(InfeasibleBudget(budget_bytes, least, solver="nested", best_regions=None,
                                                  scope=f"the nestings of {exc.solver or 'the solver'}'s least plan"))
     if found:
-        best = min(found, key=lambda p: (p.recompute_cost, p.peak_bytes))
+        # NOTE [ Plan overheads ]: nesting is chosen where it pays, its inner calls counted
+        best = min(found, key=lambda p: (simulate(graph, p, record=False).total_cost, p.peak_bytes))
         status = best.status if best.solver == "dp" else Status.FEASIBLE
         if proven is not None and best.recompute_cost >= proven.recompute_cost:
             best, status = proven, Status.OPTIMAL  # optimal over the menu; what ties it is no cheaper

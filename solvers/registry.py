@@ -29,6 +29,8 @@ from graphs import Graph
 from .errors import InfeasibleBudget, PlanError, SolverOptionError, UnknownOption, UnknownSolver
 from .options import Option, check_all, describe
 from .model.plan import Plan
+from .merge import fewer_regions
+from .model.overheads import with_extra_time
 from .model.simulate import simulate
 
 __all__ = ["SolverFn", "SolverInfo", "register", "get_solver", "solver_info", "available_solvers", "exact_solvers",
@@ -200,7 +202,7 @@ def finalize(graph: Graph, plan: Plan, budget_bytes: int, solver: str, options: 
         fingerprint=graph.fingerprint(),
         solver=solver,
         options={k: v for k, v in options.items() if isinstance(v, (int, float, str, bool, type(None)))},
-        findings=plan.findings,
+        findings=with_extra_time(plan.findings, sim),
         budget_bytes=int(budget_bytes),
         peak_bytes=sim.peak_bytes,
         recompute_flops=sim.recompute_flops,
@@ -249,6 +251,7 @@ def solve(graph: Graph, budget_bytes: int, solver: str | SolverFn = "dp", **opti
     if stray:
         raise PlanError(f"solver {name} returned region(s) {stray[:3]} that are no submodule call of the graph "
                         "(NOTE [ Module-aligned regions ]); solve on graph.unaligned() for the graph-level applier")
+    plan = fewer_regions(graph, plan, budget_bytes)  # NOTE [ Merging regions for their overhead ]
     out = finalize(graph, plan, budget_bytes, name, options, t0)
     if out.peak_bytes > budget_bytes:
         log.warning("solver %s returned a plan over budget (%d > %d)", name, out.peak_bytes, budget_bytes)

@@ -93,6 +93,28 @@ NOTE [ Kept calls under torch.compile ]
     in eager stay off. torch logs once that a ``context_fn`` reached
     ``torch.compile`` ("make sure the checkpointed region does not contain
     in-place ops"): the tracer never keeps a call that writes in place.
+
+NOTE [ Counting what a selective policy served ]
+    The profiler is no witness of what re-ran: its event for an ATen call
+    opens in the dispatcher, with the call's FLOPs, before our dispatch
+    modes or checkpoint's early stop decide anything. A kept call the
+    recompute *serves* from the store (nothing runs) still shows as a
+    kernel; a call our modes run again (``func(*args)`` inside
+    ``__torch_dispatch__``) shows twice; the call at which torch's
+    checkpoint stops its recompute (its last needed tensor saved again)
+    shows although it never ran. Counted so, a plan keeping both matrix
+    products of a region measured more recompute than a plain checkpoint of
+    it (``compare_summary.md``: 59 % "measured" for a plan predicted at
+    13 %). So the recomputed FLOPs of an eager step are counted below every
+    mode of ours: a ``FlopCounterMode`` open around the whole step sees a
+    call only when it reaches the kernels (not a served call, not the
+    stopped one, a re-dispatched one once), and the step's count less the
+    plain step's is what re-ran (``scheduler.measuring.steps.count_step_flops``).
+    The modes themselves count what they decide while a :func:`tally` is
+    open: calls made in the forward and kept, calls served and calls run
+    again in the recompute, with the FLOPs of each (torch's formulas); the
+    comparison reports them beside the count. A closed tally costs the
+    modes one list test per call.
 """
 
 from __future__ import annotations
@@ -108,7 +130,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-__all__ = ["RegionPolicy", "KeptOpsDropped", "selective_contexts", "compiled_contexts"]
+__all__ = ["RegionPolicy", "KeptOpsDropped", "selective_contexts", "compiled_contexts", "Tally", "tally"]
 
 try:  # the calls torch's selective checkpoint does not count (the forward and its recompute differ there)
     from torch.utils.checkpoint import SAC_IGNORED_OPS as _IGNORED
@@ -227,6 +249,71 @@ class RegionPolicy:
         return f"RegionPolicy({self.region!r}, {list(self.save_ops)})"
 
 
+# --------------------------------------------------------------------------- counting (NOTE [ Counting what a
+# selective policy served ])
+def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    """FLOPs of one call by torch's own formulas (0 for an op they do not price)."""
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(func._overloadpacket)
+    if formula is None:
+        return 0
+    try:
+        return int(formula(*args, **kwargs, out_val=out))
+    except Exception:  # a formula that does not fit these arguments: counted as no FLOPs
+        return 0
+
+
+class Tally:
+    """What the selective modes saw while it was open (NOTE [ Counting what a selective policy served ]).
+
+    Attributes:
+        forward_calls: calls counted in regions' forwards.
+        kept_calls: of those, the ones kept for the recompute.
+        served_calls: recompute calls answered from the store (nothing ran).
+        recomputed_calls: recompute calls that ran again.
+        served_flops: FLOPs of the served calls (torch's formulas).
+        recomputed_flops: FLOPs of the calls that ran again under a policy.
+    """
+
+    def __init__(self) -> None:
+        self.forward_calls = self.kept_calls = self.served_calls = self.recomputed_calls = 0
+        self.served_flops = self.recomputed_flops = 0
+
+    def note(self, phase: str, func: Any, args: tuple, kwargs: dict, out: Any, *, kept: bool = False) -> None:
+        if phase == "forward":
+            self.forward_calls += 1
+            self.kept_calls += int(kept)
+        elif phase == "served":
+            self.served_calls += 1
+            self.served_flops += _flops(func, args, kwargs, out)
+        else:
+            self.recomputed_calls += 1
+            self.recomputed_flops += _flops(func, args, kwargs, out)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+_TALLIES: list[Tally] = []
+
+
+@contextlib.contextmanager
+def tally():  # noqa: ANN201
+    """Count what the selective modes run, keep and serve while open (yields a :class:`Tally`)."""
+    t = Tally()
+    _TALLIES.append(t)
+    try:
+        yield t
+    finally:
+        _TALLIES.remove(t)
+
+
+def _note(phase: str, func: Any, args: tuple, kwargs: dict, out: Any, kept: bool = False) -> None:
+    for t in _TALLIES:
+        t.note(phase, func, args, kwargs, out, kept=kept)
+
+
 # --------------------------------------------------------------------------- the two dispatch modes
 def _detached(t: Any) -> Any:
     """A detached alias sharing ``t``'s version counter (below autograd, ``detach`` needs the view key
@@ -283,8 +370,11 @@ class _Keeping(TorchDispatchMode):
             return out
         i = self.index[func]
         self.index[func] = i + 1
-        if self.policy(None, func, *args, **kwargs) is CheckpointPolicy.MUST_SAVE:
+        keep = self.policy(None, func, *args, **kwargs) is CheckpointPolicy.MUST_SAVE
+        if keep:
             self.store.entries[(func, i)] = pytree.tree_map(_detached, out)
+        if _TALLIES:
+            _note("forward", func, args, kwargs, out, keep)
         return out
 
 
@@ -308,7 +398,10 @@ class _Replaying(TorchDispatchMode):
         i = self.index[func]
         self.index[func] = i + 1
         kept = self.store.take((func, i))
-        return func(*args, **kwargs) if kept is None else kept
+        out = func(*args, **kwargs) if kept is None else kept
+        if _TALLIES:
+            _note("recomputed" if kept is None else "served", func, args, kwargs, out)
+        return out
 
 
 class _Forward:

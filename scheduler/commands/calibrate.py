@@ -99,4 +99,11 @@ def run(args: argparse.Namespace) -> int:
         raise CkptError(f"the CPU peaks were measured but could not be stored in {folder}; {way_out}")
     print(_report(key, entry))
     print(f"stored in {os.path.join(folder, 'cpu_peaks.json')}")
+    from ..tracing.overheads import cpu_overheads  # NOTE [ Overhead calibration ]
+
+    o = cpu_overheads(cache=args.cache, refresh=True, threads=threads, rounds=args.rounds)
+    print("plan overheads: " + ", ".join(f"{name} {1e6 * getattr(o, name):.1f} us" for name in
+                                         ("region_s", "random_region_s", "selective_op_s", "kept_call_s", "chunk_s",
+                                          "op_s")))
+    print(f"stored in {os.path.join(folder, 'plan_overheads.json')}")
     return 0

@@ -34,8 +34,13 @@ def selective_options(names: Sequence[str], opts: Mapping[str, Mapping[str, Any]
 
 
 def pick_key(plan: Plan) -> tuple:
-    """How the best of several plans is picked: the solvers' own objective (``Plan.recompute_cost``:
-    roofline time by default), then the lower predicted peak. FLOPs only where a plan has no cost."""
+    """How the best of several plans is picked: the predicted extra time, recompute plus overheads
+    (``findings["extra_time_s"]``, NOTE [ Plan overheads ] in ``solvers.model.overheads``), else the solvers' own
+    objective (``Plan.recompute_cost``: roofline time by default), then the lower predicted peak. FLOPs only where
+    a plan has no cost."""
+    extra = plan.findings.get("extra_time_s")
+    if isinstance(extra, (int, float)) and not isinstance(extra, bool):
+        return (extra, plan.peak_bytes if plan.peak_bytes is not None else 0)
     cost = plan.recompute_cost if plan.recompute_cost is not None else plan.recompute_flops
     return (cost if cost is not None else 0, plan.peak_bytes if plan.peak_bytes is not None else 0)
 

@@ -30,8 +30,8 @@ from solvers import InfeasibleBudget, Plan, simulate
 
 from . import peers
 from ..measuring.profiler import profile_step
-from ..measuring.steps import (clear_grads, grad_difference, grad_snapshot, measure_step_peak, seeded_step, step_tensors,
-                               time_steps)
+from ..measuring.steps import (clear_grads, count_step_flops, grad_difference, grad_snapshot, measure_step_peak,
+                               seeded_step, step_tensors, time_steps)
 from ..measuring.storages import live_bytes_of
 from ..report import status_text
 from ..sizing.budget import parse_budget
@@ -96,8 +96,11 @@ class Row:
             cost at the graph's rate), what the plan should add to a step.
         measured_extra_s: median step time less the median un-checkpointed step time, both
             from the same alternated run.
-        measured_recompute_ratio: extra matmul/conv FLOPs the profiler saw /
-            step FLOPs.
+        measured_recompute_ratio: FLOPs that really re-ran / step FLOPs: eager methods by a
+            FLOP count below the selective modes (NOTE [ Counting what a selective policy
+            served ]: a kept call served from the store is not recomputed), compiled
+            ones by the profiler's matmul/conv kernels.
+        served_calls: calls a selective policy served from its store in the recompute (ours).
         solve_time_s: solver wall time (ours).
         grad_max_abs_diff: largest |grad - reference grad| over parameters.
         grad_rel_diff: the same over the largest |reference grad|.
@@ -121,6 +124,7 @@ class Row:
     predicted_extra_s: float | None = None
     measured_extra_s: float | None = None
     measured_recompute_ratio: float | None = None
+    served_calls: int | None = None
     solve_time_s: float | None = None
     grad_max_abs_diff: float | None = None
     grad_rel_diff: float | None = None
@@ -207,13 +211,22 @@ class _Bench:
                 t_m, t_r = time_steps(step, self.reference, repeats=self.repeats, before_each=self.clear)
                 metered = prepared.on(lambda: self.meter(prepared.forward, returns_loss=prepared.returns_loss))() \
                     if eager else None
+                counted = None
+                if eager:  # NOTE [ Counting what a selective policy served ]
+                    self.clear()
+                    torch.manual_seed(self.seed)
+                    counted = count_step_flops(step)
         finally:
             prepared.undo()
             self.clear()
         self.ref_times.append(t_r)
-        extra = max(0, tr.kernel_flops - self.ref_trace.kernel_flops)
+        if counted is not None:
+            extra = max(0, counted[0] - self.step_flops)
+            served = counted[1]["served_calls"]
+        else:
+            extra, served = max(0, tr.kernel_flops - self.ref_trace.kernel_flops), None
         row = replace(row, measured_peak_bytes=tr.peak_bytes, meter_peak_bytes=metered, step_time_ratio=t_m / t_r, step_time_s=t_m,
-                      measured_extra_s=t_m - t_r,
+                      measured_extra_s=t_m - t_r, served_calls=served,
                       measured_recompute_ratio=extra / self.step_flops if self.step_flops else None,
                       grad_max_abs_diff=diff, grad_rel_diff=rel, note=row.note or prepared.note)
         return row, tr

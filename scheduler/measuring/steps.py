@@ -24,8 +24,10 @@ from torch import nn
 
 from graphs import LOOPS
 
+from ..applying.selective import tally
+
 __all__ = ["LossFn", "clear_grads", "step_tensors", "training_step", "seeded_step", "time_steps", "grad_snapshot",
-           "grad_difference", "allocator_step_peak", "measure_step_peak"]
+           "grad_difference", "allocator_step_peak", "measure_step_peak", "count_step_flops"]
 
 log = logging.getLogger(__name__)
 
@@ -186,3 +188,20 @@ def allocator_step_peak(module: nn.Module, model: nn.Module, args: Sequence[Any]
         training_step(module, args, kwargs, loss, loop=loop)
 
     return profile_step(step, baseline_bytes=live_bytes_of(live)).peak_bytes
+
+
+def count_step_flops(step: Callable[[], Any]) -> tuple[int, dict[str, int]]:
+    """FLOPs of the kernels one eager ``step`` really ran, and what the selective modes served.
+
+    NOTE [ Counting what a selective policy served ] (``scheduler.applying.selective``):
+    a ``FlopCounterMode`` around the step counts each call that reaches the
+    kernels once (a kept call served from the store, or the call at which a
+    checkpoint stops its recompute, not at all), where the profiler counts
+    every call it sees enter the dispatcher. Returns ``(flops, tally)``,
+    ``tally`` the selective modes' counts (:class:`~scheduler.applying.selective.Tally`).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with tally() as seen, FlopCounterMode(display=False) as fc:
+        step()
+    return int(fc.get_total_flops()), seen.as_dict()

@@ -62,6 +62,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from graphs import COSTS_META, FROZEN_META, LOOPS, SCALARS_META, TARGET_META, WORKSPACES_META, Graph
+from solvers.model.overheads import OVERHEADS_KEY
 
 from .build import attribute_params, build_nodes, frozen_by_node, group_records, output_names
 from .spans import MODULES_META, TREE_META, module_spans, module_tree, sequential_children
@@ -70,6 +71,7 @@ from .loss_storage import split_loss_storage
 from .capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .costs import OpRecord, measure_ops
 from .outputs import capture_exposed, returned_nodes
+from .overheads import target_overheads
 from .roofline import model_dtype, roofline_records
 from .target import (Target, TargetError, TargetKernels, check_target_for_costs, fake_device, resolve_target,
                              rng_state_bytes, target_peaks)
@@ -359,7 +361,14 @@ def _as_training(model: nn.Module) -> Iterator[None]:
 
 def _price(records: list[OpRecord], costs: str, plan_for: Target, model: nn.Module,
            gm: torch.fx.GraphModule, flat: list[Any], time_repeats: int) -> tuple[list[OpRecord], dict]:
-    """``records`` with the chosen cost model's ``fwd_cost``, and ``meta["costs"]``."""
+    """``records`` with the chosen cost model's ``fwd_cost``, and ``meta["costs"]`` (with the plan overheads'
+    figures of the target: NOTE [ Overhead calibration ] in ``scheduler.tracing.overheads``)."""
+    out, meta = _priced(records, costs, plan_for, model, gm, flat, time_repeats)
+    return out, {**meta, OVERHEADS_KEY: target_overheads(plan_for.kind).to_dict()}
+
+
+def _priced(records: list[OpRecord], costs: str, plan_for: Target, model: nn.Module,
+            gm: torch.fx.GraphModule, flat: list[Any], time_repeats: int) -> tuple[list[OpRecord], dict]:
     if costs == "time":
         try:
             times = measure_node_times(gm, flat, repeats=time_repeats)

@@ -8,7 +8,8 @@ solver lives here.
 * ``simulate``: the execution model, step by step (NOTE [ Execution model ]);
   ``meter`` its step meter, ``terms`` the per-graph terms it derives once,
   ``gradients`` the gradient rules every plan shares, ``nested_walk`` its walk of nested regions
-  (NOTE [ Nested regions ] in ``solvers.nested``);
+  (NOTE [ Nested regions ] in ``solvers.nested``), ``overheads`` what a plan adds besides its
+  recompute (NOTE [ Plan overheads ]);
 * ``spans``: module-aligned regions; ``selective``: the kept sets a region may
   use; ``stages``: the chain structure (articulation cuts) the chain solvers cut at.
 """

@@ -105,6 +105,7 @@ NOTE [ Selective recompute ]
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
@@ -117,6 +118,7 @@ from ..errors import SolverInputError
 from .gradients import GradientWalk
 from .plan import Plan
 from .meter import BACKWARD, FORWARD, RECOMPUTE, _Meter
+from .overheads import graph_overheads, overhead_seconds
 from .terms import region_rng_bytes, terms_of
 
 __all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes", "GradientWalk", "cost_seconds",
@@ -146,6 +148,9 @@ class Simulation:
         step_flops: FLOPs of the step without checkpointing (forward + backward).
         recompute_time_s: ``recompute_cost`` in seconds (:func:`cost_seconds`);
             None when the graph has no rate (graphs costed before rates).
+        overhead_s: what the plan adds besides recompute, in seconds, by term (NOTE [ Plan
+            overheads ] in ``solvers.model.overheads``); empty for store-all.
+        overhead_cost: ``overhead_s`` in the solvers' units (seconds at the graph's rate).
         activation_peak_bytes: highest live bytes excluding parameters, inputs
             and parameter gradients (the quantity a fraction budget refers to).
     """
@@ -162,6 +167,20 @@ class Simulation:
     recompute_cost: int
     activation_peak_bytes: int
     recompute_time_s: float | None = None
+    overhead_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    overhead_cost: int = 0
+
+    @property
+    def total_cost(self) -> int:
+        """What a plan adds to the step in the solvers' units: recompute plus overheads (NOTE [ Plan overheads ])."""
+        return self.recompute_cost + self.overhead_cost
+
+    @property
+    def extra_time_s(self) -> float | None:
+        """The predicted extra time of the step: recompute time plus overheads (None without a rate)."""
+        if self.recompute_time_s is None:
+            return None
+        return self.recompute_time_s + sum(self.overhead_s.values())
 
     @property
     def recompute_ratio(self) -> float:
@@ -182,6 +201,7 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
         A :class:`Simulation` with the peak, where it happens, its breakdown,
         the timeline and the recompute cost.
     """
+    traced = graph
     if plan is not None:
         plan.validate(graph)
         graph = expand(graph, plan.chunks)  # NOTE [ Chunked head ] in solvers.chunks
@@ -198,6 +218,11 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
     walk.forward()
     walk.backward()
     sim = walk.result()
+    if plan is not None and graph_overheads(traced) is not None:  # NOTE [ Plan overheads ]
+        split = overhead_seconds(traced, plan.regions, plan.saved, plan.inner, plan.chunks)
+        rate = _rate(traced)
+        sim = dataclasses.replace(sim, overhead_s=split,
+                                  overhead_cost=int(round(sum(split.values()) * rate)) if rate else 0)
     if not record:
         remember(graph, plan, sim)
     return sim
@@ -211,7 +236,9 @@ _RECENT_SIZE = 4
 
 
 def _key(plan: Plan | None) -> tuple:
-    return (tuple(plan.regions), tuple(plan.saved), tuple(plan.inner)) if plan is not None else ((), (), ())
+    # chunks too: a chunked plan and its regions alone on the expanded graph differ in their overheads
+    return (tuple(plan.regions), tuple(plan.saved), tuple(plan.inner), tuple(plan.chunks)) if plan is not None \
+        else ((), (), (), ())
 
 
 def remember(graph: Graph, plan: Plan | None, sim: Simulation) -> None:
@@ -433,13 +460,18 @@ class _Walk:
         )
 
 
-def cost_seconds(graph: Graph, cost: int) -> float | None:
-    """``cost`` (FLOP-equivalents) in seconds at ``graph.meta["costs"]["flops_per_s"]``; None without a rate."""
+def _rate(graph: Graph) -> float | None:
     costs = graph.meta.get(COSTS_META)
     rate = costs.get("flops_per_s") if isinstance(costs, Mapping) else None
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
         return None
-    return cost / rate
+    return float(rate)
+
+
+def cost_seconds(graph: Graph, cost: int) -> float | None:
+    """``cost`` (FLOP-equivalents) in seconds at ``graph.meta["costs"]["flops_per_s"]``; None without a rate."""
+    rate = _rate(graph)
+    return None if rate is None else cost / rate
 
 
 def store_all_peak(graph: Graph) -> Simulation:

@@ -1,7 +1,7 @@
 import pytest
 from cpu_stand_in import figures
 
-from scheduler.tracing import calibration
+from scheduler.tracing import calibration, overheads
 from scheduler.tracing.calibration import CACHE_ENV
 
 
@@ -16,5 +16,9 @@ def fake_cpu(monkeypatch, tmp_path):
         return figures()
 
     monkeypatch.setattr(calibration, "measure_cpu", measure)
+    # nor its plan overheads (NOTE [ Overhead calibration ]): zero figures, as every test's
+    monkeypatch.setattr(overheads, "measure_overheads", lambda threads: {
+        "op_s": 0.0, "region_s": 0.0, "random_region_s": 0.0, "selective_op_s": 0.0, "kept_call_s": 0.0,
+        "chunk_s": 0.0, "gemm_rows": []})
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     return calls
