@@ -91,7 +91,8 @@ from graphs import Graph, Node, Span
 from .errors import PlanError, SolverInputError
 
 __all__ = ["CHUNK_MENU", "ROWWISE_OPS", "LOSS_SUFFIX", "ChunkError", "Tail", "find_tail", "find_calls", "chunk_entries", "chunked_graph", "expand",
-           "chunk_module", "parse_chunk_module", "solve_chunked", "token_rows", "max_chunks"]
+           "chunk_module", "parse_chunk_module", "solve_chunked", "token_rows", "max_chunks",
+           "call_rows", "chunk_rows"]
 
 
 #: The chunk counts the solvers try (1: the call as traced).
@@ -267,12 +268,31 @@ def token_rows(meta: Mapping[str, Any], *, integers: bool = False) -> int | None
     return rows
 
 
+def call_rows(graph: Graph, first: int, last: int) -> int | None:
+    """The token rows the call ``first..last`` of ``graph`` splits into chunks (NOTE [ Chunk counts and rows ]):
+    those its first node computes (``Node.rows``, recorded by the trace), or, on a graph that does not record
+    them, the tail's labels (the most elements of an integer input); None when neither is known."""
+    rows = graph.nodes[first].rows
+    if rows:
+        return rows
+    return token_rows(graph.meta, integers=True) if last == len(graph) - 1 else None
+
+
+def chunk_rows(rows: int, k: int) -> list[int]:
+    """The rows of each chunk the runtime makes of ``rows`` rows in ``k`` chunks (``scheduler.applying.chunked``):
+    chunks of ``ceil(rows / k)`` rows, the last one shorter, and fewer than ``k`` chunks when fewer fill the rows
+    (10 rows in 4: 3, 3, 3, 1; 6 rows in 4: 2, 2, 2)."""
+    size = max(-(-rows // k), 1)
+    count = max(1, min(k, -(-rows // size)))
+    return [size] * (count - 1) + [rows - size * (count - 1)]
+
+
 def max_chunks(graph: Graph, first: int, last: int) -> int:
-    """The most chunks the call ``first..last`` of ``graph`` runs in, a bound on its rows (NOTE [ Chunk counts and
-    rows ]): for the tail the most elements of an integer input (its labels), for another call those of any
-    input; on a graph that records no inputs, the bytes of the tensor the call reads (a row holds one byte at
-    least)."""
-    rows = token_rows(graph.meta, integers=True) if last == len(graph) - 1 else None
+    """The most chunks the call ``first..last`` of ``graph`` runs in, its rows or a bound on them (NOTE [ Chunk
+    counts and rows ]): the rows the trace recorded (:func:`call_rows`); else for the tail the most elements of an
+    integer input (its labels), for another call those of any input; on a graph that records no inputs, the bytes
+    of the tensor the call reads (a row holds one byte at least)."""
+    rows = call_rows(graph, first, last)
     if rows is None:
         rows = token_rows(graph.meta)
     if rows is not None:
@@ -330,8 +350,10 @@ def parse_chunk_module(path: str) -> tuple[str, int, int] | None:
     return (head, int(c), int(k)) if c.isdigit() and k.isdigit() else None
 
 
-def _part(value: int, k: int) -> int:
-    return value // k + value % k  # NOTE [ Chunked head ]: the remainder is what does not scale
+def _part(value: int, rows: int, part: int) -> int:
+    """The share of ``value`` (bytes or FLOPs of a node over ``rows`` rows) of a chunk of ``part`` rows: what scales
+    with the rows, and the remainder whole (NOTE [ Chunked head ]: a 4-byte loss, a scalar's saved total)."""
+    return value // rows * part + value % rows
 
 
 def chunk_entries(graph: Graph, head_k: int, call_k: int = 1) -> tuple[tuple[int, int, int], ...]:
@@ -389,21 +411,30 @@ def _expand(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
 def _build(graph: Graph, first: int, last: int, k: int, path: str, *, loss: bool) -> Graph:
     nodes = graph.nodes
     chunked, shared = _split(graph, first, last, what=path, loss=loss)
+    rows = call_rows(graph, first, last)
+    # NOTE [ Chunked head ]: the chunks the runtime makes, or (rows unknown) k parts of b // k + b % k
+    sizes = chunk_rows(rows, k) if rows else [1] * k
+    total = rows or k
+    m = len(sizes)
     out: list[Node] = list(nodes[:first]) + [nodes[i] for i in shared]
     spans: list[Span] = []
     copies = []
-    for c in range(k):
+    for c, part in enumerate(sizes):
         rename = {nodes[i].name: f"{nodes[i].name}@{c}" for i in chunked}
         start = len(out)
         for i in chunked:
             nd = nodes[i]
-            extra = nd.param_bytes * (2 if c == k - 2 else 1 if c < k - 2 else 0)  # NOTE [ Chunked head ]
+            extra = nd.param_bytes * (2 if c == m - 2 else 1 if c < m - 2 else 0)  # NOTE [ Chunked head ]
+            whole = rows and nd.rows and nd.rows != rows  # an output not over the rows (the loss): not split
             out.append(dataclasses.replace(
                 nd, name=rename[nd.name], inputs=tuple(rename.get(x, x) for x in nd.inputs),
-                saves_inputs=tuple(rename.get(x, x) for x in nd.saves_inputs), out_bytes=_part(nd.out_bytes, k),
-                saved_bytes=_part(nd.saved_bytes, k), workspace_bytes=_part(nd.workspace_bytes, k) + extra,
-                param_bytes=nd.param_bytes if c == k - 1 else 0, fwd_flops=_part(nd.fwd_flops, k),
-                bwd_flops=_part(nd.bwd_flops, k), fwd_cost=_part(nd.fwd_cost, k), members=(), sac_op=-1))
+                saves_inputs=tuple(rename.get(x, x) for x in nd.saves_inputs),
+                out_bytes=nd.out_bytes if whole else _part(nd.out_bytes, total, part),
+                saved_bytes=_part(nd.saved_bytes, total, part),
+                workspace_bytes=_part(nd.workspace_bytes, total, part) + extra,
+                param_bytes=nd.param_bytes if c == m - 1 else 0, fwd_flops=_part(nd.fwd_flops, total, part),
+                bwd_flops=_part(nd.bwd_flops, total, part), fwd_cost=_part(nd.fwd_cost, total, part), members=(),
+                sac_op=-1, rows=part if nd.rows == rows else nd.rows))
         spans.append(Span(start, len(out) - 1, chunk_module(path, c, k)))
         copies.append(out[-1].name)
     end = nodes[last]
