@@ -39,9 +39,18 @@ NOTE [ Chunked head ]
     a plan checkpoints any of them), then one
     node joining them: the sum of the losses, or a ``cat`` (its backward
     hands each chunk a view of its gradient) read where the call's output
-    was. A copy carries ``b // k + b % k`` of each node's bytes and FLOPs
-    (exact when k divides the rows: the remainder is what does not scale,
-    such as the 4-byte loss). A parameter's gradient is created by the
+    was. The copies are the chunks the runtime makes (:func:`chunk_rows`):
+    of the call's R rows (``Node.rows`` of its first node, recorded by the
+    trace), ``ceil(R / k)`` rows each and the last one shorter, and fewer
+    than k copies when fewer fill the rows (6 rows in 4 chunks: 2, 2, 2). A
+    copy of r rows carries ``b // R * r + b % R`` of each node's bytes and
+    FLOPs ``b``: what scales with the rows, and the remainder whole (what
+    does not scale, such as a scalar's 4 bytes); a node whose output is not
+    over the rows (the loss) keeps its output bytes whole. A graph that does
+    not record the rows (traced before they were, or hand-built) falls back
+    to the tail's labels for R, or else to k copies of ``b // k + b % k``
+    (exact when k divides the rows; once under the allocator by 8 to 172 B
+    where it did not). A parameter's gradient is created by the
     backward of the last chunk (the first to run); each earlier chunk's
     backward computes its own (a transient of that size) and autograd adds it
     into the first. The first of those additions is out of place (the first
@@ -75,8 +84,12 @@ NOTE [ Chunk counts and rows ]
     row holds one byte at least). :func:`expand` refuses a larger count
     before it copies a node, ``Plan`` (``normalise_chunks``, the largest
     input of ``graph_meta``) when a plan is built or loaded, and a menu drops
-    such counts (NOTE [ Chunk menus ]). At run time a batch with fewer rows
-    than k runs one chunk per row (``scheduler.applying.chunked``).
+    such counts (NOTE [ Chunk menus ]). The trace records each node's rows
+    (``Node.rows``: the product of its output's shape but the last
+    dimension), and a call's rows are its first node's: the bound is then the
+    rows themselves, and :func:`expand` sizes every chunk by them (NOTE
+    [ Chunked head ]). At run time a batch with fewer rows than k runs one
+    chunk per row (``scheduler.applying.chunked``).
 """
 
 from __future__ import annotations
