@@ -97,14 +97,14 @@ class _Recorder(TorchDispatchMode):
 
 def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
                         loss: Callable[[Any], torch.Tensor] | None, paths: Sequence[str],
-                        held: dict[str, int] | None = None) -> dict[str, int]:
+                        held: list[tuple[int, tuple[str, ...]]] | None = None) -> dict[str, int]:
     """``{call path: extra bytes}`` for the given submodule calls (NOTE [ Eager lifetimes in a recompute ]).
 
     ``paths`` are module paths (called once) or ``parent[i:j]`` runs of an
     ``nn.Sequential``'s children. Calls that did not run, and every call on
-    the ``meta`` device, get 0. ``held``, when given, is filled with ``{call path: bytes}`` of the
-    tensor arguments a call receives and does not read, made before it and saved by nobody (NOTE
-    [ A call's unread arguments ] in ``scheduler.tracing.held_arguments``; module paths only).
+    the ``meta`` device, get 0. ``held``, when given, gets one ``(bytes, call paths)`` per storage of
+    the tensor arguments calls receive and do not read, made before the call and saved by nobody
+    (NOTE [ A call's held arguments ] in ``scheduler.tracing.held_arguments``; module paths only).
     """
     leaves = list(model.parameters()) + [t for t in pytree.tree_leaves((tuple(args), dict(kwargs)))
                                          if isinstance(t, torch.Tensor)]
@@ -185,10 +185,12 @@ def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[s
                 b.copy_(s)
     records = rec.records
     if held is not None:
+        storages: dict[int, tuple[_Storage, list[str]]] = {}
         for n, (_, found) in unread.items():
-            size = sum(r.nbytes for r in found.values() if not r.saved)  # saved: alive to a backward after this one's
-            if size:
-                held[n] = size
+            for i, r in found.items():
+                if not r.saved:  # saved: alive to a backward after this call's
+                    storages.setdefault(i, (r, []))[1].append(n)
+        held.extend((r.nbytes, tuple(calls)) for r, calls in storages.values())
     out: dict[str, int] = {}
     for p in paths:
         run = parse_run_path(p)

@@ -299,7 +299,7 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         from .eager_lifetimes import measure_call_extras
 
         every = module_spans(records, [[i] for i in range(len(records))], sequentials)[0]  # all granularities' spans
-        held: dict[str, int] = {}  # NOTE [ A call's held arguments ]
+        held: list[tuple[int, tuple[str, ...]]] = []  # NOTE [ A call's held arguments ]
         extras = measure_call_extras(model, args, kwargs, loss, [sp.module for sp in every], held)
         graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, extras, loop, held)
     placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
@@ -378,7 +378,7 @@ def _price(records: list[OpRecord], costs: str, plan_for: Target, model: nn.Modu
 
 def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[str, Any], name: str,
               meta: dict, sequentials: Mapping[str, int], extras: Mapping[str, int], loop: str,
-              held: Mapping[str, int] | None = None) -> tuple[Graph, tuple[tuple[str, ...], ...], str | int]:
+              held: Sequence[tuple[int, tuple[str, ...]]] = ()) -> tuple[Graph, tuple[tuple[str, ...], ...], str | int]:
     if granularity == "auto":
         chosen: str | int = "op"
         for g in ("op", "fold", 4, 3, 2, 1):
@@ -400,7 +400,7 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     outputs = output_names(records, groups, nodes)
     loss_extra = sum(records[m].storage_extra_bytes for m in groups[-1] if records[m].returned)
     nodes, spans = split_loss_storage(nodes, spans, loss_extra)  # NOTE [ A loss's input-sized storage ]
-    nodes, spans = add_held_arguments(nodes, spans, held or {})  # NOTE [ A call's held arguments ]
+    nodes, spans = add_held_arguments(nodes, spans, held)  # NOTE [ A call's held arguments ]
     meta = dict(meta, granularity=str(chosen), estimated_flops=sum(r.estimated_flops for r in records))
     meta[MODULES_META] = modules
     scalars = int(totals.get("scalar_bytes", 0))  # NOTE [ Saved Python scalars ] in scheduler.tracing.costs
