@@ -33,8 +33,10 @@ NOTE [ A call's held arguments ]
     call to the last one's first node, while the caller's frame holds the
     real tensor anyway. Spans starting at the same node nest: an enclosing
     call's node comes first and lies outside it, an inner call's lies inside
-    the enclosing span. Not counted: a tensor saved only by an op after the
-    call (its saver's backward runs before the region's). A span that already starts
+    the enclosing span. Over by its bytes while the graph's own node of the
+    tensor is alive too (an op after the call reads it). Not counted: a
+    tensor saved only by an op after the call (its saver's backward runs
+    before the region's). A span that already starts
     at an unread view (NOTE [ A call's unread arguments ]) gets no node: it
     holds the view's storage already. Nothing is measured on the ``meta``
     device (no eager run).
