@@ -152,11 +152,14 @@ def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[s
                 found[id(r)] = r
         unread[n] = (first, found)
 
-    def returned(mod: nn.Module, _a: Any, _k: Any, _out: Any) -> None:
+    def returned(mod: nn.Module, _a: Any, _k: Any, result: Any) -> None:
         n = names.get(id(mod))
         if n is not None and n in unread:
             first, found = unread[n]
-            unread[n] = (first, {i: r for i, r in found.items() if r.last_read < first})  # read inside: the graph has it
+            out = {id(r) for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)
+                   and (r := rec.live.get(rec._key(t))) is not None}
+            # read inside, or handed back (dropout with p=0 returns its input): the graph has it
+            unread[n] = (first, {i: r for i, r in found.items() if r.last_read < first and i not in out})
 
     handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
                torch.nn.modules.module.register_module_forward_hook(post)]
