@@ -7,8 +7,8 @@ cross-entropy, sometimes a cache-like output), draws plans of every kind over ea
 (``benchmarks.random_plans``: store-all, regions, kept ops, chunked row-wise calls, nested regions, all
 mixed) for both loops, applies each onto a fresh copy, runs one step and measures it by the allocator
 against ``simulate``'s prediction, and compares loss, gradients and buffers with the unplanned twin.
-Chunked plans run twice: with chunk counts that divide the token rows (where the prediction claims to
-be exact) and with any count (``chunked-uneven``). The page ``results/generated.md`` has per kind: pairs,
+Chunked plans run twice: with chunk counts that divide the token rows and with any count
+(``chunked-uneven``: chunks of ``ceil(rows / k)`` rows, the last one shorter, NOTE [ Chunked head ]). The page ``results/generated.md`` has per kind: pairs,
 how many measured at or under their prediction, the largest over and under in bytes and %, how many
 matched the unplanned step, and every pair that did not.
 """
@@ -141,8 +141,8 @@ def main(quick: bool = False, seeds: int | None = None) -> None:
         "gradient for a chunked plan (its sums over rows are reassociated). Over = allocator - prediction.",
         "",
         "Kinds: `regions` (one level), `kept` (regions keeping op outputs), `chunked` (row-wise calls in k "
-        "chunks dividing the token rows), `chunked-uneven` (k not dividing them: the prediction charges each "
-        "chunk `b // k + b % k` bytes, an under-count of the larger chunks), `nested` (calls checkpointed "
+        "chunks dividing the token rows), `chunked-uneven` (k not dividing them: chunks of `ceil(rows / k)` rows, "
+        "the last one shorter, as the runtime cuts them and the prediction charges them), `nested` (calls checkpointed "
         "again inside a region), `mixed` (several levers in one plan).",
         "",
         *table(rows),

@@ -374,6 +374,7 @@ class Graph:
         for nd in d["nodes"]:
             del nd["fwd_flops"], nd["bwd_flops"], nd["fwd_cost"], nd["workspace_bytes"]
             del nd["dispatch"], nd["sac_op"]  # how a kept output is lowered, not what the plan does
+            nd.pop("rows", None)  # how big each chunk of a chunked call is: memory accounting
         payload = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

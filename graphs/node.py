@@ -90,6 +90,10 @@ class Node:
             storage the node owns (its output and own saved buffers), so a
             selective-checkpoint policy can keep them (NOTE [ Selective
             recompute ] in ``solvers.model.simulate``); -1: the node cannot be kept so.
+        rows: the token rows of the output: the product of its shape but the
+            last dimension (1 for a scalar), what a chunked call splits
+            (NOTE [ Chunk counts and rows ] in ``solvers.chunks``); 0 when
+            unknown (graphs traced before it was recorded, hand-built ones).
     """
 
     name: str
@@ -114,9 +118,10 @@ class Node:
     members: tuple[str, ...] = ()
     dispatch: tuple[str, ...] = ()
     sac_op: int = -1
+    rows: int = 0
 
     _INT_FIELDS = ("out_bytes", "fwd_flops", "bwd_flops", "fwd_cost", "saved_bytes", "workspace_bytes", "param_bytes",
-                   "state_bytes")
+                   "state_bytes", "rows")
     _BOOL_FIELDS = ("saves_output", "stochastic", "stateful", "recomputable", "requires_grad", "grad_views")
 
     def __post_init__(self) -> None:
@@ -134,6 +139,8 @@ class Node:
         d = {f.name: getattr(self, f.name) for f in _FIELDS}
         for key in ("inputs", "saves_inputs", "members", "dispatch"):
             d[key] = list(d[key])
+        if not d["rows"]:  # written only when known: files without it read as before
+            del d["rows"]
         return d
 
     @classmethod

@@ -39,9 +39,18 @@ NOTE [ Chunked head ]
     a plan checkpoints any of them), then one
     node joining them: the sum of the losses, or a ``cat`` (its backward
     hands each chunk a view of its gradient) read where the call's output
-    was. A copy carries ``b // k + b % k`` of each node's bytes and FLOPs
-    (exact when k divides the rows: the remainder is what does not scale,
-    such as the 4-byte loss). A parameter's gradient is created by the
+    was. The copies are the chunks the runtime makes (:func:`chunk_rows`):
+    of the call's R rows (``Node.rows`` of its first node, recorded by the
+    trace), ``ceil(R / k)`` rows each and the last one shorter, and fewer
+    than k copies when fewer fill the rows (6 rows in 4 chunks: 2, 2, 2). A
+    copy of r rows carries ``b // R * r + b % R`` of each node's bytes and
+    FLOPs ``b``: what scales with the rows, and the remainder whole (what
+    does not scale, such as a scalar's 4 bytes); a node whose output is not
+    over the rows (the loss) keeps its output bytes whole. A graph that does
+    not record the rows (traced before they were, or hand-built) falls back
+    to the tail's labels for R, or else to k copies of ``b // k + b % k``
+    (exact when k divides the rows; once under the allocator by 8 to 172 B
+    where it did not). A parameter's gradient is created by the
     backward of the last chunk (the first to run); each earlier chunk's
     backward computes its own (a transient of that size) and autograd adds it
     into the first. The first of those additions is out of place (the first
@@ -75,8 +84,12 @@ NOTE [ Chunk counts and rows ]
     row holds one byte at least). :func:`expand` refuses a larger count
     before it copies a node, ``Plan`` (``normalise_chunks``, the largest
     input of ``graph_meta``) when a plan is built or loaded, and a menu drops
-    such counts (NOTE [ Chunk menus ]). At run time a batch with fewer rows
-    than k runs one chunk per row (``scheduler.applying.chunked``).
+    such counts (NOTE [ Chunk menus ]). The trace records each node's rows
+    (``Node.rows``: the product of its output's shape but the last
+    dimension), and a call's rows are its first node's: the bound is then the
+    rows themselves, and :func:`expand` sizes every chunk by them (NOTE
+    [ Chunked head ]). At run time a batch with fewer rows than k runs one
+    chunk per row (``scheduler.applying.chunked``).
 """
 
 from __future__ import annotations
@@ -91,7 +104,8 @@ from graphs import Graph, Node, Span
 from .errors import PlanError, SolverInputError
 
 __all__ = ["CHUNK_MENU", "ROWWISE_OPS", "LOSS_SUFFIX", "ChunkError", "Tail", "find_tail", "find_calls", "chunk_entries", "chunked_graph", "expand",
-           "chunk_module", "parse_chunk_module", "solve_chunked", "token_rows", "max_chunks"]
+           "chunk_module", "parse_chunk_module", "solve_chunked", "token_rows", "max_chunks",
+           "call_rows", "chunk_rows"]
 
 
 #: The chunk counts the solvers try (1: the call as traced).
@@ -267,12 +281,31 @@ def token_rows(meta: Mapping[str, Any], *, integers: bool = False) -> int | None
     return rows
 
 
+def call_rows(graph: Graph, first: int, last: int) -> int | None:
+    """The token rows the call ``first..last`` of ``graph`` splits into chunks (NOTE [ Chunk counts and rows ]):
+    those its first node computes (``Node.rows``, recorded by the trace), or, on a graph that does not record
+    them, the tail's labels (the most elements of an integer input); None when neither is known."""
+    rows = graph.nodes[first].rows
+    if rows:
+        return rows
+    return token_rows(graph.meta, integers=True) if last == len(graph) - 1 else None
+
+
+def chunk_rows(rows: int, k: int) -> list[int]:
+    """The rows of each chunk the runtime makes of ``rows`` rows in ``k`` chunks (``scheduler.applying.chunked``):
+    chunks of ``ceil(rows / k)`` rows, the last one shorter, and fewer than ``k`` chunks when fewer fill the rows
+    (10 rows in 4: 3, 3, 3, 1; 6 rows in 4: 2, 2, 2)."""
+    size = max(-(-rows // k), 1)
+    count = max(1, min(k, -(-rows // size)))
+    return [size] * (count - 1) + [rows - size * (count - 1)]
+
+
 def max_chunks(graph: Graph, first: int, last: int) -> int:
-    """The most chunks the call ``first..last`` of ``graph`` runs in, a bound on its rows (NOTE [ Chunk counts and
-    rows ]): for the tail the most elements of an integer input (its labels), for another call those of any
-    input; on a graph that records no inputs, the bytes of the tensor the call reads (a row holds one byte at
-    least)."""
-    rows = token_rows(graph.meta, integers=True) if last == len(graph) - 1 else None
+    """The most chunks the call ``first..last`` of ``graph`` runs in, its rows or a bound on them (NOTE [ Chunk
+    counts and rows ]): the rows the trace recorded (:func:`call_rows`); else for the tail the most elements of an
+    integer input (its labels), for another call those of any input; on a graph that records no inputs, the bytes
+    of the tensor the call reads (a row holds one byte at least)."""
+    rows = call_rows(graph, first, last)
     if rows is None:
         rows = token_rows(graph.meta)
     if rows is not None:
@@ -330,8 +363,10 @@ def parse_chunk_module(path: str) -> tuple[str, int, int] | None:
     return (head, int(c), int(k)) if c.isdigit() and k.isdigit() else None
 
 
-def _part(value: int, k: int) -> int:
-    return value // k + value % k  # NOTE [ Chunked head ]: the remainder is what does not scale
+def _part(value: int, rows: int, part: int) -> int:
+    """The share of ``value`` (bytes or FLOPs of a node over ``rows`` rows) of a chunk of ``part`` rows: what scales
+    with the rows, and the remainder whole (NOTE [ Chunked head ]: a 4-byte loss, a scalar's saved total)."""
+    return value // rows * part + value % rows
 
 
 def chunk_entries(graph: Graph, head_k: int, call_k: int = 1) -> tuple[tuple[int, int, int], ...]:
@@ -389,21 +424,30 @@ def _expand(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
 def _build(graph: Graph, first: int, last: int, k: int, path: str, *, loss: bool) -> Graph:
     nodes = graph.nodes
     chunked, shared = _split(graph, first, last, what=path, loss=loss)
+    rows = call_rows(graph, first, last)
+    # NOTE [ Chunked head ]: the chunks the runtime makes, or (rows unknown) k parts of b // k + b % k
+    sizes = chunk_rows(rows, k) if rows else [1] * k
+    total = rows or k
+    m = len(sizes)
     out: list[Node] = list(nodes[:first]) + [nodes[i] for i in shared]
     spans: list[Span] = []
     copies = []
-    for c in range(k):
+    for c, part in enumerate(sizes):
         rename = {nodes[i].name: f"{nodes[i].name}@{c}" for i in chunked}
         start = len(out)
         for i in chunked:
             nd = nodes[i]
-            extra = nd.param_bytes * (2 if c == k - 2 else 1 if c < k - 2 else 0)  # NOTE [ Chunked head ]
+            extra = nd.param_bytes * (2 if c == m - 2 else 1 if c < m - 2 else 0)  # NOTE [ Chunked head ]
+            whole = rows and nd.rows and nd.rows != rows  # an output not over the rows (the loss): not split
             out.append(dataclasses.replace(
                 nd, name=rename[nd.name], inputs=tuple(rename.get(x, x) for x in nd.inputs),
-                saves_inputs=tuple(rename.get(x, x) for x in nd.saves_inputs), out_bytes=_part(nd.out_bytes, k),
-                saved_bytes=_part(nd.saved_bytes, k), workspace_bytes=_part(nd.workspace_bytes, k) + extra,
-                param_bytes=nd.param_bytes if c == k - 1 else 0, fwd_flops=_part(nd.fwd_flops, k),
-                bwd_flops=_part(nd.bwd_flops, k), fwd_cost=_part(nd.fwd_cost, k), members=(), sac_op=-1))
+                saves_inputs=tuple(rename.get(x, x) for x in nd.saves_inputs),
+                out_bytes=nd.out_bytes if whole else _part(nd.out_bytes, total, part),
+                saved_bytes=_part(nd.saved_bytes, total, part),
+                workspace_bytes=_part(nd.workspace_bytes, total, part) + extra,
+                param_bytes=nd.param_bytes if c == m - 1 else 0, fwd_flops=_part(nd.fwd_flops, total, part),
+                bwd_flops=_part(nd.bwd_flops, total, part), fwd_cost=_part(nd.fwd_cost, total, part), members=(),
+                sac_op=-1, rows=part if nd.rows == rows else nd.rows))
         spans.append(Span(start, len(out) - 1, chunk_module(path, c, k)))
         copies.append(out[-1].name)
     end = nodes[last]

@@ -32,6 +32,7 @@ NOTE [ Merging nodes ]
       storage has it, or, in a group that creates none, when every member
       with a backward has it (views: NOTE [ View gradients through views ]
       in ``solvers.model.gradients``);
+    * ``rows`` (the token rows a chunked call splits) are its last output's;
     * FLOPs and costs (``fwd_cost``) add up; flags are "any member"; ``param_bytes`` are the
       parameters whose last forward user is in ``G`` (their gradient is
       created when the backward reaches that user).
@@ -189,8 +190,14 @@ def build_nodes(records: Sequence[OpRecord], groups: Sequence[Sequence[int]],
             members=tuple(name for r in rs for name in r.members),
             dispatch=dispatch,
             sac_op=sac_op,
+            rows=_rows(records, outs or members),
         ))
     return nodes
+
+
+def _rows(records: Sequence[OpRecord], members: Sequence[int]) -> int:
+    """The token rows of a group: those of its last output member that returned a tensor (``Node.rows``)."""
+    return next((records[m].rows for m in reversed(members) if records[m].rows), 0)
 
 
 def _grad_views(rs: Sequence[OpRecord]) -> bool:

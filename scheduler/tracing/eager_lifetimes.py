@@ -96,12 +96,15 @@ class _Recorder(TorchDispatchMode):
 
 
 def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
-                        loss: Callable[[Any], torch.Tensor] | None, paths: Sequence[str]) -> dict[str, int]:
+                        loss: Callable[[Any], torch.Tensor] | None, paths: Sequence[str],
+                        held: list[tuple[int, tuple[str, ...]]] | None = None) -> dict[str, int]:
     """``{call path: extra bytes}`` for the given submodule calls (NOTE [ Eager lifetimes in a recompute ]).
 
     ``paths`` are module paths (called once) or ``parent[i:j]`` runs of an
     ``nn.Sequential``'s children. Calls that did not run, and every call on
-    the ``meta`` device, get 0.
+    the ``meta`` device, get 0. ``held``, when given, gets one ``(bytes, call paths)`` per storage of
+    the tensor arguments calls receive and do not read, made before the call and saved by nobody
+    (NOTE [ A call's held arguments ] in ``scheduler.tracing.held_arguments``; module paths only).
     """
     leaves = list(model.parameters()) + [t for t in pytree.tree_leaves((tuple(args), dict(kwargs)))
                                          if isinstance(t, torch.Tensor)]
@@ -135,8 +138,36 @@ def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[s
         if n is not None and n not in ends:
             ends[n] = rec.op
 
+    unread: dict[str, tuple[int, dict[int, _Storage]]] = {}  # path -> (first op, storages passed in, not read)
+
+    def passed(mod: nn.Module, a: Any, k: Any) -> None:
+        n = names.get(id(mod))
+        if n is None or n in unread:
+            return
+        first = rec.op + 1
+        found = {}
+        for t in pytree.tree_leaves((a, k)):
+            r = rec.live.get(rec._key(t)) if isinstance(t, torch.Tensor) else None
+            if r is not None and r.made < first:
+                found[id(r)] = r
+        unread[n] = (first, found)
+
+    def returned(mod: nn.Module, _a: Any, _k: Any, result: Any) -> None:
+        n = names.get(id(mod))
+        if n is not None and n in unread:
+            first, found = unread[n]
+            out = {id(r) for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)
+                   and (r := rec.live.get(rec._key(t))) is not None}
+            # read inside, or handed back (dropout with p=0 returns its input): the graph has it
+            unread[n] = (first, {i: r for i, r in found.items() if r.last_read < first and i not in out})
+
     handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
                torch.nn.modules.module.register_module_forward_hook(post)]
+    if held is not None:
+        for m in model.modules():
+            if id(m) in names and parse_run_path(names[id(m)]) is None:
+                handles.append(m.register_forward_pre_hook(passed, with_kwargs=True))
+                handles.append(m.register_forward_hook(returned, with_kwargs=True))
     buffers = list(model.buffers())
     saved = [b.detach().clone() for b in buffers]
     try:
@@ -156,6 +187,13 @@ def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[s
             for b, s in zip(buffers, saved):
                 b.copy_(s)
     records = rec.records
+    if held is not None:
+        storages: dict[int, tuple[_Storage, list[str]]] = {}
+        for n, (_, found) in unread.items():
+            for i, r in found.items():
+                if not r.saved:  # saved: alive to a backward after this call's
+                    storages.setdefault(i, (r, []))[1].append(n)
+        held.extend((r.nbytes, tuple(calls)) for r, calls in storages.values())
     out: dict[str, int] = {}
     for p in paths:
         run = parse_run_path(p)

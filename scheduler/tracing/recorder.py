@@ -51,6 +51,7 @@ NOTE [ Which op a policy keeps ]
 from __future__ import annotations
 
 import functools
+import math
 import weakref
 from typing import Any, Sequence
 
@@ -268,6 +269,7 @@ class Recorder(torch.fx.Interpreter):
             dispatch=dispatch, sac_op=-1 if self.watch.stochastic or self.watch.stateful else sac_op,
             free_calls=all(free for _, _, free in self.watch.policy_calls),
             storage_extra_bytes=sum(self.watch.extra_storage.get(k, 0) for k in created),
+            rows=int(math.prod(out_tensors[0].shape[:-1])) if out_tensors else 0,
         ))
         return result
 

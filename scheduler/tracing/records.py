@@ -67,6 +67,9 @@ class OpRecord:
             in ``scheduler.tracing.recorder``).
         free_calls: every call in ``dispatch`` is free (a view or bare
             relabelling: no kernel, no write, no random numbers).
+        rows: the rows of the node's first tensor output, the product of its
+            shape but the last dimension (1 for a scalar); 0 when it returns
+            no tensor (NOTE [ Chunk counts and rows ] in ``solvers.chunks``).
     """
 
     name: str
@@ -102,6 +105,7 @@ class OpRecord:
     free_calls: bool = False
     output: bool = False
     storage_extra_bytes: int = 0
+    rows: int = 0
 
     @property
     def cost(self) -> int:

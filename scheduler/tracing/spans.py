@@ -42,9 +42,11 @@ NOTE [ A call's unread arguments ]
     a storage, that nothing reads, returns or writes through, and that run in
     exactly the calls enclosing the call (the caller's frame); the call is
     the outermost starting at that node. They run outside the checkpoint in
-    eager (before the call), costing nothing and creating no storage. Not
-    covered: an unread argument made earlier than right before the call, or
-    one that is no view (a tensor other ops read too, or none).
+    eager (before the call), costing nothing and creating no storage. An
+    unread argument made earlier than right before the call, or one that is
+    no view (a tensor other ops read too, or none), gets a node of its own
+    before the call when nothing saves it (NOTE [ A call's held arguments ]
+    in ``scheduler.tracing.held_arguments``).
 
 Spans carry the module path (``h.3``, ``layer1[0:2]`` for a Sequential run);
 the graph's meta records each span module's class name, so a plan applied to
