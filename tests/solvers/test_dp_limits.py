@@ -132,6 +132,19 @@ def test_dp_without_time_for_a_table_says_no_plan_within_the_limit(monkeypatch, 
                           selective=True, nested=False)
 
 
+def test_dp_with_too_little_left_for_its_first_passes_answers_at_once(no_probe):
+    """Issue 33: ``dp`` on a 20,000-node chain at a load of 8 began its solve with its limit spent (reading the
+    graph had taken it) and still took 4.5 s for the graph's fingerprint and stages before saying so. As ``ilp``,
+    it now answers at once where what is left cannot hold its first passes and the read-out."""
+    g = synthetic.make("chain", 300)
+    clock = HandClock()
+    deadline = Deadline(2.0, clock=clock)
+    clock.now = 1.95
+    with pytest.raises(OutOfTime, match=r"dp: no plan within 2 s: 0.05 s were left when it started"):
+        limited.dp_within(g, activation_budget_bytes(g, 0.5), deadline, max_front=None, selective=True, nested=False)
+    assert "_fingerprint" not in g.__dict__  # not one pass made
+
+
 def test_dp_stops_filling_at_its_deadline(monkeypatch, no_probe):
     g = synthetic.make("chain", 400)
     monkeypatch.setattr(dp_kernel, "compiled_ready", lambda: True)
