@@ -15,7 +15,7 @@ from ..sizing.budget import parse_budget, read_budget
 from ..sizing.memory import parse_reserve, step_budget_bytes
 from ..progress import phase
 from ..report import checkpoints_line, cost_model, format_seconds, plan_summary, ratio, table
-from .limits import OUTPUT_S, CommandDeadline, command_limit, load_graph
+from .limits import OUTPUT_S, CommandDeadline, command_limit, keep_to_exit, let_go, load_graph
 from .layout import add_layout_arguments, layout_from_args, run_solve as run_layout_solve
 from .common import (add_loop_flag, add_step_flags, check_outputs, gap_fraction, positive_float, solver_flag_options,
                      solver_options_help, split_items)
@@ -162,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
     # NOTE [ The command's time limit ]: the limit the solve keeps covers reading its input too
     limit = None if args.solver == "all" else command_limit(args.solver, _options(args.solver, args))
     deadline = None if limit is None else CommandDeadline(limit, _spent(args))
+    let_go()
     graph = load_graph(args.graph, deadline)
+    keep_to_exit(graph)  # freed by the process's end, after the answer, not as this returns
     if args.loop:  # NOTE [ The user's loop ]: the same graph planned for another loop
         graph = graph.with_loop(args.loop)
 
