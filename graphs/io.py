@@ -8,7 +8,7 @@ from typing import Callable, Union
 
 from .files import parse_json, read_json, read_text, write_text_atomic
 from .graph import Graph, GraphError
-from .reading import checking, parse_graph_json, poll
+from .reading import checking, no_collection, parse_graph_json, poll
 
 __all__ = ["load", "save", "loads", "dumps"]
 
@@ -52,8 +52,13 @@ def load(path: PathLike, *, check: Callable[[str], None] | None = None) -> Graph
             the offending node or field.
     """
     source = os.fspath(path)
-    if check is None:
-        return _from_data(read_json(source, what="graph", error=GraphError), source)
+    with no_collection():
+        if check is None:
+            return _from_data(read_json(source, what="graph", error=GraphError), source)
+        return _load_checked(source, check)
+
+
+def _load_checked(source: str, check: Callable[[str], None]) -> Graph:
     with checking(check):
         poll("reading the graph's file")
         text = read_text(source, what="graph", error=GraphError)
