@@ -47,7 +47,10 @@ NOTE [ One deadline ]
     :func:`already_spent` with the seconds since the process started, and the
     first deadline the solve makes starts that much earlier (its
     ``limit_s``, the number the messages name, stays the user's); the
-    deadlines made after it are each handed what is left, as above.
+    deadlines made after it are each handed what is left, as above. The
+    phases before the solve (reading the graph, the budget) check the same
+    limit as they go, and the process ends without Python's teardown: NOTE
+    [ The command's time limit ] in ``scheduler.commands.limits``.
 """
 
 from __future__ import annotations
