@@ -229,6 +229,8 @@ class Graph:
                         raise GraphError(f"node {node.name!r}: field {key!r} must be an integer in [0, 2**62), "
                                          f"got {v!r}")
             index[node.name] = i
+        if every:
+            poll("checking the graph's totals")
         nbytes = 2 * self.param_bytes + self.input_bytes + sum(
             nd.out_bytes + nd.saved_bytes + nd.workspace_bytes + nd.param_bytes + nd.state_bytes for nd in self.nodes)
         nflops = sum(nd.fwd_flops + nd.bwd_flops + nd.fwd_cost for nd in self.nodes)
@@ -246,6 +248,8 @@ class Graph:
             if not (0 <= sp.first <= sp.last < n):
                 raise GraphError(f"span {sp.to_list()!r} is out of range: need 0 <= first <= last < {n}")
         for i, node in enumerate(self.nodes):
+            if every and i % every == 0:
+                poll(f"checking the graph's order ({i:,} of {len(self.nodes):,} nodes)")
             for src in node.inputs:
                 if index[src] >= i:
                     raise GraphError(

@@ -54,7 +54,7 @@ def load(path: PathLike, *, check: Callable[[str], None] | None = None) -> Graph
     source = os.fspath(path)
     with no_collection():
         if check is None:
-            return _from_data(read_json(source, what="graph", error=GraphError), source)
+            return _from_data(read_json(source, what="graph", error=GraphError), source, owned=True)
         return _load_checked(source, check)
 
 
@@ -64,11 +64,15 @@ def _load_checked(source: str, check: Callable[[str], None]) -> Graph:
         text = read_text(source, what="graph", error=GraphError)
         data = parse_graph_json(text, lambda t: parse_json(t, what=f"graph file {source!r}", error=GraphError))
         del text
-        return _from_data(data, source)
+        return _from_data(data, source, owned=True)
 
 
-def _from_data(data: object, source: str) -> Graph:
+def _from_data(data: object, source: str, *, owned: bool = False) -> Graph:
     try:
+        if owned:  # NOTE [ Reading a graph under a deadline ]: each node's JSON freed as its node is built
+            from .schema import graph_from_dict
+
+            return graph_from_dict(Graph, data, owned=True)
         return Graph.from_dict(data)  # type: ignore[arg-type]
     except GraphError as exc:
         raise GraphError(f"{source}: {exc}") from None

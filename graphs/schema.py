@@ -181,8 +181,10 @@ def _plain_node(cls: type["Node"], d: Any) -> "Node | None":
 _STR = {str}
 
 
-def graph_from_dict(cls: type["Graph"], d: Any) -> "Graph":
-    """A :class:`~graphs.graph.Graph` from JSON (see ``Graph.from_dict``)."""
+def graph_from_dict(cls: type["Graph"], d: Any, *, owned: bool = False) -> "Graph":
+    """A :class:`~graphs.graph.Graph` from JSON (see ``Graph.from_dict``); ``owned``: ``d`` is the reader's own
+    (``graphs.load``), and each node's JSON is let go of as its node is built (freeing a 20,000-node file's
+    parsed JSON in one piece at the end took 0.2 s idle, 2 s at a load of 8, where no check could stop it)."""
     from .graph import FORMAT_VERSION, Span
     from .node import Node
 
@@ -207,7 +209,14 @@ def graph_from_dict(cls: type["Graph"], d: Any) -> "Graph":
             if i % every == 0:
                 poll(f"building the graph's nodes ({i:,} of {len(raw):,})")
             nodes.append(Node.from_dict(x, where=f"nodes[{i}]"))
+            if owned:
+                raw[i] = None
         poll("ordering the graph's nodes")
+    elif owned:
+        nodes = []
+        for i, x in enumerate(raw):
+            nodes.append(Node.from_dict(x, where=f"nodes[{i}]"))
+            raw[i] = None
     else:
         nodes = [Node.from_dict(x, where=f"nodes[{i}]") for i, x in enumerate(raw)]
     ordered = toposort(nodes)

@@ -15,7 +15,7 @@ from ..sizing.budget import parse_budget, read_budget
 from ..sizing.memory import parse_reserve, step_budget_bytes
 from ..progress import phase
 from ..report import checkpoints_line, cost_model, format_seconds, plan_summary, ratio, table
-from .limits import OUTPUT_S, CommandDeadline, command_limit, keep_to_exit, let_go, load_graph
+from .limits import OUTPUT_S, CommandDeadline, command_limit, keep_to_exit, let_go, load_graph, thaw
 from .layout import add_layout_arguments, layout_from_args, run_solve as run_layout_solve
 from .common import (add_loop_flag, add_step_flags, check_outputs, gap_fraction, positive_float, solver_flag_options,
                      solver_options_help, split_items)
@@ -143,6 +143,13 @@ def _chunk_counts(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    finally:
+        thaw()  # NOTE [ The command's time limit ]: the graph's objects the collector's again
+
+
+def _run(args: argparse.Namespace) -> int:
     layout = layout_from_args(args)
     if layout is not None:  # one rank's card, one plan per pipeline stage (scheduler.commands.layout)
         read_budget(args.budget)

@@ -9,6 +9,7 @@ deadline runs on a clock the test moves, at the poll the test chooses.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -137,6 +138,22 @@ def test_the_limit_counts_from_the_process_start(chain, clock, monkeypatch, caps
 def test_a_solve_in_time_answers_as_before(chain, clock, capsys):
     rc = cli.main(["solve", chain, "--budget", "0.5", "--time-limit", "5", "--solver", "dp"])
     assert rc == 0 and "status optimal" in capsys.readouterr().out
+    # the graph's objects were frozen out of the collector's walks for the command, and are given back after it
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+def test_the_graph_is_frozen_out_of_the_collectors_walks_while_the_command_runs(chain, monkeypatch, capsys):
+    seen = []
+    real = limits.CommandDeadline.left_for_solve
+
+    def before_solve(self) -> None:
+        seen.append((gc.get_freeze_count(), gc.isenabled()))
+        real(self)
+
+    monkeypatch.setattr(limits.CommandDeadline, "left_for_solve", before_solve)
+    assert cli.main(["solve", chain, "--budget", "0.5", "--time-limit", "5", "--solver", "dp"]) == 0
+    assert seen and seen[0][0] > 0 and seen[0][1]  # frozen, the collector on for what the solve makes
+    assert gc.get_freeze_count() == 0
 
 
 @pytest.mark.parametrize("command, quick", [("solve", True), ("simulate", False)])
