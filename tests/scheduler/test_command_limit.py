@@ -181,3 +181,28 @@ def test_the_program_ends_without_teardown_after_solve(chain, tmp_path, monkeypa
     assert (info.type is Ended) == quick and (ended == [0]) == quick
     if not quick:
         assert info.value.code == 0
+
+
+@pytest.mark.parametrize("now, explained", [(1.0, True), (4.95, False)])
+def test_a_search_stopped_by_its_limit_explains_its_floor_only_within_it(monkeypatch, now, explained):
+    """A time-limited ``dp`` on a 20,000-node chain said "no plan found within 9 s" after 10.4 s: what sets the
+    floor (several passes over the graph) was worked out after its limit. It is now said where it fits."""
+    import solvers
+    from scheduler import api
+
+    g = synthetic.make("chain", 50)
+    clock = Clock()
+    monkeypatch.setattr(api, "_clock", clock)
+
+    def stopped_search(*args, **kwargs):
+        clock.now = now  # the search used the limit up to here
+        raise solvers.InfeasibleBudget(1, 10**9, solver="dp", proven=False, time_limit_s=5.0,
+                                       best_regions=((0, 20),))
+
+    monkeypatch.setattr(solvers, "solve", stopped_search)
+    with pytest.raises(solvers.InfeasibleBudget) as info:
+        api.solve(g, 1 << 30, solver="dp", time_limit_s=5.0)
+    text = str(info.value)
+    assert text.startswith("no plan found within 5 s")
+    assert ("peaks at" in text.split("(not proven least).")[-1]) == explained
+    assert ("was not worked out: the time limit had run out" in text) != explained
