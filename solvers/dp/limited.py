@@ -86,7 +86,7 @@ def dp_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, max_front:
         InfeasibleBudget: no plan the table holds fits (not proven when regions were cut).
     """
     n = len(graph)
-    probed = PASS_S_PER_NODE * n * FIRST_PASSES > 0.1 * deadline.limit_s  # passes are a large part of the limit
+    probed = PASS_S_PER_NODE * n * FIRST_PASSES > 0.1 * deadline.left()  # passes: a large part of what is left
     if probed:
         deadline.probe_load()
     if deadline.left() < FIRST_PASSES * deadline.pass_estimate(n) + deadline.read_out_s(n):  # as ilp's
