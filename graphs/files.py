@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Union
 
 from .graph import CkptError
 
-__all__ = ["OutputPathError", "check_output_path", "write_text_atomic", "write_atomic", "read_json", "parse_json"]
+__all__ = ["OutputPathError", "check_output_path", "write_text_atomic", "write_atomic", "read_json", "read_text", "parse_json"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -153,6 +153,12 @@ def read_json(path: PathLike, *, what: str, error: type[CkptError]) -> Any:
             JSON (NaN and Infinity included), or nested too deep to parse.
     """
     p = os.fspath(path)
+    return parse_json(read_text(p, what=what, error=error), what=f"{what} file {p!r}", error=error)
+
+
+def read_text(path: PathLike, *, what: str, error: type[CkptError]) -> str:
+    """The UTF-8 text of the file at ``path``; every failure is one sentence (as :func:`read_json`)."""
+    p = os.fspath(path)
     try:
         with open(p, "rb") as fh:
             raw = fh.read()
@@ -166,7 +172,7 @@ def read_json(path: PathLike, *, what: str, error: type[CkptError]) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{what} file {p!r} is not UTF-8 text (byte {exc.start}); is it a JSON file?") from None
-    return parse_json(text, what=f"{what} file {p!r}", error=error)
+    return text
 
 
 def parse_json(text: str, *, what: str, error: type[CkptError]) -> Any:

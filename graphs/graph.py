@@ -18,10 +18,12 @@ import dataclasses
 import hashlib
 import json
 import numbers
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .node import Node
+from .reading import poll, poll_every
 
 __all__ = [
     "FORMAT_VERSION",
@@ -203,7 +205,11 @@ class Graph:
                              f"({self.param_bytes}); frozen parameters are some of the parameters")
         index: dict[str, int] = {}
         names = {n.name for n in self.nodes}
+        every = poll_every()  # NOTE [ Reading a graph under a deadline ] in graphs.reading
+        counts_of = operator.attrgetter(*Node._INT_FIELDS)
         for i, node in enumerate(self.nodes):
+            if every and i % every == 0:
+                poll(f"checking the graph ({i:,} of {len(self.nodes):,} nodes)")
             if node.name in index:
                 raise GraphError(f"node {node.name!r} appears twice (positions {index[node.name]} and {i})")
             for src in node.inputs:
@@ -216,11 +222,15 @@ class Graph:
                     raise GraphError(
                         f"node {node.name!r}: saves_inputs names {src!r}, which is not one of its inputs {list(node.inputs)}"
                     )
-            for key in Node._INT_FIELDS:
-                v = getattr(node, key)
-                if not _is_count(v):
-                    raise GraphError(f"node {node.name!r}: field {key!r} must be an integer in [0, 2**62), got {v!r}")
+            counts = counts_of(node)  # all plain ints in range (fast), or each field checked and named
+            if not ({int} >= set(map(type, counts)) and min(counts) >= 0 and max(counts) < MAX_COUNT):
+                for key, v in zip(Node._INT_FIELDS, counts):
+                    if not _is_count(v):
+                        raise GraphError(f"node {node.name!r}: field {key!r} must be an integer in [0, 2**62), "
+                                         f"got {v!r}")
             index[node.name] = i
+        if every:
+            poll("checking the graph's totals")
         nbytes = 2 * self.param_bytes + self.input_bytes + sum(
             nd.out_bytes + nd.saved_bytes + nd.workspace_bytes + nd.param_bytes + nd.state_bytes for nd in self.nodes)
         nflops = sum(nd.fwd_flops + nd.bwd_flops + nd.fwd_cost for nd in self.nodes)
@@ -238,6 +248,8 @@ class Graph:
             if not (0 <= sp.first <= sp.last < n):
                 raise GraphError(f"span {sp.to_list()!r} is out of range: need 0 <= first <= last < {n}")
         for i, node in enumerate(self.nodes):
+            if every and i % every == 0:
+                poll(f"checking the graph's order ({i:,} of {len(self.nodes):,} nodes)")
             for src in node.inputs:
                 if index[src] >= i:
                     raise GraphError(

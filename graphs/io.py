@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Union
+from typing import Callable, Union
 
-from .files import parse_json, read_json, write_text_atomic
+from .files import parse_json, read_json, read_text, write_text_atomic
 from .graph import Graph, GraphError
+from .reading import checking, no_collection, parse_graph_json, poll
 
 __all__ = ["load", "save", "loads", "dumps"]
 
@@ -37,8 +38,13 @@ def save(graph: Graph, path: PathLike) -> None:
     write_text_atomic(path, dumps(graph) + "\n")
 
 
-def load(path: PathLike) -> Graph:
+def load(path: PathLike, *, check: Callable[[str], None] | None = None) -> Graph:
     """Read a graph written by :func:`save` or by hand.
+
+    Args:
+        path: the JSON file.
+        check: called as ``check(what)`` between pieces of the reading (NOTE [ Reading a graph under a
+            deadline ] in ``graphs.reading``), ``what`` saying how far it got; it raises to stop the reading.
 
     Raises:
         GraphError: the file is missing, unreadable, a directory, not UTF-8,
@@ -46,11 +52,27 @@ def load(path: PathLike) -> Graph:
             the offending node or field.
     """
     source = os.fspath(path)
-    return _from_data(read_json(source, what="graph", error=GraphError), source)
+    with no_collection():
+        if check is None:
+            return _from_data(read_json(source, what="graph", error=GraphError), source, owned=True)
+        return _load_checked(source, check)
 
 
-def _from_data(data: object, source: str) -> Graph:
+def _load_checked(source: str, check: Callable[[str], None]) -> Graph:
+    with checking(check):
+        poll("reading the graph's file")
+        text = read_text(source, what="graph", error=GraphError)
+        data = parse_graph_json(text, lambda t: parse_json(t, what=f"graph file {source!r}", error=GraphError))
+        del text
+        return _from_data(data, source, owned=True)
+
+
+def _from_data(data: object, source: str, *, owned: bool = False) -> Graph:
     try:
+        if owned:  # NOTE [ Reading a graph under a deadline ]: each node's JSON freed as its node is built
+            from .schema import graph_from_dict
+
+            return graph_from_dict(Graph, data, owned=True)
         return Graph.from_dict(data)  # type: ignore[arg-type]
     except GraphError as exc:
         raise GraphError(f"{source}: {exc}") from None

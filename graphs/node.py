@@ -135,8 +135,10 @@ class Node:
 
     def to_dict(self) -> dict[str, Any]:
         # Every field is a number, a string, a bool or a tuple of strings: a shallow copy is
-        # ``dataclasses.asdict`` (which deep-copies each value: 38 us a node, 3.8 s for 100,000).
-        d = {f.name: getattr(self, f.name) for f in _FIELDS}
+        # ``dataclasses.asdict`` (which deep-copies each value: 38 us a node, 3.8 s for 100,000); the fields
+        # are the instance's own dict, in their order (set so by the constructor and ``graphs.schema``).
+        own = self.__dict__
+        d = dict(own) if len(own) == len(_FIELDS) else {f.name: getattr(self, f.name) for f in _FIELDS}
         for key in ("inputs", "saves_inputs", "members", "dispatch"):
             d[key] = list(d[key])
         if not d["rows"]:  # written only when known: files without it read as before

@@ -47,7 +47,10 @@ NOTE [ One deadline ]
     :func:`already_spent` with the seconds since the process started, and the
     first deadline the solve makes starts that much earlier (its
     ``limit_s``, the number the messages name, stays the user's); the
-    deadlines made after it are each handed what is left, as above.
+    deadlines made after it are each handed what is left, as above. The
+    phases before the solve (reading the graph, the budget) check the same
+    limit as they go, and the process ends without Python's teardown: NOTE
+    [ The command's time limit ] in ``scheduler.commands.limits``.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ from typing import Callable, Iterator
 
 from graphs import CkptError
 
-__all__ = ["Deadline", "OutOfTime", "stopped", "already_spent", "process_age_s", "READ_OUT_S", "PASS_S_PER_NODE"]
+__all__ = ["Deadline", "OutOfTime", "stopped", "already_spent", "spent_before", "process_age_s", "READ_OUT_S",
+           "PASS_S_PER_NODE"]
 
 #: Seconds spent before the solve that the next :class:`Deadline` made counts as gone (NOTE [ One deadline ]).
 _SPENT: contextvars.ContextVar[float] = contextvars.ContextVar("ckpt_deadline_spent", default=0.0)
@@ -167,6 +171,12 @@ def already_spent(seconds: float) -> Iterator[None]:
         yield
     finally:
         _SPENT.reset(token)
+
+
+def spent_before() -> float:
+    """The seconds :func:`already_spent` says are gone before the next :class:`Deadline` (0.0 outside such a
+    block, or once that deadline is made): what a caller adds to its own count of a solve's limit."""
+    return _SPENT.get()
 
 
 def process_age_s() -> float:

@@ -167,8 +167,8 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
     if method not in METHODS:  # solve() checks it already; a direct call is checked here
         next(o for o in ILP_OPTIONS if o.name == "method").check(method, "ilp", ILP_OPTIONS)
     n = len(graph)
-    if PASS_S_PER_NODE * n * FIRST_PASSES > 0.1 * deadline.limit_s:  # passes are a large part of the limit
-        deadline.probe_load()
+    if PASS_S_PER_NODE * n * FIRST_PASSES > 0.1 * deadline.left():  # passes: a large part of what is left
+        deadline.probe_load()  # (of what is left: a command that spent its limit reading the graph, NOTE [ One deadline ])
     if deadline.left() < FIRST_PASSES * deadline.pass_estimate(n) + deadline.read_out_s(n):
         raise IlpTimeout(f"no plan found within {deadline.limit_s:g} s: one pass over this graph's {n} nodes takes "
                          f"about {deadline.pass_estimate(n):.2g} s here, and finding and checking a plan about "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-import graphs
 from graphs import CkptError
 from solvers import InfeasibleBudget, Plan, available_solvers, format_bytes, solver_info
 
@@ -16,6 +15,7 @@ from ..sizing.budget import parse_budget, read_budget
 from ..sizing.memory import parse_reserve, step_budget_bytes
 from ..progress import phase
 from ..report import checkpoints_line, cost_model, format_seconds, plan_summary, ratio, table
+from .limits import OUTPUT_S, CommandDeadline, command_limit, keep_to_exit, let_go, load_graph, thaw
 from .layout import add_layout_arguments, layout_from_args, run_solve as run_layout_solve
 from .common import (add_loop_flag, add_step_flags, check_outputs, gap_fraction, positive_float, solver_flag_options,
                      solver_options_help, split_items)
@@ -54,8 +54,6 @@ and the predicted recompute time."""
 
 
 #: Solver flag -> the option it sets (NOTE [ How the CLI fails ]: a solver that does not take it refuses it).
-#: Seconds a time limit keeps back for writing the plan and printing it (NOTE [ One deadline ]).
-OUTPUT_S = 0.1
 SOLVER_FLAGS = {"--time-limit": "time_limit_s", "--gap": "gap_limit", "--method": "method"}
 
 
@@ -145,6 +143,13 @@ def _chunk_counts(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    finally:
+        thaw()  # NOTE [ The command's time limit ]: the graph's objects the collector's again
+
+
+def _run(args: argparse.Namespace) -> int:
     layout = layout_from_args(args)
     if layout is not None:  # one rank's card, one plan per pipeline stage (scheduler.commands.layout)
         read_budget(args.budget)
@@ -161,18 +166,35 @@ def run(args: argparse.Namespace) -> int:
     if args.reserve is not None:
         parse_reserve(args.reserve, 1 << 62)
     check_outputs([("-o", args.output)], inputs=[args.graph])
-    graph = graphs.load(args.graph)
+    # NOTE [ The command's time limit ]: the limit the solve keeps covers reading its input too
+    limit = None if args.solver == "all" else command_limit(args.solver, _options(args.solver, args))
+    deadline = None if limit is None else CommandDeadline(limit, _spent(args))
+    let_go()
+    graph = load_graph(args.graph, deadline)
+    keep_to_exit(graph)  # freed by the process's end, after the answer, not as this returns
     if args.loop:  # NOTE [ The user's loop ]: the same graph planned for another loop
         graph = graph.with_loop(args.loop)
-    budget = step_budget_bytes(args.budget, graph, optimizer=args.optimizer, mixed_precision=args.mixed_precision,
-                               reserve=args.reserve or 0)
-    if budget != parse_budget(args.budget, graph):
+
+    def budgets() -> tuple[int, int]:
+        return (step_budget_bytes(args.budget, graph, optimizer=args.optimizer, mixed_precision=args.mixed_precision,
+                                  reserve=args.reserve or 0), parse_budget(args.budget, graph))
+
+    budget, plain = budgets() if deadline is None else deadline.run("working out the budget", budgets)
+    if budget != plain:
         print(f"budget {args.budget} for the whole step: solvers plan against {format_bytes(budget)} (less "
               f"{_terms(args)})")
     if args.solver != "all":
-        with phase(f"solving with {args.solver}"), already_spent(_spent(args) + OUTPUT_S):
-            plan = solve(graph, budget, solver=args.solver, chunks=args.chunks, mlp_chunks=args.mlp_chunks,
-                         nested=args.nested, **_options(args.solver, args))
+        if deadline is not None:
+            deadline.left_for_solve()
+        spent = deadline.spent_s() if deadline is not None else _spent(args) + OUTPUT_S
+        try:
+            with phase(f"solving with {args.solver}"), already_spent(spent):
+                plan = solve(graph, budget, solver=args.solver, chunks=args.chunks, mlp_chunks=args.mlp_chunks,
+                             nested=args.nested, **_options(args.solver, args))
+        except CkptError as exc:
+            if deadline is None:
+                raise
+            raise deadline.note(exc) from None
         if args.output:
             plan.save(args.output)  # before printing: a closed stdout must not lose the plan
         print(plan_summary(graph, plan))

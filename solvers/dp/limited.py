@@ -44,14 +44,14 @@ import logging
 
 from graphs import Graph
 
-from ..deadline import Deadline, OutOfTime
+from ..deadline import PASS_S_PER_NODE, Deadline, OutOfTime
 from ..errors import InfeasibleBudget
 from ..model.plan import Plan
 from ..model.stages import stages
 from . import kernel as dp_kernel
 from .chain import dp_answer, dp_table, fill_work
 
-__all__ = ["dp_within", "PLAIN_MAX_S", "KERNEL_SHARE", "FILL_SHARE"]
+__all__ = ["dp_within", "PLAIN_MAX_S", "KERNEL_SHARE", "FILL_SHARE", "FIRST_PASSES"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,8 @@ PLAIN_MAX_S = 0.25
 KERNEL_SHARE = 0.5
 #: Share of the time left (after the kernel and the read-out) the table's estimated work may take.
 FILL_SHARE = 0.5
+#: Passes over the graph before the table: its fingerprint (about two) and its stages; fewer left, no plan.
+FIRST_PASSES = 3.0
 
 
 def _longest(st, allowed: float) -> int:
@@ -84,13 +86,21 @@ def dp_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, max_front:
         InfeasibleBudget: no plan the table holds fits (not proven when regions were cut).
     """
     n = len(graph)
+    probed = PASS_S_PER_NODE * n * FIRST_PASSES > 0.1 * deadline.left()  # passes: a large part of what is left
+    if probed:
+        deadline.probe_load()
+    if deadline.left() < FIRST_PASSES * deadline.pass_estimate(n) + deadline.read_out_s(n):  # as ilp's
+        raise OutOfTime(f"dp: no plan within {deadline.limit_s:g} s: {deadline.left():.2g} s were left when it "
+                        f"started, and one pass over this graph's {n} nodes takes about "
+                        f"{deadline.pass_estimate(n):.2g} s here (a plan needs about {FIRST_PASSES + 1:g}); "
+                        "raise time_limit_s (--time-limit)")
     t0 = deadline.clock()
     graph.fingerprint()  # the read-out needs it (two passes, seconds at 20,000 nodes on a loaded machine): timed
     if deadline.clock() - t0 > 0.01:
         deadline.pass_s = (deadline.clock() - t0) / 2
     st = stages(graph)
     work = fill_work(st)
-    if work / dp_kernel.WORK_PER_S[True] > 0.1 * deadline.limit_s:  # a large part of the limit: how loaded?
+    if not probed and work / dp_kernel.WORK_PER_S[True] > 0.1 * deadline.limit_s:  # a large part: how loaded?
         deadline.probe_load()
     keep = deadline.read_out_s(n)
 

@@ -112,6 +112,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from graphs import COSTS_META, Graph
+from graphs.reading import poll, poll_every
 
 from ..chunks import expand
 from ..errors import SolverInputError
@@ -210,12 +211,15 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
             if ref() is graph and seen == _key(plan):
                 _RECENT.append(_RECENT.pop(i))  # the most recent again
                 return sim
+    poll("simulating the step")  # a caller's stop check, where one is set (NOTE [ Reading a graph under a deadline ])
     if plan is not None and plan.inner:
         from .nested_walk import NestedWalk  # NOTE [ Nested regions ] in solvers.nested
         walk: _Walk = NestedWalk(graph, plan, record)
     else:
         walk = _Walk(graph, plan, record)
+    poll("simulating the step's forward")
     walk.forward()
+    poll("simulating the step's backward")
     walk.backward()
     sim = walk.result()
     if plan is not None and graph_overheads(traced) is not None:  # NOTE [ Plan overheads ]
@@ -314,7 +318,10 @@ class _Walk:
         step = self.meter.step
         act = self.act
         remaining = [len(s) for s in succs]
+        every = poll_every()
         for i in range(len(nodes)):
+            if every and not i % every:
+                poll(f"simulating the step's forward (node {i:,} of {len(nodes):,})")
             nd = nodes[i]
             act += self.rng_fwd.get(i, 0)  # stored before the region runs, kept with its inputs
             act += out_b[i] + nd.saved_bytes
@@ -349,7 +356,10 @@ class _Walk:
         # shared[k]: k's recomputed copy is its forward copy's storage, counted
         # once under the forward copy (NOTE [ Selective recompute ]).
         self.shared = [False] * n
+        every = poll_every()
         for i in range(n - 1, -1, -1):
+            if every and not i % every:
+                poll(f"simulating the step's backward (node {i:,} of {n:,})")
             if i in region_last:
                 self._recompute(*regions[region_last[i]])
             if self.rg[i]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphs import Graph
+from graphs.reading import poll
 
 __all__ = ["INF", "Terms", "terms_of", "region_rng_bytes"]
 
@@ -84,9 +85,12 @@ def terms_of(graph: Graph) -> Terms:
 
 
 def _derive(graph: Graph) -> Terms:
+    poll("deriving the graph's tables")  # a caller's stop check (NOTE [ Reading a graph under a deadline ])
     nodes = graph.nodes
     n = len(nodes)
     idx = graph.index
+    graph.succs  # noqa: B018  (computed here, between two polls)
+    poll("deriving the graph's tables")
     saves: list[tuple[int, ...]] = []
     savers: list[list[int]] = [[] for _ in range(n)]
     for k, nd in enumerate(nodes):

@@ -132,6 +132,45 @@ def test_dp_without_time_for_a_table_says_no_plan_within_the_limit(monkeypatch, 
                           selective=True, nested=False)
 
 
+def test_dp_with_too_little_left_for_its_first_passes_answers_at_once(no_probe):
+    """Issue 33: ``dp`` on a 20,000-node chain at a load of 8 began its solve with its limit spent (reading the
+    graph had taken it) and still took 4.5 s for the graph's fingerprint and stages before saying so. As ``ilp``,
+    it now answers at once where what is left cannot hold its first passes and the read-out."""
+    g = synthetic.make("chain", 300)
+    clock = HandClock()
+    deadline = Deadline(2.0, clock=clock)
+    clock.now = 1.95
+    with pytest.raises(OutOfTime, match=r"dp: no plan within 2 s: 0.05 s were left when it started"):
+        limited.dp_within(g, activation_budget_bytes(g, 0.5), deadline, max_front=None, selective=True, nested=False)
+    assert "_fingerprint" not in g.__dict__  # not one pass made
+
+
+def test_dp_probes_the_load_against_what_is_left_not_its_limit(monkeypatch):
+    """A 20,000-node chain at a load of 8: the command had spent 9 of its 10 s reading the graph, dp's passes
+    were a small part of its limit, so it did not probe the load, took a pass for 0.2 s and began: its
+    fingerprint alone took 3 s. The passes are weighed against what is left, the load probed, and it answers
+    at once. (Here a pass of 300 nodes costs what 20,000 do on an idle core, and the probe finds a load.)"""
+    g = synthetic.make("chain", 300)
+    from solvers import deadline as deadline_mod
+
+    per_node = 2e-5 * 20_000 / 300 / 3  # 3 passes: 0.4 s on an idle core
+    monkeypatch.setattr(limited, "PASS_S_PER_NODE", per_node)
+    monkeypatch.setattr(deadline_mod, "PASS_S_PER_NODE", per_node)
+    probed = []
+
+    def loaded(self, *args) -> None:
+        probed.append(True)
+        self.slowdown = 10.0
+
+    monkeypatch.setattr(Deadline, "probe_load", loaded)
+    clock = HandClock()
+    deadline = Deadline(10.0, clock=clock)
+    clock.now = 9.0
+    with pytest.raises(OutOfTime, match=r"dp: no plan within 10 s: 1 s were left when it started"):
+        limited.dp_within(g, activation_budget_bytes(g, 0.5), deadline, max_front=None, selective=True, nested=False)
+    assert probed and "_fingerprint" not in g.__dict__
+
+
 def test_dp_stops_filling_at_its_deadline(monkeypatch, no_probe):
     g = synthetic.make("chain", 400)
     monkeypatch.setattr(dp_kernel, "compiled_ready", lambda: True)

@@ -83,22 +83,20 @@ def test_every_rank_is_at_or_below_its_prediction(measured):
 
 
 def test_predictions_are_close(measured):
-    """Pipelines within 5 % above their measure, but the first stage of the 4-stage GPipe within 30 %; FSDP2
-    within 25 % (its buffers are bounded over whole units) less what gloo's worker threads may keep, which a step
-    on an idle machine rarely shows.
+    """Pipelines within 5 % above their measure; FSDP2 within 25 % (its buffers are bounded over whole units)
+    less what gloo's worker threads may keep, which a step on an idle machine rarely shows.
 
-    The first stage of the 4-stage GPipe measured 1,342,720 B against 1,357,312 predicted in every run up to
-    81698fa; since the kept-calls modes (004d474) some runs measure 1,054,976-1,071,360 B (about its parameter
-    gradients less), others as before, with the same plans and gradients equal to one process: a peak that
-    moves with the ranks' timing, not yet explained (issue 33's closing note). The prediction stays the bound
-    (the test above); how close it is, is held loosely there until it is."""
+    The first stage of the 4-stage GPipe measured 1,342,720 B against 1,357,312 predicted in some runs and
+    1,054,976 B in others (issue 33): the earlier runs' pipeline stages, left in reference cycles, were collected
+    during its measured step, and the frees of their gradients (made in an earlier measured step) lowered the
+    running sum. ``profile_step`` now collects before the step and keeps the collector off during it (NOTE
+    [ Measuring with profiler events ] in ``scheduler.measuring.profiler``): 1,342,720 B in every run."""
     cases, _ = measured
     for plans, result, held in cases:
         slack = 0.25 if plans.layout.shard > 1 else 0.05
         for stage in plans.stages:
             if stage.plan is not None:
-                loose = 0.30 if (plans.layout.pp, plans.layout.schedule, stage.index) == (4, "gpipe", 0) else slack
-                assert stage.peak_bytes - held <= (1 + loose) * result.peak(stage.index), (plans.layout.describe(),
+                assert stage.peak_bytes - held <= (1 + slack) * result.peak(stage.index), (plans.layout.describe(),
                                                                                            stage.index)
 
 
