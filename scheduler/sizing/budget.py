@@ -29,7 +29,7 @@ import re
 from typing import Union
 
 from graphs import CkptError, Graph
-from graphs.graph import MAX_COUNT
+from graphs.schema import MAX_COUNT
 from solvers.errors import format_bytes
 from solvers.model.simulate import activation_budget_bytes
 
