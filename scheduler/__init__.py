@@ -30,7 +30,8 @@ from solvers import (
 
 from . import api
 from .api import fit, simulate, solve
-from .sizing.budget import BudgetError, format_bytes, parse_budget, parse_size
+from .sizing.budget import BudgetError, format_bytes, parse_size
+from .sizing.memory import parse_budget
 
 __all__ = [
     "CkptError", "Graph", "GraphError", "Node", "load_graph", "save_graph",

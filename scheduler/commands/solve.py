@@ -12,8 +12,8 @@ from solvers.deadline import already_spent
 
 from ..api import solve
 from ..sizing.floor import explain_floor
-from ..sizing.budget import parse_budget, read_budget
-from ..sizing.memory import parse_reserve, step_budget_bytes
+from ..sizing.budget import read_budget
+from ..sizing.memory import parse_budget, parse_reserve, step_budget_bytes
 from ..progress import phase
 from ..report import checkpoints_line, cost_model, format_seconds, plan_summary, ratio, table
 from .layout import add_layout_arguments, layout_from_args, run_solve as run_layout_solve

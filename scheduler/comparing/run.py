@@ -34,7 +34,7 @@ from ..measuring.steps import (clear_grads, grad_difference, grad_snapshot, meas
                                time_steps)
 from ..measuring.storages import live_bytes_of
 from ..report import status_text
-from ..sizing.budget import parse_budget
+from ..sizing.memory import parse_budget
 from .choosing import pick_key, plan_key, selective_options, solve_below
 from .tables import format_table, machine, progress_line, timeline
 
