@@ -209,7 +209,8 @@ def _compare(a: torch.Tensor, b: torch.Tensor, scale: float | None = None) -> fl
 def run_pair(model: torch.nn.Module, args: tuple, loss: Any, graph: Graph, plan: Plan, *, seed: int = 0) -> Outcome:
     """Apply ``plan`` onto a copy of ``model``, step it and its unplanned twin, measure (see the module's doc)."""
     import scheduler
-    from scheduler.measuring.steps import allocator_step_peak, measure_step_peak, training_step
+    from scheduler.measuring.steps import allocator_step_peak, measure_step_peak
+    from scheduler.measuring.training import training_step
 
     g = graph.with_loop(plan.loop or graph.loop)
     predicted = simulate(g, plan).peak_bytes

@@ -2,7 +2,7 @@
 
 ``scheduler`` re-exports them. ``solve`` and ``simulate`` are written here (the
 solvers and the cost model, with budgets people write and plans checked
-against their graph); ``fit`` is :func:`scheduler.sizing.search.fit`. The verbs
+against their graph); ``fit`` is :func:`scheduler.sizing.fit.fit`. The verbs
 that need torch are loaded on first use, so ``import scheduler`` imports
 neither torch, OR-Tools, matplotlib nor transformers:
 
@@ -28,7 +28,7 @@ from solvers.nested import solve_nested
 from .sizing.budget import BudgetSpec
 from .sizing.memory import ReserveSpec, step_budget_bytes
 from .sizing.floor import explain_floor
-from .sizing.search import fit
+from .sizing.fit import fit
 
 __all__ = ["trace", "solve", "simulate", "apply", "remove", "verify", "fit", "compare"]
 

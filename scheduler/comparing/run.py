@@ -30,8 +30,8 @@ from solvers import InfeasibleBudget, Plan, simulate
 
 from . import peers
 from ..measuring.profiler import profile_step
-from ..measuring.steps import (clear_grads, grad_difference, grad_snapshot, measure_step_peak, seeded_step, step_tensors,
-                               time_steps)
+from ..measuring.steps import grad_difference, grad_snapshot, measure_step_peak, time_steps
+from ..measuring.training import clear_grads, seeded_step, step_tensors
 from ..measuring.storages import live_bytes_of
 from ..report import status_text
 from ..sizing.memory import parse_budget
