@@ -61,7 +61,6 @@ KNOWN_UPWARD = {
 }
 KNOWN_CIRCLES = [
     ['scheduler.commands.layout', 'scheduler.commands.solve'],
-    ['scheduler.comparing.choosing', 'scheduler.comparing.run'],
     ['solvers.blocks.compose', 'solvers.blocks.front', 'solvers.cpsat.kept', 'solvers.cpsat.solver', 'solvers.dp.chain', 'solvers.dp.limited', 'solvers.dp.nested', 'solvers.frontier.front', 'solvers.frontier.kept', 'solvers.frontier.nested', 'solvers.frontier.phases', 'solvers.frontier.program', 'solvers.ilp', 'solvers.nested', 'solvers.warm'],
     ['solvers.chunk_menu', 'solvers.chunks', 'solvers.model.plan'],
     ['solvers.model.nested_walk', 'solvers.model.simulate'],
