@@ -34,10 +34,7 @@ was asked for and none was skipped (named models: the table is printed only).
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import logging
-import os
 import sys
 import time
 import warnings
@@ -52,9 +49,8 @@ from scheduler.tracing.tracer import EvalModeWarning
 from scheduler.applying.chunked import ChunkedHeadError
 from solvers.chunks import ChunkError
 
-from .pages import SUITES, out_dir, write_page
-from .thirdparty import FRACTION, SEED, Step, _step
-from .thirdparty_models import CASES, LOSS_NAMES, QUICK, Case
+from .thirdparty import FRACTION, SEED, Step, _step, command_line, run_suite
+from .thirdparty_models import LOSS_NAMES, Case
 
 log = logging.getLogger(__name__)
 
@@ -249,41 +245,13 @@ def report(models: list[dict], skipped: list[str]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-SUITE_HOW = next(s.how for s in SUITES if s.name == "levers")
-
-
 def main(quick: bool = False, names: list[str] | None = None, command: str | None = None) -> list[dict]:
     """Run the models in ``names`` (default: all, ``QUICK`` with ``quick``); write the results page."""
-    torch.set_num_threads(2)
-    chosen = list(names or (QUICK if quick else CASES))
-    models, skipped = [], []
-    for name in chosen:
-        case = CASES[name]()
-        if importlib.util.find_spec(case.library) is None:
-            skipped.append(f"{name}: skipped, {case.library} is not installed")
-            print(skipped[-1], flush=True)
-            continue
-        try:
-            models.append(run_case(name, case))
-        except Exception as exc:  # a model that cannot be built or traced is reported, not a crash
-            log.exception("levers: model %s failed", name)
-            models.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
-    text = report(models, skipped)
-    if skipped and not quick:  # a page with models missing would replace the full one: print only
-        log.warning("levers: %d of %d models skipped, %s not written; for the full page run %s", len(skipped),
-                    len(chosen), "benchmarks/results/levers.md", SUITE_HOW)
-    elif chosen == list(CASES) or quick:
-        write_page("levers.md", TITLE, text, quick=quick, command=command)
-        (out_dir(quick) / "levers.json").write_text(json.dumps({"skipped": skipped, "models": models}, indent=1) + "\n")
-    print(text)
-    return models
+    return run_suite("levers", run_case, report, TITLE, "models", quick=quick, names=names, command=command)
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
     warnings.filterwarnings("ignore", category=EvalModeWarning)
-    path = os.environ.get("PYTHONPATH")
-    main(names=sys.argv[1:] or None,
-         command=" ".join([f"PYTHONPATH={path}" if path else "", sys.executable, "-m benchmarks.levers",
-                           *sys.argv[1:]]).strip())
+    main(names=sys.argv[1:] or None, command=command_line("benchmarks.levers"))

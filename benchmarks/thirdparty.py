@@ -269,12 +269,17 @@ def report(rows: list[dict], skipped: list[str]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-SUITE_HOW = next(s.how for s in SUITES if s.name == "thirdparty")
+def run_suite(suite: str, run_case: Callable[[str, Case], dict], report: Callable[[list[dict], list[str]], str],
+              title: str, json_key: str, quick: bool = False, names: list[str] | None = None,
+              command: str | None = None) -> list[dict]:
+    """Run ``run_case`` on the models in ``names`` (default: all, ``QUICK`` with ``quick``) and write the page.
 
-
-def main(quick: bool = False, names: list[str] | None = None, command: str | None = None) -> list[dict]:
-    """Run the models in ``names`` (default: all, ``QUICK`` with ``quick``); write the results page."""
+    A model whose library is missing is skipped and named; a model that fails is a row with its error, not a
+    crash. Only a run over every model (or the quick set) writes ``benchmarks/results/<suite>.md``: a part of
+    the models prints its table only, so that a partial run never replaces the full page.
+    """
     torch.set_num_threads(2)
+    how = next(s.how for s in SUITES if s.name == suite)
     chosen = list(names or (QUICK if quick else CASES))
     rows, skipped = [], []
     for name in chosen:
@@ -283,29 +288,36 @@ def main(quick: bool = False, names: list[str] | None = None, command: str | Non
             skipped.append(f"{name}: skipped, {case.library} is not installed")
             print(skipped[-1], flush=True)
             continue
-        log.info("thirdparty: %s", name)
+        log.info("%s: %s", suite, name)
         try:
             rows.append(run_case(name, case))
         except Exception as exc:  # a model that breaks the pipeline is a result to report, not a crash
-            log.exception("thirdparty model %s failed", name)
+            log.exception("%s: model %s failed", suite, name)
             rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
-        log.info("%s", rows[-1])
     text = report(rows, skipped)
-    if skipped and not quick:  # a page with models missing would replace the full one: print only
-        log.warning("thirdparty: %d of %d models skipped, %s not written; for the full page run %s", len(skipped),
-                    len(chosen), "benchmarks/results/thirdparty.md", SUITE_HOW)
-    elif chosen == list(CASES) or quick:  # a part of the models prints its table only
-        write_page("thirdparty.md", TITLE, text, quick=quick, command=command)
-        (out_dir(quick) / "thirdparty.json").write_text(json.dumps({"skipped": skipped, "rows": rows}, indent=1) + "\n")
+    if skipped and not quick:
+        log.warning("%s: %d of %d models skipped, %s not written; for the full page run %s", suite, len(skipped),
+                    len(chosen), f"benchmarks/results/{suite}.md", how)
+    elif chosen == list(CASES) or quick:
+        write_page(f"{suite}.md", title, text, quick=quick, command=command)
+        (out_dir(quick) / f"{suite}.json").write_text(json.dumps({"skipped": skipped, json_key: rows}, indent=1) + "\n")
     print(text)
     return rows
+
+
+def main(quick: bool = False, names: list[str] | None = None, command: str | None = None) -> list[dict]:
+    """Run the models in ``names`` (default: all, ``QUICK`` with ``quick``); write the results page."""
+    return run_suite("thirdparty", run_case, report, TITLE, "rows", quick=quick, names=names, command=command)
+
+
+def command_line(module: str) -> str:
+    """The command that ran this page, as a user would type it (``PYTHONPATH`` kept)."""
+    path = os.environ.get("PYTHONPATH")
+    return " ".join([f"PYTHONPATH={path}" if path else "", sys.executable, f"-m {module}", *sys.argv[1:]]).strip()
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
     warnings.filterwarnings("ignore", category=EvalModeWarning)  # recorded per model in the table
-    path = os.environ.get("PYTHONPATH")
-    main(names=sys.argv[1:] or None,
-         command=" ".join([f"PYTHONPATH={path}" if path else "", sys.executable, "-m benchmarks.thirdparty",
-                           *sys.argv[1:]]).strip())
+    main(names=sys.argv[1:] or None, command=command_line("benchmarks.thirdparty"))
