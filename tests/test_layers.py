@@ -60,9 +60,8 @@ KNOWN_UPWARD = {
     "solvers.model.simulate -> solvers.chunks",
 }
 KNOWN_CIRCLES = [
-    ['scheduler.commands.layout', 'scheduler.commands.solve'],
-    ['solvers.blocks.compose', 'solvers.blocks.front', 'solvers.cpsat.kept', 'solvers.cpsat.solver', 'solvers.dp.chain', 'solvers.dp.limited', 'solvers.dp.nested', 'solvers.frontier.front', 'solvers.frontier.kept', 'solvers.frontier.nested', 'solvers.frontier.phases', 'solvers.frontier.program', 'solvers.ilp', 'solvers.nested', 'solvers.warm'],
     ['solvers.chunk_menu', 'solvers.chunks', 'solvers.model.plan'],
+    ['solvers.cpsat.solver', 'solvers.dp.chain', 'solvers.dp.limited', 'solvers.dp.nested', 'solvers.frontier.nested', 'solvers.frontier.phases', 'solvers.frontier.program', 'solvers.nested', 'solvers.warm'],
     ['solvers.model.nested_walk', 'solvers.model.simulate'],
 ]
 KNOWN_LONG = {"solvers/model/plan.py", "solvers/frontier/program.py"}

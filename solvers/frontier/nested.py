@@ -73,19 +73,13 @@ from ..model.plan import Plan
 from ..model.simulate import simulate
 from ..model.terms import region_rng_bytes
 from ..nested import inner_menu
+from .front import NestedStep
 
 __all__ = ["NestedStep", "NestedRegions", "NestedRows", "SIMULATE_NODE_WORK"]
 
 #: What ``simulate`` (with its timeline) weighs per node in work units (NOTE [ The frontier program's work ]):
 #: about 4.4 us a node on an idle core (a 1,193-node transformer with spans).
 SIMULATE_NODE_WORK = 70
-
-
-@dataclass(frozen=True)
-class NestedStep:
-    """The back pointer of a nested region: its last node (its inner regions are its menu)."""
-
-    last: int
 
 
 @dataclass(frozen=True)
