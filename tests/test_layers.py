@@ -21,7 +21,7 @@ PACKAGES = ("graphs", "solvers", "scheduler")
 #: ``__init__`` sits on top of its package. The packages themselves stack in the order of :data:`PACKAGES`.
 LAYERS: dict[str, list[tuple[str, ...]]] = {
     "graphs": [
-        ("graphs.errors",),
+        ("graphs.errors", "graphs.reading"),  # the root error types; polling a deadline while reading
         ("graphs.schema", "graphs.files"),  # the JSON form's keys and limits; atomic files
         ("graphs.node",),
         ("graphs.graph",),
@@ -61,7 +61,7 @@ KNOWN_UPWARD = {
 }
 KNOWN_CIRCLES = [
     ['solvers.chunk_menu', 'solvers.chunks', 'solvers.model.plan'],
-    ['solvers.cpsat.solver', 'solvers.dp.chain', 'solvers.dp.limited', 'solvers.dp.nested', 'solvers.frontier.nested', 'solvers.frontier.phases', 'solvers.frontier.program', 'solvers.nested', 'solvers.warm'],
+    ['solvers.dp.chain', 'solvers.dp.nested', 'solvers.frontier.nested', 'solvers.frontier.phases', 'solvers.frontier.program', 'solvers.nested', 'solvers.warm'],
     ['solvers.model.nested_walk', 'solvers.model.simulate'],
 ]
 KNOWN_LONG = {"solvers/model/plan.py", "solvers/frontier/program.py"}

@@ -36,8 +36,7 @@ from ..errors import InfeasibleBudget, MissingDependency, SolverBug
 from ..options import Option
 from ..model.plan import Plan, Status
 from ..model.simulate import simulate
-from ..model.spans import SpanIndex
-from ..warm import Incumbent, warm_starts
+from ..warm import Incumbent, simple_peaks, warm_starts
 
 __all__ = ["IlpTimeout", "IlpSolver", "Incumbent", "WARM_SOLVERS", "CP_SAT_OPTIONS", "DEFAULT_WORK_LIMIT",
            "checkpoint_model", "warm_start", "solve_within"]
@@ -275,14 +274,6 @@ class IlpSolver:
                                     f"{self.deadline.elapsed():.1f} s of the {self.time_limit_s:g} s time limit")
         least, regions = min(peaks, key=lambda p: p[0])
         return least, regions, min(least, int(math.ceil(bound - 1e-6)))
-
-
-def simple_peaks(graph: Graph) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
-    """``(peak, regions)`` of plans any graph has: store-all, and every recomputable node its own
-    region (on a graph with spans: the shortest span at each position, and the longest)."""
-    index = SpanIndex(graph)
-    plans = [(), index.finest()] + ([index.coarsest()] if index.aligned else [])
-    return [(simulate(graph, Plan(regions=r), record=False).peak_bytes, r) for r in dict.fromkeys(plans)]
 
 
 #: The fast solvers whose best fitting plan warm-starts ``ilp`` (NOTE [ Bounded warm starts ] in ``solvers.warm``).
