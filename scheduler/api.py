@@ -21,9 +21,9 @@ from typing import Any, Sequence
 import solvers
 from graphs import Graph
 from solvers import InfeasibleBudget, Plan, Simulation, SolverOptionError
-from solvers.chunk_menu import solve_chunked
+from solvers.menus.chunks import solve_chunked
 from solvers.deadline import Deadline
-from solvers.nested import solve_nested
+from solvers.menus.nested import solve_nested
 
 from .sizing.budget import BudgetSpec
 from .sizing.memory import ReserveSpec, step_budget_bytes
@@ -89,9 +89,9 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
             :class:`scheduler.distributed.LayoutPlan`, one plan per pipeline
             stage (``scheduler.distributed.solve_layout``).
         chunks: chunk counts to try for the LM head and its loss (e.g.
-            ``solvers.chunks.CHUNK_MENU``, ``(1, 2, 4, 8, 16)``): the solver
+            ``solvers.model.chunks.CHUNK_MENU``, ``(1, 2, 4, 8, 16)``): the solver
             runs once per count and the cheapest plan that fits wins (NOTE
-            [ Chunked head ] in ``solvers.chunks``; transformers causal and
+            [ Chunked head ] in ``solvers.model.chunks``; transformers causal and
             masked LMs traced with their labels). None: the head as traced.
         mlp_chunks: chunk counts to try for every row-wise call (an MLP),
             the same count for all; combined with each of ``chunks``. A
@@ -99,10 +99,10 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
             ``plan.findings["chunks_skipped"]``), counts above the rows are
             dropped; refused only when nothing asked for can be chunked; the
             answer is ``optimal`` only when every count proved it (NOTE
-            [ Chunk menus ] in ``solvers.chunk_menu``).
+            [ Chunk menus ] in ``solvers.menus.chunks``).
         nested: regions may nest one level: a region's child calls
             checkpointed again inside its recompute (NOTE [ Nested regions ]
-            in ``solvers.nested``): the cheapest that fits of ``dp`` with
+            in ``solvers.model.nested``): the cheapest that fits of ``dp`` with
             nesting (exact on a chain), ``solver`` itself, and nestings of
             ``solver``'s least plan (NOTE [ Solving nested plans ]);
             combines with ``chunks``.

@@ -11,7 +11,8 @@ from .errors import (CkptError, InfeasibleBudget, MissingDependency, PlanError, 
 from .deadline import Deadline
 from .options import Option
 from .model.plan import PLAN_FORMAT_VERSION, Plan, Status, load_plan
-from .model.simulate import Simulation, activation_budget_bytes, simulate, store_all_peak
+from .model.simulate import activation_budget_bytes, simulate, store_all_peak
+from .model.walk import Simulation
 from .model.terms import INF, Terms, terms_of
 from .brute_force import brute_force, enumerate_plans, pareto_frontier
 from .registry import SolverInfo, available_solvers, exact_solvers, get_solver, register, solve, solver_info

@@ -35,7 +35,7 @@ With ``nested`` every region candidate with child calls also comes nested
 (NOTE [ Nested regions in the chain decomposition ] in ``solvers.dp.nested``):
 the table is then optimal, on a chain, over plans whose regions are each
 plain, keeping a menu entry, or nested with all of their child calls inside
-(NOTE [ The menu of inner regions ] in ``solvers.nested``); a plan carries the
+(NOTE [ The menu of inner regions ] in ``solvers.model.nested``); a plan carries the
 inner regions in ``inner``.
 """
 
@@ -56,7 +56,7 @@ from .kernel import kernel
 from .profiles import NodeArrays, RegionRows, node_arrays, region_rng, stored_profile
 from .selective import KeptRuns
 from ..errors import InfeasibleBudget
-from ..nested import inner_menu
+from ..model.nested import inner_menu
 from ..model.plan import Plan, Status
 from ..model.simulate import simulate
 from ..model.spans import SpanIndex

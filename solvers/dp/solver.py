@@ -38,7 +38,7 @@ def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_F
             without saveable nodes this changes nothing. False: regions only.
         nested: regions may also be nested, with all of their child calls
             checkpointed inside their recompute (NOTE [ Nested regions ] and
-            NOTE [ The menu of inner regions ] in ``solvers.nested``): the
+            NOTE [ The menu of inner regions ] in ``solvers.model.nested``): the
             plan's ``inner``, optimal on a chain over plans whose regions are
             each one level or nested that way. On a graph without spans this
             changes nothing.
