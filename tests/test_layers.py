@@ -49,11 +49,6 @@ LAYERS: dict[str, list[tuple[str, ...]]] = {
     ],
 }
 
-#: What main still breaks, each fixed by a commit of its own and struck off here (the list only shrinks).
-KNOWN_UPWARD: set[str] = set()
-KNOWN_CIRCLES: list[list[str]] = []
-KNOWN_LONG: set[str] = set()
-
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -164,21 +159,17 @@ def test_every_module_has_a_layer():
 
 
 def test_no_import_runs_back_up():
-    found = upward()
-    assert [u for u in found if u not in KNOWN_UPWARD] == []
-    assert KNOWN_UPWARD <= set(found), f"fixed: strike off {KNOWN_UPWARD - set(found)}"
+    assert upward() == []
 
 
 def test_no_circle_of_files():
-    found = circles()
-    assert [c for c in found if c not in KNOWN_CIRCLES] == []
-    assert [c for c in KNOWN_CIRCLES if c not in found] == [], "fixed: strike these off"
+    assert circles() == []
 
 
 def test_no_source_file_over_500_lines():
     long = {str(p.relative_to(ROOT)): n for p in _modules().values()
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
-    assert set(long) == KNOWN_LONG
+    assert long == {}
 
 
 def test_the_checker_sees_a_loop_and_an_import_up(tmp_path, monkeypatch):
