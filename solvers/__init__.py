@@ -4,6 +4,11 @@ No torch import here, and no OR-Tools until CP-SAT runs (``solvers.cpsat.solver`
 ``solve(graph, budget_bytes, solver=NAME, **options)`` runs any registered
 solver, its options checked against what it declares (NOTE [ Solver options ]
 in ``solvers.options``); ``simulate(graph, plan)`` is the one cost model.
+
+Owns, bottom up: ``errors``, ``deadline``, ``options``; ``model`` (the execution model); ``registry``;
+the solvers (``baselines``, ``chen``, ``brute_force``, ``warm``, ``ilp``, ``frontier``, ``cpsat``, ``dp``,
+``blocks``); ``menus`` (chunk counts, nestings). May import ``graphs`` and nothing of ``scheduler``; each layer
+imports only those below it (``tests/test_layers.py``).
 """
 
 from .errors import (CkptError, InfeasibleBudget, MissingDependency, PlanError, PlanMismatch, SolverBug,

@@ -184,3 +184,33 @@ def test_the_checker_sees_a_loop_and_an_import_up(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert circles() == [["graphs.errors", "graphs.schema"]]
     assert upward() == ["graphs.errors -> graphs.schema"]
+
+
+def _section(path: Path, heading: str) -> str:
+    text = path.read_text(encoding="utf-8")
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else len(text)]
+
+
+def test_the_layout_pages_name_every_package_and_the_models_files():
+    """The README's layout block names every subpackage and every module at the top of ``solvers/``;
+    docs/execution-model.md's layout section every file of ``solvers/model/`` (the house as it is)."""
+    readme = _section(ROOT / "README.md", "Layout")
+    packages = sorted(str(p.parent.relative_to(ROOT)) for d in PACKAGES for p in (ROOT / d).glob("*/__init__.py"))
+    assert [p for p in packages if f"{p.rpartition('/')[2]}/" not in readme] == []
+    top = sorted(p.stem for p in (ROOT / "solvers").glob("*.py") if p.stem != "__init__")
+    assert [m for m in top if m not in readme] == []
+    model = _section(ROOT / "docs" / "execution-model.md", "Layout")
+    files = sorted(p.name for p in (ROOT / "solvers" / "model").glob("*.py") if p.name != "__init__.py")
+    assert [f for f in files if f not in model] == []
+
+
+def test_every_package_says_what_it_may_import():
+    """Each package's ``__init__`` docstring says what it may import (the promise :data:`LAYERS` holds)."""
+    silent = []
+    for init in sorted(p for d in PACKAGES for p in (ROOT / d).rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        if "May import" not in doc and "Imports nothing" not in doc:
+            silent.append(str(init.relative_to(ROOT)))
+    assert silent == []

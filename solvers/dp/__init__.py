@@ -9,6 +9,8 @@
 * ``nested``: the profile of a region nested with its child calls;
 * ``kernel``: which merge kernel runs (numba's, or the plain copy while numba
   loads: NOTE [ The dp kernel under a deadline ]); ``_kernel``: that kernel.
+
+May import ``graphs``, ``solvers.model`` and what is below it, and ``solvers.registry`` (``solver`` only).
 """
 
 from .chain import DPTable, dp_table

@@ -10,4 +10,7 @@ first phase of ``ilp`` (NOTE [ One plan space ] in ``solvers.ilp``).
 * ``regions``: what a region costs at a position (the terms ``kept``, ``nested`` and the blocks read);
 * ``phases``: how ``ilp`` runs it (without, then with kept nodes) and its
   bounded-width heuristic for wide graphs.
+
+May import ``graphs``, ``solvers.model`` and what is below it, ``solvers.dp.profiles`` (the segment
+profiles it shares with dp), ``solvers.blocks`` and ``solvers.warm``; ``blocks`` builds on ``front``.
 """
