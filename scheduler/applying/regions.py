@@ -31,9 +31,8 @@ NOTE [ Regions under torch.compile ]
     recomputes values, not buffer updates. A compiled planned step equals
     the compiled unplanned one (bitwise under ``aot_eager``, dropout
     included; within inductor's own tolerance under inductor). Kept ops are
-    not kept under compile (the policy counts Python state: NOTE [ Selective
-    checkpoint policies ]): the region recomputes whole, as a region without
-    kept ops does. Caches are dropped as in eager (NOTE [ Caches
+    kept by torch's own selective checkpoint (NOTE [ Kept calls under
+    torch.compile ] in ``scheduler.applying.selective``). Caches are dropped as in eager (NOTE [ Caches
     under recompute ]; a cache written inside the checkpoint is a side
     effect Dynamo refuses), from where the signature puts them, found once
     per class (:func:`_cache_slots`), but without the ``CacheDropped``
@@ -124,7 +123,7 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
     ``stochastic`` is what the plan says of the region's randomness; whether the recompute replays
     the generator state is decided here, as it runs (NOTE [ RNG replay decided at run time ])."""
     if torch.compiler.is_compiling():  # NOTE [ Regions under torch.compile ]
-        return traced_region(fn, args, kwargs, modules=modules)
+        return traced_region(fn, args, kwargs, modules=modules, policy=policy)
     # A stochastic module the region holds but does not call (torchvision's EfficientNet keeps a
     # StochasticDepth in blocks without a residual) draws nothing: the watch decides, and names the
     # stochastic modules that were called (NOTE [ RNG replay decided at run time ]).
@@ -206,9 +205,13 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
     return out
 
 
-def traced_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Sequence[nn.Module]) -> Any:
-    """``fn(*args, **kwargs)`` as one region while Dynamo traces (NOTE [ Regions under torch.compile ])."""
+def traced_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Sequence[nn.Module],
+                  policy: RegionPolicy | None = None) -> Any:
+    """``fn(*args, **kwargs)`` as one region while Dynamo traces (NOTE [ Regions under torch.compile ]), its
+    kept calls saved by torch's selective checkpoint (NOTE [ Kept calls under torch.compile ])."""
     body = functools.partial(_traced_body, fn, tuple(modules))
+    if policy is not None:
+        kwargs = {**kwargs, "context_fn": policy.compiled}
     return checkpoint(body, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
 
 
@@ -357,7 +360,7 @@ class RegionForward:
         if torch.compiler.is_compiling():  # NOTE [ Regions under torch.compile ]
             changed = flags_as_before(self.marked)
             args, kwargs = _without_cache_traced(self.cache_slots, args, kwargs)
-            out = traced_region(fwd, args, kwargs, modules=(self.module,))
+            out = traced_region(fwd, args, kwargs, modules=(self.module,), policy=self.policy)
             _put_back(changed)
             return out
         fwd = as_before(self.module, fwd)  # NOTE [ Visible to gradient-checkpointing checks ]

@@ -67,8 +67,32 @@ NOTE [ Double backward through kept calls ]
     higher-order gradients are those of the unplanned step.
 
     Regions without listed calls run exactly as before (no ``context_fn``).
-    Under ``torch.compile`` the regions are plain checkpoints: the policy
-    counts Python state that Dynamo does not trace.
+
+NOTE [ Kept calls under torch.compile ]
+    Dynamo cannot trace our two dispatch modes, but it traces torch's own
+    selective checkpoint: while a region is being compiled, its checkpoint
+    gets ``context_fn=policy.compiled`` (:func:`compiled_contexts`), which
+    resets the counts and returns ``create_selective_checkpoint_contexts``
+    with the same :class:`RegionPolicy`. Dynamo keeps that function on its
+    checkpoint operator; AOTAutograd calls it when it traces the region's
+    forward (once per trace: a compile may trace twice, hence the reset),
+    and the policy sees the region's ATen calls as in eager (the same
+    ``SAC_IGNORED_OPS`` left out) and answers ``MUST_SAVE`` for the listed
+    ones. torch tags those graph nodes and the partitioner saves them
+    for the backward instead of recomputing them; every other op of the
+    region is ``PREFER_RECOMPUTE``, as for a region without kept calls
+    (torch's checkpoint operator runs every region through this path, with
+    an always-recompute policy). The gradients are the compiled unplanned
+    step's (bitwise under ``aot_eager``): a kept value is the forward's.
+    What differs from eager: the policy runs at compile time, not at each
+    step, and no forward Python runs to settle it (NOTE [ Kept calls that
+    do not come ]): a listed call that does not come keeps nothing, an
+    overload called more often than traced is turned off from that call on
+    (its earlier listed calls stay kept, more memory than planned, the same
+    gradients), and no ``KeptOpsDropped`` is warned; overloads turned off
+    in eager stay off. torch logs once that a ``context_fn`` reached
+    ``torch.compile`` ("make sure the checkpointed region does not contain
+    in-place ops"): the tracer never keeps a call that writes in place.
 """
 
 from __future__ import annotations
@@ -82,9 +106,9 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.checkpoint import CheckpointPolicy
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-__all__ = ["RegionPolicy", "KeptOpsDropped", "selective_contexts"]
+__all__ = ["RegionPolicy", "KeptOpsDropped", "selective_contexts", "compiled_contexts"]
 
 try:  # the calls torch's selective checkpoint does not count (the forward and its recompute differ there)
     from torch.utils.checkpoint import SAC_IGNORED_OPS as _IGNORED
@@ -125,6 +149,7 @@ class RegionPolicy:
         self._warned = False
         self.cache_dropped = False  # set by the region when this call dropped its cache (for the warning)
         self._store: _Store | None = None
+        self.compiled = compiled_contexts(self)  # NOTE [ Kept calls under torch.compile ]
         self.reset()
 
     def __getstate__(self) -> dict[str, Any]:  # pickle / deepcopy: the counts of no running forward
@@ -333,3 +358,14 @@ def selective_contexts(policy: RegionPolicy, stats: Sequence[torch.Tensor]) -> A
     """The ``context_fn`` for ``checkpoint`` running a region under ``policy``; ``stats`` are
     the running statistics to snapshot around its recompute (NOTE [ Stateful ops under recompute ])."""
     return functools.partial(_contexts, policy, tuple(stats))
+
+
+def compiled_contexts(policy: RegionPolicy) -> Any:
+    """The ``context_fn`` of a region's checkpoint while Dynamo traces it (NOTE [ Kept calls under
+    torch.compile ]): a plain function (Dynamo takes it as a constant), each call a fresh count."""
+
+    def context_fn() -> tuple[Any, Any]:
+        policy.reset()
+        return create_selective_checkpoint_contexts(policy)
+
+    return context_fn

@@ -1,22 +1,26 @@
 """NOTE [ Regions under torch.compile ]: a planned model compiles as the unplanned one does.
 
 A plan adds no graph break (Dynamo traces each region as torch's checkpoint operator), so
-``fullgraph=True`` works where it works without the plan; a compiled planned step updates BatchNorm's
-running statistics once and equals the compiled unplanned step (bitwise under ``aot_eager``, dropout
+``fullgraph=True`` works where it works without the plan; a selective plan's kept calls are saved (NOTE [ Kept
+calls under torch.compile ]); a compiled planned step updates BatchNorm's running statistics once and equals the compiled unplanned step (bitwise under ``aot_eager``, dropout
 included). Models are tiny: each test compiles a few small graphs.
 """
 
 from __future__ import annotations
 
 import copy
+from typing import Any, Sequence
 
 import pytest
 import torch
 from torch import nn
 from torch._dynamo.utils import counters
+from torch.profiler import ProfilerActivity
 
 import scheduler
 from scheduler.applying import region_wrappers
+from scheduler.measuring.profiler import quiet_profile
+from scheduler.measuring.steps import allocator_step_peak
 from scheduler.tracing.tracer import capture
 from solvers import Plan
 
@@ -114,8 +118,9 @@ def span_plan(model: nn.Module, args: tuple, paths: list[str], *, inner: list[st
 
 
 def compiled_step(model: nn.Module, args: tuple, *, backend: str = "aot_eager", fullgraph: bool = False,
-                  loss=None) -> tuple[torch.Tensor, dict, dict, int]:
-    """One compiled training step from a fixed seed: loss, gradients, buffers, graph breaks."""
+                  loss=None, then: Any = None) -> tuple[torch.Tensor, dict, dict, int]:
+    """One compiled training step from a fixed seed: loss, gradients, buffers, graph breaks; ``then(compiled)``
+    runs before Dynamo is reset (more steps of the compiled model, after the snapshot)."""
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(model, backend=backend, fullgraph=fullgraph)
@@ -126,6 +131,8 @@ def compiled_step(model: nn.Module, args: tuple, *, backend: str = "aot_eager", 
     breaks = sum(counters["graph_break"].values())
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     buffers = {n: b.clone() for n, b in model.named_buffers()}
+    if then is not None:
+        then(compiled)
     torch._dynamo.reset()
     return value.detach(), grads, buffers, breaks
 
@@ -168,14 +175,44 @@ def test_nested_regions_compile_whole():
     assert_equal_steps(compiled_step(twin, (ids,), fullgraph=True), compiled_step(planned, (ids,), fullgraph=True))
 
 
-def test_a_selective_plan_compiles_whole_its_regions_recomputed_whole():
+def op_calls(compiled: Any, args: tuple, names: Sequence[str]) -> dict[str, int]:
+    """How often each ATen op ran in one step of an already compiled model (the profiler sees the
+    ``aot_eager`` graphs' calls, the backward's recompute included)."""
+    with quiet_profile(activities=[ProfilerActivity.CPU]) as prof:
+        compiled(*args).backward()
+    seen = [e.name for e in prof.events()]
+    return {n: seen.count(n) for n in names}
+
+
+def test_kept_ops_are_saved_under_compile_bitwise_and_at_the_prediction():
+    """NOTE [ Kept calls under torch.compile ]: torch's selective checkpoint keeps the plan's calls (they were
+    recomputed whole before), the step stays bitwise the compiled twin's and its peak at the plan's."""
     torch.manual_seed(0)
     model = Transformer(width=32).train()
     ids = torch.randint(0, 32, (2, 32), generator=torch.Generator().manual_seed(1))
-    plan = scheduler.solve(scheduler.trace(model, (ids,)), budget=0.7, solver="dp", selective=True)
-    assert any(plan.save_ops), "the plan keeps op outputs in a region"
+    graph = scheduler.trace(model, (ids,))
+    plan = scheduler.solve(graph, budget=0.7, solver="dp", selective=True)
+    ops = ("aten._scaled_dot_product_flash_attention_for_cpu.default", "aten.addmm.default")
+    kept = {op: sum(1 for region in plan.save_ops for o, _ in region if o == op) for op in ops}
+    assert all(kept.values()), f"the plan keeps an attention and a matmul call: {plan.save_ops}"
     planned, twin = planned_and_twin(model, plan)
-    assert_equal_steps(compiled_step(twin, (ids,), fullgraph=True), compiled_step(planned, (ids,), fullgraph=True))
+    names = ["aten::" + op.split(".")[1] for op in ops]
+    calls, peak = {}, []
+
+    def measure(name: str, m: nn.Module) -> Any:
+        def then(compiled: Any) -> None:
+            calls[name] = op_calls(compiled, (ids,), names)
+            if name == "planned":
+                peak.append(allocator_step_peak(compiled, m, (ids,), {}, None))
+        return then
+
+    assert_equal_steps(compiled_step(twin, (ids,), fullgraph=True, then=measure("twin", twin)),
+                       compiled_step(planned, (ids,), fullgraph=True, then=measure("planned", planned)))
+    # every traced call of an overload in a region runs again in the backward, less the kept ones
+    for op, name in zip(ops, names):
+        traced = sum(n for region in plan.save_op_calls for o, n in region if o == op)
+        assert calls["planned"][name] == calls["twin"][name] + traced - kept[op], (op, calls)
+    assert peak[0] <= scheduler.simulate(graph, plan).peak_bytes, (peak, scheduler.simulate(graph, plan).peak_bytes)
 
 
 def test_transformers_gpt2_breaks_as_often_with_a_plan_as_without():
@@ -202,6 +239,49 @@ def test_transformers_gpt2_breaks_as_often_with_a_plan_as_without():
     assert ours[3] == base[3]  # 1 + 2 per region before (the bound method, the flag, the cache)
     assert_equal_steps(base, ours)
     assert all(w.recomputes == 0 for w in region_wrappers(planned)), "the compiled graph recomputes, not Python"
+
+
+def test_a_chunked_head_compiles_equal_to_the_compiled_twin():
+    """A chunked head and loss (NOTE [ Chunked head (applying) ]) beside a block region, compiled: no more
+    breaks than the unplanned model's, the loss and gradients of the compiled twin (the loss sum is
+    reassociated over chunks: 1e-6 relative, as in eager), the chunks recomputed by the compiled graph."""
+    transformers = pytest.importorskip("transformers")
+    import dataclasses
+
+    from solvers.chunks import chunk_entries, chunked_graph
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256, n_positions=16, use_cache=False,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    graph = capture(model, (), {"input_ids": ids, "labels": ids}, loss=lambda out: out.loss).graph
+    k = 4
+    chunked = chunked_graph(graph, k, 1)
+    regions = [(sp.first, sp.last) for sp in chunked.spans if "@chunk" in sp.module or sp.module == "transformer.h.0"]
+    plan = dataclasses.replace(Plan.from_regions(chunked, regions), chunks=chunk_entries(graph, k, 1),
+                               fingerprint=graph.fingerprint(), graph_meta=graph.meta).labelled(graph)
+    assert sum("@chunk" in m for m in plan.modules) == k
+    planned, twin = planned_and_twin(model, plan)
+
+    class Call(nn.Module):
+        def __init__(self, m: nn.Module) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.m(input_ids=ids, labels=ids).loss
+
+    base = compiled_step(Call(twin), (ids,))
+    ours = compiled_step(Call(planned), (ids,))
+    assert ours[3] <= base[3]
+    torch.testing.assert_close(ours[0], base[0], rtol=1e-6, atol=0)
+    assert ours[1].keys() == base[1].keys()
+    for name, g in base[1].items():
+        assert float((ours[1][name] - g).abs().max()) <= 1e-6 * float(g.abs().max()), name
+    wrappers = [m.__dict__["forward"] for m in planned.modules() if "forward" in m.__dict__]
+    assert any(type(w).__name__ == "ChunkedHead" for w in wrappers)
+    assert all(w.recomputes == 0 for w in wrappers), "the compiled graph recomputes, not Python"
 
 
 # ------------------------------------------------------------------ state and randomness

@@ -1,0 +1,50 @@
+"""benchmarks/compile.py: its page says where ours wins and, where not, why in numbers (a document made up here:
+the suite itself compiles with inductor for minutes)."""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks import compile as bench
+
+MIB = 2**20
+
+
+def _doc() -> dict:
+    def row(f: float, their_mib: float, their_ms: float, ours: dict) -> dict:
+        return {"theirs": {"fraction": f, "peak_bytes": int(their_mib * MIB), "time_s": their_ms / 1e3,
+                           "grad_diff": 1e-7, "compile_s": 1.0}, "ours": ours, "plain_time_s": 0.010}
+
+    def ours(mib: float, ms: float, pred: float, target: float) -> dict:
+        return {"target_bytes": int(target * MIB), "solves": 1, "reached": mib <= target, "peak_bytes": int(mib * MIB),
+                "predicted_bytes": int(pred * MIB), "budget_bytes": int(target * MIB), "regions": 2, "kept": 1,
+                "compile_s": 1.0, "time_s": ms / 1e3, "grad_diff": 0.0}
+
+    model = {"model": "m", "options": {}, "graph_nodes": 10, "wall_s": 1.0, "least_theirs_bytes": 8 * MIB,
+             "plain": {"peak_bytes": 12 * MIB, "compile_s": 1.0, "predicted_bytes": 13 * MIB},
+             "rows": [row(0.1, 8.0, 20.0, ours(7.5, 18.0, 8.0, 8.0)),      # smaller and faster: a win
+                      row(0.5, 10.0, 12.0, ours(9.0, 15.0, 9.5, 10.0)),    # smaller, slower
+                      row(0.9, 11.0, 11.0, ours(11.5, 10.0, 11.0, 11.0)),  # faster, larger (and over its prediction)
+                      row(0.3, 9.0, 15.0, {"target_bytes": 9 * MIB, "solves": 1, "reached": False,
+                                           "floor_bytes": 9.5 * MIB})],
+             "below": {"target_bytes": int(7.2 * MIB), "solves": 2, "reached": False, "floor_bytes": 7.4 * MIB}}
+    return {"torch": torch.__version__, "python": "python", "threads": 1, "solver": "dp", "repeats": 3,
+            "fractions": [0.1, 0.3, 0.5, 0.9], "models": [model, {"model": "vit", "options": {}, "skipped": "no torchvision"}]}
+
+
+def test_the_headline_counts_wins_and_says_why_not_in_numbers():
+    lines = bench.claims(_doc())
+    assert lines[0] == "- ours at least as fast at no larger peak: 1 of 4 budgets (m@0.1)"
+    assert "  - m@0.5: ours 15.0 ms against 12.0 (1.250)" in lines
+    assert "  - m@0.9: ours 11.50 MiB against 11.00 after 1 solves" in lines
+    assert "  - m@0.3: no plan of ours at 9.00 MiB (our least 9.50 MiB)" in lines
+    assert "m not reached (7.40 MiB against 8.00)" in lines[-3]
+    assert lines[-2].startswith("- our measured peak under inductor at or under our (eager) prediction: 2 of 3")
+
+
+def test_the_page_has_every_row_and_the_skipped_model():
+    text = bench.report(_doc())
+    assert text.count("| m | ") == 6  # plain, four budgets, below
+    assert "| vit | | | | | | | | | | | skipped: no torchvision |" in text
+    assert "| m | 0.3 | 9.00 | 15.0 | 1.0e-07 | no plan (floor 9.50) |" in text
+
