@@ -1,4 +1,4 @@
-"""Chunked LM head and loss vs transformers' own gradient checkpointing (NOTE [ Chunked head ] in solvers.chunks).
+"""Chunked LM head and loss vs transformers' own gradient checkpointing (NOTE [ Chunked head ] in solvers.model.chunks).
 
 On small transformers GPT-2, Llama and BERT models with a realistic vocabulary
 (32,000) at sequence 512: transformers' checkpointing peak (the allocator, one
@@ -38,7 +38,8 @@ import scheduler
 import solvers
 from scheduler.measuring.steps import allocator_step_peak
 from scheduler.sizing.budget import format_bytes
-from solvers.chunks import CHUNK_MENU, find_calls, solve_chunked
+from solvers.model.chunks import CHUNK_MENU, find_calls
+from solvers.menus.chunks import solve_chunked
 
 from benchmarks.pages import write_page
 
@@ -387,7 +388,7 @@ def run_cnn(case: CnnCase, pairs: int, largest_to: int) -> dict:
 
 
 def nested_least(graph: Any, menu: tuple[int, ...] = (1,), mlp_menu: tuple[int, ...] = (1,)) -> tuple[int, Any]:
-    """The least budget of a plan that may nest regions (NOTE [ Nested regions ] in ``solvers.nested``) on
+    """The least budget of a plan that may nest regions (NOTE [ Nested regions ] in ``solvers.model.nested``) on
     ``graph``, with the chunk menus of :func:`_least` (the default: nothing chunked), and the plan solved at it:
     ``scheduler.solve(..., nested=True)``: the frontier program over the menu of inner regions where the graph
     is narrow enough (optimal over it), else the cheapest of ``dp`` over nested candidates, the one-level solver

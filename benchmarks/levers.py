@@ -47,7 +47,7 @@ import scheduler
 import solvers
 from scheduler.tracing.tracer import EvalModeWarning
 from scheduler.applying.chunked import ChunkedHeadError
-from solvers.chunks import ChunkError
+from solvers.model.chunks import ChunkError
 
 from .thirdparty import FRACTION, SEED, Step, _step, command_line, run_suite
 from .thirdparty_models import LOSS_NAMES, Case

@@ -6,7 +6,7 @@ A plan is drawn from what the traced graph offers (``draw_plan``):
 * ``regions``: disjoint submodule calls (``graph.spans``), one level;
 * ``kept``: regions that keep some op outputs (``Plan.saved``: selective recompute), drawn from the
   nodes a policy can keep (``Graph.saveable``) that the recompute reaches (``recompute_reach``);
-* ``chunked``: row-wise calls (an MLP's, ``solvers.chunks.find_calls``) run in k chunks, each chunk
+* ``chunked``: row-wise calls (an MLP's, ``solvers.model.chunks.find_calls``) run in k chunks, each chunk
   a region or not, with regions elsewhere;
 * ``nested``: regions with calls inside them checkpointed again (``Plan.inner``);
 * ``mixed``: all of the above in one plan where the graph allows;
@@ -34,11 +34,11 @@ import torch
 
 from graphs import Graph
 from solvers import Plan, PlanError, simulate
-from solvers.chunks import expand, find_calls, parse_chunk_module
+from solvers.model.chunks import expand, find_calls, parse_chunk_module
 from solvers.model.selective import recompute_reach
 from solvers.model.spans import SpanIndex
 from solvers.model.terms import terms_of
-from solvers.nested import _is_call
+from solvers.model.nested import _is_call
 
 __all__ = ["KINDS", "CHUNK_RTOL", "Outcome", "draw_plan", "plan_kind", "inner_input_saved_inside", "run_pair"]
 
@@ -209,7 +209,8 @@ def _compare(a: torch.Tensor, b: torch.Tensor, scale: float | None = None) -> fl
 def run_pair(model: torch.nn.Module, args: tuple, loss: Any, graph: Graph, plan: Plan, *, seed: int = 0) -> Outcome:
     """Apply ``plan`` onto a copy of ``model``, step it and its unplanned twin, measure (see the module's doc)."""
     import scheduler
-    from scheduler.measuring.steps import allocator_step_peak, measure_step_peak, training_step
+    from scheduler.measuring.steps import allocator_step_peak, measure_step_peak
+    from scheduler.measuring.training import training_step
 
     g = graph.with_loop(plan.loop or graph.loop)
     predicted = simulate(g, plan).peak_bytes

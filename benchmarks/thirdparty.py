@@ -58,7 +58,7 @@ from torch import nn
 import scheduler
 import solvers
 from scheduler.measuring.profiler import profile_step
-from scheduler.measuring.steps import clear_grads, step_tensors
+from scheduler.measuring.training import clear_grads, step_tensors
 from scheduler.measuring.storages import live_bytes_of
 from scheduler.tracing.tracer import EvalModeWarning
 

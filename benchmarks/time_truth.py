@@ -43,7 +43,7 @@ import solvers
 from scheduler.comparing.choosing import plan_key
 from scheduler.measuring.steps import allocator_step_peak
 from scheduler.sizing.budget import format_bytes
-from solvers.chunks import find_calls
+from solvers.model.chunks import find_calls
 
 from benchmarks.chunked import Side
 from benchmarks.pages import write_page

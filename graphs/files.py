@@ -33,7 +33,7 @@ import os
 import tempfile
 from typing import Any, Callable, Iterable, Union
 
-from .graph import CkptError
+from .errors import CkptError
 
 __all__ = ["OutputPathError", "check_output_path", "write_text_atomic", "write_atomic", "read_json", "read_text", "parse_json"]
 

@@ -7,7 +7,8 @@ import os
 from typing import Callable, Union
 
 from .files import parse_json, read_json, read_text, write_text_atomic
-from .graph import Graph, GraphError
+from .errors import GraphError
+from .graph import Graph, graph_from_dict
 from .reading import checking, no_collection, parse_graph_json, poll
 
 __all__ = ["load", "save", "loads", "dumps"]
@@ -70,8 +71,6 @@ def _load_checked(source: str, check: Callable[[str], None]) -> Graph:
 def _from_data(data: object, source: str, *, owned: bool = False) -> Graph:
     try:
         if owned:  # NOTE [ Reading a graph under a deadline ]: each node's JSON freed as its node is built
-            from .schema import graph_from_dict
-
             return graph_from_dict(Graph, data, owned=True)
         return Graph.from_dict(data)  # type: ignore[arg-type]
     except GraphError as exc:

@@ -9,6 +9,11 @@ Example:
 
 torch is imported only by the parts that trace, apply or measure; they are
 loaded on first use.
+
+Owns, bottom up (``tests/test_layers.py``): ``progress`` and ``report``; ``sizing`` (budgets, a step's memory,
+the floor); ``distributed`` (layouts, no torch); ``models``, ``tracing``, ``measuring`` (torch); ``applying``;
+what composes them (``verify``, fit's search, ``comparing``); ``api``; the CLI (``cli``, ``commands``). May import
+``graphs`` and ``solvers``; nothing of the project imports it but the CLI, tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from solvers import (
 
 from . import api
 from .api import fit, simulate, solve
-from .sizing.budget import BudgetError, format_bytes, parse_budget, parse_size
+from .sizing.budget import BudgetError, format_bytes, parse_size
+from .sizing.memory import parse_budget
 
 __all__ = [
     "CkptError", "Graph", "GraphError", "Node", "load_graph", "save_graph",

@@ -2,7 +2,7 @@
 
 ``scheduler`` re-exports them. ``solve`` and ``simulate`` are written here (the
 solvers and the cost model, with budgets people write and plans checked
-against their graph); ``fit`` is :func:`scheduler.sizing.search.fit`. The verbs
+against their graph); ``fit`` is :func:`scheduler.sizing.fit.fit`. The verbs
 that need torch are loaded on first use, so ``import scheduler`` imports
 neither torch, OR-Tools, matplotlib nor transformers:
 
@@ -21,15 +21,15 @@ from typing import Any, Sequence
 import solvers
 from graphs import Graph
 from solvers import InfeasibleBudget, Plan, Simulation, SolverOptionError
-from solvers.chunk_menu import solve_chunked
+from solvers.menus.chunks import solve_chunked
 from graphs.reading import checking
 from solvers.deadline import READ_OUT_S, Deadline, spent_before
-from solvers.nested import solve_nested
+from solvers.menus.nested import solve_nested
 
 from .sizing.budget import BudgetSpec
 from .sizing.memory import ReserveSpec, step_budget_bytes
 from .sizing.floor import explain_floor
-from .sizing.search import fit
+from .sizing.fit import fit
 
 __all__ = ["trace", "solve", "simulate", "apply", "remove", "verify", "fit", "compare"]
 
@@ -90,9 +90,9 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
             :class:`scheduler.distributed.LayoutPlan`, one plan per pipeline
             stage (``scheduler.distributed.solve_layout``).
         chunks: chunk counts to try for the LM head and its loss (e.g.
-            ``solvers.chunks.CHUNK_MENU``, ``(1, 2, 4, 8, 16)``): the solver
+            ``solvers.model.chunks.CHUNK_MENU``, ``(1, 2, 4, 8, 16)``): the solver
             runs once per count and the cheapest plan that fits wins (NOTE
-            [ Chunked head ] in ``solvers.chunks``; transformers causal and
+            [ Chunked head ] in ``solvers.model.chunks``; transformers causal and
             masked LMs traced with their labels). None: the head as traced.
         mlp_chunks: chunk counts to try for every row-wise call (an MLP),
             the same count for all; combined with each of ``chunks``. A
@@ -100,10 +100,10 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
             ``plan.findings["chunks_skipped"]``), counts above the rows are
             dropped; refused only when nothing asked for can be chunked; the
             answer is ``optimal`` only when every count proved it (NOTE
-            [ Chunk menus ] in ``solvers.chunk_menu``).
+            [ Chunk menus ] in ``solvers.menus.chunks``).
         nested: regions may nest one level: a region's child calls
             checkpointed again inside its recompute (NOTE [ Nested regions ]
-            in ``solvers.nested``): the cheapest that fits of ``dp`` with
+            in ``solvers.model.nested``): the cheapest that fits of ``dp`` with
             nesting (exact on a chain), ``solver`` itself, and nestings of
             ``solver``'s least plan (NOTE [ Solving nested plans ]);
             combines with ``chunks``.

@@ -6,7 +6,7 @@ from typing import Any, Mapping, Sequence
 
 from graphs import Graph
 from solvers import Plan, Simulation, format_bytes
-from solvers.chunks import expand
+from solvers.model.chunks import expand
 
 __all__ = ["table", "plan_summary", "status_text", "simulation_summary", "ratio", "format_seconds", "recompute_line",
            "cost_model", "compact_modules", "checkpoints_line", "regions_table", "describe_target"]
@@ -122,7 +122,7 @@ def _ranges(values: Sequence[int]) -> str:
 def checkpoints_line(plan: Plan) -> str:
     """``checkpoints 12 submodule calls: h.{0-11}`` (what ``apply`` hooks), or that it stores everything."""
     chunked = ""
-    if plan.chunks:  # NOTE [ Chunked head ] in solvers.chunks
+    if plan.chunks:  # NOTE [ Chunked head ] in solvers.model.chunks
         chunked = "; runs " + ", ".join(f"{m or 'nodes %d..%d' % (a, b)} in {k} chunks"
                                        for (a, b, k), m in zip(plan.chunks, plan.chunk_modules or [""] * len(plan.chunks)))
     if not plan.regions:
@@ -130,7 +130,7 @@ def checkpoints_line(plan: Plan) -> str:
     if not plan.modules:
         return f"checkpoints {len(plan.regions)} regions (no module paths: a graph without submodule calls)"
     kept = f", keeping {len(plan.saved)} op outputs inside them" if plan.saved else ""
-    if plan.inner:  # NOTE [ Nested regions ] in solvers.nested
+    if plan.inner:  # NOTE [ Nested regions ] in solvers.model.nested
         inner = plan.inner_modules or tuple("nodes %d..%d" % r for r in plan.inner)
         chunked = f"; nested inside them: {len(plan.inner)} calls ({compact_modules(inner)})" + chunked
     return f"checkpoints {len(plan.regions)} submodule calls{kept}: {compact_modules(plan.modules)}{chunked}"
@@ -188,7 +188,7 @@ def plan_summary(graph: Graph, plan: Plan) -> str:
         lines.append(extra)
     lines.append(checkpoints_line(plan))
     for key, what in (("chunks_skipped", "chunk menus"), ("menu_unproven", "not proven over the chunk menu")):
-        if plan.findings.get(key):  # NOTE [ Chunk menus ] in solvers.chunk_menu
+        if plan.findings.get(key):  # NOTE [ Chunk menus ] in solvers.menus.chunks
             lines.append(f"{what}: {plan.findings[key]}")
     if plan.regions:
         lines.append(regions_table(graph, plan))

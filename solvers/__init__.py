@@ -4,6 +4,11 @@ No torch import here, and no OR-Tools until CP-SAT runs (``solvers.cpsat.solver`
 ``solve(graph, budget_bytes, solver=NAME, **options)`` runs any registered
 solver, its options checked against what it declares (NOTE [ Solver options ]
 in ``solvers.options``); ``simulate(graph, plan)`` is the one cost model.
+
+Owns, bottom up: ``errors``, ``deadline``, ``options``; ``model`` (the execution model); ``registry``;
+the solvers (``baselines``, ``chen``, ``brute_force``, ``warm``, ``ilp``, ``frontier``, ``cpsat``, ``dp``,
+``blocks``); ``menus`` (chunk counts, nestings). May import ``graphs`` and nothing of ``scheduler``; each layer
+imports only those below it (``tests/test_layers.py``).
 """
 
 from .errors import (CkptError, InfeasibleBudget, MissingDependency, PlanError, PlanMismatch, SolverBug,
@@ -11,7 +16,8 @@ from .errors import (CkptError, InfeasibleBudget, MissingDependency, PlanError, 
 from .deadline import Deadline
 from .options import Option
 from .model.plan import PLAN_FORMAT_VERSION, Plan, Status, load_plan
-from .model.simulate import Simulation, activation_budget_bytes, simulate, store_all_peak
+from .model.simulate import activation_budget_bytes, simulate, store_all_peak
+from .model.walk import Simulation
 from .model.terms import INF, Terms, terms_of
 from .brute_force import brute_force, enumerate_plans, pareto_frontier
 from .registry import SolverInfo, available_solvers, exact_solvers, get_solver, register, solve, solver_info

@@ -8,7 +8,7 @@ set of ``(region, menu entry)`` pairs, and the optimum is over those pairs.
 On a graph without saveable nodes every menu is ``()`` and nothing changes.
 With ``nested`` every region that keeps no nodes is also tried nested with
 its child calls inside (NOTE [ The menu of inner regions ] in
-``solvers.nested``).
+``solvers.model.nested``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .errors import InfeasibleBudget, SolverInputError
 from .model.plan import Plan, Status
 from .model.selective import DEFAULT_LIMIT, variants
 from .model.simulate import simulate
-from .nested import inner_menu
+from .model.nested import inner_menu
 
 __all__ = ["MAX_BRUTE_FORCE_NODES", "MAX_BRUTE_FORCE_PLANS", "FrontierPoint", "enumerate_plans",
            "enumerate_selective", "enumerate_nested", "count_selective", "pareto_frontier", "best_from_frontier", "brute_force"]
@@ -97,7 +97,7 @@ def enumerate_selective(graph: Graph, *, limit: int = DEFAULT_LIMIT) -> Iterator
 def enumerate_nested(graph: Graph, plans: Iterator[tuple[Regions, tuple[int, ...]]], *, every: bool = False
                      ) -> Iterator[tuple[Regions, tuple[int, ...], Regions]]:
     """Yield ``(regions, saved, inner)``: each plan of ``plans`` with every choice of nesting its regions
-    that keep no nodes and have child calls (NOTE [ The menu of inner regions ] in ``solvers.nested``).
+    that keep no nodes and have child calls (NOTE [ The menu of inner regions ] in ``solvers.model.nested``).
 
     ``every``: instead, every set of disjoint regions strictly inside each such region (spans on a graph
     with spans, any interval without), the whole depth-2 space the menu restricts."""
@@ -237,7 +237,7 @@ def brute_force(graph: Graph, budget_bytes: int, *, selective: bool = True, limi
             without selective recompute.
         limit: the menus' size.
         nested: regions may also nest their child calls (NOTE [ The menu of
-            inner regions ] in ``solvers.nested``).
+            inner regions ] in ``solvers.model.nested``).
         frontier: a precomputed :func:`pareto_frontier` (then ``selective``
             and ``limit`` are those it was computed with), to answer many budgets.
 

@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from graphs import Graph
 
@@ -95,7 +96,7 @@ from .deadline import PASS_S_PER_NODE, Deadline
 from .errors import InfeasibleBudget, SolverBug
 from .frontier.program import MAX_WIDTH, WORK_PER_S, FrontierTimeout, TooWide
 from .cpsat.solver import (CP_SAT_OPTIONS, DEFAULT_WORK_LIMIT, WARM_SOLVERS, IlpSolver, IlpTimeout, Incumbent,
-                        cp_sat_may_start, kept_solver, solve_within as cp_sat_within)
+                           checkpoint_model, cp_sat_may_start, solve_within as cp_sat_within)
 from .frontier.phases import by_frontier, frontier_heuristic, frontier_program, keepable
 from .options import Option
 from .model.plan import Plan, Status
@@ -103,7 +104,7 @@ from .registry import register
 from .model.simulate import simulate
 from .warm import Warm, warm_starts
 
-__all__ = ["IlpTimeout", "ilp", "frontier", "solve_within", "IlpSolver", "Incumbent", "WARM_SOLVERS", "METHODS",
+__all__ = ["IlpTimeout", "ilp", "frontier", "cp_sat", "solve_within", "IlpSolver", "Incumbent", "WARM_SOLVERS", "METHODS",
            "frontier_program", "keepable", "KEPT", "REGIONS"]
 
 log = logging.getLogger(__name__)
@@ -417,3 +418,52 @@ def frontier(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
                             blocks=blocks, selective=selective, max_width=max_width, warm_start=False)
     except TooWide as exc:
         raise TooWide(exc.width, exc.max_width, exc.position) from None
+
+
+@register("cp-sat", options=CP_SAT_OPTIONS + (
+    Option("selective", bool, "regions may keep op outputs (NOTE [ Kept nodes in the CP-SAT model ]): exact over "
+           "(region, menu entry) pairs up to solvers.cpsat.kept.MAX_CHOICES of them; above, the plan keeps none "
+           "(feasible, said so); False: regions only"),
+), exact=True, part_of="ilp")
+def cp_sat(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
+           work_limit: float | None = DEFAULT_WORK_LIMIT, workers: int = 2, seed: int = 0, gap_limit: float = 0.0,
+           warm_start: bool = True, selective: bool = True) -> Plan:
+    """The CP-SAT model alone (NOTE [ An exact model of simulate ]): any DAG, a proven bound and gap.
+
+    ``ilp`` with ``method="cp-sat"``. Deterministic under its work limit
+    (NOTE [ Deterministic CP-SAT ]): the same graph and budget give the same
+    plan on a busy machine; ``time_limit_s`` is a promise about the wall
+    clock (NOTE [ One deadline ]).
+
+    Args:
+        time_limit_s: wall-clock limit.
+        work_limit: CP-SAT's deterministic work limit; None: the clock only.
+        workers: search workers.
+        seed: CP-SAT's random seed.
+        gap_limit: stop once the relative gap is at most this.
+        warm_start: hint the search with the cheapest fitting plan of the fast solvers.
+        selective: regions may keep nodes (the default, NOTE [ One plan space ] in ``solvers.ilp``);
+            past the kept-node model's size limit the plan keeps none, ``feasible``, ``findings`` say so.
+
+    Returns:
+        ``optimal``, or ``feasible`` with ``bound``; ``findings`` say how it ended.
+
+    Raises:
+        InfeasibleBudget: carrying the least peak of any plan.
+        IlpTimeout: no plan within the time limit.
+        MissingDependency: OR-Tools is not installed.
+    """
+    return solve_within(graph, budget_bytes, Deadline(time_limit_s), work_limit=work_limit, workers=workers, seed=seed,
+                      gap_limit=gap_limit, warm_start=warm_start, method="cp-sat", selective=selective)
+
+
+def kept_solver() -> Any:
+    """``solvers.cpsat.kept.solve_selective`` (NOTE [ Kept nodes in the CP-SAT model ]), importing OR-Tools now.
+
+    Raises:
+        MissingDependency: OR-Tools is not installed.
+    """
+    checkpoint_model()
+    from .cpsat.kept import solve_selective  # imports OR-Tools: loaded when a search runs
+
+    return solve_selective

@@ -42,7 +42,7 @@ from .model.plan import Plan, Status
 from .model.simulate import remember, simulate
 from .model.spans import SpanIndex
 
-__all__ = ["Incumbent", "Warm", "warm_starts", "uniform_ks", "DP_SHARE"]
+__all__ = ["Incumbent", "Warm", "warm_starts", "simple_peaks", "uniform_ks", "DP_SHARE"]
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +157,14 @@ def _dp(graph: Graph, budget_bytes: int, deadline: Deadline | None, work_limit: 
         log.error("ilp warm start: dp returned regions that are no spans; ignored")
         return None
     return plan
+
+
+def simple_peaks(graph: Graph) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
+    """``(peak, regions)`` of plans any graph has: store-all, and every recomputable node its own
+    region (on a graph with spans: the shortest span at each position, and the longest)."""
+    index = SpanIndex(graph)
+    plans = [(), index.finest()] + ([index.coarsest()] if index.aligned else [])
+    return [(simulate(graph, Plan(regions=r), record=False).peak_bytes, r) for r in dict.fromkeys(plans)]
 
 
 def warm_starts(graph: Graph, budget_bytes: int, deadline: Deadline | None = None, *,

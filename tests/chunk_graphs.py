@@ -1,4 +1,4 @@
-"""A tiny language model graph with a chunkable head and MLP blocks (NOTE [ Chunked head ] in solvers.chunks),
+"""A tiny language model graph with a chunkable head and MLP blocks (NOTE [ Chunked head ] in solvers.model.chunks),
 small enough for brute force on its chunked graphs."""
 
 from __future__ import annotations

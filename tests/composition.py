@@ -22,7 +22,7 @@ from torch import nn
 import scheduler
 from scheduler.applying import applied_plan
 from solvers import InfeasibleBudget, Plan
-from solvers.nested import nested_plan_inner
+from solvers.model.nested import nested_plan_inner
 
 transformers = None  # imported by the test module (importorskip), set by :func:`use`
 

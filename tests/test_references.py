@@ -172,7 +172,7 @@ def test_every_note_is_listed_in_the_execution_model():
 
 
 #: solvers/ by family (issue 27): each family a subpackage whose ``__init__`` says what it owns.
-SOLVER_FAMILIES = ("model", "frontier", "cpsat", "dp", "blocks")
+SOLVER_FAMILIES = ("model", "frontier", "cpsat", "dp", "blocks", "menus")
 _FAMILY_PREFIX = re.compile(r"^(frontier_|ilp_|dp_|block_|_cpsat|_dp)")
 
 

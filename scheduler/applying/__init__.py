@@ -8,6 +8,9 @@
   re-trace ``model`` at the plan's shape and run the traced graph cut at the
   regions (``scheduler.applying.graph``), for plans whose regions are no submodule
   call (solved on ``graph.unaligned()``). That module runs one shape only.
+
+May import ``graphs``, ``solvers`` and ``scheduler.tracing`` (spans, the re-traced fallback); never the
+verbs, sizing's search or the comparison.
 """
 
 from __future__ import annotations

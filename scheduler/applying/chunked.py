@@ -1,7 +1,7 @@
 """A chunked head applied onto the user's model: the head call and the loss over row chunks.
 
 NOTE [ Chunked head (applying) ]
-    ``Plan.chunks`` (NOTE [ Chunked head ] in ``solvers.chunks``) is lowered
+    ``Plan.chunks`` (NOTE [ Chunked head ] in ``solvers.model.chunks``) is lowered
     onto a transformers causal-LM or masked-LM model by replacing the model's
     ``forward`` on the instance with a :class:`ChunkedHead`. When a call
     trains (grad enabled) and passes ``labels``, it runs the model's own
@@ -29,7 +29,7 @@ NOTE [ Chunked head (applying) ]
     (``__signature__``): ``transformers.Trainer`` keeps only the batch
     columns the forward names, and a ``(*args, **kwargs)`` one lost them all
     (``KeyError: 'input_ids'``). A batch with fewer token rows than k runs
-    one chunk per row (NOTE [ Chunk counts and rows ] in ``solvers.chunks``).
+    one chunk per row (NOTE [ Chunk counts and rows ] in ``solvers.model.chunks``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from torch import nn
 
 from graphs import CkptError
 from solvers import Plan
-from solvers.chunks import LOSS_SUFFIX, parse_chunk_module
+from solvers.model.chunks import LOSS_SUFFIX, parse_chunk_module
 
 from .regions import run_region
 
@@ -173,7 +173,7 @@ class _Chunks:
 
 class ChunkedCall(_Chunks):
     """Installed as a row-wise call's ``forward`` (an MLP's): it runs over ``k`` chunks of the token rows,
-    the outputs concatenated (NOTE [ Chunked head ] in ``solvers.chunks``). Without grad it runs as written."""
+    the outputs concatenated (NOTE [ Chunked head ] in ``solvers.model.chunks``). Without grad it runs as written."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fwd = self.original()

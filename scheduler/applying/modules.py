@@ -183,7 +183,7 @@ def apply(model: nn.Module, plan: Plan, *, check: bool = True) -> nn.Module:
 
 
 def _install_inner(model: nn.Module, plan: Plan, *, check: bool) -> None:
-    """NOTE [ Nested regions ] in ``solvers.nested``: each inner region's call checkpointed on its own; the outer
+    """NOTE [ Nested regions ] in ``solvers.model.nested``: each inner region's call checkpointed on its own; the outer
     call, checkpointed around it, makes it (in its forward and in its recompute), so the checkpoints nest."""
     if not plan.inner:
         return
@@ -242,7 +242,7 @@ class _Planned(nn.Module):
         One-level regions keep their recompute after the call returns (the
         checkpoint holds the region's forward), so the plan is removed as the
         call returns and the next plain call of ``model`` is plain. An outer
-        region's recompute (NOTE [ Nested regions ] in ``solvers.nested``)
+        region's recompute (NOTE [ Nested regions ] in ``solvers.model.nested``)
         calls its inner modules again, looked up on the modules as it runs:
         removed, they ran plain and saved what the inner checkpoints did not
         (torch's ``CheckpointError``, "recomputed values ... have different

@@ -136,7 +136,7 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
     # NOTE [ Every tensor a region receives is a checkpoint input ]
     #     checkpoint saves its positional tensor arguments through the saved-tensor hooks that are active
     #     (an inner region's, inside its outer region: the outer's, which keeps nothing: NOTE [ Nested
-    #     regions ] in solvers.nested); anything else the function holds (keyword arguments, tensors in
+    #     regions ] in solvers.model.nested); anything else the function holds (keyword arguments, tensors in
     #     containers) stays referenced by its closure from the forward to the region's backward. An inner
     #     region that takes its input by keyword (transformers' attention: ``hidden_states=``) therefore kept
     #     the forward copy through the whole step, which the plan does not count (32 KiB over on a block

@@ -109,7 +109,7 @@ NOTE [ Counting what a selective policy served ]
     mode of ours: a ``FlopCounterMode`` open around the whole step sees a
     call only when it reaches the kernels (not a served call, not the
     stopped one, a re-dispatched one once), and the step's count less the
-    plain step's is what re-ran (``scheduler.measuring.steps.count_step_flops``).
+    plain step's is what re-ran (``count_step_flops``).
     The modes themselves count what they decide while a :func:`tally` is
     open: calls made in the forward and kept, calls served and calls run
     again in the recompute, with the FLOPs of each (torch's formulas); the
@@ -123,14 +123,14 @@ import contextlib
 import functools
 import warnings
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-__all__ = ["RegionPolicy", "KeptOpsDropped", "selective_contexts", "compiled_contexts", "Tally", "tally"]
+__all__ = ["RegionPolicy", "KeptOpsDropped", "selective_contexts", "compiled_contexts", "Tally", "tally", "count_step_flops"]
 
 try:  # the calls torch's selective checkpoint does not count (the forward and its recompute differ there)
     from torch.utils.checkpoint import SAC_IGNORED_OPS as _IGNORED
@@ -462,3 +462,20 @@ def compiled_contexts(policy: RegionPolicy) -> Any:
         return create_selective_checkpoint_contexts(policy)
 
     return context_fn
+
+
+def count_step_flops(step: Callable[[], Any]) -> tuple[int, dict[str, int]]:
+    """FLOPs of the kernels one eager ``step`` really ran, and what the selective modes served.
+
+    NOTE [ Counting what a selective policy served ] (above):
+    a ``FlopCounterMode`` around the step counts each call that reaches the
+    kernels once (a kept call served from the store, or the call at which a
+    checkpoint stops its recompute, not at all), where the profiler counts
+    every call it sees enter the dispatcher. Returns ``(flops, tally)``,
+    ``tally`` the selective modes' counts (:class:`Tally`).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with tally() as seen, FlopCounterMode(display=False) as fc:
+        step()
+    return int(fc.get_total_flops()), seen.as_dict()

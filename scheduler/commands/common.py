@@ -19,7 +19,8 @@ from solvers.options import describe
 
 __all__ = ["positive_int", "positive_float", "nonneg_float", "gap_fraction", "granularity", "parse_options",
            "check_outputs", "model_files", "optimizer_name", "add_step_flags", "MODEL_FLAGS", "add_model_flags",
-           "add_model_arguments", "model_options", "split_items", "solver_flag_options", "solver_options_help",
+           "add_model_arguments", "model_options", "split_items", "SOLVER_FLAGS", "solve_flag_options", "solver_flag_options",
+           "solver_options_help",
            "add_target_flag", "add_loop_flag"]
 
 
@@ -206,6 +207,17 @@ def split_items(items: Iterable[str], flag: str = "-S") -> list[tuple[str, str]]
             raise CkptError(f"{flag} {item!r}: write KEY=VALUE, e.g. {flag} time_limit_s=30")
         out.append((key.strip(), value))
     return out
+
+
+#: Solver flag of ``ckpt solve`` -> the option it sets (NOTE [ How the CLI fails ]: a solver that does not take it
+#: refuses it).
+SOLVER_FLAGS = {"--time-limit": "time_limit_s", "--gap": "gap_limit", "--method": "method"}
+
+
+def solve_flag_options(name: str, args: argparse.Namespace, *, strict: bool = True) -> dict:
+    """The options for solver ``name`` from ``ckpt solve``'s flags and ``-S`` (NOTE [ Solver options ])."""
+    flags = {flag: (option, getattr(args, flag[2:].replace("-", "_"))) for flag, option in SOLVER_FLAGS.items()}
+    return solver_flag_options(name, flags, args.solver_option, strict=strict)
 
 
 def solver_flag_options(solver: str, flags: Mapping[str, tuple[str, Any]], items: Iterable[str], *,

@@ -109,7 +109,7 @@ def _progress(probe) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..sizing.search import fit
+    from ..sizing.fit import fit
 
     options = model_options(args)
     batch, seq = options.pop("batch", 1), options.pop("seq", None)

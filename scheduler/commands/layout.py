@@ -16,7 +16,7 @@ from solvers import format_bytes
 
 from ..distributed.layout import SCHEDULES, Layout
 from ..report import checkpoints_line, format_seconds, ratio, table
-from .common import check_outputs, positive_int
+from .common import check_outputs, positive_int, solve_flag_options
 
 __all__ = ["add_layout_arguments", "layout_from_args", "render_layout_plan", "run_solve", "run_fit"]
 
@@ -108,13 +108,12 @@ def run_solve(args: argparse.Namespace, layout: Layout) -> int:
     import graphs
 
     from ..distributed.plans import solve_layout
-    from .solve import _options
 
     if args.solver == "all":
         raise CkptError("--solver all compares solvers on one graph; with a layout each stage is solved by one "
                         "solver: name it (default ilp)")
     name = args.solver or "ilp"
-    options = _options(name, args)
+    options = solve_flag_options(name, args)
     _outputs(args, layout, [args.graph])
     graph = graphs.load(args.graph)
     if getattr(args, "loop", None):  # NOTE [ The user's loop ]: the same graph planned for another loop

@@ -6,7 +6,7 @@ import argparse
 
 import graphs
 from solvers import load_plan
-from solvers.chunks import expand
+from solvers.model.chunks import expand
 
 from ..api import simulate
 from ..report import checkpoints_line, regions_table, simulation_summary

@@ -11,13 +11,13 @@ from solvers.deadline import already_spent
 
 from ..api import solve
 from ..sizing.floor import explain_floor
-from ..sizing.budget import parse_budget, read_budget
-from ..sizing.memory import parse_reserve, step_budget_bytes
+from ..sizing.budget import read_budget
+from ..sizing.memory import parse_budget, parse_reserve, step_budget_bytes
 from ..progress import phase
 from ..report import checkpoints_line, cost_model, format_seconds, plan_summary, ratio, table
 from .limits import OUTPUT_S, CommandDeadline, command_limit, keep_to_exit, let_go, load_graph, thaw
 from .layout import add_layout_arguments, layout_from_args, run_solve as run_layout_solve
-from .common import (add_loop_flag, add_step_flags, check_outputs, gap_fraction, positive_float, solver_flag_options,
+from .common import (add_loop_flag, add_step_flags, check_outputs, gap_fraction, positive_float, solve_flag_options,
                      solver_options_help, split_items)
 
 NAME = "solve"
@@ -53,8 +53,6 @@ roofline time per op by default); the summary prints the recomputed FLOPs
 and the predicted recompute time."""
 
 
-#: Solver flag -> the option it sets (NOTE [ How the CLI fails ]: a solver that does not take it refuses it).
-SOLVER_FLAGS = {"--time-limit": "time_limit_s", "--gap": "gap_limit", "--method": "method"}
 
 
 class _HelpOptions(argparse.Action):
@@ -102,12 +100,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_layout_arguments(p, budget="budget")
 
 
-def _options(name: str, args: argparse.Namespace, *, strict: bool = True) -> dict:
-    """The options for solver ``name`` from the flags and ``-S`` (NOTE [ Solver options ])."""
-    flags = {flag: (option, getattr(args, flag[2:].replace("-", "_"))) for flag, option in SOLVER_FLAGS.items()}
-    return solver_flag_options(name, flags, args.solver_option, strict=strict)
-
-
 def _check_all(args: argparse.Namespace) -> None:
     """With ``--solver all``: each flag and ``-S`` key must be taken by some solver (each gets those it takes)."""
     takes = {o.name for n in available_solvers() for o in solver_info(n).options}
@@ -115,7 +107,7 @@ def _check_all(args: argparse.Namespace) -> None:
         if key not in takes:
             raise CkptError(f"-S {key}=...: no solver takes option {key!r} (ckpt solve --help-options)")
     for name in available_solvers():
-        _options(name, args, strict=False)  # a value of the wrong type is an error before any work
+        solve_flag_options(name, args, strict=False)  # a value of the wrong type is an error before any work
 
 
 def _spent(args: argparse.Namespace) -> float:
@@ -161,13 +153,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.solver == "all":
         _check_all(args)
     else:
-        _options(args.solver, args)  # a flag the solver does not take is an error before any work
+        solve_flag_options(args.solver, args)  # a flag the solver does not take is an error before any work
     read_budget(args.budget)  # a bad budget or reserve is an error before any work
     if args.reserve is not None:
         parse_reserve(args.reserve, 1 << 62)
     check_outputs([("-o", args.output)], inputs=[args.graph])
     # NOTE [ The command's time limit ]: the limit the solve keeps covers reading its input too
-    limit = None if args.solver == "all" else command_limit(args.solver, _options(args.solver, args))
+    limit = None if args.solver == "all" else command_limit(args.solver, solve_flag_options(args.solver, args))
     deadline = None if limit is None else CommandDeadline(limit, _spent(args))
     let_go()
     graph = load_graph(args.graph, deadline)
@@ -190,7 +182,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             with phase(f"solving with {args.solver}"), already_spent(spent):
                 plan = solve(graph, budget, solver=args.solver, chunks=args.chunks, mlp_chunks=args.mlp_chunks,
-                             nested=args.nested, **_options(args.solver, args))
+                             nested=args.nested, **solve_flag_options(args.solver, args))
         except CkptError as exc:
             if deadline is None:
                 raise
@@ -207,7 +199,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             with phase(f"solving with {name}"):
                 plan = solve(graph, budget, solver=name, chunks=args.chunks, mlp_chunks=args.mlp_chunks,
-                             nested=args.nested, **_options(name, args, strict=False))
+                             nested=args.nested, **solve_flag_options(name, args, strict=False))
         except InfeasibleBudget as exc:
             if exc.best_regions is not None and (lowest is None or exc.min_feasible_bytes < lowest[0]):
                 lowest = (exc.min_feasible_bytes, exc.best_regions)

@@ -4,14 +4,13 @@ the re-solve below a peer's measured peak (``ckpt compare``, ``benchmarks/select
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import solvers
 from graphs import CkptError
 from solvers import Plan
 
-if TYPE_CHECKING:
-    from .run import Row
+from .rows import Row
 
 __all__ = ["selective_options", "pick_key", "plan_key", "solve_below"]
 

@@ -44,7 +44,8 @@ from . import peers
 from ..measuring.profiler import profile_step
 from ..measuring.steps import grad_difference, grad_snapshot
 from .choosing import pick_key, plan_key, selective_options, solve_below
-from .run import Row, Workload, _Bench, block_plan, trace_graph
+from .rows import Row
+from .run import Workload, _Bench, block_plan, trace_graph
 
 __all__ = ["alternate", "Side", "HeadToHead", "head_to_head", "predicted_extra"]
 

@@ -7,6 +7,9 @@ Example:
     >>> [s.plan.modules for s in plans.stages]         # each applies onto its stage's module
 
 Nothing here imports torch.
+
+May import ``graphs``, ``solvers`` and ``scheduler.sizing``'s budgets and memory; ``fit`` (a layout's
+fit) also the size search (``scheduler.sizing.search``).
 """
 
 from __future__ import annotations

@@ -144,7 +144,6 @@ def _groups(world: int, size: int) -> tuple[int, Any]:
 
 
 def _fsdp(spec: str, run: FsdpRun, world: int) -> tuple[RankMeasurement, dict[str, torch.Tensor]]:
-    import scheduler
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
@@ -153,7 +152,9 @@ def _fsdp(spec: str, run: FsdpRun, world: int) -> tuple[RankMeasurement, dict[st
     local = dist.get_rank() % run.shard
     model = _resolve(spec)()
     if run.plan is not None:
-        scheduler.apply(model, run.plan)
+        from ..applying import apply  # here, after the model is built, as before: the ranks' measured peaks move with it
+
+        apply(model, run.plan)
     for path in run.units:
         fully_shard(model.get_submodule(path), mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -174,7 +175,6 @@ def _fsdp(spec: str, run: FsdpRun, world: int) -> tuple[RankMeasurement, dict[st
 
 
 def _pipeline(spec: str, run: PipelineRun, world: int) -> tuple[RankMeasurement, dict[str, torch.Tensor]]:
-    import scheduler
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     stages = run.shard
@@ -184,7 +184,9 @@ def _pipeline(spec: str, run: PipelineRun, world: int) -> tuple[RankMeasurement,
     mod = stage_module(model, run.starts, local)
     del model
     if run.plans and run.plans[local] is not None:
-        scheduler.apply(mod, run.plans[local])
+        from ..applying import apply  # (as above)
+
+        apply(mod, run.plans[local])
     stage = PipelineStage(mod, local, stages, torch.device("cpu"), group=group)
     kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[run.schedule]
     sched = kind(stage, run.microbatches, loss_fn=lm_loss)

@@ -43,7 +43,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..tracing.records import storage_key  # the one storage id of the tracer and the meter
-from .steps import clear_grads, step_tensors, training_step
+from .training import clear_grads, step_tensors, training_step
 
 __all__ = ["MemoryMeasurement", "measure_peak", "measure_step", "storage_key", "live_storages", "live_bytes_of"]
 
@@ -158,7 +158,7 @@ def measure_step(model: torch.nn.Module, args: Sequence[Any] = (), kwargs: Mappi
     parameters, buffers and inputs are the base; the loss is dropped only after
     the backward, and the rest of the output (e.g. logits) too with
     ``loop="held"``, or right after the loss is taken from it with
-    ``loop="dropped"`` (``scheduler.measuring.steps.training_step``).
+    ``loop="dropped"`` (``scheduler.measuring.training.training_step``).
 
     Args:
         model: the module (its parameters and buffers are the base).

@@ -42,8 +42,8 @@ from solvers import Plan, format_bytes, simulate
 
 from ..applying.graph import CheckpointedModule, apply as apply_graph
 from ..applying import apply as apply_modules, applied_plan, planned, remove
-from .steps import (LossFn, allocator_step_peak, clear_grads, grad_difference, grad_snapshot, measure_step_peak,
-                    seeded_step, time_steps)
+from .steps import allocator_step_peak, grad_difference, grad_snapshot, measure_step_peak, time_steps
+from .training import LossFn, clear_grads, seeded_step
 
 __all__ = ["Verification", "VerifyError", "verify"]
 

@@ -13,6 +13,8 @@ Example:
     >>> from scheduler.models import build
     >>> ex = build("gpt", layers=2, width=128, heads=4, seq=64)
     >>> graph = scheduler.trace(ex.model, ex.args, ex.kwargs, loss=ex.loss)
+
+May import ``graphs`` and torch (transformers when ``hf:NAME`` is built); nothing else of ``scheduler``.
 """
 
 from __future__ import annotations

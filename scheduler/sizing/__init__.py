@@ -2,8 +2,13 @@
 
 * ``budget``: ``"6GiB"``, bytes or a fraction, to bytes (NOTE [ Fractional budgets ]);
 * ``memory``: persistent state and activations of a whole step (NOTE [ Bytes per parameter ]);
-* ``search``: :func:`fit`, the largest batch or sequence per solver (NOTE [ Size search ]);
-* ``floor``: the step no plan can make smaller (``explain_floor``).
+* ``floor``: the step no plan can make smaller (``explain_floor``);
+* ``sized``: a model as ``size -> graph``; ``search``: the largest batch or sequence per solver (NOTE [ Size
+  search ]); ``fit``: :func:`~scheduler.sizing.fit.fit`, that search for one card or a parallel layout
+  (``scheduler.distributed.fit``).
 
-No torch import here: ``search`` imports it only when a model is traced.
+May import ``graphs``, ``solvers``, ``scheduler.report``; ``budget``, ``memory`` and ``floor`` nothing else of
+``scheduler`` (``scheduler.distributed`` builds on them), ``sized``, ``search`` and ``fit`` also the tracer and
+``scheduler.distributed`` (``tests/test_layers.py``). No torch import here: ``sized`` imports it only when a model
+is traced.
 """

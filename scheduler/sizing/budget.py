@@ -28,12 +28,11 @@ import math
 import re
 from typing import Union
 
-from graphs import CkptError, Graph
-from graphs.graph import MAX_COUNT
+from graphs import CkptError
+from graphs.schema import MAX_COUNT
 from solvers.errors import format_bytes
-from solvers.model.simulate import activation_budget_bytes
 
-__all__ = ["BudgetError", "parse_budget", "read_budget", "parse_size", "format_bytes", "optimizer_state_bytes", "OPTIMIZER_STATES"]
+__all__ = ["BudgetError", "read_budget", "parse_size", "format_bytes", "optimizer_state_bytes", "OPTIMIZER_STATES"]
 
 BudgetSpec = Union[str, int, float]
 
@@ -103,41 +102,11 @@ def optimizer_state_bytes(param_bytes: int, optimizer: str | None) -> int:
     return OPTIMIZER_STATES[key] * param_bytes
 
 
-def parse_budget(spec: BudgetSpec, graph: Graph | None = None, *, optimizer: str | None = None) -> int:
-    """The whole-step budget in bytes that ``simulate``'s ``peak_bytes`` must not exceed.
-
-    Args:
-        spec: ``"6GiB"``, ``"512MiB"``, ``"1.5GB"``, an integer number of
-            bytes, or a fraction in (0, 1] (float or string such as ``"0.3"``
-            or ``"3e-1"``) of the store-all activations (needs ``graph``;
-            NOTE [ Fractional budgets ]).
-        graph: the graph the budget applies to (for fractions).
-        optimizer: when given, its state is subtracted from a byte budget
-            (``scheduler.sizing.memory.step_budget_bytes``, which also takes
-            mixed precision and a reserve).
-
-    Raises:
-        BudgetError: malformed spec, a bare number above 1 that is no byte
-            count (with a hint), a fraction without a graph (or with an
-            optimizer), or persistent state that leaves nothing for the step.
-    """
-    if optimizer and graph is not None:
-        from .memory import step_budget_bytes  # memory builds on this module
-
-        return step_budget_bytes(spec, graph, optimizer=optimizer)
-    kind, value = read_budget(spec)
-    if kind == "fraction":
-        if graph is None:
-            raise BudgetError(f"a fractional budget ({spec!r}) needs the graph to know the store-all peak")
-        return activation_budget_bytes(graph, value)
-    return int(value)
-
-
 def read_budget(spec: BudgetSpec) -> tuple[str, float | int]:
     """``("fraction", f)`` or ``("bytes", n)``: the budget read without a graph (checks it early).
 
     Raises:
-        BudgetError: as :func:`parse_budget`, for everything but a missing graph.
+        BudgetError: as ``parse_budget`` (``scheduler.sizing.memory``), for everything but a missing graph.
     """
     fraction = None
     if isinstance(spec, bool) or not isinstance(spec, (str, int, float)):

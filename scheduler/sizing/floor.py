@@ -23,9 +23,9 @@ from typing import Mapping
 
 from graphs import CkptError, Graph
 from solvers import Plan, Simulation, format_bytes, simulate, terms_of
-from solvers.nested import nest_to_fit
-from solvers.chunks import (CHUNK_MENU, ChunkError, chunk_entries, chunked_graph, expand, find_tail, max_chunks,
-                            parse_chunk_module)
+from solvers.menus.nested import nest_to_fit
+from solvers.model.chunks import (CHUNK_MENU, ChunkError, chunk_entries, chunked_graph, expand, find_tail, max_chunks,
+                                  parse_chunk_module)
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +111,9 @@ def explain_floor(graph: Graph, plan: Plan | None = None, *, levers: bool = True
         plan: the plan with the lowest peak found (e.g. every node
             checkpointed, or a solver's answer); ``None``: store-all.
         levers: also say what a chunked head would buy (NOTE [ Chunked head ]
-            in ``solvers.chunks``), where the graph has one and ``plan`` does not chunk it.
+            in ``solvers.model.chunks``), where the graph has one and ``plan`` does not chunk it.
         nested_lever: also say what nesting the plan's regions would buy (NOTE
-            [ Nested regions ] in ``solvers.nested``), where ``plan`` nests none.
+            [ Nested regions ] in ``solvers.model.nested``), where ``plan`` nests none.
 
     Returns:
         A :class:`Floor` with the bound, the plan's simulated peak and a text.
@@ -146,7 +146,7 @@ def explain_floor(graph: Graph, plan: Plan | None = None, *, levers: bool = True
 
 def _nested_lever(planned: Graph, plan: Plan | None, peak_bytes: int) -> str:
     """What nesting this plan's regions (each with its child calls checkpointed inside its recompute) would
-    buy (NOTE [ Nested regions ] in ``solvers.nested``), or ""."""
+    buy (NOTE [ Nested regions ] in ``solvers.model.nested``), or ""."""
     if plan is None or plan.inner or not plan.regions:
         return ""
     nested, lower = nest_to_fit(planned, plan.regions, -1, exhaustive=False)

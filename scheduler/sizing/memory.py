@@ -51,15 +51,15 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
 
 from graphs import Graph
-from solvers import Simulation, format_bytes
+from solvers import Simulation, activation_budget_bytes, format_bytes
 
-from .budget import OPTIMIZER_STATES, BudgetError, BudgetSpec, optimizer_state_bytes, parse_budget, parse_size, read_budget
+from .budget import OPTIMIZER_STATES, BudgetError, BudgetSpec, optimizer_state_bytes, parse_size, read_budget
 from ..report import table
 
 __all__ = [
     "DTYPE_BYTES", "DEFAULT_RESERVE", "NothingFits", "PersistentState", "PlanMemory", "MemoryReport",
     "dtype_bytes", "dtype_name", "persistent_state", "parse_reserve", "plan_memory", "memory_report", "render_report",
-    "levers", "check_state_fits", "graph_state", "step_budget_bytes",
+    "levers", "check_state_fits", "graph_state", "step_budget_bytes", "parse_budget",
 ]
 
 #: Bytes per element of the dtypes a model is trained in.
@@ -382,6 +382,34 @@ def graph_state(graph: Graph, *, optimizer: str | None = None, mixed_precision: 
     trainable = min(params, (graph.param_bytes - graph.frozen_param_bytes) // DTYPE_BYTES[dtype])
     return persistent_state(params, trainable=trainable if graph.frozen_param_bytes else None, dtype=dtype,
                             optimizer=optimizer, mixed_precision=mixed_precision)
+
+
+def parse_budget(spec: BudgetSpec, graph: Graph | None = None, *, optimizer: str | None = None) -> int:
+    """The whole-step budget in bytes that ``simulate``'s ``peak_bytes`` must not exceed.
+
+    Args:
+        spec: ``"6GiB"``, ``"512MiB"``, ``"1.5GB"``, an integer number of
+            bytes, or a fraction in (0, 1] (float or string such as ``"0.3"``
+            or ``"3e-1"``) of the store-all activations (needs ``graph``;
+            NOTE [ Fractional budgets ] in ``scheduler.sizing.budget``).
+        graph: the graph the budget applies to (for fractions).
+        optimizer: when given, its state is subtracted from a byte budget
+            (:func:`step_budget_bytes`, which also takes
+            mixed precision and a reserve).
+
+    Raises:
+        BudgetError: malformed spec, a bare number above 1 that is no byte
+            count (with a hint), a fraction without a graph (or with an
+            optimizer), or persistent state that leaves nothing for the step.
+    """
+    if optimizer and graph is not None:
+        return step_budget_bytes(spec, graph, optimizer=optimizer)
+    kind, value = read_budget(spec)
+    if kind == "fraction":
+        if graph is None:
+            raise BudgetError(f"a fractional budget ({spec!r}) needs the graph to know the store-all peak")
+        return activation_budget_bytes(graph, value)
+    return int(value)
 
 
 def step_budget_bytes(spec: BudgetSpec, graph: Graph, *, optimizer: str | None = None, mixed_precision: bool = False,

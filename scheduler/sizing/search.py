@@ -1,4 +1,5 @@
-"""The largest batch (or sequence) that fits a card, per solver.
+"""The largest batch (or sequence) that fits a card, per solver: the search (``fit``, in ``scheduler.sizing.fit``,
+runs it for one card or, through ``scheduler.distributed.fit``, for a parallel layout).
 
 ``fit(model, "24GiB", search="batch")`` answers "what can I train on this
 card, and what does it cost?": it subtracts the persistent state (weights,
@@ -44,11 +45,11 @@ from solvers import InfeasibleBudget, Plan, format_bytes, simulate
 from .budget import BudgetError, parse_size
 from .sized import SizedModel, sized_model
 from .memory import (
-    MemoryReport, NothingFits, PersistentState, PlanMemory, ReserveSpec, check_state_fits, dtype_bytes, dtype_name, levers,
+    MemoryReport, NothingFits, PersistentState, PlanMemory, ReserveSpec, check_state_fits, dtype_bytes, levers,
     memory_report, persistent_state, plan_memory,
 )
 
-__all__ = ["Probe", "SolverFit", "FitResult", "SizedModel", "search_largest", "fit_graphs", "fit", "sized_model",
+__all__ = ["Probe", "SolverFit", "FitResult", "SizedModel", "search_largest", "fit_graphs", "sized_model",
            "DEFAULT_SOLVERS"]
 
 log = logging.getLogger(__name__)
@@ -357,54 +358,3 @@ def _report_at(trials: _Trials, names: Sequence[str], size: int, state: Persiste
             rows.append(plan_memory(name, sim, state.grad_bytes, trials.budget))
     return memory_report(state, card, reserve=reserve, input_bytes=graph.input_bytes, plans=rows,
                          size={**model.fixed, model.dimension: size})
-
-
-def fit(model: Any, device_memory: int | str | None, *, search: str = "batch", batch: int = 1, seq: int | None = None,
-        solvers: Sequence[str] | None = None, options: Mapping[str, Any] | None = None, target: str | None = None,
-        loop: str = "held",
-        layout: Any = None,
-        **kwargs: Any) -> FitResult:
-    """The largest batch or sequence of ``model`` that fits a card of ``device_memory``, per solver.
-
-    Example:
-        >>> r = scheduler.fit("gpt", "2GiB", search="batch", seq=256, optimizer="adam")
-        >>> r.result("dp").size, r.result("store-all").size
-
-    Args:
-        model: a :class:`SizedModel`, or a model name understood by
-            ``scheduler.models`` (built-in name, ``hf:NAME``, a ``config.json``
-            path); hf configs too large for RAM are built on the meta device.
-        device_memory: the card, ``"24GiB"`` or bytes.
-        search: ``batch`` or ``seq`` (the other is held fixed).
-        batch, seq: the fixed size of the dimension not searched.
-        solvers: solver names to search with (default :data:`DEFAULT_SOLVERS`).
-        options: the model's other options (``layers``, ``width``, ...), as
-            ``ckpt trace`` takes them (:func:`~scheduler.sizing.sized.sized_model`).
-        target: the device the traces plan for (``scheduler.trace``'s ``target``:
-            ``cuda``, a GPU such as ``H100``, or ``cpu``; default: the model's
-            device, ``cuda`` for the meta-device builds).
-        loop: the training loop a model name is traced for (``scheduler.trace``'s ``loop``).
-        layout: a :class:`scheduler.distributed.Layout`: the size searched is
-            then the micro-batch (or sequence) one rank runs, ``device_memory``
-            one rank's card (None: only the smallest card at ``batch`` and
-            ``seq``), ``solvers`` at most one name (default ``ilp``), and the
-            answer a :class:`scheduler.distributed.fit.LayoutFit` with the
-            stage plans and the smallest card.
-        **kwargs: as :func:`fit_graphs` (optimizer, dtype, mixed_precision,
-            reserve, max_size, multiple_of, solver_options, progress).
-
-    Raises:
-        NothingFits: see :func:`fit_graphs`.
-    """
-    kwargs["dtype"] = dtype_name(kwargs.get("dtype", "fp32"))
-    if not isinstance(model, SizedModel):
-        model = sized_model(model, search=search, batch=batch, seq=seq, dtype=kwargs["dtype"], options=options,
-                            target=target, loop=loop)
-    if layout is not None:
-        from ..distributed.fit import fit_with_layout
-
-        return fit_with_layout(model, device_memory, layout, solvers=solvers, **kwargs)  # type: ignore[return-value]
-    if device_memory is None:
-        raise BudgetError("fit needs the card's memory (device_memory); only a layout's smallest card is found "
-                          "without one")
-    return fit_graphs(model, device_memory, solver_names=solvers, **kwargs)

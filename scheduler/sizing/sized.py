@@ -102,13 +102,13 @@ def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | 
             return ex.model, ex.args, ex.kwargs, ex.loss, {**options, **extra, **sizes}
 
     def graph_at(size: int) -> Graph:
-        import scheduler
+        from ..tracing.tracer import trace
 
         b, s = (size, seq) if search == "batch" else (batch, size)
         model, args, kwargs, loss, built = example(b, s)
         opts = {k: v for k, v in (("granularity", granularity), ("target", target)) if v is not None}
         opts["loop"] = loop
-        g = scheduler.trace(model, args, kwargs, loss=loss, name=spec, **opts)
+        g = trace(model, args, kwargs, loss=loss, name=spec, **opts)
         if recorded is None:
             return g
         built = {k: v for k, v in built.items() if k != "device"}

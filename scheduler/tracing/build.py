@@ -84,7 +84,7 @@ def group_records(records: Sequence[OpRecord], granularity: str | int) -> list[l
     node it reads or when it reads nothing, so that a view of the logits
     stays apart from the labels' ops before it (a chunked head splits the
     logits' rows and shares the labels: NOTE [ Chunked head ] in
-    ``solvers.chunks``).
+    ``solvers.model.chunks``).
 
     Returns:
         Lists of positions, contiguous and in order, covering every record.

@@ -1,4 +1,5 @@
-"""This machine's CPU peaks for the roofline: measured, checked, stored per machine and thread count.
+"""This machine's CPU peaks for the roofline: measured, checked, stored per machine and thread count; and
+:func:`device_peaks`, the peaks of a named device (the table's in ``scheduler.tracing.roofline``, or this CPU's).
 
 NOTE [ CPU calibration ]
     A trace for the CPU is priced with this machine's peaks (NOTE [ Roofline
@@ -51,9 +52,9 @@ from typing import Any, Callable, Mapping
 from graphs import CkptError
 from graphs.files import write_text_atomic
 
-from .roofline import DevicePeaks
+from .roofline import DEVICES, DevicePeaks, UnknownDevice, lookup_device
 
-__all__ = ["CACHE_ENV", "Calibration", "MeasureFn", "cache_dir", "measure_cpu", "calibrate", "cpu_peaks",
+__all__ = ["CACHE_ENV", "Calibration", "MeasureFn", "cache_dir", "measure_cpu", "calibrate", "cpu_peaks", "device_peaks",
            "stored_calibrations", "cache_key"]
 
 log = logging.getLogger(__name__)
@@ -283,4 +284,19 @@ def cpu_peaks(*, cache: str | os.PathLike | None = None, refresh: bool = False, 
         log.warning("could not store the CPU peaks in %s: %s", path, exc)
     log.info("measured %s: %.3g float32 FLOP/s, %.3g B/s, %.2g s per op", name, peaks.peak("float32"),
              peaks.bytes_per_s, peaks.op_overhead_s)
+    return peaks
+
+
+def device_peaks(name: str, *, cache: str | os.PathLike | None = None) -> DevicePeaks:
+    """The peaks of a named device: a table name, or ``cpu`` (this machine's CPU, measured).
+
+    Raises:
+        UnknownDevice: the name is neither, naming the table's devices.
+    """
+    if name.strip().lower() == "cpu":
+        return cpu_peaks(cache=cache)
+    peaks = lookup_device(name)
+    if peaks is None:
+        raise UnknownDevice(f"no peaks known for device {name!r}; known devices: {', '.join(DEVICES)}, or cpu "
+                            "(this machine's CPU, measured)")
     return peaks

@@ -69,7 +69,7 @@ class OpRecord:
             relabelling: no kernel, no write, no random numbers).
         rows: the rows of the node's first tensor output, the product of its
             shape but the last dimension (1 for a scalar); 0 when it returns
-            no tensor (NOTE [ Chunk counts and rows ] in ``solvers.chunks``).
+            no tensor (NOTE [ Chunk counts and rows ] in ``solvers.model.chunks``).
     """
 
     name: str

@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -57,7 +56,7 @@ if TYPE_CHECKING:  # torch is imported where measured: the CLI's help lists DEVI
 
     from .records import OpRecord
 
-__all__ = ["DevicePeaks", "DEVICES", "DEFAULT_DEVICE", "UnknownDevice", "lookup_device", "device_peaks",
+__all__ = ["DevicePeaks", "DEVICES", "DEFAULT_DEVICE", "UnknownDevice", "lookup_device",
            "kernel_time_s", "record_time_s", "roofline_records", "model_dtype"]
 
 log = logging.getLogger(__name__)
@@ -168,23 +167,6 @@ def lookup_device(name: str) -> DevicePeaks | None:
     if n in ("l4", "l4tensorcoregpu"):
         return DEVICES["L4"]
     return None
-
-
-def device_peaks(name: str, *, cache: str | os.PathLike | None = None) -> DevicePeaks:
-    """The peaks of a named device: a table name, or ``cpu`` (this machine's CPU, measured).
-
-    Raises:
-        UnknownDevice: the name is neither, naming the table's devices.
-    """
-    if name.strip().lower() == "cpu":
-        from .calibration import cpu_peaks
-
-        return cpu_peaks(cache=cache)
-    peaks = lookup_device(name)
-    if peaks is None:
-        raise UnknownDevice(f"no peaks known for device {name!r}; known devices: {', '.join(DEVICES)}, or cpu "
-                            "(this machine's CPU, measured)")
-    return peaks
 
 
 # ------------------------------------------------------------------ pricing

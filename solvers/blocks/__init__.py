@@ -2,4 +2,7 @@
 
 * ``compose``: finding the blocks and composing the chain of them;
 * ``front``: one block's Pareto front, summed up as the chain needs it.
+
+May import ``graphs``, ``solvers.model``, ``solvers.dp.profiles`` and ``solvers.frontier.front`` (the
+steps and held bytes the frontier program reads back); ``solvers.frontier.program`` builds on it.
 """

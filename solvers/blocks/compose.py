@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from .front import BlockPlans, block_front
-from ..frontier.kept import BlockStep
+from ..frontier.front import BlockStep
 
 __all__ = ["Block", "Chain", "find_chain", "period", "MIN_BLOCKS"]
 

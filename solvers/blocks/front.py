@@ -19,7 +19,7 @@ import numpy as np
 from graphs import CkptError
 
 from ..dp.profiles import NEG
-from ..frontier.kept import _HeldBytes
+from ..frontier.front import HeldBytes
 
 __all__ = ["BlockPlans", "BlockFrontTooLarge", "block_front", "MAX_PLANS"]
 
@@ -114,7 +114,7 @@ def block_front(prog: Any, s: int, e: int, key: tuple[int, ...]) -> dict[tuple[i
         first_reader = prog.reader_bounds(p, m)[0] if m else {}
         maxima: dict[frozenset, tuple] = {}
         kept = {b: prog.kept.entries(p, b, terms) for b in allowed.tolist()} if prog.kept is not None else {}
-        fas = _HeldBytes(prog, p, m) if kept else None
+        fas = HeldBytes(prog, p, m) if kept else None
         for k, chunks in states[r].items():
             dA, cost, lf, lb, regs = _prune(chunks)
             if len(dA) > MAX_PLANS:

@@ -1,4 +1,6 @@
-"""``cp-sat``: the CP-SAT model of ``ilp`` on its own (NOTE [ An exact model of simulate ] in ``solvers.ilp``).
+"""Running the CP-SAT model of ``ilp`` (NOTE [ An exact model of simulate ] in ``solvers.ilp``): its warm start,
+the search, the answer checked (:func:`solve_within`). ``ilp`` and ``cp-sat`` (both registered in ``solvers.ilp``)
+build on it.
 
 OR-Tools is imported only here, when a search runs (:func:`checkpoint_model`):
 ``import solvers``, ``ckpt --help`` and an ``ilp`` answered by the frontier
@@ -33,13 +35,11 @@ from ..deadline import Deadline, OutOfTime
 from ..errors import InfeasibleBudget, MissingDependency, SolverBug
 from ..options import Option
 from ..model.plan import Plan, Status
-from ..registry import register
 from ..model.simulate import simulate
-from ..model.spans import SpanIndex
-from ..warm import Incumbent, warm_starts
+from ..warm import Incumbent, simple_peaks, warm_starts
 
 __all__ = ["IlpTimeout", "IlpSolver", "Incumbent", "WARM_SOLVERS", "CP_SAT_OPTIONS", "DEFAULT_WORK_LIMIT",
-           "checkpoint_model", "kept_solver", "warm_start", "cp_sat", "solve_within"]
+           "checkpoint_model", "warm_start", "solve_within"]
 
 log = logging.getLogger(__name__)
 
@@ -276,14 +276,6 @@ class IlpSolver:
         return least, regions, min(least, int(math.ceil(bound - 1e-6)))
 
 
-def simple_peaks(graph: Graph) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
-    """``(peak, regions)`` of plans any graph has: store-all, and every recomputable node its own
-    region (on a graph with spans: the shortest span at each position, and the longest)."""
-    index = SpanIndex(graph)
-    plans = [(), index.finest()] + ([index.coarsest()] if index.aligned else [])
-    return [(simulate(graph, Plan(regions=r), record=False).peak_bytes, r) for r in dict.fromkeys(plans)]
-
-
 #: The fast solvers whose best fitting plan warm-starts ``ilp`` (NOTE [ Bounded warm starts ] in ``solvers.warm``).
 WARM_SOLVERS = ("store-all", "per-module", "chen", "dp", "uniform")
 
@@ -335,53 +327,3 @@ def solve_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_li
         if exc.proven:
             raise
         raise exc.replace(time_limit_s=deadline.limit_s) from None  # the limit the caller gave
-
-
-def kept_solver() -> Any:
-    """``solvers.cpsat.kept.solve_selective`` (NOTE [ Kept nodes in the CP-SAT model ]), importing OR-Tools now.
-
-    Raises:
-        MissingDependency: OR-Tools is not installed.
-    """
-    checkpoint_model()
-    from .kept import solve_selective
-    return solve_selective
-
-
-@register("cp-sat", options=CP_SAT_OPTIONS + (
-    Option("selective", bool, "regions may keep op outputs (NOTE [ Kept nodes in the CP-SAT model ]): exact over "
-           "(region, menu entry) pairs up to solvers.cpsat.kept.MAX_CHOICES of them; above, the plan keeps none "
-           "(feasible, said so); False: regions only"),
-), exact=True, part_of="ilp")
-def cp_sat(graph: Graph, budget_bytes: int, *, time_limit_s: float = 60.0,
-           work_limit: float | None = DEFAULT_WORK_LIMIT, workers: int = 2, seed: int = 0, gap_limit: float = 0.0,
-           warm_start: bool = True, selective: bool = True) -> Plan:
-    """The CP-SAT model alone (NOTE [ An exact model of simulate ]): any DAG, a proven bound and gap.
-
-    ``ilp`` with ``method="cp-sat"``. Deterministic under its work limit
-    (NOTE [ Deterministic CP-SAT ]): the same graph and budget give the same
-    plan on a busy machine; ``time_limit_s`` is a promise about the wall
-    clock (NOTE [ One deadline ]).
-
-    Args:
-        time_limit_s: wall-clock limit.
-        work_limit: CP-SAT's deterministic work limit; None: the clock only.
-        workers: search workers.
-        seed: CP-SAT's random seed.
-        gap_limit: stop once the relative gap is at most this.
-        warm_start: hint the search with the cheapest fitting plan of the fast solvers.
-        selective: regions may keep nodes (the default, NOTE [ One plan space ] in ``solvers.ilp``);
-            past the kept-node model's size limit the plan keeps none, ``feasible``, ``findings`` say so.
-
-    Returns:
-        ``optimal``, or ``feasible`` with ``bound``; ``findings`` say how it ended.
-
-    Raises:
-        InfeasibleBudget: carrying the least peak of any plan.
-        IlpTimeout: no plan within the time limit.
-        MissingDependency: OR-Tools is not installed.
-    """
-    from ..ilp import solve_within as ilp_within  # ilp builds on this module
-
-    return ilp_within(graph, budget_bytes, Deadline(time_limit_s), work_limit=work_limit, workers=workers, seed=seed,
-                      gap_limit=gap_limit, warm_start=warm_start, method="cp-sat", selective=selective)

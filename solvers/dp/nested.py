@@ -2,7 +2,7 @@
 
 NOTE [ Nested regions in the chain decomposition ]
     With ``nested=True`` every region candidate ``i..j`` of ``dp`` that has
-    child calls (NOTE [ The menu of inner regions ] in ``solvers.nested``)
+    child calls (NOTE [ The menu of inner regions ] in ``solvers.model.nested``)
     comes once more, nested, as one more candidate segment. Its forward is the
     plain region's (it keeps its inputs), so NOTE [ Decomposing the simulated
     peak over a chain ] (``solvers.dp.profiles``) holds for it unchanged: what it
@@ -31,7 +31,7 @@ from graphs import Graph
 from ..model.plan import Plan
 from ..model.simulate import simulate
 from ..model.terms import region_rng_bytes
-from ..nested import inner_menu
+from ..model.nested import inner_menu
 
 __all__ = ["NESTED_CODE", "NestedRuns"]
 

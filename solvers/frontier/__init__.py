@@ -7,6 +7,10 @@ first phase of ``ilp`` (NOTE [ One plan space ] in ``solvers.ilp``).
 * ``front``: its states and Pareto bookkeeping;
 * ``kept``: regions that keep some nodes (selective recompute);
 * ``nested``: regions whose child calls are checkpointed inside them (nested regions);
+* ``regions``: what a region costs at a position (the terms ``kept``, ``nested`` and the blocks read);
 * ``phases``: how ``ilp`` runs it (without, then with kept nodes) and its
   bounded-width heuristic for wide graphs.
+
+May import ``graphs``, ``solvers.model`` and what is below it, ``solvers.dp.profiles`` (the segment
+profiles it shares with dp), ``solvers.blocks`` and ``solvers.warm``; ``blocks`` builds on ``front``.
 """

@@ -2,20 +2,24 @@
 
 The Pareto fronts it keeps per boundary and bit pattern, the open tensors
 that make its bits (and the width that bounds their number), and the read-out
-of a plan by the fronts' back pointers.
+of a plan by the fronts' back pointers: the steps a kept region, a nested
+region or a block leaves (read by ``kept``, ``nested`` and ``solvers.blocks``),
+and the held bytes they share.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from graphs import CkptError, Graph
 
-from .kept import BlockStep, KeptStep
-from .nested import NestedStep
 from ..model.terms import terms_of
 
-__all__ = ["Front", "pareto", "open_counts", "width", "TooWide", "trace_back", "round_up"]
+__all__ = ["Front", "pareto", "open_counts", "width", "TooWide", "trace_back", "round_up", "KeptStep", "BlockStep",
+           "NestedStep", "HeldBytes"]
 
 
 def pareto(a, o, si, mi):
@@ -207,3 +211,46 @@ def round_up(key: tuple[int, ...], opens: list[int], max_free: int, out: np.ndar
         return key
     keep = set(sorted(free, key=lambda j: -int(out[j]))[:max_free])
     return tuple(j for j in opens if j in key or j not in keep)
+
+
+# ------------------------------------------------------------------ the back pointers a step leaves
+@dataclass(frozen=True)
+class KeptStep:
+    """The back pointer of a region that keeps nodes: its last node and the kept nodes."""
+
+    last: int
+    kept: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BlockStep:
+    """The back pointer of a block crossed by its front (NOTE [ Composing repeated blocks ]): its regions
+    and kept nodes."""
+
+    regions: tuple[tuple[int, int], ...]
+    saved: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class NestedStep:
+    """The back pointer of a nested region: its last node (its inner regions are its menu)."""
+
+    last: int
+
+
+class HeldBytes:
+    """Per set of held open tensors, their bytes at each of the ``m`` steps from ``p``, computed once."""
+
+    def __init__(self, prog: Any, p: int, m: int) -> None:
+        self.prog, self.ks, self.m = prog, np.arange(p, p + m), m
+        self._got: dict[frozenset, np.ndarray] = {}
+
+    def of(self, eff: frozenset) -> np.ndarray:
+        got = self._got.get(eff)
+        if got is None:
+            self.prog.count(steps=1, elements=self.m)
+            got = np.zeros(self.m, np.int64)
+            for j in eff:
+                got += self.prog.out[j] * (self.ks < self.prog.lc[j])
+            self._got[eff] = got
+        return got

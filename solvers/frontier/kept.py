@@ -51,25 +51,9 @@ import numpy as np
 from ..dp.profiles import NEG
 from ..model.terms import INF
 from ..model.selective import DEFAULT_LIMIT, GrowingMenus
+from .front import HeldBytes, KeptStep, round_up
 
-__all__ = ["KeptStep", "BlockStep", "KeptEntry", "KeptRegions", "extend_variants"]
-
-
-@dataclass(frozen=True)
-class KeptStep:
-    """The back pointer of a region that keeps nodes: its last node and the kept nodes."""
-
-    last: int
-    kept: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class BlockStep:
-    """The back pointer of a block crossed by its front (NOTE [ Composing repeated blocks ]): its regions
-    and kept nodes."""
-
-    regions: tuple[tuple[int, int], ...]
-    saved: tuple[int, ...] = ()
+__all__ = ["KeptEntry", "KeptRegions", "extend_variants"]
 
 
 class KeptRegions:
@@ -172,14 +156,13 @@ def extend_variants(prog: Any, p: int, fr: Any, fronts: list, terms: tuple, cap:
             ``exit_key(prog, p, b, eff)``, ``dA`` and ``cost`` (:class:`KeptEntry`).
         step_of: ``step_of(b, entry)``: the back pointer of the variant (NOTE [ The frontier DP ]).
     """
-    from .front import round_up  # solvers.frontier.front imports this module
 
     fwdm = terms[0]
     amin = min(int(v[0][0]) for v in fr.keys.values())
     over = np.nonzero(fwdm > cap - amin)[0]
     m = int(over[0]) if len(over) else len(fwdm)
     first_reader = {j: next((c for c in prog.readers[j] if c >= p), INF) for j in prog.opens[p]}
-    fas = _HeldBytes(prog, p, m)
+    fas = HeldBytes(prog, p, m)
     for b in range(p, p + m):
         if endok is not None and not endok[b - p]:
             continue
@@ -240,21 +223,3 @@ class KeptEntry:
     def exit_key(self, prog: Any, p: int, b: int, eff: frozenset) -> tuple[int, ...]:
         """The held open tensors after the region, entered with ``eff`` held or read."""
         return tuple(j for j in prog.opens[b + 1] if (j < p and j in eff) or j in self.held)
-
-
-class _HeldBytes:
-    """Per set of held open tensors, their bytes at each of the ``m`` steps from ``p``, computed once."""
-
-    def __init__(self, prog: Any, p: int, m: int) -> None:
-        self.prog, self.ks, self.m = prog, np.arange(p, p + m), m
-        self._got: dict[frozenset, np.ndarray] = {}
-
-    def of(self, eff: frozenset) -> np.ndarray:
-        got = self._got.get(eff)
-        if got is None:
-            self.prog.count(steps=1, elements=self.m)
-            got = np.zeros(self.m, np.int64)
-            for j in eff:
-                got += self.prog.out[j] * (self.ks < self.prog.lc[j])
-            self._got[eff] = got
-        return got

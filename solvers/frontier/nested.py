@@ -3,8 +3,8 @@
 NOTE [ Nested regions in the frontier DP ]
     With ``nested`` the frontier program (NOTE [ The frontier DP ] in
     ``solvers.frontier.program``) extends a front also by every region
-    ``[p, b]`` that has child calls (:func:`~solvers.nested.inner_menu`) in
-    its nested variant (NOTE [ Nested regions ] in ``solvers.nested``), once
+    ``[p, b]`` that has child calls (:func:`~solvers.model.nested.inner_menu`) in
+    its nested variant (NOTE [ Nested regions ] in ``solvers.model.nested``), once
     more beside the plain one, so its optimum is over ``(one-level plan,
     nested flags)`` pairs: the set ``brute_force(..., nested=True)`` and
     ``dp`` (``nested=True``) search (with ``selective``, regions that keep
@@ -72,20 +72,14 @@ from ..dp.profiles import NEG
 from ..model.plan import Plan
 from ..model.simulate import simulate
 from ..model.terms import region_rng_bytes
-from ..nested import inner_menu
+from ..model.nested import inner_menu
+from .front import NestedStep
 
 __all__ = ["NestedStep", "NestedRegions", "NestedRows", "SIMULATE_NODE_WORK"]
 
 #: What ``simulate`` (with its timeline) weighs per node in work units (NOTE [ The frontier program's work ]):
 #: about 4.4 us a node on an idle core (a 1,193-node transformer with spans).
 SIMULATE_NODE_WORK = 70
-
-
-@dataclass(frozen=True)
-class NestedStep:
-    """The back pointer of a nested region: its last node (its inner regions are its menu)."""
-
-    last: int
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,9 @@ from graphs import Graph
 from ..deadline import Deadline
 from ..errors import InfeasibleBudget, SolverBug
 from .program import MAX_WIDTH, FrontierDP, FrontierTimeout
-from ..cpsat.solver import simple_peaks
 from ..model.plan import Plan, Status
 from ..model.simulate import simulate
-from ..warm import Incumbent
+from ..warm import Incumbent, simple_peaks
 
 __all__ = ["frontier_program", "keepable", "by_frontier", "frontier_heuristic"]
 

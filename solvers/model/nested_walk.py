@@ -1,4 +1,4 @@
-"""``simulate``'s walk of a plan with inner regions (NOTE [ Nested regions ] in ``solvers.nested``)."""
+"""``simulate``'s walk of a plan with inner regions (NOTE [ Nested regions ] in ``solvers.model.nested``)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,15 @@ import bisect
 
 from graphs import Graph
 
-from .gradients import GradientWalk
 from .meter import RECOMPUTE
 from .plan import Plan
-from .simulate import _Walk
+from .walk import Walk
 from .terms import region_rng_bytes
 
 __all__ = ["NestedWalk"]
 
 
-class NestedWalk(_Walk):
+class NestedWalk(Walk):
     """NOTE [ Execution model ] with NOTE [ Nested regions ]: one-level regions run the inherited steps."""
 
     def __init__(self, graph: Graph, plan: Plan, record: bool) -> None:
@@ -34,24 +33,13 @@ class NestedWalk(_Walk):
 
     # ------------------------------------------------------------ backward
     def backward(self) -> None:
-        graph, n = self.graph, len(self.nodes)
-        self.pgrad += graph.unattributed_grad_bytes()
-        grads = self.grads = GradientWalk(graph)
-        grads.start()
-        self.agrad = grads.bytes
+        region_last, region_first = self._start_backward()
         regions = self.regions
-        region_last = {b: r for r, (a, b) in enumerate(regions)}
-        region_first = {a: r for r, (a, b) in enumerate(regions)}
         inner_last = {b: (a, b) for a, b in self.inner}
         inner_first = {a: (a, b) for a, b in self.inner}
-        self.span_extra = graph.span_extra_bytes()
-        self.costs = graph.recompute_costs()
-        self.rec_hold = [0] * n
-        self.rec_node_holds: list[list[int]] = [[] for _ in range(n)]
-        self.shared = [False] * n
         self.inner_holds: dict[tuple[int, int], list[int]] = {}
         self.inner_rng_held: dict[tuple[int, int], int] = {}  # the recompute's copy of an inner region's state
-        for i in range(n - 1, -1, -1):
+        for i in range(len(self.nodes) - 1, -1, -1):
             if i in region_last:
                 r = region_last[i]
                 if r in self.inner_of:

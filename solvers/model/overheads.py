@@ -51,7 +51,7 @@ from typing import Any, Mapping, Sequence
 
 from graphs import COSTS_META, Graph
 
-from ..chunks import _products, expand, max_chunks
+from .chunks import _products, expand, max_chunks
 from ..errors import SolverInputError
 from .terms import region_rng_bytes
 

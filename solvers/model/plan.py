@@ -12,10 +12,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from graphs import LOOPS, TARGET_META, Graph
 from graphs.files import read_json, write_text_atomic
-from graphs.schema import count, reject_unknown
+from graphs.schema import count, reject_unknown, short_repr
 
-from ..chunks import ChunkError, chunk_paths, expand, normalise_chunks
+from .chunks import chunk_paths, normalise_chunks
 from ..errors import PlanError, PlanMismatch
+from .parts import expand_chunks, normalise_inner, normalise_regions, normalise_saved, save_op_calls_of, save_ops_of
 from .selective import recompute_reach
 
 __all__ = ["PLAN_FORMAT_VERSION", "Plan", "Status", "load_plan"]
@@ -58,7 +59,7 @@ class Plan:
             (``Graph.recompute_costs``; equals ``recompute_flops`` on a graph
             costed in FLOPs).
         recompute_time_s: the predicted recompute time: ``recompute_cost`` at
-            the graph's rate (``solvers.model.simulate.cost_seconds``); None when
+            the graph's rate (``solvers.model.walk.cost_seconds``); None when
             the graph has none.
         bound: a proven lower bound on ``recompute_cost`` (None if unknown).
         gap: ``(recompute_cost - bound) / max(recompute_cost, 1)`` when known.
@@ -97,12 +98,12 @@ class Plan:
             A plan for ``"held"`` fits a loop that drops the output too;
             ``scheduler.verify`` measures the loop the plan names.
         chunks: the chunked calls ``(first, last, k)`` (NOTE [ Chunked head ]
-            in ``solvers.chunks``); positions above are the expanded graph's.
+            in ``solvers.model.chunks``); positions above are the expanded graph's.
         chunk_modules: per chunked call, its module path.
         inner: sorted, disjoint ``(first, last)`` regions each strictly inside
             one region of ``regions``: that region's recompute runs with them
             checkpointed, and each is recomputed once more just before its
-            own backward (NOTE [ Nested regions ] in ``solvers.nested``).
+            own backward (NOTE [ Nested regions ] in ``solvers.model.nested``).
             Empty: one level, as before.
         inner_modules: per inner region, its module path (like ``modules``).
         inner_stochastic: per inner region, whether a node in it draws random
@@ -139,7 +140,7 @@ class Plan:
     inner_stochastic: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
-        regions = _normalise_regions(self.regions)
+        regions = normalise_regions(self.regions)
         object.__setattr__(self, "chunks", normalise_chunks(self.chunks, self.graph_meta))
         object.__setattr__(self, "chunk_modules", tuple(self.chunk_modules))
         if self.chunk_modules and len(self.chunk_modules) != len(self.chunks):
@@ -152,12 +153,12 @@ class Plan:
             if not isinstance(key, str) or not isinstance(value, (str, int, float, bool, type(None))) or (
                     isinstance(value, float) and not math.isfinite(value)):
                 raise PlanError(f"plan findings must map names to JSON scalars (text, numbers, true/false, null); "
-                                f"got {key!r}: {_short(value)}")
+                                f"got {key!r}: {short_repr(value)}")
         object.__setattr__(self, "node_names", tuple(tuple(p) for p in self.node_names))
         object.__setattr__(self, "modules", tuple(self.modules))
         object.__setattr__(self, "stochastic", tuple(bool(x) for x in self.stochastic))
-        object.__setattr__(self, "saved", _normalise_saved(self.saved, regions))
-        object.__setattr__(self, "inner", _normalise_inner(self.inner, regions, self.saved))
+        object.__setattr__(self, "saved", normalise_saved(self.saved, regions))
+        object.__setattr__(self, "inner", normalise_inner(self.inner, regions, self.saved))
         object.__setattr__(self, "inner_modules", tuple(self.inner_modules))
         object.__setattr__(self, "inner_stochastic", tuple(bool(x) for x in self.inner_stochastic))
         if self.inner_modules and len(self.inner_modules) != len(self.inner):
@@ -210,14 +211,14 @@ class Plan:
 
     def labelled(self, graph: Graph) -> "Plan":
         """A copy naming each region's end nodes and module call in ``graph``."""
-        expanded = _expanded(graph, self.chunks)  # refuses entries that are no chunkable call of graph
+        expanded = expand_chunks(graph, self.chunks)  # refuses entries that are no chunkable call of graph
         chunk_modules = chunk_paths(graph, self.chunks)
         graph = expanded
         names = tuple((graph.nodes[a].name, graph.nodes[b].name) for a, b in self.regions)
         modules = tuple(graph.span_module(r) for r in self.regions) if graph.spans else ()
         stochastic = tuple(any(graph.nodes[i].stochastic for i in range(a, b + 1)) for a, b in self.regions)
-        save_ops = _save_ops(graph, self.regions, self.saved) if self.saved else ()
-        calls = _save_op_calls(graph, self.regions, save_ops) if save_ops else ()
+        save_ops = save_ops_of(graph, self.regions, self.saved) if self.saved else ()
+        calls = save_op_calls_of(graph, self.regions, save_ops) if save_ops else ()
         inner_modules = tuple(graph.span_module(r) for r in self.inner) if graph.spans else ()
         inner_stochastic = tuple(any(graph.nodes[i].stochastic for i in range(a, b + 1)) for a, b in self.inner)
         return dataclasses.replace(self, node_names=names, modules=modules, stochastic=stochastic,
@@ -237,7 +238,7 @@ class Plan:
         Raises:
             PlanError: naming the region and node at fault.
         """
-        graph = _expanded(graph, self.chunks)
+        graph = expand_chunks(graph, self.chunks)
         n = len(graph)
         for a, b in self.regions:
             if b >= n:
@@ -368,13 +369,13 @@ class Plan:
         reject_unknown(d, [f.name for f in dataclasses.fields(cls)], "plan", PlanError)
         regions = d.pop("regions")
         if not isinstance(regions, list) or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in regions):
-            raise PlanError(f"plan field 'regions' must be a list of [first, last] pairs, got {_short(regions)}")
+            raise PlanError(f"plan field 'regions' must be a list of [first, last] pairs, got {short_repr(regions)}")
         kw: dict[str, Any] = {"regions": tuple(tuple(count(v, "regions", "plan", PlanError) for v in r)
                                                 for r in regions)}
         for key in ("fingerprint", "solver", "status", "graph_name", "loop"):
             if key in d:
                 if not isinstance(d[key], str):
-                    raise PlanError(f"plan field {key!r} must be a string, got {_short(d[key])}")
+                    raise PlanError(f"plan field {key!r} must be a string, got {short_repr(d[key])}")
                 kw[key] = d[key]
         for key in ("budget_bytes", "peak_bytes", "recompute_flops", "recompute_cost"):
             if d.get(key) is not None:
@@ -383,26 +384,26 @@ class Plan:
             if d.get(key) is not None:
                 v = d[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                    raise PlanError(f"plan field {key!r} must be a finite number >= 0, got {_short(v)}")
+                    raise PlanError(f"plan field {key!r} must be a finite number >= 0, got {short_repr(v)}")
                 kw[key] = float(v)
         for key in ("options", "graph_meta", "findings"):
             if key in d:
                 if not isinstance(d[key], Mapping):
-                    raise PlanError(f"plan field {key!r} must be an object, got {_short(d[key])}")
+                    raise PlanError(f"plan field {key!r} must be an object, got {short_repr(d[key])}")
                 kw[key] = d[key]
         node_names = d.get("node_names", ())
         if not isinstance(node_names, (list, tuple)) or not all(
                 isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in node_names):
-            raise PlanError(f"plan field 'node_names' must be a list of [first, last] node names, got {_short(node_names)}")
+            raise PlanError(f"plan field 'node_names' must be a list of [first, last] node names, got {short_repr(node_names)}")
         modules = d.get("modules", ())
         if not isinstance(modules, (list, tuple)) or not all(isinstance(m, str) for m in modules):
-            raise PlanError(f"plan field 'modules' must be a list of module paths, got {_short(modules)}")
+            raise PlanError(f"plan field 'modules' must be a list of module paths, got {short_repr(modules)}")
         stochastic = d.get("stochastic", ())
         if not isinstance(stochastic, (list, tuple)) or not all(isinstance(x, bool) for x in stochastic):
-            raise PlanError(f"plan field 'stochastic' must be a list of true/false, got {_short(stochastic)}")
+            raise PlanError(f"plan field 'stochastic' must be a list of true/false, got {short_repr(stochastic)}")
         saved = d.get("saved", ())
         if not isinstance(saved, (list, tuple)):
-            raise PlanError(f"plan field 'saved' must be a list of node positions, got {_short(saved)}")
+            raise PlanError(f"plan field 'saved' must be a list of node positions, got {short_repr(saved)}")
         saved = tuple(count(v, "saved", "plan", PlanError) for v in saved)
         pairs = {}
         for key, what in (("save_ops", "[ATen op, occurrence]"), ("save_op_calls", "[ATen op, calls]")):
@@ -412,16 +413,16 @@ class Plan:
                         isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str)
                         and isinstance(p[1], int) and not isinstance(p[1], bool) and p[1] >= 0 for p in r)
                     for r in value):
-                raise PlanError(f"plan field {key!r} must list, per region, {what} pairs, got {_short(value)}")
+                raise PlanError(f"plan field {key!r} must list, per region, {what} pairs, got {short_repr(value)}")
             pairs[key] = tuple(tuple((p[0], p[1]) for p in r) for r in value)
         chunks = d.get("chunks", ())
         if not isinstance(chunks, (list, tuple)) or not all(isinstance(c, (list, tuple)) and len(c) == 3 for c in chunks):
-            raise PlanError(f"plan field 'chunks' must be a list of [first, last, k] triples, got {_short(chunks)}")
+            raise PlanError(f"plan field 'chunks' must be a list of [first, last, k] triples, got {short_repr(chunks)}")
         kw["chunks"] = tuple(tuple(count(v, "chunks", "plan", PlanError) for v in c) for c in chunks)
         kw["chunk_modules"] = _list_field(d, "chunk_modules", str, "module paths")
         inner = d.get("inner", ())
         if not isinstance(inner, (list, tuple)) or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in inner):
-            raise PlanError(f"plan field 'inner' must be a list of [first, last] pairs, got {_short(inner)}")
+            raise PlanError(f"plan field 'inner' must be a list of [first, last] pairs, got {short_repr(inner)}")
         kw["inner"] = tuple(tuple(count(v, "inner", "plan", PlanError) for v in r) for r in inner)
         kw["inner_modules"] = _list_field(d, "inner_modules", str, "module paths")
         kw["inner_stochastic"] = _list_field(d, "inner_stochastic", bool, "true/false")
@@ -456,101 +457,5 @@ def _list_field(d: Mapping[str, Any], key: str, kind: type, what: str) -> tuple:
     """Plan field ``key`` of ``d``: a list of ``kind`` values (empty when absent), else PlanError."""
     value = d.get(key, ())
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, kind) for v in value):
-        raise PlanError(f"plan field {key!r} must be a list of {what}, got {_short(value)}")
+        raise PlanError(f"plan field {key!r} must be a list of {what}, got {short_repr(value)}")
     return tuple(value)
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _expanded(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
-    try:
-        return expand(graph, chunks)
-    except ChunkError as exc:
-        raise PlanError(f"the plan's chunked calls do not fit this graph: {exc}") from None
-
-
-def _normalise_inner(inner: Iterable[Sequence[int]], regions: Sequence[tuple[int, int]],
-                     saved: Iterable[int]) -> tuple[tuple[int, int], ...]:
-    """``Plan.inner`` sorted and checked (NOTE [ Nested regions ] in ``solvers.nested``)."""
-    out = _normalise_regions(inner)
-    if not out:
-        return out
-    starts = [a for a, _ in regions]
-    keeps = set(saved)
-    for a, b in out:
-        r = bisect.bisect_right(starts, a) - 1
-        if r < 0 or b > regions[r][1]:
-            raise PlanError(f"inner region ({a}, {b}) lies inside no region of the plan; an inner region is checkpointed "
-                            "within the recompute of the region around it (NOTE [ Nested regions ])")
-        if (a, b) == regions[r]:
-            raise PlanError(f"inner region ({a}, {b}) is its region itself; an inner region lies strictly inside one")
-        ra, rb = regions[r]
-        if any(ra <= k <= rb for k in keeps):
-            raise PlanError(f"region ({ra}, {rb}) both keeps nodes (selective recompute) and holds inner regions; "
-                            "a region does one or the other (NOTE [ Nested regions ])")
-    return out
-
-
-def _normalise_saved(saved: Iterable[int], regions: Sequence[tuple[int, int]]) -> tuple[int, ...]:
-    out = sorted(set(saved))
-    for i in out:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise PlanError(f"saved node positions must be integers, got {i!r}")
-        if not any(a <= i <= b for a, b in regions):
-            raise PlanError(f"the plan keeps the output of node {i}, which lies in no region "
-                            "(only a region's recompute can skip a node)")
-    return tuple(out)
-
-
-def _save_ops(graph: Graph, regions: Sequence[tuple[int, int]],
-              saved: Sequence[int]) -> tuple[tuple[tuple[str, int], ...], ...]:
-    """Per region, the ``(overload, occurrence)`` of each kept node's creating op (see ``Plan.save_ops``)."""
-    keep = set(saved)
-    out = []
-    for a, b in regions:
-        seen: dict[str, int] = {}
-        ops = []
-        for i in range(a, b + 1):
-            nd = graph.nodes[i]
-            for pos, op in enumerate(nd.dispatch):
-                if i in keep and pos == nd.sac_op:
-                    ops.append((op, seen.get(op, 0)))
-                seen[op] = seen.get(op, 0) + 1
-        out.append(tuple(ops))
-    return tuple(out)
-
-
-def _save_op_calls(graph: Graph, regions: Sequence[tuple[int, int]],
-                   save_ops: Sequence[Sequence[tuple[str, int]]]) -> tuple[tuple[tuple[str, int], ...], ...]:
-    """Per region, the traced calls of each overload it keeps a call of (see ``Plan.save_op_calls``)."""
-    out = []
-    for (a, b), ops in zip(regions, save_ops):
-        wanted = dict.fromkeys(op for op, _ in ops)
-        calls = {op: 0 for op in wanted}
-        for i in range(a, b + 1):
-            for op in graph.nodes[i].dispatch:
-                if op in calls:
-                    calls[op] += 1
-        out.append(tuple(calls.items()))
-    return tuple(out)
-
-
-def _normalise_regions(regions: Iterable[Sequence[int]]) -> tuple[tuple[int, int], ...]:
-    out = []
-    for r in regions:
-        if len(r) != 2:
-            raise PlanError(f"a region is a (first, last) pair of node indices, got {r!r}")
-        a, b = r
-        if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, int) or not isinstance(b, int):
-            raise PlanError(f"region {tuple(r)!r}: indices must be integers")
-        if a < 0 or b < a:
-            raise PlanError(f"region ({a}, {b}) is invalid: need 0 <= first <= last")
-        out.append((a, b))
-    out.sort()
-    for (a1, b1), (a2, b2) in zip(out, out[1:]):
-        if a2 <= b1:
-            raise PlanError(f"regions ({a1}, {b1}) and ({a2}, {b2}) overlap; regions must be disjoint")
-    return tuple(out)

@@ -100,7 +100,8 @@ def test_nodes_read_quickly_are_the_constructors_nodes():
     for node in g.nodes:
         d = node.to_dict()
         read = Node.from_dict(json.loads(json.dumps(d)))
-        assert read == node and list(read.to_dict()) == [f.name for f in dataclasses.fields(Node)]
+        fields = [f.name for f in dataclasses.fields(Node) if f.name != "rows" or node.rows]  # rows: when known
+        assert read == node and list(read.to_dict()) == fields
         assert read.to_dict() == d
     bare = Node.from_dict({"name": "x", "out_bytes": 8, "fwd_flops": 5, "inputs": ["a"]})
     assert bare == Node("x", ("a",), 8, 5, 10) and bare.fwd_cost == 5 and bare.saves_inputs == ("a",)

@@ -1,4 +1,4 @@
-"""A run of nn.Sequential children is no call that chunks can run (NOTE [ Chunked head ] in solvers.chunks).
+"""A run of nn.Sequential children is no call that chunks can run (NOTE [ Chunked head ] in solvers.model.chunks).
 
 Found by the random-module generator (benchmarks/random_plans.py, module s30: an MLP block then a branch
 block in an nn.Sequential): ``find_calls`` offered the outermost row-wise span, the run ``body[0:2]``, so a
@@ -13,7 +13,7 @@ import dataclasses
 
 from chunk_graphs import lm_graph
 from graphs import Span
-from solvers.chunks import find_calls
+from solvers.model.chunks import find_calls
 
 
 def test_a_sequential_run_is_not_offered_its_calls_are():

@@ -1,5 +1,5 @@
 """A stochastic inner region's generator state, stored again by the outer's recompute, lives to the inner
-region's own recompute (NOTE [ Nested regions ] in solvers.nested).
+region's own recompute (NOTE [ Nested regions ] in solvers.model.nested).
 
 Found by the random-module generator (benchmarks/random_plans.py, module s22: LayerNorm, Linear, GELU,
 Dropout(0.1) in one block, the block a region with its dropout call nested): the outer's recompute runs the

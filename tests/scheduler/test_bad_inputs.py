@@ -25,7 +25,8 @@ import graphs
 import scheduler
 import solvers
 from graphs import CkptError, GraphError, synthetic
-from scheduler.sizing.budget import BudgetError, parse_budget
+from scheduler.sizing.budget import BudgetError
+from scheduler.sizing.memory import parse_budget
 from scheduler.cli import main
 from solvers import InfeasibleBudget, Plan, PlanError, PlanMismatch, UnknownOption
 

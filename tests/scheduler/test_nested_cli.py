@@ -1,4 +1,4 @@
-"""``ckpt solve --nested`` and the floor message's nesting lever (NOTE [ Nested regions ] in solvers.nested)."""
+"""``ckpt solve --nested`` and the floor message's nesting lever (NOTE [ Nested regions ] in solvers.model.nested)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Chunk menus (NOTE [ Chunk menus ] in solvers.chunk_menu, NOTE [ Chunk counts and rows ] in solvers.chunks):
+"""Chunk menus (NOTE [ Chunk menus ] in solvers.menus.chunks, NOTE [ Chunk counts and rows ] in solvers.model.chunks):
 a menu skips the calls that cannot run in chunks and chunks the rest, counts are capped by the rows before any
 chunked graph is built, a node grouping an MLP is a row-wise call, and the answer is ``optimal`` only where every
 member of the menu proved it."""
@@ -13,7 +13,8 @@ import solvers
 from chunk_graphs import lm_graph
 from graphs import Graph, Node
 from solvers import InfeasibleBudget, Plan, simulate
-from solvers.chunks import ChunkError, chunked_graph, expand, find_calls, find_tail, max_chunks, solve_chunked
+from solvers.model.chunks import ChunkError, chunked_graph, expand, find_calls, find_tail, max_chunks
+from solvers.menus.chunks import solve_chunked
 
 ROWS_META = {"inputs": [{"shape": [2, 8], "dtype": "int64"}, {"shape": [2, 8], "dtype": "int64"}]}  # 16 token rows
 

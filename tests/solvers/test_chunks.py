@@ -1,4 +1,4 @@
-"""Chunked head (NOTE [ Chunked head ] in solvers.chunks): the chunked graph, simulate, and the exact
+"""Chunked head (NOTE [ Chunked head ] in solvers.model.chunks): the chunked graph, simulate, and the exact
 solvers choosing k against brute force over the menu."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import solvers
 from chunk_graphs import lm_graph
 from graphs import Graph
 from solvers import InfeasibleBudget, Plan, brute_force, simulate
-from solvers.chunks import (ChunkError, chunk_entries, chunked_graph, find_calls, find_tail, parse_chunk_module,
-                            solve_chunked)
+from solvers.model.chunks import ChunkError, chunk_entries, chunked_graph, find_calls, find_tail, parse_chunk_module
+from solvers.menus.chunks import solve_chunked
 
 MENU = (1, 2, 4)
 

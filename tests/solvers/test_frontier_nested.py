@@ -13,7 +13,8 @@ from solvers import InfeasibleBudget, Plan, pareto_frontier, simulate
 from solvers.brute_force import best_from_frontier, brute_force
 from solvers.frontier.program import FrontierDP
 from solvers.model.terms import region_rng_bytes
-from solvers.nested import inner_menu, solve_nested
+from solvers.model.nested import inner_menu
+from solvers.menus.nested import solve_nested
 from random_graphs import random_extra_bytes, random_graph, random_spans, with_randomness
 
 

@@ -1,4 +1,4 @@
-"""Nested regions (NOTE [ Nested regions ] in solvers.nested): the plan field, the walk, and ``dp`` with
+"""Nested regions (NOTE [ Nested regions ] in solvers.model.nested): the plan field, the walk, and ``dp`` with
 ``nested=True`` against the brute force over the same space (NOTE [ The menu of inner regions ])."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from graphs import Graph, Node, Span, synthetic
 from solvers import InfeasibleBudget, Plan, PlanError, pareto_frontier, simulate
 from solvers.brute_force import best_from_frontier, brute_force
 from solvers.dp import DPTable
-from solvers.nested import inner_menu, nest_to_fit, solve_nested
+from solvers.model.nested import inner_menu
+from solvers.menus.nested import nest_to_fit, solve_nested
 from random_graphs import random_extra_bytes, random_graph, random_spans, with_randomness
 
 

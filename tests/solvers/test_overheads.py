@@ -12,7 +12,8 @@ import solvers
 from chunk_graphs import lm_graph
 from graphs import COSTS_META
 from solvers import InfeasibleBudget, Plan, simulate
-from solvers.chunks import chunk_entries, solve_chunked
+from solvers.menus.chunks import solve_chunked
+from solvers.model.chunks import chunk_entries
 from solvers.model.overheads import Overheads, graph_overheads, with_overheads
 
 RATE = 1e9  # FLOP-equivalents per second of the test graphs

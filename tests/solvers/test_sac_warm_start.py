@@ -11,7 +11,7 @@ import pytest
 
 from graphs import synthetic
 from solvers import InfeasibleBudget, Plan, simulate
-from solvers.dp.chain import dp
+from solvers.dp.solver import dp
 from solvers.cpsat.solver import warm_start
 from solvers.model.simulate import store_all_peak
 

@@ -21,7 +21,8 @@ import pytest
 from graphs import Graph, Node, synthetic
 from solvers import InfeasibleBudget, Plan, PlanError, enumerate_plans, pareto_frontier, simulate
 from solvers.brute_force import best_from_frontier, brute_force, count_selective, enumerate_selective
-from solvers.dp.chain import DPTable, dp
+from solvers.dp.chain import DPTable
+from solvers.dp.solver import dp
 from solvers.model.selective import variants
 from random_graphs import random_graph, random_spans
 

@@ -17,7 +17,7 @@ import scheduler
 from benchmarks.random_plans import run_pair
 from graphs import Graph
 from solvers import Plan
-from solvers.chunks import chunk_rows, expand, find_calls, parse_chunk_module
+from solvers.model.chunks import chunk_rows, expand, find_calls, parse_chunk_module
 
 
 class _MLP(nn.Module):

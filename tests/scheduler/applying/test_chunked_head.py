@@ -15,7 +15,7 @@ import scheduler  # noqa: E402
 from scheduler.applying.chunked import ChunkedHeadError, _Chunks  # noqa: E402
 from scheduler.measuring.steps import allocator_step_peak, measure_step_peak  # noqa: E402
 from solvers import Plan, simulate  # noqa: E402
-from solvers.chunks import chunk_entries, chunked_graph, find_calls, find_tail  # noqa: E402
+from solvers.model.chunks import chunk_entries, chunked_graph, find_calls, find_tail  # noqa: E402
 
 VOCAB, BATCH, SEQ, LAYERS = 2000, 2, 64, 2
 

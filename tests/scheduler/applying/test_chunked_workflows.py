@@ -19,7 +19,7 @@ pytest.importorskip("accelerate")  # Trainer needs it
 import scheduler  # noqa: E402
 from scheduler.report import plan_summary  # noqa: E402
 from solvers import Plan  # noqa: E402
-from solvers.chunks import chunk_entries, chunked_graph, find_calls  # noqa: E402
+from solvers.model.chunks import chunk_entries, chunked_graph, find_calls  # noqa: E402
 
 VOCAB, BATCH, SEQ = 1000, 2, 32
 RTOL = 1e-6  # NOTE [ Chunked head ]: sums over token rows reassociated

@@ -248,7 +248,7 @@ def test_a_chunked_head_compiles_equal_to_the_compiled_twin():
     transformers = pytest.importorskip("transformers")
     import dataclasses
 
-    from solvers.chunks import chunk_entries, chunked_graph
+    from solvers.model.chunks import chunk_entries, chunked_graph
 
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256, n_positions=16, use_cache=False,

@@ -1,4 +1,4 @@
-"""Nested regions applied onto transformers models (NOTE [ Nested regions ] in solvers.nested): gradients
+"""Nested regions applied onto transformers models (NOTE [ Nested regions ] in solvers.model.nested): gradients
 bitwise those of the plain step, the allocator's peak at or below the prediction, remove() restores the
 model; with a chunked head, nesting plans below the least one-level plan and the step measures below it too."""
 
@@ -14,8 +14,8 @@ import solvers  # noqa: E402
 from scheduler.applying.modules import region_wrappers  # noqa: E402
 from scheduler.measuring.steps import allocator_step_peak  # noqa: E402
 from solvers import InfeasibleBudget, Plan, simulate  # noqa: E402
-from solvers.chunks import chunked_graph  # noqa: E402
-from solvers.nested import inner_menu  # noqa: E402
+from solvers.model.chunks import chunked_graph  # noqa: E402
+from solvers.model.nested import inner_menu  # noqa: E402
 
 VOCAB, BATCH, SEQ, LAYERS = 2000, 2, 64, 2
 

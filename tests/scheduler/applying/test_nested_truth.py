@@ -1,4 +1,4 @@
-"""The nested walk against the allocator (NOTE [ Nested regions ] in solvers.nested; issue 33, item 2).
+"""The nested walk against the allocator (NOTE [ Nested regions ] in solvers.model.nested; issue 33, item 2).
 
 ``simulate`` is the model every solver reads; here it is held to real steps: small modules (pre-norm
 transformer blocks with attention, MLP, residuals, layer norm and dropout; convolution blocks with BatchNorm;
@@ -24,7 +24,7 @@ from torch import nn
 import scheduler
 from scheduler.measuring.steps import allocator_step_peak
 from solvers import Plan, simulate
-from solvers.nested import inner_menu
+from solvers.model.nested import inner_menu
 
 
 class Attention(nn.Module):

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from scheduler.comparing import peers
-from scheduler.comparing.run import Comparison, Row
+from scheduler.comparing.rows import Row
+from scheduler.comparing.run import Comparison
 from scheduler.comparing.claims import claims
 from scheduler.measuring.profiler import profile_step
 from scheduler.measuring.steps import grad_difference, grad_snapshot

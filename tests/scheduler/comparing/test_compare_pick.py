@@ -8,7 +8,9 @@ import torch
 from torch import nn
 
 from scheduler.comparing import peers
-from scheduler.comparing.run import Row, Workload, _Bench, pick_key, plan_key, solve_below
+from scheduler.comparing.choosing import pick_key, plan_key, solve_below
+from scheduler.comparing.rows import Row
+from scheduler.comparing.run import Workload, _Bench
 from solvers import Plan
 
 

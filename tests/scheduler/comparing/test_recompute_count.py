@@ -8,7 +8,7 @@ from scheduler.applying.selective import RegionPolicy, selective_contexts
 from scheduler.comparing import peers
 from scheduler.comparing.run import Row, Workload, _Bench
 from scheduler.measuring.profiler import profile_step
-from scheduler.measuring.steps import count_step_flops
+from scheduler.applying.selective import count_step_flops
 
 
 class _Two(nn.Module):

@@ -16,7 +16,7 @@ from scheduler.applying import modules as applying_modules
 from scheduler.cli import main
 from scheduler.measuring.verification import VerifyError
 from solvers import Plan, load_plan
-from solvers.nested import inner_menu
+from solvers.model.nested import inner_menu
 
 
 def _nested_blocks(graph, prefix: str, layers: int) -> Plan:

@@ -1,11 +1,11 @@
-"""The floor message names the chunked head and what it would buy (NOTE [ Chunked head ] in solvers.chunks)."""
+"""The floor message names the chunked head and what it would buy (NOTE [ Chunked head ] in solvers.model.chunks)."""
 
 from __future__ import annotations
 
 from scheduler.sizing.budget import format_bytes
 from scheduler.sizing.floor import explain_floor
 from solvers import Plan, simulate
-from solvers.chunks import chunk_entries, chunked_graph
+from solvers.model.chunks import chunk_entries, chunked_graph
 from chunk_graphs import lm_graph
 
 

@@ -17,7 +17,7 @@ from torch import nn
 import scheduler
 import solvers
 from scheduler.measuring.storages import measure_step
-from scheduler.sizing.budget import parse_budget
+from scheduler.sizing.memory import parse_budget
 from scheduler.sizing.search import SizedModel, fit_graphs
 from test_loop import TinyLM, _loss
 

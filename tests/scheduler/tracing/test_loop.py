@@ -3,7 +3,7 @@ or dropped before, traced, predicted and measured both ways.
 
 ``out = model(**batch); out.loss.backward()`` keeps ``out`` alive through the backward; a plan solved for a
 loop that drops it measured 12-20 % over its prediction on transformers models. Here every prediction is set
-beside a step run in each loop style (``scheduler.measuring.steps.training_step``), by live tensor storages;
+beside a step run in each loop style (``scheduler.measuring.training.training_step``), by live tensor storages;
 ``benchmarks/loop.py`` does the same on transformers' Llama, GPT-2 and BERT-MLM.
 """
 

@@ -12,7 +12,8 @@ from graphs import Graph, GraphError, Node, synthetic
 from scheduler.models import build
 from scheduler.tracing.tracer import TraceError, capture
 from scheduler.tracing.costs import measure_ops
-from scheduler.tracing.roofline import (DEVICES, DevicePeaks, UnknownDevice, device_peaks, kernel_time_s, lookup_device,
+from scheduler.tracing.calibration import device_peaks
+from scheduler.tracing.roofline import (DEVICES, DevicePeaks, UnknownDevice, kernel_time_s, lookup_device,
                                         record_time_s, roofline_records)
 from scheduler.tracing.target import resolve_target, target_peaks
 from solvers import Plan, activation_budget_bytes

@@ -65,7 +65,7 @@ NOTE [ Chunked head ]
     ``Plan.chunks`` lists the ``(first, last, k)`` and the plan's regions and
     kept nodes are positions of the expanded graph, which ``simulate``,
     ``Plan.validate`` and the brute force read. ``solve_chunked``
-    (``solvers.chunk_menu``) chooses k by solving once per menu entry (one k
+    (``solvers.menus.chunks``) chooses k by solving once per menu entry (one k
     for the tail, one for every row-wise call), so an exact solver is exact
     over the menu (NOTE [ Chunk menus ]).
 
@@ -101,11 +101,10 @@ from typing import Any, Mapping, Sequence
 
 from graphs import Graph, Node, Span
 
-from .errors import PlanError, SolverInputError
+from ..errors import PlanError, SolverInputError
 
 __all__ = ["CHUNK_MENU", "ROWWISE_OPS", "LOSS_SUFFIX", "ChunkError", "Tail", "find_tail", "find_calls", "chunk_entries", "chunked_graph", "expand",
-           "chunk_module", "parse_chunk_module", "solve_chunked", "token_rows", "max_chunks",
-           "call_rows", "chunk_rows"]
+           "chunk_module", "parse_chunk_module", "token_rows", "max_chunks", "call_rows", "chunk_rows"]
 
 
 #: The chunk counts the solvers try (1: the call as traced).
@@ -474,6 +473,3 @@ def _build(graph: Graph, first: int, last: int, k: int, path: str, *, loss: bool
     gone = {nodes[i].name for i in chunked}
     outputs = tuple(join if name in read else name for name in graph.outputs if name not in gone or name in read)
     return dataclasses.replace(graph, nodes=tuple(out), spans=tuple(spans), outputs=outputs)
-
-
-from .chunk_menu import solve_chunked  # noqa: E402  (re-exported: it reads the functions above)

@@ -4,7 +4,7 @@ NOTE [ Chunk menus ]
     ``scheduler.solve(graph, budget, chunks=..., mlp_chunks=...)`` names two
     menus of chunk counts: one for the tail (the LM head with its loss), one
     for every row-wise call (an MLP); :func:`solve_chunked` solves once per
-    pair of counts (NOTE [ Chunked head ] in ``solvers.chunks``). Before any
+    pair of counts (NOTE [ Chunked head ] in ``solvers.model.chunks``). Before any
     solve the menus are read against the graph:
 
     * a menu whose calls cannot run in chunks is skipped, the other kept: a
@@ -13,9 +13,9 @@ NOTE [ Chunk menus ]
       --mlp-chunks 1,2,4``. Why a menu was skipped is logged and kept in
       ``findings["chunks_skipped"]`` (the plan report prints it). Only when
       no menu that asks for chunks can be used is the solve refused
-      (:class:`~solvers.chunks.ChunkError`, the reasons of each);
+      (:class:`~solvers.model.chunks.ChunkError`, the reasons of each);
     * counts above the rows of their calls (NOTE [ Chunk counts and rows ]
-      in ``solvers.chunks``) are dropped with the same note, before any
+      in ``solvers.model.chunks``) are dropped with the same note, before any
       chunked graph is built; a menu left with no count above 1 is skipped
       as above (a classifier's head over one image's row, its MLPs over
       patches), and refused, in one line naming the most chunks allowed,
@@ -44,9 +44,13 @@ from typing import Any, Callable, Sequence
 
 from graphs import CkptError, Graph
 
-from .chunks import CHUNK_MENU, ChunkError, _count, chunk_entries, expand, find_calls, find_tail, max_chunks
-from .deadline import stopped
-from .errors import InfeasibleBudget
+from ..deadline import stopped
+from ..errors import InfeasibleBudget
+from ..model.chunks import (CHUNK_MENU, ChunkError, _count, _products, _split, chunk_entries, expand, find_calls,
+                            find_tail, max_chunks)
+from ..model.overheads import with_extra_time
+from ..model.plan import Plan, Status
+from ..model.simulate import simulate
 
 __all__ = ["solve_chunked", "read_menus"]
 
@@ -83,8 +87,6 @@ _MLP_NAMES = ("mlp", "ffn", "feed_forward", "feedforward", "intermediate", "fc")
 def _why_no_calls(graph: Graph) -> str:
     """Why no call of ``graph`` is row-wise, with an MLP-like call (the innermost of two products or more, an
     MLP's name preferred) as the example."""
-    from .chunks import _products, _split  # the row-wise check find_calls makes
-
     def products(sp: Any) -> int:
         return sum(_products(graph.nodes[i]) for i in range(sp.first, sp.last + 1))
 
@@ -139,8 +141,6 @@ def read_menus(graph: Graph, menu: Sequence[int], call_menu: Sequence[int]) -> t
 def _lower_bound(outcome: Any) -> float | None:
     """A proven lower bound on the recompute of one pair's plans that fit: a plan's cost when it is proven
     optimal, its ``bound`` when it says one, infinity when the pair is proven infeasible; None when unknown."""
-    from .model.plan import Plan, Status  # (plan imports solvers.chunks)
-
     if isinstance(outcome, Plan):
         if outcome.status == Status.OPTIMAL:
             return float(outcome.recompute_cost)
@@ -153,8 +153,6 @@ def _lower_bound(outcome: Any) -> float | None:
 def _label(best: Any, outcomes: dict[tuple[int, int], Any]) -> Any:
     """``best`` labelled over the whole menu (NOTE [ Chunk menus ]): ``optimal`` only where every pair is proven
     to do no better."""
-    from .model.plan import Status
-
     if best.status not in (Status.OPTIMAL, Status.FEASIBLE):
         return best
     bounds = {pair: _lower_bound(out) for pair, out in outcomes.items()}
@@ -185,7 +183,7 @@ def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, i
 
     ``solve_one(g, budget_bytes)`` solves one graph (a registered solver
     through ``solvers.solve``); each pair of counts is solved on
-    :func:`~solvers.chunks.expand`, and the plan with the least total cost
+    :func:`~solvers.model.chunks.expand`, and the plan with the least total cost
     that fits wins (recompute plus the chunk loop and region calls: NOTE
     [ Plan overheads ]; ties: fewer chunks). With an exact ``solve_one`` the
     answer is optimal over the menus and every interval plan (NOTE [ Chunked
@@ -197,9 +195,6 @@ def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[[Graph, i
             counts are above the rows of their calls (:func:`read_menus`).
         InfeasibleBudget: no pair fits; its least feasible budget is the least over the menus.
     """
-    from .model.overheads import with_extra_time  # (the model imports solvers.chunks, which re-exports this)
-    from .model.simulate import simulate
-
     heads, calls, notes = read_menus(graph, menu, call_menu)
     best, best_total, failures, stops = None, 0, [], []
     outcomes: dict[tuple[int, int], Any] = {}
