@@ -153,6 +153,17 @@ def planned_and_twin(model: nn.Module, plan: Plan) -> tuple[nn.Module, nn.Module
 
 
 # ------------------------------------------------------------------ graph breaks
+class LMLoss(nn.Module):
+    """A causal LM's loss from its ids alone (keyword arguments through a module: compiled_step passes a tuple)."""
+
+    def __init__(self, m: nn.Module) -> None:
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.m(input_ids=ids, labels=ids).loss
+
+
 def test_a_plan_adds_no_graph_break_and_fullgraph_compiles():
     torch.manual_seed(0)
     model = Transformer().train()
@@ -226,16 +237,8 @@ def test_transformers_gpt2_breaks_as_often_with_a_plan_as_without():
     paths = ["transformer.h.0", "transformer.h.1.attn", "transformer.h.1.mlp"]
     planned, twin = planned_and_twin(model, Plan.from_regions(graph, [spans[p] for p in paths]))
 
-    class Call(nn.Module):  # keyword arguments through a module, so compiled_step can pass a tuple
-        def __init__(self, m: nn.Module) -> None:
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.m(input_ids=ids, labels=ids).loss
-
-    base = compiled_step(Call(twin), (ids,))
-    ours = compiled_step(Call(planned), (ids,))
+    base = compiled_step(LMLoss(twin), (ids,))
+    ours = compiled_step(LMLoss(planned), (ids,))
     assert ours[3] == base[3]  # 1 + 2 per region before (the bound method, the flag, the cache)
     assert_equal_steps(base, ours)
     assert all(w.recomputes == 0 for w in region_wrappers(planned)), "the compiled graph recomputes, not Python"
@@ -264,16 +267,8 @@ def test_a_chunked_head_compiles_equal_to_the_compiled_twin():
     assert sum("@chunk" in m for m in plan.modules) == k
     planned, twin = planned_and_twin(model, plan)
 
-    class Call(nn.Module):
-        def __init__(self, m: nn.Module) -> None:
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.m(input_ids=ids, labels=ids).loss
-
-    base = compiled_step(Call(twin), (ids,))
-    ours = compiled_step(Call(planned), (ids,))
+    base = compiled_step(LMLoss(twin), (ids,))
+    ours = compiled_step(LMLoss(planned), (ids,))
     assert ours[3] <= base[3]
     torch.testing.assert_close(ours[0], base[0], rtol=1e-6, atol=0)
     assert ours[1].keys() == base[1].keys()
