@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 from .errors import CkptError, GraphError
 
 __all__ = ["FORMAT_VERSION", "COSTS_META", "MAX_COUNT", "WORKSPACES_META", "TARGET_META", "BUILD_META", "SCALARS_META",
-           "FROZEN_META", "LOOPS", "GRAPH_KEYS", "count", "is_count", "reject_unknown", "short_repr"]
+           "FROZEN_META", "LM_HEADS_META", "LOOPS", "GRAPH_KEYS", "count", "is_count", "reject_unknown", "short_repr"]
 
 #: Version of the JSON format written by :meth:`Graph.to_dict`.
 FORMAT_VERSION = 1
@@ -51,6 +51,10 @@ SCALARS_META = "saved_scalars"
 #: accounting for a pipeline stage (its own frozen weights, ``scheduler.distributed.stages``), not part of the
 #: fingerprint. Present only when some parameters are frozen.
 FROZEN_META = "frozen_params"
+#: ``meta`` key: ``{module path: "causal" | "masked"}``, the traced model's submodules whose loss a chunked head
+#: knows (NOTE [ Which heads run in chunks ] in ``solvers/model/chunks.py``); which plans a menu may make, not what
+#: a plan does: not part of the fingerprint.
+LM_HEADS_META = "lm_heads"
 #: The training loops a graph can be planned for (NOTE [ The user's loop ]).
 LOOPS = ("held", "dropped")
 

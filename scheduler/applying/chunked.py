@@ -45,6 +45,7 @@ from graphs import CkptError
 from solvers import Plan
 from solvers.model.chunks import LOSS_SUFFIX, parse_chunk_module
 
+from ..tracing.spans import lm_heads
 from .regions import run_region
 
 __all__ = ["ChunkedHead", "ChunkedCall", "ChunkedHeadError", "split_chunks", "install", "IGNORE_INDEX"]
@@ -95,16 +96,12 @@ def split_chunks(plan: Plan) -> tuple[Plan, list[tuple[str, int, frozenset[int],
 def _loss_kind(model: nn.Module, head: str) -> str:
     """``causal`` or ``masked``: how the labels line up with the logits, from the model's class, or from the
     class of a module the head lies in when the model wraps one (peft's ``PeftModel`` around a causal LM)."""
-    from transformers.models.auto import modeling_auto as auto
-
+    known = lm_heads(model)
     parts = head.split(".")
     for depth in range(len(parts)):
-        inner = model.get_submodule(".".join(parts[:depth])) if depth else model
-        names = {c.__name__ for c in type(inner).__mro__}
-        if names & set(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
-            return "causal"
-        if names & set(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.values()):
-            return "masked"
+        kind = known.get(".".join(parts[:depth]))
+        if kind is not None:
+            return kind
     raise ChunkedHeadError(f"a chunked head runs on transformers causal-LM and masked-LM models (their loss is known); "
                            f"{type(model).__name__} is neither. Solve without chunks")
 

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from typing import Mapping, Sequence
 
 from torch import nn
@@ -66,7 +67,7 @@ from graphs import Span
 from .build import is_free
 from .costs import OpRecord
 
-__all__ = ["module_spans", "sequential_children", "MODULES_META", "TREE_META", "module_tree", "run_path",
+__all__ = ["lm_heads", "module_spans", "sequential_children", "MODULES_META", "TREE_META", "module_tree", "run_path",
            "parse_run_path"]
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,26 @@ MODULES_META = "modules"
 #: ``apply`` can compare what runs inside each region (NOTE [ What a region holds ] in
 #: ``scheduler.applying.modules``).
 TREE_META = "module_tree"
+
+def lm_heads(model: nn.Module) -> dict[str, str]:
+    """``{path: "causal" | "masked"}``: ``model`` and its submodules that are transformers causal-LM or masked-LM
+    models by class (NOTE [ Which heads run in chunks ] in ``solvers.model.chunks``); empty without transformers."""
+    if "transformers" not in sys.modules:  # no module of the model can be one: do not import it
+        return {}
+    try:
+        from transformers.models.auto import modeling_auto as auto
+    except ImportError:
+        return {}
+    kinds = {"causal": set(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()),
+             "masked": set(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.values())}
+    found: dict[str, str] = {}
+    for path, module in model.named_modules():
+        names = {c.__name__ for c in type(module).__mro__}
+        kind = next((k for k, classes in kinds.items() if names & classes), None)
+        if kind is not None:
+            found[path] = kind
+    return found
+
 
 _RUN = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
 

@@ -90,6 +90,18 @@ NOTE [ Chunk counts and rows ]
     rows themselves, and :func:`expand` sizes every chunk by them (NOTE
     [ Chunked head ]). At run time a batch with fewer rows than k runs one
     chunk per row (``scheduler.applying.chunked``).
+
+NOTE [ Which heads run in chunks ]
+    A chunked head computes the model's loss itself, chunk by chunk, so it
+    runs only where the loss is known: a transformers causal-LM or masked-LM
+    model, or a module that wraps one (peft), as ``scheduler.applying.chunked``
+    checks. The trace records which submodules of the traced model are such
+    models (``graph.meta["lm_heads"]``: ``{path: "causal" | "masked"}``,
+    ``graphs.LM_HEADS_META``), and :func:`find_tail` refuses a head none of
+    them holds: a chunk menu then leaves the head whole and says why, instead
+    of handing ``apply`` a plan it must refuse (a ViT classifier or a
+    torchvision ResNet solved with chunks). A graph without the key (an older
+    file, a hand-built graph) is read as before.
 """
 
 from __future__ import annotations
@@ -99,7 +111,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from graphs import Graph, Node, Span
+from graphs import LM_HEADS_META, Graph, Node, Span
 
 from ..errors import PlanError, SolverInputError
 
@@ -231,6 +243,11 @@ def _find_tail(graph: Graph) -> Tail:
         raise ChunkError(f"no submodule call produces the logits the loss {nodes[-1].name!r} reads: a chunked head "
                          "is one submodule call (trace the model itself, so the graph records its calls)")
     head = min(heads, key=lambda sp: (sp.first, -sp.last))
+    known = graph.meta.get(LM_HEADS_META)
+    if known is not None and not any(p == "" or head.module.startswith(p + ".") for p in known):
+        raise ChunkError(f"the head {head.module!r} computes a loss only transformers causal-LM and masked-LM models "
+                         f"have a chunked form of, and {graph.meta.get('model', 'the traced model')} is neither "
+                         "(NOTE [ Which heads run in chunks ])")
     _split(graph, head.first, n - 1, what=f"the head {head.module!r} and its loss", loss=True)
     return Tail(first=head.first, head=head.module)
 
