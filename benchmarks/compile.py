@@ -9,10 +9,14 @@ the loss, on one torch thread, in one process:
 * compile's own knob, ``torch._functorch.config.activation_memory_budget``
   at 0.1, 0.3, 0.5, 0.7 and 0.9 (every call of that model runs inside the
   config patch);
-* our plan (``dp``, kept nodes on: NOTE [ Kept calls under torch.compile ]; LM heads in ``CHUNKS``)
-  solved at each of their measured peaks, applied onto a copy of the model and compiled with
-  inductor at budget 1.0; solved again aimed by what it measured (at most ``SOLVES`` times);
-* our plan below compile's least peak (``BELOW`` of it), where ours reaches.
+* our plan (``ilp`` over regions and kept calls: NOTE [ Kept calls under torch.compile ]; LM heads in
+  ``CHUNKS``) for each of their measured peaks, applied onto a copy of the model and compiled with
+  inductor at budget 1.0, its eager budget searched by what the plans measure (NOTE [ Compile-aware
+  budget ] in ``benchmarks/compile_fit.py``: at most ``SOLVES`` solves and ``COMPILES`` compiles a row);
+* our plan below compile's least peak (``BELOW`` of it), where ours reaches; under our least feasible
+  eager budget, the floor's plan measured;
+* where inductor's unplanned step measures over our prediction (ResNet-18), that step again with
+  inductor's layout optimization off: what the channels-last copies cost.
 
 Peaks are the allocator's (the profiler's memory events, whole step:
 ``scheduler.measuring.steps.allocator_step_peak``); the step time of a pair is
@@ -42,7 +46,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from benchmarks.compile_fit import Search
+from benchmarks.compile_fit import Fit, Search
 from benchmarks.pages import out_dir, write_page
 
 log = logging.getLogger("benchmarks.compile")
@@ -238,10 +242,9 @@ def searcher(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int], 
                   cost=lambda plan: plan.recompute_time_s or 0.0, plain=plain)
 
 
-def ours_at(search: Search, made: dict[tuple, Side], target: int) -> tuple[Side | None, dict[str, Any]]:
-    """Our plan for a measured peak of at most ``target`` bytes, and its row (NOTE [ Compile-aware budget ])."""
-    fit = search.fit(target, compiles=COMPILES, solves=SOLVES)
-    row: dict[str, Any] = {"target_bytes": target, "solves": fit.solves, "compiles": fit.compiles,
+def ours_row(fit: Fit, made: dict[tuple, Side]) -> tuple[Side | None, dict[str, Any]]:
+    """Our plan for a measured peak of at most ``fit.target`` bytes, and its row (NOTE [ Compile-aware budget ])."""
+    row: dict[str, Any] = {"target_bytes": fit.target, "solves": fit.solves, "compiles": fit.compiles,
                            "reached": fit.reached, "at_floor": fit.at_floor,
                            "tries": [[p.budget, p.predicted, p.measured] for p in fit.tries]}
     if fit.floor is not None:
@@ -253,6 +256,19 @@ def ours_at(search: Search, made: dict[tuple, Side], target: int) -> tuple[Side 
                regions=len(plan.modules), kept=sum(len(r) for r in plan.save_ops),
                chunks=max((k for _, _, k in plan.chunks), default=1), compile_s=side.compile_s)
     return side, row
+
+
+def fits_for(search: Search, targets: list[int], name: str) -> list[Fit | Exception]:
+    """Every target searched, lowest first (its points bracket the next ones), then each target's plan
+    chosen again among every point measured (NOTE [ Compile-aware budget ])."""
+    out: dict[int, Fit | Exception] = {}
+    for i in sorted(range(len(targets)), key=lambda i: targets[i]):
+        try:
+            out[i] = search.fit(targets[i], compiles=COMPILES, solves=SOLVES)
+        except Exception as exc:  # one failing row is a finding, not the end of the run
+            log.warning("compile: %s ours at %d B failed", name, targets[i], exc_info=True)
+            out[i] = exc
+    return [search.pick(f) if isinstance(f, Fit) else f for f in (out[i] for i in range(len(targets)))]
 
 
 def flat_layout(model: nn.Module, args: tuple, plain: Side, repeats: int) -> dict[str, Any]:
@@ -285,48 +301,46 @@ def run_model(name: str, opts: dict[str, int], fractions: tuple[float, ...], rep
              plain.compile_s)
     if entry["plain"]["peak_bytes"] > entry["plain"]["predicted_bytes"]:
         entry["plain"]["flat"] = flat_layout(model, args, plain, repeats)
-    least = None
     made: dict[tuple, Side] = {}
     chunks = CHUNKS if isinstance(model, LmStep) else None  # the head and its loss in row chunks
     search = searcher(graph, model, args, (entry["plain"]["predicted_bytes"], entry["plain"]["peak_bytes"]), made,
                       chunks)
+    theirs: list[tuple[Side, dict[str, Any]]] = []
     for f in fractions:
-        theirs = compiled(f"compile@{f:g}", copy.deepcopy(model), args, fraction=f)
-        their = {"fraction": f, "peak_bytes": theirs.peak(args), "compile_s": theirs.compile_s}
-        theirs.call(args)
-        their["grad_diff"] = grad_diff(theirs, reference)
-        least = their["peak_bytes"] if least is None else min(least, their["peak_bytes"])
-        try:
-            side, ours = ours_at(search, made, their["peak_bytes"])
-        except Exception as exc:  # one failing row is a finding, not the end of the run
-            log.warning("compile: %s ours@%g failed", name, f, exc_info=True)
-            side, ours = None, {"target_bytes": their["peak_bytes"], "solves": 0, "reached": False,
-                                "reason": f"{type(exc).__name__}: {exc}"[:200]}
+        side = compiled(f"compile@{f:g}", copy.deepcopy(model), args, fraction=f)
+        their = {"fraction": f, "peak_bytes": side.peak(args), "compile_s": side.compile_s}
+        side.call(args)
+        their["grad_diff"] = grad_diff(side, reference)
+        theirs.append((side, their))
+    least = min(t["peak_bytes"] for _, t in theirs)
+    targets = [t["peak_bytes"] for _, t in theirs] + [int(least * BELOW)]
+    rows = []
+    for fit in fits_for(search, targets, name):
+        if isinstance(fit, Exception):
+            rows.append((None, {"solves": 0, "reached": False, "reason": f"{type(fit).__name__}: {fit}"[:200]}))
+            continue
+        side, ours = ours_row(fit, made)
         if side is not None:
             side.call(args)
             ours["grad_diff"] = grad_diff(side, reference)
-        pair = [plain, theirs] + ([side] if side is not None else [])
-        times = rounds(pair, args, repeats)
+        rows.append((side, ours))
+    for (theirs_side, their), (side, ours) in zip(theirs, rows):
+        times = rounds([plain, theirs_side] + ([side] if side is not None else []), args, repeats)
         their["time_s"] = times[1]
         if len(times) > 2:
             ours["time_s"] = times[2]
         entry["rows"].append({"theirs": their, "ours": ours, "plain_time_s": times[0]})
-        log.info("compile: %s @%g theirs %.1f MiB %.1f ms, ours %s", name, f, their["peak_bytes"] / 2**20,
-                 their["time_s"] * 1e3, {k: v for k, v in ours.items() if k in ("peak_bytes", "time_s", "solves")})
-        del theirs, pair
-    try:
-        side, below = ours_at(search, made, int(least * BELOW))
-    except Exception as exc:
-        log.warning("compile: %s ours below failed", name, exc_info=True)
-        side, below = None, {"solves": 0, "reached": False, "reason": f"{type(exc).__name__}: {exc}"[:200]}
+        log.info("compile: %s @%g theirs %.1f MiB %.1f ms, ours %s", name, their["fraction"],
+                 their["peak_bytes"] / 2**20, their["time_s"] * 1e3,
+                 {k: v for k, v in ours.items() if k in ("peak_bytes", "time_s", "solves")})
+    side, below = rows[-1]
     if side is not None:
-        side.call(args)
-        below["grad_diff"] = grad_diff(side, reference)
         times = rounds([plain, side], args, repeats)
         below["time_s"], below["plain_time_s"] = times[1], times[0]
     entry["below"] = below
     entry["least_theirs_bytes"] = least
     made.clear()
+    theirs.clear()
     torch._dynamo.reset()
     entry["wall_s"] = time.perf_counter() - t0
     return entry
@@ -383,4 +397,6 @@ def main(quick: bool = False) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for quiet in ("solvers", "scheduler"):  # a solve and an apply per try: their progress is not this page's
+        logging.getLogger(quiet).setLevel(logging.WARNING)
     main(quick="--quick" in sys.argv[1:])

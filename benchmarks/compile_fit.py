@@ -19,7 +19,9 @@ NOTE [ Compile-aware budget ]
     target/measured; the midpoint when that guess falls outside the bracket
     (bisection). A solve that returns a plan measured before narrows the
     bracket without a compile. Points are kept across the targets of one
-    model: a plan measures the same whatever budget it was solved at.
+    model: a plan measures the same whatever budget it was solved at, and
+    :meth:`Search.pick` chooses each target's plan again once every target
+    has been searched.
 
     Under our least feasible budget (``InfeasibleBudget``) the search solves
     at that floor: the least-peak plan of our solver is measured, never
@@ -159,6 +161,12 @@ class Search:
                 self.floor_tried, self.floor_key = True, self._key(plan)
             if self._point(budget, plan, out, compiles) is None:
                 break
+        return self.pick(out)
+
+    def pick(self, out: Fit) -> Fit:
+        """``out`` with the plan kept for its target among every point measured so far (a later target's
+        search may have measured a better one): the fastest at or under the target, else the lowest."""
+        target = out.target
         out.floor = self.floor
         mine = [p for p in self.points if p.plan is not None]
         fits = [p for p in mine if p.measured <= target]

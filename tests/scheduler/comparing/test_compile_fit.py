@@ -99,3 +99,12 @@ def test_the_compile_allowance_is_kept(compiles):
     fit = search.fit(int(16.0 * MIB), compiles=compiles)
     assert len(menu.compiled) - start == fit.compiles <= compiles
     assert fit.point is not None
+
+
+def test_a_target_searched_early_gets_the_better_plan_a_later_search_measured():
+    menu = Menu([29.0, 26.0, 23.0, 20.0, 17.0, 14.5], [0.67, 0.68, 0.68, 0.75, 0.92, 0.99])
+    search = menu.search(plain=False)  # no unplanned point: the first guess is the target itself
+    early = search.fit(int(16.0 * MIB), compiles=1)  # one compile: plan 5 (14.4 MiB measured)
+    assert early.point.plan == 5
+    search.fit(int(15.7 * MIB), compiles=4)  # its search measures lighter plans
+    assert search.pick(early).point.plan == 4 and early.reached  # 15.6 MiB measured, less recompute than 5
