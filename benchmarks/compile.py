@@ -54,7 +54,7 @@ log = logging.getLogger("benchmarks.compile")
 #: torch intra-op threads while measuring (the machine is shared: one thread is steadier).
 THREADS = 1
 #: Alternated rounds per pair (median of each side's steps).
-REPEATS = 3
+REPEATS = 5
 #: torch.compile's activation_memory_budget fractions.
 FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)
 #: Solves and new compiles of ours per row at most (NOTE [ Compile-aware budget ]).
@@ -65,6 +65,8 @@ BELOW = 0.9
 SOLVER = "ilp"
 #: ilp plans over regions and the nodes they keep; these graphs solve in under a second.
 SOLVER_OPTIONS: dict[str, Any] = {"time_limit_s": 20}
+#: Solvers whose least-peak plan is measured too when ours at its floor measures over a target.
+OTHER_SOLVERS: tuple[tuple[str, dict[str, Any]], ...] = (("dp", {"selective": True}),)
 #: Chunk counts the solver may run a language model's head and loss in (NOTE [ Chunked head ]).
 CHUNKS = (1, 2, 4, 8)
 
@@ -228,9 +230,18 @@ def searcher(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int], 
     each new plan applied onto a copy of the model, compiled with inductor and measured; ``made`` keeps the
     compiled copies (by plan) for the rounds that time them."""
     import scheduler
+    from solvers.errors import InfeasibleBudget
 
     def solve(budget: int) -> Any:
         return scheduler.solve(graph, budget=budget, solver=SOLVER, chunks=chunks, **SOLVER_OPTIONS)
+
+    def least(solver: str, **options: Any) -> Callable[[], Any]:
+        def plan() -> Any:
+            try:
+                return scheduler.solve(graph, budget=1, solver=solver, chunks=chunks, **options)
+            except InfeasibleBudget as exc:
+                return scheduler.solve(graph, budget=exc.min_feasible_bytes, solver=solver, chunks=chunks, **options)
+        return plan
 
     def measure(plan: Any) -> int:
         planned = copy.deepcopy(model)
@@ -239,7 +250,8 @@ def searcher(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int], 
         return side.peak(args)
 
     return Search(solve, measure, lambda plan: scheduler.simulate(graph, plan).peak_bytes, key=_key,
-                  cost=lambda plan: plan.recompute_time_s or 0.0, plain=plain)
+                  cost=lambda plan: plan.recompute_time_s or 0.0, plain=plain,
+                  others=[least(s, **o) for s, o in OTHER_SOLVERS])
 
 
 def ours_row(fit: Fit, made: dict[tuple, Side]) -> tuple[Side | None, dict[str, Any]]:

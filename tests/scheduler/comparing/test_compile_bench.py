@@ -57,6 +57,10 @@ def test_where_inductor_measures_over_our_prediction_the_page_says_by_how_much_a
     line = next(x for x in bench.claims(doc) if "layout optimization" in x)
     assert line.startswith("- m: inductor's unplanned step measures 16.00 MiB, 3.00 over our prediction 13.00; "
                            "with inductor's layout optimization off 12.00 MiB (4.00 MiB less; step 20.0 ms against 10.0)")
+    assert line.endswith("; our lowest plan (2 regions) measures 7.50 MiB, 0.50 under its prediction 8.00")
+    doc["models"][0]["rows"][0]["ours"]["predicted_bytes"] = 7 * MIB
+    assert next(x for x in bench.claims(doc) if "layout optimization" in x).endswith(
+        "measures 7.50 MiB, 0.50 over its prediction 7.00")
 
 
 def test_the_page_has_every_row_and_the_skipped_model():

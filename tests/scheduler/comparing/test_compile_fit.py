@@ -108,3 +108,23 @@ def test_a_target_searched_early_gets_the_better_plan_a_later_search_measured():
     assert early.point.plan == 5
     search.fit(int(15.7 * MIB), compiles=4)  # its search measures lighter plans
     assert search.pick(early).point.plan == 4 and early.reached  # 15.6 MiB measured, less recompute than 5
+
+
+def test_when_the_floors_plan_is_over_another_solvers_least_peak_plan_is_measured_once():
+    menu = llama_like()  # our floor's plan measures 17.4 MiB
+    asked = []
+
+    def other_floor() -> str:
+        asked.append(1)
+        return "other"  # another solver's least-peak plan: predicted 21 MiB, measured 14.7
+
+    def measure(plan):
+        return int(14.7 * MIB) if plan == "other" else menu.measure(plan)
+
+    search = Search(menu.solve, measure, lambda k: int(21.0 * MIB) if k == "other" else menu.predicted[k],
+                    key=lambda k: k, cost=lambda k: 9 if k == "other" else k,
+                    plain=(menu.predicted[0], int(menu.predicted[0] * 0.66)), others=[other_floor])
+    fit = search.fit(int(15.0 * MIB))
+    assert fit.point.plan == "other" and fit.reached and fit.at_floor
+    again = search.fit(int(14.0 * MIB))
+    assert asked == [1] and not again.reached and again.point.plan == "other"  # measured once, the lowest kept
