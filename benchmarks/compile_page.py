@@ -162,6 +162,14 @@ def claims(doc: dict[str, Any]) -> list[str]:
                f"plans kept (measured/predicted {min(ratios, default=0):.3f} to {max(ratios, default=0):.3f}); "
                "unplanned: " + ", ".join(f"{m['model']} {m['plain']['peak_bytes'] / m['plain']['predicted_bytes']:.3f}"
                                          for m in doc["models"] if "plain" in m))
+    tried = {(m["model"], t[1], t[2]) for m in doc["models"] if "rows" in m
+             for o in [r["ours"] for r in m["rows"]] + [m["below"]] for t in o.get("tries", ())}
+    if tried:
+        by = [(n, meas / pred) for n, pred, meas in tried]
+        names = sorted({n for n, _ in by}, key=[m["model"] for m in doc["models"]].index)
+        out.append(f"  - every plan the searches measured: {sum(r <= 1 for _, r in by)} of {len(by)} at or under "
+                   "the prediction; largest measured/predicted per model: "
+                   + ", ".join(f"{n} {max(r for k, r in by if k == n):.3f}" for n in names))
     for m in doc["models"]:
         flat, p = m.get("plain", {}).get("flat"), m.get("plain", {})
         if flat:

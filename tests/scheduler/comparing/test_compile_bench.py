@@ -45,6 +45,15 @@ def test_the_headline_counts_wins_and_says_why_not_in_numbers():
         "(measured/predicted 0.938 to 1.045); unplanned: m 0.923" in lines
 
 
+def test_the_page_gives_measured_over_predicted_of_every_plan_the_searches_measured():
+    doc = _doc()
+    m = doc["models"][0]
+    m["rows"][0]["ours"]["tries"] = [[0, 8 * MIB, 9 * MIB], [0, 10 * MIB, 9 * MIB]]
+    m["below"]["tries"] = [[0, 8 * MIB, 9 * MIB]]  # the same plan measured for another row: counted once
+    assert "  - every plan the searches measured: 1 of 2 at or under the prediction; largest measured/predicted " \
+        "per model: m 1.125" in bench.claims(doc)
+
+
 def test_below_our_floor_the_row_names_the_floors_plan_it_measured():
     text = bench.report(_doc())
     assert "| m | ours below 0.9 x 8.00 | | | | 7.60 (floor plan, over) | 7.40 | 1.027 | 21.0 |" in text
