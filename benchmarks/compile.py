@@ -251,13 +251,14 @@ def searcher(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int], 
 
     return Search(solve, measure, lambda plan: scheduler.simulate(graph, plan).peak_bytes, key=_key,
                   cost=lambda plan: plan.recompute_time_s or 0.0, plain=plain,
-                  others=[least(s, **o) for s, o in OTHER_SOLVERS])
+                  others=[("floor plan", least(s, **o)) for s, o in OTHER_SOLVERS]
+                  + [("coarse plan", lambda: coarse_plan(graph))])
 
 
 def ours_row(fit: Fit, made: dict[tuple, Side]) -> tuple[Side | None, dict[str, Any]]:
     """Our plan for a measured peak of at most ``fit.target`` bytes, and its row (NOTE [ Compile-aware budget ])."""
     row: dict[str, Any] = {"target_bytes": fit.target, "solves": fit.solves, "compiles": fit.compiles,
-                           "reached": fit.reached, "at_floor": fit.at_floor,
+                           "reached": fit.reached, "at_floor": fit.at_floor, "label": fit.label,
                            "tries": [[p.budget, p.predicted, p.measured] for p in fit.tries]}
     if fit.floor is not None:
         row["floor_bytes"] = fit.floor
@@ -292,6 +293,19 @@ def flat_layout(model: nn.Module, args: tuple, plain: Side, repeats: int) -> dic
         times = rounds([plain, flat], args, repeats)
         return {"peak_bytes": flat.peak(args), "time_s": times[1], "plain_time_s": times[0],
                 "compile_s": flat.compile_s}
+
+
+def coarse_plan(graph: Any) -> Any:
+    """A plan none of our solvers chooses: every child of the wrapped model (``m``) that is a call of the
+    graph its own region (NOTE [ Compile-aware budget ]: inductor may measure it under the floor's plan)."""
+    from solvers import Plan
+
+    spans = sorted((sp.first, sp.last) for sp in graph.spans if sp.module.count(".") == 1 and sp.module.startswith("m."))
+    regions: list[tuple[int, int]] = []
+    for a, b in spans:
+        if not regions or a > regions[-1][1]:
+            regions.append((a, b))
+    return Plan.from_regions(graph, regions)
 
 
 def run_model(name: str, opts: dict[str, int], fractions: tuple[float, ...], repeats: int) -> dict[str, Any]:

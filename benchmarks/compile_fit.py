@@ -31,7 +31,11 @@ NOTE [ Compile-aware budget ]
     plan over the target; then each other solver's least-peak plan is measured
     once (ilp's and dp's least-peak plans differ, and inductor does not
     rank them as our prediction does: on GPT-2 dp's measured 13.45 MiB where
-    ilp's, predicted 0.8 MiB lower, measured 14.41). The plan kept: of those
+    ilp's, predicted 0.8 MiB lower, measured 14.41), and so is a coarse plan
+    that no solver of ours chooses, every child of the model a region
+    (ResNet-18: predicted 95.26 MiB, over the floor's 93.76, measured 116.17
+    against the floor plan's 120.44: inductor's channels-last copies are
+    made inside the regions it recomputes). The plan kept: of those
     measured at or under the target, the least predicted recompute time (the
     largest budget on a tie); none fitting, the least measured peak
     (``reached`` False).
@@ -72,6 +76,7 @@ class Fit:
     point: Point | None = None
     reached: bool = False
     at_floor: bool = False
+    label: str = ""
     floor: int | None = None
     solves: int = 0
     compiles: int = 0
@@ -88,13 +93,14 @@ class Search:
         key: what makes two plans the same (so one is compiled once).
         cost: the plan's predicted recompute time (lower is faster).
         plain: the unplanned step's (predicted, measured), a point that no solve returns: it brackets from above.
-        others: each returns another solver's least-peak plan, measured when ``solve``'s floor plan is over a
-            target (kept apart from the brackets: its budgets are another solver's).
+        others: (label, plan) pairs: each returns another plan (another solver's least-peak plan: label
+            "floor plan"), measured once when ``solve``'s floor plan is over a target (kept apart from the
+            brackets: its budget is not ``solve``'s); the label names it in :attr:`Fit.label`.
     """
 
     def __init__(self, solve: Callable[[int], Any], measure: Callable[[Any], int], predict: Callable[[Any], int],
                  key: Callable[[Any], Hashable], cost: Callable[[Any], float],
-                 plain: tuple[int, int] | None = None, others: Sequence[Callable[[], Any]] = ()) -> None:
+                 plain: tuple[int, int] | None = None, others: Sequence[tuple[str, Callable[[], Any]]] = ()) -> None:
         self._solve, self._measure, self._predict, self._key, self._cost = solve, measure, predict, key, cost
         self._others = list(others)
         self.points: list[Point] = []
@@ -103,6 +109,7 @@ class Search:
         self.floor: int | None = None
         self.floor_tried = False
         self.floor_keys: set[Hashable] = set()
+        self.labels: dict[Hashable, str] = {}
         if plain is not None:
             self.points.append(Point(budget=plain[0], predicted=plain[0], measured=plain[1], key="unplanned"))
 
@@ -175,9 +182,12 @@ class Search:
     def _other_floors(self, out: Fit) -> None:
         """Each other solver's least-peak plan, measured once per search (one compile each, when new)."""
         while self._others:
-            plan = self._others.pop(0)()
+            label, make = self._others.pop(0)
+            plan = make()
             key = self._key(plan)
-            self.floor_keys.add(key)
+            self.labels.setdefault(key, label)
+            if label == "floor plan":
+                self.floor_keys.add(key)
             if key in self.measured:
                 continue
             out.solves, out.compiles = out.solves + 1, out.compiles + 1
@@ -199,6 +209,7 @@ class Search:
             out.point = min(mine, key=lambda p: (p.measured, p.cost))
         out.reached = bool(fits)
         out.at_floor = out.point is not None and out.point.key in self.floor_keys
+        out.label = "" if out.point is None else ("floor plan" if out.at_floor else self.labels.get(out.point.key, ""))
         log.info("compile: target %.2f MiB -> %s after %d solves, %d compiles", target / 2**20,
                  "none" if out.point is None else f"{out.point.measured / 2**20:.2f} MiB measured "
                  f"({out.point.predicted / 2**20:.2f} predicted)", out.solves, out.compiles)

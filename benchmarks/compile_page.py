@@ -33,7 +33,8 @@ def _wins(theirs: dict[str, Any], ours: dict[str, Any]) -> bool:
 
 
 def _ours_cell(o: dict[str, Any]) -> str:
-    notes = (["floor plan"] if o.get("at_floor") else []) + ([] if o.get("reached") else ["over"])
+    label = o.get("label", "floor plan" if o.get("at_floor") else "")
+    notes = ([label] if label else []) + ([] if o.get("reached") else ["over"])
     return _mib(o["peak_bytes"]) + (f" ({', '.join(notes)})" if notes else "")
 
 
@@ -143,7 +144,8 @@ def claims(doc: dict[str, Any]) -> list[str]:
         why = []
         if o["peak_bytes"] > t["peak_bytes"]:
             least = f", our least prediction {_mib(o['floor_bytes'])} MiB" if "floor_bytes" in o else ""
-            plan = " (our floor's plan)" if o.get("at_floor") else ""
+            label = o.get("label", "floor plan" if o.get("at_floor") else "")
+            plan = f" (our {label})" if label else ""
             why.append(f"ours {_mib(o['peak_bytes'])} MiB{plan} against {_mib(t['peak_bytes'])} after {o['solves']} "
                        f"solves{least}")
         if "time_s" in o and o["time_s"] > t["time_s"]:

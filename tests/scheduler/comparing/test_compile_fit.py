@@ -123,8 +123,18 @@ def test_when_the_floors_plan_is_over_another_solvers_least_peak_plan_is_measure
 
     search = Search(menu.solve, measure, lambda k: int(21.0 * MIB) if k == "other" else menu.predicted[k],
                     key=lambda k: k, cost=lambda k: 9 if k == "other" else k,
-                    plain=(menu.predicted[0], int(menu.predicted[0] * 0.66)), others=[other_floor])
+                    plain=(menu.predicted[0], int(menu.predicted[0] * 0.66)), others=[("floor plan", other_floor)])
     fit = search.fit(int(15.0 * MIB))
-    assert fit.point.plan == "other" and fit.reached and fit.at_floor
+    assert fit.point.plan == "other" and fit.reached and fit.at_floor and fit.label == "floor plan"
     again = search.fit(int(14.0 * MIB))
     assert asked == [1] and not again.reached and again.point.plan == "other"  # measured once, the lowest kept
+
+
+def test_a_labelled_plan_of_no_solver_is_measured_and_named_when_it_is_kept():
+    menu = llama_like()
+    search = Search(menu.solve, lambda k: int(15.5 * MIB) if k == "coarse" else menu.measure(k),
+                    lambda k: int(22.0 * MIB) if k == "coarse" else menu.predicted[k], key=lambda k: k,
+                    cost=lambda k: 5 if k == "coarse" else k, plain=(menu.predicted[0], int(menu.predicted[0] * 0.66)),
+                    others=[("coarse plan", lambda: "coarse")])
+    fit = search.fit(int(16.0 * MIB))  # under the floor's plan (17.4): the coarse plan (15.5) fits
+    assert fit.point.plan == "coarse" and fit.reached and fit.label == "coarse plan" and not fit.at_floor
