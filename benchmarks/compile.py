@@ -9,10 +9,16 @@ the loss, on one torch thread, in one process:
 * compile's own knob, ``torch._functorch.config.activation_memory_budget``
   at 0.1, 0.3, 0.5, 0.7 and 0.9 (every call of that model runs inside the
   config patch);
-* our plan (``dp``, kept nodes on: NOTE [ Kept calls under torch.compile ]; LM heads in ``CHUNKS``)
-  solved at each of their measured peaks, applied onto a copy of the model and compiled with
-  inductor at budget 1.0; solved again aimed by what it measured (at most ``SOLVES`` times);
-* our plan below compile's least peak (``BELOW`` of it), where ours reaches.
+* our plan (``ilp`` over regions and kept calls: NOTE [ Kept calls under torch.compile ]; LM heads in
+  ``CHUNKS``) for each of their measured peaks, applied onto a copy of the model and compiled with
+  inductor at budget 1.0, its eager budget searched by what the plans measure (NOTE [ Compile-aware
+  budget ] in ``benchmarks/compile_fit.py``: at most ``SOLVES`` solves and ``COMPILES`` compiles a row);
+* our plan below compile's least peak (``BELOW`` of it), where ours reaches; under our least feasible
+  eager budget, the floor's plan measured;
+* where ours at its floor measures over a target, dp's least-peak plan and a coarse plan of no
+  solver's (every child of the model a region) are measured too;
+* where inductor's unplanned step measures over our prediction (ResNet-18), that step again with
+  inductor's layout optimization off: what the channels-last copies cost.
 
 Peaks are the allocator's (the profiler's memory events, whole step:
 ``scheduler.measuring.steps.allocator_step_peak``); the step time of a pair is
@@ -42,6 +48,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from benchmarks.compile_fit import Fit, Search
 from benchmarks.pages import out_dir, write_page
 
 log = logging.getLogger("benchmarks.compile")
@@ -49,14 +56,19 @@ log = logging.getLogger("benchmarks.compile")
 #: torch intra-op threads while measuring (the machine is shared: one thread is steadier).
 THREADS = 1
 #: Alternated rounds per pair (median of each side's steps).
-REPEATS = 3
+REPEATS = 5
 #: torch.compile's activation_memory_budget fractions.
 FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)
-#: Solves of ours per row at most (the budget lowered while ours measures above the target).
-SOLVES = 3
+#: Solves and new compiles of ours per row at most (NOTE [ Compile-aware budget ]).
+SOLVES = 6
+COMPILES = 3
 #: Ours below compile's least peak: at this fraction of it.
 BELOW = 0.9
-SOLVER = "dp"
+SOLVER = "ilp"
+#: ilp plans over regions and the nodes they keep; these graphs solve in under a second.
+SOLVER_OPTIONS: dict[str, Any] = {"time_limit_s": 20}
+#: Solvers whose least-peak plan is measured too when ours at its floor measures over a target.
+OTHER_SOLVERS: tuple[tuple[str, dict[str, Any]], ...] = (("dp", {"selective": True}),)
 #: Chunk counts the solver may run a language model's head and loss in (NOTE [ Chunked head ]).
 CHUNKS = (1, 2, 4, 8)
 
@@ -214,58 +226,92 @@ def _key(plan: Any) -> tuple:
     return (tuple(plan.modules), tuple(plan.save_ops), tuple(plan.inner), tuple(plan.chunks))
 
 
-def ours_at(graph: Any, model: nn.Module, args: tuple, target: int, label: str,
-            made: dict[tuple, tuple[Side, int, Any]], chunks: tuple[int, ...] | None = None
-            ) -> tuple[Side | None, dict[str, Any]]:
-    """Our plan for a measured peak of at most ``target`` bytes, applied and compiled.
-
-    Solved at ``target`` first (at our least feasible budget when our eager prediction cannot reach it:
-    inductor often measures under it), then at the last plan's prediction less what it measured over the
-    target (down while ours measures above, up while under: a faster plan that still fits; inductor's
-    channels-last copies on a ResNet are a constant over the prediction), ``SOLVES`` solves at most; the fitting
-    plan solved at the largest budget is kept, else the lowest. ``made`` holds the plans compiled for this
-    model already (by regions and kept calls), so a plan found again is not compiled again."""
+def searcher(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int], made: dict[tuple, Side],
+             chunks: tuple[int, ...] | None) -> Search:
+    """The compile-aware search of one model (NOTE [ Compile-aware budget ]): our solver at an eager budget,
+    each new plan applied onto a copy of the model, compiled with inductor and measured; ``made`` keeps the
+    compiled copies (by plan) for the rounds that time them."""
     import scheduler
     from solvers.errors import InfeasibleBudget
 
-    budget, row = target, {"target_bytes": target, "solves": 0}
-    best: tuple[Side, dict[str, Any]] | None = None
-    tried: set[int] = set()
-    for _ in range(SOLVES):
-        row["solves"] += 1
-        try:
-            plan = scheduler.solve(graph, budget=budget, solver=SOLVER, selective=True, chunks=chunks)
-        except InfeasibleBudget as exc:
-            row["floor_bytes"] = exc.min_feasible_bytes
-            if budget >= exc.min_feasible_bytes or exc.min_feasible_bytes in tried:
-                break
-            budget = exc.min_feasible_bytes
-            tried.add(budget)
-            continue
-        key = _key(plan)
-        if key not in made:
-            planned = copy.deepcopy(model)
-            scheduler.apply(planned, plan)
-            side = compiled(label, planned, args)
-            made[key] = (side, side.peak(args), plan)
-        side, peak, plan = made[key]
-        got = dict(budget_bytes=budget, peak_bytes=peak, predicted_bytes=scheduler.simulate(graph, plan).peak_bytes,
-                   regions=len(plan.modules), kept=sum(len(r) for r in plan.save_ops), compile_s=side.compile_s)
-        fits = peak <= target
-        if best is None or (fits and (best[1]["peak_bytes"] > target or budget > best[1]["budget_bytes"])) or \
-                (not fits and best[1]["peak_bytes"] > target and peak < best[1]["peak_bytes"]):
-            best = (side, got)
-        # the next prediction aimed at the target less what inductor measured over (or under) this plan's prediction
-        new = max(int(got["predicted_bytes"] - (peak - target)), 1)
-        if new in tried or new == budget:
-            break
-        tried.add(budget)
-        budget = new
-    if best is None:
-        row["reached"] = False
+    def solve(budget: int) -> Any:
+        return scheduler.solve(graph, budget=budget, solver=SOLVER, chunks=chunks, **SOLVER_OPTIONS)
+
+    def least(solver: str, **options: Any) -> Callable[[], Any]:
+        def plan() -> Any:
+            try:
+                return scheduler.solve(graph, budget=1, solver=solver, chunks=chunks, **options)
+            except InfeasibleBudget as exc:
+                return scheduler.solve(graph, budget=exc.min_feasible_bytes, solver=solver, chunks=chunks, **options)
+        return plan
+
+    def measure(plan: Any) -> int:
+        planned = copy.deepcopy(model)
+        scheduler.apply(planned, plan)
+        side = made[_key(plan)] = compiled("ours", planned, args)
+        return side.peak(args)
+
+    def cost(plan: Any) -> float:  # simulated: a plan of no solver (the coarse one) carries no solver's figure
+        sim = scheduler.simulate(graph, plan)
+        return (sim.recompute_time_s or 0.0) + sum((sim.overhead_s or {}).values())
+
+    return Search(solve, measure, lambda plan: scheduler.simulate(graph, plan).peak_bytes, key=_key,
+                  cost=cost, plain=plain,
+                  others=[("floor plan", least(s, **o)) for s, o in OTHER_SOLVERS]
+                  + [("coarse plan", lambda: coarse_plan(graph))])
+
+
+def ours_row(fit: Fit, made: dict[tuple, Side]) -> tuple[Side | None, dict[str, Any]]:
+    """Our plan for a measured peak of at most ``fit.target`` bytes, and its row (NOTE [ Compile-aware budget ])."""
+    row: dict[str, Any] = {"target_bytes": fit.target, "solves": fit.solves, "compiles": fit.compiles,
+                           "reached": fit.reached, "at_floor": fit.at_floor, "label": fit.label,
+                           "tries": [[p.budget, p.predicted, p.measured] for p in fit.tries]}
+    if fit.floor is not None:
+        row["floor_bytes"] = fit.floor
+    if fit.point is None:
         return None, row
-    row.update(best[1], reached=best[1]["peak_bytes"] <= target)
-    return best[0], row
+    plan, side = fit.point.plan, made[fit.point.key]
+    row.update(budget_bytes=fit.point.budget, peak_bytes=fit.point.measured, predicted_bytes=fit.point.predicted,
+               regions=len(plan.modules), kept=sum(len(r) for r in plan.save_ops),
+               chunks=max((k for _, _, k in plan.chunks), default=1), compile_s=side.compile_s)
+    return side, row
+
+
+def fits_for(search: Search, targets: list[int], name: str) -> list[Fit | Exception]:
+    """Every target searched, lowest first (its points bracket the next ones), then each target's plan
+    chosen again among every point measured (NOTE [ Compile-aware budget ])."""
+    out: dict[int, Fit | Exception] = {}
+    for i in sorted(range(len(targets)), key=lambda i: targets[i]):
+        try:
+            out[i] = search.fit(targets[i], compiles=COMPILES, solves=SOLVES)
+        except Exception as exc:  # one failing row is a finding, not the end of the run
+            log.warning("compile: %s ours at %d B failed", name, targets[i], exc_info=True)
+            out[i] = exc
+    return [search.pick(f) if isinstance(f, Fit) else f for f in (out[i] for i in range(len(targets)))]
+
+
+def flat_layout(model: nn.Module, args: tuple, plain: Side, repeats: int) -> dict[str, Any]:
+    """Where inductor measures over our prediction: the unplanned step compiled with inductor's layout
+    optimization off (``torch._inductor.config.layout_optimization``: on, the convolutions run channels-last,
+    on channels-last copies of their weights that the compiled forward hands to the backward)."""
+    with torch._inductor.config.patch(layout_optimization=False):
+        flat = compiled("plain, layout_optimization off", copy.deepcopy(model), args)
+        times = rounds([plain, flat], args, repeats)
+        return {"peak_bytes": flat.peak(args), "time_s": times[1], "plain_time_s": times[0],
+                "compile_s": flat.compile_s}
+
+
+def coarse_plan(graph: Any) -> Any:
+    """A plan none of our solvers chooses: every child of the wrapped model (``m``) that is a call of the
+    graph its own region (NOTE [ Compile-aware budget ]: inductor may measure it under the floor's plan)."""
+    from solvers import Plan
+
+    spans = sorted((sp.first, sp.last) for sp in graph.spans if sp.module.count(".") == 1 and sp.module.startswith("m."))
+    regions: list[tuple[int, int]] = []
+    for a, b in spans:
+        if not regions or a > regions[-1][1]:
+            regions.append((a, b))
+    return Plan.from_regions(graph, regions)
 
 
 def run_model(name: str, opts: dict[str, int], fractions: tuple[float, ...], repeats: int) -> dict[str, Any]:
@@ -285,46 +331,48 @@ def run_model(name: str, opts: dict[str, int], fractions: tuple[float, ...], rep
                              "rows": []}
     log.info("compile: %s plain %.1f MiB, compiled in %.0f s", name, entry["plain"]["peak_bytes"] / 2**20,
              plain.compile_s)
-    least = None
-    made: dict[tuple, tuple[Side, int, Any]] = {}
+    if entry["plain"]["peak_bytes"] > entry["plain"]["predicted_bytes"]:
+        entry["plain"]["flat"] = flat_layout(model, args, plain, repeats)
+    made: dict[tuple, Side] = {}
     chunks = CHUNKS if isinstance(model, LmStep) else None  # the head and its loss in row chunks
+    search = searcher(graph, model, args, (entry["plain"]["predicted_bytes"], entry["plain"]["peak_bytes"]), made,
+                      chunks)
+    theirs: list[tuple[Side, dict[str, Any]]] = []
     for f in fractions:
-        theirs = compiled(f"compile@{f:g}", copy.deepcopy(model), args, fraction=f)
-        their = {"fraction": f, "peak_bytes": theirs.peak(args), "compile_s": theirs.compile_s}
-        theirs.call(args)
-        their["grad_diff"] = grad_diff(theirs, reference)
-        least = their["peak_bytes"] if least is None else min(least, their["peak_bytes"])
-        try:
-            side, ours = ours_at(graph, model, args, their["peak_bytes"], f"ours@{f:g}", made, chunks)
-        except Exception as exc:  # one failing row is a finding, not the end of the run
-            log.warning("compile: %s ours@%g failed", name, f, exc_info=True)
-            side, ours = None, {"target_bytes": their["peak_bytes"], "solves": 0, "reached": False,
-                                "reason": f"{type(exc).__name__}: {exc}"[:200]}
+        side = compiled(f"compile@{f:g}", copy.deepcopy(model), args, fraction=f)
+        their = {"fraction": f, "peak_bytes": side.peak(args), "compile_s": side.compile_s}
+        side.call(args)
+        their["grad_diff"] = grad_diff(side, reference)
+        theirs.append((side, their))
+    least = min(t["peak_bytes"] for _, t in theirs)
+    targets = [t["peak_bytes"] for _, t in theirs] + [int(least * BELOW)]
+    rows = []
+    for fit in fits_for(search, targets, name):
+        if isinstance(fit, Exception):
+            rows.append((None, {"solves": 0, "reached": False, "reason": f"{type(fit).__name__}: {fit}"[:200]}))
+            continue
+        side, ours = ours_row(fit, made)
         if side is not None:
             side.call(args)
             ours["grad_diff"] = grad_diff(side, reference)
-        pair = [plain, theirs] + ([side] if side is not None else [])
-        times = rounds(pair, args, repeats)
+        rows.append((side, ours))
+    for (theirs_side, their), (side, ours) in zip(theirs, rows):
+        times = rounds([plain, theirs_side] + ([side] if side is not None else []), args, repeats)
         their["time_s"] = times[1]
         if len(times) > 2:
             ours["time_s"] = times[2]
         entry["rows"].append({"theirs": their, "ours": ours, "plain_time_s": times[0]})
-        log.info("compile: %s @%g theirs %.1f MiB %.1f ms, ours %s", name, f, their["peak_bytes"] / 2**20,
-                 their["time_s"] * 1e3, {k: v for k, v in ours.items() if k in ("peak_bytes", "time_s", "solves")})
-        del theirs, pair
-    try:
-        side, below = ours_at(graph, model, args, int(least * BELOW), "ours below", made, chunks)
-    except Exception as exc:
-        log.warning("compile: %s ours below failed", name, exc_info=True)
-        side, below = None, {"solves": 0, "reached": False, "reason": f"{type(exc).__name__}: {exc}"[:200]}
+        log.info("compile: %s @%g theirs %.1f MiB %.1f ms, ours %s", name, their["fraction"],
+                 their["peak_bytes"] / 2**20, their["time_s"] * 1e3,
+                 {k: v for k, v in ours.items() if k in ("peak_bytes", "time_s", "solves")})
+    side, below = rows[-1]
     if side is not None:
-        side.call(args)
-        below["grad_diff"] = grad_diff(side, reference)
         times = rounds([plain, side], args, repeats)
         below["time_s"], below["plain_time_s"] = times[1], times[0]
     entry["below"] = below
     entry["least_theirs_bytes"] = least
     made.clear()
+    theirs.clear()
     torch._dynamo.reset()
     entry["wall_s"] = time.perf_counter() - t0
     return entry
@@ -337,7 +385,8 @@ def run(quick: bool = False, done: Callable[[dict[str, Any]], None] | None = Non
     repeats = 2 if quick else REPEATS
     out: dict[str, Any] = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
                            "torch": torch.__version__, "python": sys.executable, "threads": THREADS,
-                           "repeats": repeats, "solver": SOLVER, "fractions": list(fractions), "models": []}
+                           "repeats": repeats, "solver": SOLVER, "fractions": list(fractions), "solves": SOLVES,
+                           "compiles": COMPILES, "chunks": max(CHUNKS), "below": BELOW, "models": []}
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     limits = torch._dynamo.config.patch(recompile_limit=64)  # every side compiled apart: own_backend
@@ -358,127 +407,10 @@ def run(quick: bool = False, done: Callable[[dict[str, Any]], None] | None = Non
     return out
 
 
-# --------------------------------------------------------------------------- the page
-def _mib(b: Any) -> str:
-    return f"{b / 2**20:.2f}" if isinstance(b, (int, float)) else "-"
-
-
-def _ms(s: Any) -> str:
-    return f"{s * 1e3:.1f}" if isinstance(s, (int, float)) else "-"
-
-
-def _diff(d: Any) -> str:
-    return "0" if d == 0 else (f"{d:.1e}" if isinstance(d, float) else "-")
-
-
-TITLE = "Our plans compiled with inductor against torch.compile's activation memory budget"
-
-
-def _pairs(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    return [(m["model"], r["theirs"], r["ours"]) for m in doc["models"] if "rows" in m for r in m["rows"]]
-
-
-def _wins(theirs: dict[str, Any], ours: dict[str, Any]) -> bool:
-    return bool(ours.get("reached")) and ours["peak_bytes"] <= theirs["peak_bytes"] and \
-        ours.get("time_s", float("inf")) <= theirs["time_s"]
-
-
-def report(doc: dict[str, Any]) -> str:
-    """The Markdown page below its title and header."""
-    lines = [
-        f"torch {doc['torch']} ({doc['python']}: the venv of `thirdparty`, which has torchvision), inductor, "
-        f"{doc['threads']} torch thread; our solver `{doc['solver']}` with kept nodes (saved under compile by "
-        "torch's selective checkpoint, NOTE [ Kept calls under torch.compile ]).",
-        "",
-        "Each row: compile's own knob `torch._functorch.config.activation_memory_budget` at the row's fraction, "
-        "and our plan solved with compile's measured peak as its budget (solved again, up to "
-        f"{SOLVES} times, at its prediction less what it measured over that peak, or plus what under; the fitting "
-        "plan solved at the largest budget kept; language models' heads and losses in up to "
-        f"{max(CHUNKS)} row chunks), applied onto a copy of the model and compiled with inductor "
-        "at budget 1.0. Peaks: the allocator's (profiler memory events), whole step. Times: median of "
-        f"{doc['repeats']} alternated rounds of the compiled unplanned step, compile's and ours. `pred`: our "
-        "plan's `simulate` peak (an eager prediction, the bound for compiled runs). Gradients: the largest "
-        "difference from the compiled unplanned step's over its largest gradient (0: bitwise). Dropout off.",
-        "",
-        "| model | budget | compile MiB | compile ms | compile grads | ours MiB | pred MiB | ours ms | "
-        "ours/compile time | ours grads | solves | regions, kept calls |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for m in doc["models"]:
-        if "rows" not in m:
-            lines.append(f"| {m['model']} | | | | | | | | | | | skipped: {m.get('skipped')} |")
-            continue
-        p = m["plain"]
-        plain_ms = statistics.median(r["plain_time_s"] for r in m["rows"])
-        lines.append(f"| {m['model']} | plain (1.0) | {_mib(p['peak_bytes'])} | {_ms(plain_ms)} | 0 | | "
-                     f"{_mib(p['predicted_bytes'])} | | | | | |")
-        for r in m["rows"]:
-            t, o = r["theirs"], r["ours"]
-            if not o.get("reached") and "peak_bytes" not in o:
-                lines.append(f"| {m['model']} | {t['fraction']:g} | {_mib(t['peak_bytes'])} | {_ms(t['time_s'])} | "
-                             f"{_diff(t['grad_diff'])} | no plan ({o.get('reason') or 'floor ' + _mib(o.get('floor_bytes'))}) | | | | | "
-                             f"{o['solves']} | |")
-                continue
-            ratio = f"{o['time_s'] / t['time_s']:.3f}" if "time_s" in o else "-"
-            lines.append(f"| {m['model']} | {t['fraction']:g} | {_mib(t['peak_bytes'])} | {_ms(t['time_s'])} | "
-                         f"{_diff(t['grad_diff'])} | {_mib(o['peak_bytes'])} | {_mib(o['predicted_bytes'])} | "
-                         f"{_ms(o.get('time_s'))} | {ratio} | {_diff(o.get('grad_diff'))} | {o['solves']} | "
-                         f"{o['regions']}, {o['kept']} |")
-        b = m["below"]
-        if "peak_bytes" in b:
-            lines.append(f"| {m['model']} | ours below {BELOW:g} x {_mib(m['least_theirs_bytes'])} | | | | "
-                         f"{_mib(b['peak_bytes'])} | {_mib(b['predicted_bytes'])} | {_ms(b.get('time_s'))} | | "
-                         f"{_diff(b.get('grad_diff'))} | {b['solves']} | {b['regions']}, {b['kept']} |")
-        else:
-            lines.append(f"| {m['model']} | ours below {BELOW:g} x {_mib(m['least_theirs_bytes'])} | | | | no plan "
-                         f"(floor {_mib(b.get('floor_bytes'))}) | | | | | {b['solves']} | |")
-    lines += ["", "## What it shows", ""] + claims(doc)
-    lines += ["", "Model sizes: " + "; ".join(
-        f"{m['model']} {m['options']}" + (f" ({m['graph_nodes']} nodes, plain compile {m['plain']['compile_s']:.0f} s, "
-                                          f"{m['wall_s']:.0f} s in all)" if "rows" in m else "")
-        for m in doc["models"]), ""]
-    return "\n".join(lines)
-
-
-def claims(doc: dict[str, Any]) -> list[str]:
-    """The headline lines: where ours is at least as fast at no larger peak, and where not, in numbers."""
-    pairs = _pairs(doc)
-    wins = [(n, t) for n, t, o in pairs if _wins(t, o)]
-    won = ", ".join(f"{n}@{t['fraction']:g}" for n, t in wins) or "none"
-    out = [f"- ours at least as fast at no larger peak: {len(wins)} of {len(pairs)} budgets ({won})"]
-    for n, t, o in pairs:
-        if _wins(t, o):
-            continue
-        if not o.get("reached") and "peak_bytes" not in o:
-            out.append(f"  - {n}@{t['fraction']:g}: no plan of ours at {_mib(t['peak_bytes'])} MiB (our least "
-                       f"{_mib(o.get('floor_bytes'))} MiB)")
-            continue
-        why = []
-        if o["peak_bytes"] > t["peak_bytes"]:
-            least = f", our least prediction {_mib(o['floor_bytes'])} MiB" if "floor_bytes" in o else ""
-            why.append(f"ours {_mib(o['peak_bytes'])} MiB against {_mib(t['peak_bytes'])} after {o['solves']} solves{least}")
-        if "time_s" in o and o["time_s"] > t["time_s"]:
-            why.append(f"ours {_ms(o['time_s'])} ms against {_ms(t['time_s'])} ({o['time_s'] / t['time_s']:.3f})")
-        out.append(f"  - {n}@{t['fraction']:g}: " + "; ".join(why))
-    below = [(m["model"], m["below"], m["least_theirs_bytes"]) for m in doc["models"] if "below" in m]
-    out.append("- ours below compile's least peak: " + "; ".join(
-        f"{n} {_mib(b['peak_bytes'])} MiB against {_mib(least)}" if b.get("peak_bytes", least) < least
-        else f"{n} not reached ({_mib(b.get('peak_bytes', b.get('floor_bytes')))} MiB against {_mib(least)})"
-        for n, b, least in below))
-    ours = [o for _, _, o in pairs if "peak_bytes" in o] + [b for _, b, _ in below if "peak_bytes" in b]
-    under = [o for o in ours if o["peak_bytes"] <= o["predicted_bytes"]]
-    worst = max((o["peak_bytes"] / o["predicted_bytes"] for o in ours), default=0.0)
-    out.append(f"- our measured peak under inductor at or under our (eager) prediction: {len(under)} of {len(ours)} "
-               f"(largest measured/predicted {worst:.3f})")
-    grads = [o.get("grad_diff") for o in ours if o.get("grad_diff") is not None]
-    theirs = [t["grad_diff"] for _, t, _ in pairs]
-    out.append(f"- gradients against the compiled unplanned step: ours at most {max(grads, default=0):.1e}, "
-               f"compile's at most {max(theirs, default=0):.1e} (relative to the largest gradient)")
-    return out
-
-
 def main(quick: bool = False) -> None:
     import importlib.util
+
+    from benchmarks.compile_page import TITLE, report
 
     if not quick and importlib.util.find_spec("torchvision") is None:  # make bench in the project's venv
         log.warning("compile: no torchvision in this venv, so the committed page is kept (run it in the venv of "
@@ -497,4 +429,6 @@ def main(quick: bool = False) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for quiet in ("solvers", "scheduler"):  # a solve and an apply per try: their progress is not this page's
+        logging.getLogger(quiet).setLevel(logging.WARNING)
     main(quick="--quick" in sys.argv[1:])
