@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 
-from graphs import Graph
+from graphs import SCALARS_META, Graph
 
 from .meter import RECOMPUTE
 from .plan import Plan
@@ -30,6 +30,9 @@ class NestedWalk(Walk):
         for (a, _), rng in self.inner_rng.items():
             rng_fwd[a] = rng_fwd.get(a, 0) + rng
         self.rng_fwd = rng_fwd
+        # the Python scalars each node's autograd node saves unpacked (NOTE [ Nested regions ]: the outer's recompute)
+        scalars = graph.meta.get(SCALARS_META) or {}
+        self.scalars = [int(scalars.get(nd.name, 0) or 0) for nd in graph.nodes] if scalars else None
 
     # ------------------------------------------------------------ backward
     def backward(self) -> None:
@@ -51,7 +54,9 @@ class NestedWalk(Walk):
                 outer_rng, self.rng_at = self.rng_at, {inner[0]: self.inner_rng.get(inner, 0)}
                 copies = self.inner_holds.pop(inner, [])
                 self._hold_saved_inputs(*inner, copies)
+                self.rec_scalars = self.scalars  # its recomputed nodes' Python scalars too (NOTE [ Nested regions ])
                 self._recompute(*inner)  # a one-level recompute, under its own fork_rng copy
+                self.rec_scalars = None
                 self.rng_at = outer_rng
                 for j in copies:  # the outer's copies of its inputs: released with the args
                     self._release_recomputed(j)
@@ -122,8 +127,12 @@ class NestedWalk(Walk):
         snapshot += self.rng_at.get(a, 0)
         self.act += snapshot
         inner_start = {x: (x, y) for x, y in inner}
+        scalars = self.scalars
         for k in range(a, stop):
             nd = nodes[k]
+            if scalars is not None and scalars[k]:  # held by this recompute's autograd nodes to its end
+                snapshot += scalars[k]
+                self.act += scalars[k]
             if k in inner_start:  # the inner checkpoint stores the generator state again, for its own recompute
                 rng = self.inner_rng.get(inner_start[k], 0)
                 self.inner_rng_held[inner_start[k]] = rng

@@ -114,6 +114,9 @@ class Walk:
         self.alive = [False] * n
         self.recompute_flops = 0
         self.recompute_cost = 0
+        # per node, the Python scalars its recomputed autograd node holds to the recompute's end; charged in an
+        # inner region's recompute only (NOTE [ Nested regions ] in solvers.model.nested), None elsewhere
+        self.rec_scalars: list[int] | None = None
 
     def _holders(self) -> None:
         """hold[j]: number of holders of the forward copy of tensor j;
@@ -254,6 +257,9 @@ class Walk:
             else:
                 self.recompute_flops += nd.fwd_flops
                 self.recompute_cost += self.costs[k]
+                if self.rec_scalars is not None and self.rec_scalars[k]:
+                    snapshot += self.rec_scalars[k]  # released with the snapshot, as the recompute ends
+                    self.act += self.rec_scalars[k]
                 self.act += self.out_b[k] + nd.saved_bytes
                 step(RECOMPUTE, k, self.act, self.agrad, self.pgrad, nd.workspace_bytes)
             if not self.rg[k]:
