@@ -93,7 +93,14 @@ NOTE [ Saved Python scalars ]
     without a term of its own. Each node's share is in
     ``meta["saved_scalars"]`` (by node name; not in the fingerprint): a
     pipeline stage holds its own nodes' once per micro-batch in flight
-    (NOTE [ What a rank holds ] in ``scheduler.distributed.ranks``).
+    (NOTE [ What a rank holds ] in ``scheduler.distributed.ranks``). A
+    recompute that runs such a node makes its copy again, held by the
+    recompute's autograd graph until the recompute ends: ``simulate``
+    charges those in the recomputes of a nested region (NOTE [ Nested
+    regions ] in ``solvers.model.nested``), not yet in a one-level
+    recompute, whose term would have to enter ``dp``'s, CP-SAT's and the
+    frontier program's tables as well (no one-level pair of the generator's
+    100 seeds measured over for it).
 
 NOTE [ Gradients of model inputs ]
     A model input that requires grad (a leaf the caller made with

@@ -45,6 +45,19 @@ NOTE [ Nested regions ]
       released every one of them there: plans measured up to 9 % over their
       prediction; ``tests/scheduler/applying/test_nested_truth.py`` holds
       the walk to the allocator on real modules.)
+    * Python scalars (NOTE [ Saved Python scalars ] in
+      ``scheduler.tracing.costs``): a node whose autograd node saves a wrapped
+      number (``scores / math.sqrt(d)``: ``DivBackward0`` saves the 8-byte
+      divisor) makes that copy again each time a recompute runs it, outside
+      the saved-tensor hooks, so neither checkpoint drops it: the recompute's
+      autograd graph holds it until that recompute ends. The outer's
+      recompute charges each node it runs its ``meta["saved_scalars"]`` from
+      that node's step to its end (inner nodes too: their autograd nodes
+      belong to the outer's recompute graph), and so does each inner region's
+      own recompute. (Uncharged until issue 33: nested plans on a manual
+      attention measured 8 bytes over their prediction,
+      ``tests/regressions/test_nested_saved_scalars.py``. The one-level
+      recompute does not charge them yet; see NOTE [ Saved Python scalars ].)
     * recompute cost: every node the outer's recompute runs, plus every node
       of every inner region once more.
 
