@@ -80,6 +80,7 @@ from .regions import RegionTerms
 from ..model.spans import SpanIndex
 from ..model.terms import terms_of
 from ..model.nested import nested_plan_inner
+from ..model.overheads import region_call_cost
 
 __all__ = ["FrontierDP", "FrontierResult", "FrontierTimeout", "width", "open_counts", "MAX_WIDTH", "TooWide"]
 
@@ -169,6 +170,8 @@ class FrontierDP(RegionTerms):
         # a recomputed copy awaits consumers until here (a held one, like a region output, to the end)
         self.last = np.minimum(np.where((lc >= 0) & ~na.sink, lc, n - 1), fs - 1)
         self.pflops = np.concatenate(([0], np.cumsum(na.flops)))
+        # NOTE [ Plan overheads ]: each region's call joins the objective (0 without overhead figures)
+        self.call = region_call_cost(graph)
         self.pstate = np.concatenate(([0], np.cumsum(na.state)))
         # NOTE [ RNG state per region ] in solvers.model.terms: a region with a stochastic node stores the state.
         self.rng = int(graph.rng_state_bytes)

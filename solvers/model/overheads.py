@@ -56,7 +56,7 @@ from ..errors import SolverInputError
 from .terms import region_rng_bytes
 
 __all__ = ["OVERHEADS_KEY", "TERMS", "Overheads", "graph_overheads", "overhead_seconds", "with_overheads",
-           "with_extra_time"]
+           "with_extra_time", "region_call_cost"]
 
 #: Where a graph carries its overhead figures: ``graph.meta["costs"][OVERHEADS_KEY]``.
 OVERHEADS_KEY = "overheads"
@@ -130,6 +130,16 @@ def graph_overheads(graph: Graph) -> Overheads | None:
     except (TypeError, ValueError):
         return None
     return None if out.zero else out
+
+
+def region_call_cost(graph: Graph) -> int:
+    """One region's call (``region_s``) in the graph's cost units (FLOP-equivalents), 0 without figures: what
+    the exact solvers add to their objective per region (NOTE [ Plan overheads ])."""
+    o = graph_overheads(graph)
+    rate = (graph.meta.get(COSTS_META) or {}).get("flops_per_s")
+    if o is None or not o.region_s or not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate <= 0:
+        return 0
+    return int(round(o.region_s * float(rate)))
 
 
 def with_overheads(graph: Graph, overheads: Overheads | Mapping[str, Any]) -> Graph:
