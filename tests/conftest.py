@@ -34,6 +34,9 @@ def _pin_cpu_peaks() -> None:
             "measured_at": "fixed for the tests (tests/conftest.py)"}
     with open(os.path.join(folder, "plan_overheads.json"), "w", encoding="utf-8") as fh:
         json.dump({key: zero for key in entries}, fh)
+    # NOTE [ Measured op classes ]: no class timed (a clock), the plain roofline
+    with open(os.path.join(folder, "op_classes.json"), "w", encoding="utf-8") as fh:
+        json.dump({"classes": []}, fh)
     os.environ[CACHE_ENV] = folder
 
 

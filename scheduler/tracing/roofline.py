@@ -57,12 +57,20 @@ if TYPE_CHECKING:  # torch is imported where measured: the CLI's help lists DEVI
     from .records import OpRecord
 
 __all__ = ["DevicePeaks", "DEVICES", "DEFAULT_DEVICE", "UnknownDevice", "lookup_device",
-           "kernel_time_s", "record_time_s", "roofline_records", "model_dtype"]
+           "kernel_time_s", "record_time_s", "roofline_records", "model_dtype", "OP_CLASSES", "op_class"]
 
 log = logging.getLogger(__name__)
 
 #: The GPU a ``meta`` model plans for (``target="cuda"``), and the one priced for a GPU missing from :data:`DEVICES`.
 DEFAULT_DEVICE = "H100"
+#: Op classes whose forward calls a CPU trace times at their shapes (NOTE [ Measured op classes ] in
+#: ``scheduler.tracing.opclasses``): a call is of a class when the class's name is in its ATen overload's.
+OP_CLASSES = ("convolution", "batch_norm", "max_pool")
+
+
+def op_class(op: str) -> str | None:
+    """The class of :data:`OP_CLASSES` an ATen overload (``aten.convolution.default``) is of, or None."""
+    return next((c for c in OP_CLASSES if c in op), None)
 
 
 def _positive(v: Any) -> bool:
@@ -182,8 +190,14 @@ def kernel_time_s(flops: int, nbytes: int, dtype: str, peaks: DevicePeaks, rando
 
 
 def record_time_s(record: OpRecord, peaks: DevicePeaks) -> float:
-    """A traced node's roofline time: the sum over the kernels it runs (0 for views)."""
-    return sum(kernel_time_s(f, b, dt, peaks, r) for dt, f, b, r in record.kernels)
+    """A traced node's roofline time: the sum over the kernels it runs (0 for views); the kernels of a class
+    timed at their shapes take the measured time instead (NOTE [ Measured op classes ])."""
+    timed = dict(record.class_times)
+    if not timed or len(record.kernel_ops) != len(record.kernels):
+        return sum(kernel_time_s(f, b, dt, peaks, r) for dt, f, b, r in record.kernels)
+    rest = sum(kernel_time_s(f, b, dt, peaks, r) for (dt, f, b, r), op in zip(record.kernels, record.kernel_ops)
+               if op_class(op) not in timed)
+    return rest + sum(timed.values())
 
 
 def roofline_records(records: Sequence[OpRecord], peaks: DevicePeaks, dtype: str

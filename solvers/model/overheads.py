@@ -37,8 +37,12 @@ NOTE [ Plan overheads ]
     In the solvers' units a term is ``seconds * flops_per_s`` (the graph's
     rate): ``Simulation.overhead_cost``, and ``total_cost`` = recompute +
     overheads is what menus and selections minimise (chunk counts, nested
-    or one-level, the cheapest of several solvers' plans) and what the
-    region-merging pass lowers (``solvers.merge``). A graph without
+    or one-level, the cheapest of several solvers' plans, ``ilp``'s optima
+    with and without kept nodes) and what the region-merging pass lowers
+    (``solvers.merge``). ``ilp``'s frontier program adds each region's call
+    (:func:`region_call_cost`) to every region's recompute in its objective
+    (``solvers.frontier.regions``), so it trades recompute for fewer calls
+    where that pays; ``dp`` and the CP-SAT model do not yet. A graph without
     overhead figures (traced before them, or hand-built) prices them at
     zero: its plans are chosen as before.
 """
