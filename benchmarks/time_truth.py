@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 VOCAB, HIDDEN, LAYERS, SEQ = 32000, 256, 2, 256
 TIME_LIMIT_S = 20.0
-HEAD_PAIRS, CANDIDATE_PAIRS = 9, 4
+HEAD_PAIRS, CANDIDATE_PAIRS = 9, 6
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -341,7 +341,9 @@ def summarise(res: dict) -> dict:
 def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float) -> list[str]:
     out = ["Step time of the libraries' own checkpointing and of our plan at their peak, and how well the cost "
            "model (recompute plus what a plan adds: NOTE [ Plan overheads ] in `solvers/model/overheads.py`) "
-           "predicts the extra time of candidate plans. One thread; the load average (1 min) at the start and end "
+           "predicts the extra time of candidate plans (`ilp`'s program prices each region's call; convolutions, "
+           "BatchNorm and max pooling are timed at their shapes: NOTE [ Measured op classes ] in "
+           "`scheduler/tracing/opclasses.py`). One thread; the load average (1 min) at the start and end "
            "of each model is in its row: the machine is shared, so times move with it. "
            f"Suite wall time {wall_s:.0f} s.",
            "", "## At their peak", "",
