@@ -14,9 +14,10 @@ project's ResNet, small; DenseNet-121 where torchvision imports), one thread:
   best of two timed steps), wall and CPU time, median with min-max;
 * candidates: several plans at their peak and at a lower budget (the pick,
   ``ilp`` without chunks or kept ops, ``dp``, ``chen-greedy``, forced chunk
-  counts), each timed against the plain step in alternated pairs: measured
-  extra time (the least planned step less the least plain step over the
-  pairs' turns, each the best of two timed steps) beside the predicted one
+  counts), timed with the plain step in rounds over all of a budget's plans
+  (ABC CBA...): measured extra time (the least planned step less the least
+  plain step over the rounds, each turn the best of two timed steps) beside
+  the predicted one
   (``findings["extra_time_s"]``: recompute plus overheads), Kendall's tau of
   the two orders, and at each budget the regret of the pick against the
   fastest candidate measured there.
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 
 VOCAB, HIDDEN, LAYERS, SEQ = 32000, 256, 2, 256
 TIME_LIMIT_S = 20.0
-HEAD_PAIRS, CANDIDATE_PAIRS = 9, 6
+HEAD_PAIRS, CANDIDATE_PAIRS = 9, 8
 #: Timed steps per turn of a candidate (the best is the turn's), after its warm-up step.
 TIMED = 2
 
@@ -194,6 +195,29 @@ def alternate(step: Callable[[], None], a: Side, b: Side, pairs: int, timed: int
     return out["a"], out["b"]
 
 
+def round_robin(step: Callable[[], None], sides: Sequence[Side], rounds: int, timed: int = 2
+                ) -> list[list[tuple[float, float]]]:
+    """``rounds`` rounds over every side in turn, the order reversed every other round (ABC CBA...): per side
+    and round the best ``(wall, cpu)`` of ``timed`` steps after one warm-up step. Every candidate of a budget
+    and the plain step share the same stretch of a shared machine's load, as a pair's two sides do."""
+    out: list[list[tuple[float, float]]] = [[] for _ in sides]
+    for r in range(rounds):
+        order = range(len(sides)) if r % 2 == 0 else reversed(range(len(sides)))
+        for i in order:
+            sides[i].on()
+            try:
+                step()
+                best = (float("inf"), float("inf"))
+                for _ in range(timed):
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    step()
+                    best = min(best, (time.perf_counter() - w0, time.process_time() - c0))
+                out[i].append(best)
+            finally:
+                sides[i].off()
+    return out
+
+
 def least(turns: list[tuple[float, float]], i: int) -> float:
     """The least ``(wall, cpu)[i]`` over a side's turns: on a shared machine interference only adds time, so the
     least of several alternated turns is the step's own time (extra times are differences of these)."""
@@ -286,8 +310,10 @@ def run_model(name: str, head_pairs: int, pairs: int) -> dict:
     low = their_peak if floor is None else floor + (their_peak - floor) // 2
     rows = []
     for budget in dict.fromkeys((their_peak, low)):
-        for label, plan in _candidates(graph, budget, lm):
-            plain, planned = alternate(step, _PLAIN, _ours(model, plan), pairs, timed=TIMED)
+        cands = _candidates(graph, budget, lm)
+        turns = round_robin(step, [_PLAIN] + [_ours(model, plan) for _, plan in cands], pairs, timed=TIMED)
+        plain = turns[0]
+        for (label, plan), planned in zip(cands, turns[1:]):
             rows.append(dict(budget=budget, label=label, plan=plan, predicted=plan.findings.get("extra_time_s"),
                              recompute=plan.findings.get("extra_recompute_s"),
                              measured=least(planned, 1) - least(plain, 1), wall=least(planned, 0) - least(plain, 0),
@@ -335,7 +361,7 @@ def summarise(res: dict) -> dict:
     for budget in dict.fromkeys(r["budget"] for r in rows):
         at = [r for r in rows if r["budget"] == budget]
         pick = next((r for r in at if r["label"].startswith("pick")), None)
-        if pick is not None:  # each candidate's step over the plain step it alternated with: load drifts between
+        if pick is not None:  # each candidate's step over the plain step of its rounds (one for the budget's plans)
             best = min(at, key=lambda r: r["step"] / r["plain"])
             regrets.append((pick["step"] / pick["plain"]) / (best["step"] / best["plain"]) - 1)
     ordered = sorted(rows, key=lambda r: r["measured"])
@@ -365,12 +391,13 @@ def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float) -> list
                    f"{r['pairs']} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |")
     out += ["", "## Predicted against measured extra time", "",
             "Extra time = the planned step less the plain step (no checkpointing), each the least over "
-            f"{CANDIDATE_PAIRS} alternated turns of {TIMED} timed steps (interference on a shared machine only adds "
-            "time; the median of the pairs' differences is beside it), in "
+            f"{CANDIDATE_PAIRS} rounds over the plain step and every candidate of the budget in turn (ABC CBA...), "
+            f"a turn the best of {TIMED} timed steps after a warm-up (interference on a shared machine only adds "
+            "time; the median of the rounds' differences is beside it), in "
             "CPU time (the process's: on a shared machine it moves less with the load than wall time, which is "
             "shown beside it). "
             "Tau: Kendall's tau-b of the candidates' predicted and measured orders. Regret: our pick's step over "
-            "the plain step it alternated with, over the same for the fastest candidate measured at the same "
+            "the plain step of its rounds, over the same for the fastest candidate measured at the same "
             "budget, less 1 (the worst of the two budgets). "
             "Error: (predicted - measured) / measured on the candidate with the median measured extra time.", "",
             "| model | candidates | tau | regret | median plan | predicted ms | measured ms | error |",
@@ -385,7 +412,7 @@ def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float) -> list
                    f"{_ms(m and m['predicted'])} | {_ms(m and m['measured'])} | {err} |")
     for r in results:
         out += ["", f"### {r['model']}", "",
-                "| budget | candidate | plan | predicted ms (recompute) | measured ms CPU (wall; median of pairs) | "
+                "| budget | candidate | plan | predicted ms (recompute) | measured ms CPU (wall; median of rounds) | "
                 "step ms CPU | plain ms CPU |", "|---|---|---|---|---|---|---|"]
         for c in r["rows"]:
             out.append(f"| {format_bytes(c['budget'])} | {c['label']} | {_what(c['plan'])} | {_ms(c['predicted'])} "
