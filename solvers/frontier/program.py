@@ -28,7 +28,10 @@ NOTE [ The frontier DP ]
     interval plans: the same set ``ilp`` and the brute force search. On a
     graph with spans only the ``[p, b]`` that are spans extend a front
     (NOTE [ Module-aligned regions ] in ``graphs.graph``): exact over the
-    span-only plans, and a start where no span begins costs nothing.
+    span-only plans, and a start where no span begins costs nothing. A
+    region's cost is its recompute plus its call (``region_call_cost``,
+    NOTE [ Plan overheads ] in ``solvers.model.overheads``; 0 without
+    overhead figures), so "FLOPs" here is recompute plus calls.
 
     The states per boundary are ``2 ** open``, so the program is for graphs
     where few tensors cross any position (a transformer: the residual stream,

@@ -18,9 +18,10 @@ NOTE [ Plan overheads ]
     * ``selective``: in a region whose plan keeps calls, every ATen call
       passes through our dispatch modes in the forward and again in the
       recompute (NOTE [ Selective checkpoint policies ] in
-      ``scheduler.applying.selective``): ``selective_op_s`` per node of the
+      ``scheduler.applying.selective``): ``selective_op_s`` per call of the
       region twice, and ``kept_call_s`` per kept call (its store entry);
-      a node folding several ops is counted as one (an under-estimate there);
+      a node counts its ATen calls (``Node.dispatch``, at least one: a
+      ViT's regions run 164 calls in 92 nodes);
     * the chunk loop, per chunked call ``(first, last, k)`` with ``k > 1``,
       for each of its ``k - 1`` extra chunks: ``chunk_s`` for the loop
       itself (slicing, the per-chunk loss or the ``cat``), ``op_s`` (one
@@ -183,8 +184,8 @@ def overhead_seconds(graph: Graph, regions: Sequence[tuple[int, int]], saved: Se
     if saved and (o.selective_op_s or o.kept_call_s):
         kept = sorted(saved)
         selective = {r for r in regions if any(r[0] <= k <= r[1] for k in kept)}
-        out["selective"] = (2 * o.selective_op_s * sum(b - a + 1 for a, b in selective)
-                            + o.kept_call_s * len(kept))
+        calls = sum(max(1, len(run.nodes[i].dispatch)) for a, b in selective for i in range(a, b + 1))
+        out["selective"] = 2 * o.selective_op_s * calls + o.kept_call_s * len(kept)
     bandwidth = _bandwidth(graph)
     for first, last, k in chunks:
         if k <= 1:

@@ -214,3 +214,14 @@ def test_kept_nodes_are_taken_only_where_they_save_more_than_their_bookkeeping()
     assert simulate(dear, got).total_cost < simulate(dear, kept).total_cost
     cheap = _priced(lm_graph(blocks=2), selective_op_s=gap_s / 100)  # they cost less: the node is kept
     assert solvers.solve(cheap, budget, "ilp").saved == kept.saved
+
+
+def test_the_selective_bookkeeping_counts_every_aten_call_of_a_node():
+    g = _priced(lm_graph(blocks=2), selective_op_s=1e-6)
+    plan = Plan(regions=((1, 3),), saved=(1,))
+    one = simulate(g, plan).overhead_s["selective"]
+    assert one == pytest.approx(2 * 1e-6 * 3)  # nodes without a dispatch list: one call each
+    folded = dataclasses.replace(g, nodes=tuple(
+        dataclasses.replace(nd, dispatch=("aten.t.default", "aten.addmm.default", "aten.view.default"))
+        if nd.name == "out0" else nd for nd in g.nodes))  # a linear node: three calls through the modes
+    assert simulate(folded, plan).overhead_s["selective"] == pytest.approx(2 * 1e-6 * 5)
