@@ -200,7 +200,7 @@ def record_time_s(record: OpRecord, peaks: DevicePeaks) -> float:
     return rest + sum(timed.values())
 
 
-def roofline_records(records: Sequence[OpRecord], peaks: DevicePeaks, dtype: str
+def roofline_records(records: Sequence[OpRecord], peaks: DevicePeaks, dtype: str, recompute_op_s: float = 0.0
                      ) -> tuple[list[OpRecord], dict[str, Any]]:
     """``records`` with ``fwd_cost`` set to their roofline time in FLOP-equivalents.
 
@@ -208,16 +208,19 @@ def roofline_records(records: Sequence[OpRecord], peaks: DevicePeaks, dtype: str
         records: the measured nodes (with ``kernels``).
         peaks: the device priced for.
         dtype: the model's dtype; its peak FLOP/s converts seconds to FLOP-equivalents.
+        recompute_op_s: added per kernel: what running it again inside a checkpoint region costs beyond the
+            kernel (NOTE [ Plan overheads ] in ``solvers.model.overheads``; 0: none).
 
     Returns:
         ``(records, meta)``: ``meta`` is what goes in ``Graph.meta["costs"]``.
     """
     rate = peaks.peak(dtype)
-    times = [record_time_s(r, peaks) for r in records]
+    forward = [record_time_s(r, peaks) for r in records]
+    times = [t + recompute_op_s * len(r.kernels) for t, r in zip(forward, records)]
     out = [dataclasses.replace(r, fwd_cost=int(round(t * rate))) for r, t in zip(records, times)]
     meta = {"model": "roofline", "device": peaks.name, "peaks": peaks.to_dict(), "dtype": dtype,
-            "flops_per_s": rate, "forward_s": sum(times)}
-    log.info("roofline costs on %s: forward %.3g ms predicted", peaks.name, 1e3 * sum(times))
+            "flops_per_s": rate, "forward_s": sum(forward), "recompute_op_s": recompute_op_s}
+    log.info("roofline costs on %s: forward %.3g ms predicted", peaks.name, 1e3 * sum(forward))
     return out, meta
 
 

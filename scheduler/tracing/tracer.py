@@ -384,8 +384,8 @@ def _priced(records: list[OpRecord], costs: str, plan_for: Target, model: nn.Mod
     tensors = list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)]
     peaks = target_peaks(plan_for)
     dtype = model_dtype(list(model.parameters()) or tensors)
-    if costs == "roofline":
-        return roofline_records(records, peaks, dtype)
+    if costs == "roofline":  # a recomputed kernel's hooks and graph: the target's figure (NOTE [ Plan overheads ])
+        return roofline_records(records, peaks, dtype, target_overheads(plan_for.kind).recompute_op_s)
     return list(records), {"model": "flops", "device": peaks.name, "dtype": dtype, "flops_per_s": peaks.peak(dtype)}
 
 

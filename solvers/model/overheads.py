@@ -35,6 +35,13 @@ NOTE [ Plan overheads ]
       measured at a few row counts, ``gemm_rows``, interpolated in log rows;
       none without a table).
 
+    One more figure is no term of its own: ``recompute_op_s``, what a
+    kernel run again inside a checkpoint region costs beyond the kernel
+    (its saved-tensor hooks, the autograd graph built again), which the
+    roofline adds to each kernel of a node's recompute cost, ``fwd_cost``
+    (``scheduler.tracing.roofline.roofline_records``): so every solver
+    weighs it as recompute.
+
     In the solvers' units a term is ``seconds * flops_per_s`` (the graph's
     rate): ``Simulation.overhead_cost``, and ``total_cost`` = recompute +
     overheads is what menus and selections minimise (chunk counts, nested
@@ -67,7 +74,7 @@ __all__ = ["OVERHEADS_KEY", "TERMS", "Overheads", "graph_overheads", "overhead_s
 OVERHEADS_KEY = "overheads"
 #: The split of a plan's overheads, in the order reports print it.
 TERMS = ("regions", "rng", "selective", "chunk_loop", "chunk_launches", "chunk_accumulation", "chunk_gemm")
-_FIGURES = ("region_s", "random_region_s", "selective_op_s", "kept_call_s", "chunk_s", "op_s")
+_FIGURES = ("region_s", "random_region_s", "selective_op_s", "kept_call_s", "chunk_s", "op_s", "recompute_op_s")
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,7 @@ class Overheads:
     kept_call_s: float = 0.0
     chunk_s: float = 0.0
     op_s: float = 0.0
+    recompute_op_s: float = 0.0
     gemm_rows: tuple[tuple[int, float], ...] = field(default=())
     source: str = ""
 

@@ -233,3 +233,17 @@ def test_a_cpu_trace_prices_its_convolutions_at_their_timed_shapes(fake_cpu, mon
     before = next(ticks)
     assert capture(model, (x,), target="H100").graph.meta["costs"]["device"] == "H100"
     assert next(ticks) == before + 1  # a GPU's roofline times nothing here
+
+
+def test_a_recomputed_kernel_is_priced_with_what_its_region_adds():
+    """NOTE [ Plan overheads ]: ``recompute_op_s`` (the hooks and graph a recompute adds to each kernel) joins
+    every kernel's roofline time in ``fwd_cost``; a view, which runs no kernel, stays free."""
+    gm = torch.fx.symbolic_trace(_Ops())
+    records, _ = measure_ops(gm, [torch.randn(64, 64), torch.randn(64, 64)])
+    h100 = DEVICES["H100"]
+    plain, _ = roofline_records(records, h100, "float32")
+    surcharged, meta = roofline_records(records, h100, "float32", recompute_op_s=1e-5)
+    assert meta["recompute_op_s"] == 1e-5
+    for r, a, b in zip(records, plain, surcharged):
+        assert b.fwd_cost == pytest.approx(a.fwd_cost + len(r.kernels) * 1e-5 * 67e12, rel=1e-9, abs=1)
+    assert any(r.kernels for r in records) and any(not r.kernels for r in records)
