@@ -33,8 +33,11 @@ NOTE [ Overhead calibration ]
 
     As for the peaks, a busy machine can ruin a measurement, so each figure
     is the best of ``rounds`` that alternate N threads with one thread: the
-    least time (overheads are Python and dispatch, not threads) and the
-    highest rate, a rate never below its one-thread value. The measuring
+    least time for ``op_s`` (overheads are Python and dispatch, not
+    threads), the median for the figures that are differences of two times
+    (the least of a difference is biased low: ``selective_op_s`` once came
+    out 4.7 us, then 15.2 and 28), and the highest rate, a rate never below
+    its one-thread value. The measuring
     function is a parameter, so tests never read the clock; the test suite
     pins figures of zero (``tests/conftest.py``), and tests of the terms
     inject their own on a graph (``solvers.model.overheads.with_overheads``).
@@ -51,6 +54,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import time
 from typing import Any, Callable, Mapping
 
@@ -172,7 +176,9 @@ def measure_overheads(threads: int) -> dict[str, Any]:
 
 
 def _best(rounds: list[Mapping[str, Any]], floor: Mapping[int, float] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {k: min(float(r.get(k, 0.0)) for r in rounds) for k in _TIMES}
+    # op_s is one time: its least; the others are differences of two times, whose least is biased low
+    out: dict[str, Any] = {k: (min if k == "op_s" else statistics.median)([float(r.get(k, 0.0)) for r in rounds])
+                           for k in _TIMES}
     rates: dict[int, float] = dict(floor or {})
     for r in rounds:
         for m, rate in r.get("gemm_rows", ()):
@@ -198,7 +204,7 @@ def calibrate_overheads(threads: int | None = None, *, rounds: int = 3,
             one.append(measure(1))
     single = _best(one) if one else None
     floor = {int(m): float(r) for m, r in single["gemm_rows"]} if single else None
-    figures = _best(many + one, floor)  # times: the least of every round; rates: never below one thread's
+    figures = _best(many + one, floor)  # op_s the least, differences the median; rates: never below one thread's
     Overheads.from_dict(figures)  # checks them
     return {"figures": figures, "one_thread": single, "rounds": rounds,
             "measured_at": datetime.datetime.now().isoformat(timespec="seconds")}

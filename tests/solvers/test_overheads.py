@@ -225,3 +225,19 @@ def test_the_selective_bookkeeping_counts_every_aten_call_of_a_node():
         dataclasses.replace(nd, dispatch=("aten.t.default", "aten.addmm.default", "aten.view.default"))
         if nd.name == "out0" else nd for nd in g.nodes))  # a linear node: three calls through the modes
     assert simulate(folded, plan).overhead_s["selective"] == pytest.approx(2 * 1e-6 * 5)
+
+
+def test_an_overhead_measured_as_a_difference_is_the_median_of_the_rounds():
+    from scheduler.tracing.overheads import calibrate_overheads
+
+    seen = []
+
+    def measure(threads):  # the first round's plain region ran slow, so its difference came out low
+        seen.append(threads)
+        low = len(seen) == 1
+        return {"op_s": 1e-6 if low else 2e-6, "region_s": 5e-5, "selective_op_s": 1e-6 if low else 1.5e-5,
+                "kept_call_s": 1e-6, "chunk_s": 4e-6, "recompute_op_s": 1e-5, "random_region_s": 0.0,
+                "gemm_rows": []}
+
+    f = calibrate_overheads(1, rounds=3, measure=measure)["figures"]
+    assert f["selective_op_s"] == 1.5e-5 and f["op_s"] == 1e-6  # a difference: the median; one time: the least
