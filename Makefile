@@ -18,8 +18,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/ckpt demo
 
+# one test process per core (at most 4); `.venv/bin/python -m pytest tests/PATH` runs one part in one process
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not results"
+	$(BIN)/python -m pytest -m "not results" -n logical --maxprocesses 4
 
 # after make bench: every committed results page names a clean commit no later code change outdates
 check-results: $(STAMP)

@@ -2,8 +2,10 @@ import json
 import os
 import tempfile
 
-# Keep torch and BLAS from fighting over the two cores of CI machines.
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# Keep torch and BLAS from fighting over the cores: `make test` runs the suite in one process per core
+# (pytest-xdist, PYTEST_XDIST_WORKER_COUNT), each with its share of the cores; alone, two threads.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, min(2, (os.cpu_count() or 2) // _WORKERS))))
 
 #: The CPU peaks every test's trace is priced with (NOTE [ CPU calibration ]): fixed, so that a plan a test
 #: solves is the same on every machine and at any load. Measured on this project's development machines
