@@ -18,7 +18,18 @@ NOTE [ Chunked head ]
     * a *row-wise call* (an MLP): a call of two matrix products or more
       whose every node computes each row from that row alone, reading one
       tensor from before it and read after it only through its last node;
-      the chunks' outputs are concatenated.
+      the chunks' outputs are concatenated. The call must return that one
+      tensor: a body that loops over its blocks and returns ``(hidden,
+      caches)`` shows the graph its hidden states only (an empty list of
+      caches is no tensor at all), and ``apply`` refuses to join such chunks
+      (``ChunkedHeadError``), so a menu that offered it made a plan that
+      failed at its first step (modules s20, s67, s93 of
+      ``benchmarks/random_modules.py``). The trace records the calls whose
+      eager run returned anything else (``graph.meta["call_returns"]``,
+      ``graphs.CALL_RETURNS_META``) and :func:`find_calls` skips them, and
+      offers the calls inside them instead; a graph without the key (traced
+      on ``meta``, whose eager pass does not run; an older file) is read as
+      before.
 
     Row independence is read from the traced graph: every op is one of
     :data:`ROWWISE_OPS` (views are taken to keep the token dimension leading,
@@ -111,7 +122,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from graphs import LM_HEADS_META, Graph, Node, Span
+from graphs import CALL_RETURNS_META, LM_HEADS_META, Graph, Node, Span
 
 from ..errors import PlanError, SolverInputError
 
@@ -263,9 +274,12 @@ def _find_calls(graph: Graph) -> tuple[Span, ...]:
     except ChunkError:
         end = len(graph)
     last_reader = [max(s, default=-1) for s in graph.succs]
+    returns = graph.meta.get(CALL_RETURNS_META) or {}
     found: list[Span] = []
     for sp in graph.spans:  # sorted by (first, -last): an outer call comes before the calls inside it
         if sp.last >= end or (found and sp.first <= found[-1].last):
+            continue
+        if sp.module in returns:  # returns more than the one tensor the graph sees: its chunks cannot be joined
             continue
         if "[" in sp.module:  # a run of nn.Sequential children ("body[0:2]"): no one forward to run in chunks;
             continue  # its calls are candidates each (a run offered here failed at apply: ChunkedHeadError)
