@@ -18,18 +18,12 @@ NOTE [ Chunked head ]
     * a *row-wise call* (an MLP): a call of two matrix products or more
       whose every node computes each row from that row alone, reading one
       tensor from before it and read after it only through its last node;
-      the chunks' outputs are concatenated. The call must return that one
-      tensor: a body that loops over its blocks and returns ``(hidden,
-      caches)`` shows the graph its hidden states only (an empty list of
-      caches is no tensor at all), and ``apply`` refuses to join such chunks
-      (``ChunkedHeadError``), so a menu that offered it made a plan that
-      failed at its first step (modules s20, s67, s93 of
-      ``benchmarks/random_modules.py``). The trace records the calls whose
-      eager run returned anything else (``graph.meta["call_returns"]``,
-      ``graphs.CALL_RETURNS_META``) and :func:`find_calls` skips them, and
-      offers the calls inside them instead; a graph without the key (traced
-      on ``meta``, whose eager pass does not run; an older file) is read as
-      before.
+      the chunks' outputs are concatenated. It returns that one tensor: a
+      body returning ``(hidden, caches)`` shows the graph one tensor, and
+      ``apply`` cannot join its chunks (``ChunkedHeadError`` at step one:
+      the generator's s20, s67, s93). The trace records calls returning
+      anything else (``meta["call_returns"]``; not on ``meta`` models), and
+      :func:`find_calls` offers the calls inside them instead.
 
     Row independence is read from the traced graph: every op is one of
     :data:`ROWWISE_OPS` (views are taken to keep the token dimension leading,
@@ -277,10 +271,8 @@ def _find_calls(graph: Graph) -> tuple[Span, ...]:
     returns = graph.meta.get(CALL_RETURNS_META) or {}
     found: list[Span] = []
     for sp in graph.spans:  # sorted by (first, -last): an outer call comes before the calls inside it
-        if sp.last >= end or (found and sp.first <= found[-1].last):
-            continue
-        if sp.module in returns:  # returns more than the one tensor the graph sees: its chunks cannot be joined
-            continue
+        if sp.last >= end or (found and sp.first <= found[-1].last) or sp.module in returns:
+            continue  # in the tail, inside a call found, or returning more than one tensor
         if "[" in sp.module:  # a run of nn.Sequential children ("body[0:2]"): no one forward to run in chunks;
             continue  # its calls are candidates each (a run offered here failed at apply: ChunkedHeadError)
         if sum(_products(graph.nodes[i]) for i in range(sp.first, sp.last + 1)) < 2:
