@@ -123,8 +123,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils import stateless
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from .opclasses import time_calls
 from .recorder import Recorder, module_calls, module_path
 from .records import OpRecord, fake_copy, storage_bytes, storage_key
+from .roofline import op_class
 from .watch import OpWatch
 
 __all__ = ["OpRecord", "measure_ops", "storage_key", "storage_bytes", "module_path", "module_calls"]
@@ -150,7 +152,8 @@ CPU_ATTENTION_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cp
 
 def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_module: str = "",
                 workspaces: torch.device | None = None, device: torch.device | None = None,
-                kernels: Any = None, outputs: Sequence[str] = ()) -> tuple[list[OpRecord], dict[str, int]]:
+                kernels: Any = None, outputs: Sequence[str] = (), time_classes: Sequence[str] = ()
+                ) -> tuple[list[OpRecord], dict[str, int]]:
     """Run ``gm`` on fake copies of its state and inputs and measure every node.
 
     Args:
@@ -165,6 +168,9 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
         outputs: names of the fx nodes whose values the model returns; the
             records owning their storages are marked ``output`` (NOTE
             [ Finding the model's outputs ] in ``scheduler.tracing.outputs``).
+        time_classes: op classes whose forward calls are timed at their shapes
+            on the ``workspaces`` device (NOTE [ Measured op classes ] in
+            ``scheduler.tracing.opclasses``; ``OpRecord.class_times``).
 
     Returns:
         ``(records, totals)``: one :class:`OpRecord` per compute node in graph
@@ -254,8 +260,18 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
                 rec.bwd_peak[pos] = max(rec.bwd_peak.get(pos, 0), reach)
         for pos, (reach, base) in fwd_reach.items():
             fwd_ws[pos] = max(0, reach - (rec.fwd_end.get(pos, base) - base))
+    timed: dict[int, dict[str, float]] = {}
+    if probe is not None and time_classes and watch.calls:  # NOTE [ Measured op classes ]
+        forward = [(pos, sig) for (kind, pos, _), sig, _ in watch.calls if kind == "f"]
+        times = time_calls(probe, (sig for _, sig in forward), time_classes, torch.device("cpu") if workspaces.type == "meta" else workspaces)
+        for pos, sig in forward:
+            if sig in times:
+                at = timed.setdefault(pos, {})
+                cls = op_class(sig[0][0]) or ""
+                at[cls] = at.get(cls, 0.0) + times[sig]
     records = [dataclasses.replace(r, bwd_flops=int(rec.bwd_flops.get(i, 0)), bwd_peak_bytes=int(rec.bwd_peak.get(i, 0)),
                                    fwd_workspace_bytes=fwd_ws.get(i, 0),
+                                   class_times=tuple(sorted(timed.get(i, {}).items())),
                         estimated_bwd_flops=int(rec.bwd_estimated.get(i, 0)),
                         grad_views=i in rec.grad_views)
                for i, r in enumerate(rec.records)]

@@ -263,6 +263,7 @@ class Recorder(torch.fx.Interpreter):
             fwd_flops=int(fwd + estimated), bwd_flops=0, param_keys=tuple(self.watch.touched),
             requires_grad=requires_grad, stochastic=self.watch.stochastic, stateful=self.watch.stateful,
             returned=False, estimated_fwd_flops=estimated, kernels=tuple(self.watch.kernels),
+            kernel_ops=tuple(self.watch.kernel_ops),
             state_bytes=sum(self.watch.state_read.values()) if self.watch.stateful else 0,
             aliases=tuple(sorted(aliases)), direct=tuple(sorted(i for i in direct if i != pos)),
             writes=tuple(sorted({self.owner[k] for k in self.watch.written if k in self.owner})),

@@ -99,6 +99,8 @@ class OpRecord:
     direct: tuple[int, ...] = ()  # records whose values it takes as arguments (``inputs`` without the owners)
     calls: tuple[tuple[str, str], ...] = ()  # (call id, class) of the submodule calls it runs in (tracing.spans)
     kernels: tuple[tuple[str, int, int, int], ...] = ()
+    kernel_ops: tuple[str, ...] = ()  # the ATen overload of each of ``kernels`` (NOTE [ Measured op classes ])
+    class_times: tuple[tuple[str, float], ...] = ()  # (class, seconds) timed at their shapes (same NOTE)
     fwd_cost: int | None = None
     dispatch: tuple[str, ...] = ()
     sac_op: int = -1

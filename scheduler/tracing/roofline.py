@@ -57,12 +57,20 @@ if TYPE_CHECKING:  # torch is imported where measured: the CLI's help lists DEVI
     from .records import OpRecord
 
 __all__ = ["DevicePeaks", "DEVICES", "DEFAULT_DEVICE", "UnknownDevice", "lookup_device",
-           "kernel_time_s", "record_time_s", "roofline_records", "model_dtype"]
+           "kernel_time_s", "record_time_s", "roofline_records", "model_dtype", "OP_CLASSES", "op_class"]
 
 log = logging.getLogger(__name__)
 
 #: The GPU a ``meta`` model plans for (``target="cuda"``), and the one priced for a GPU missing from :data:`DEVICES`.
 DEFAULT_DEVICE = "H100"
+#: Op classes whose forward calls a CPU trace times at their shapes (NOTE [ Measured op classes ] in
+#: ``scheduler.tracing.opclasses``): a call is of a class when the class's name is in its ATen overload's.
+OP_CLASSES = ("convolution", "batch_norm", "max_pool")
+
+
+def op_class(op: str) -> str | None:
+    """The class of :data:`OP_CLASSES` an ATen overload (``aten.convolution.default``) is of, or None."""
+    return next((c for c in OP_CLASSES if c in op), None)
 
 
 def _positive(v: Any) -> bool:
@@ -182,11 +190,17 @@ def kernel_time_s(flops: int, nbytes: int, dtype: str, peaks: DevicePeaks, rando
 
 
 def record_time_s(record: OpRecord, peaks: DevicePeaks) -> float:
-    """A traced node's roofline time: the sum over the kernels it runs (0 for views)."""
-    return sum(kernel_time_s(f, b, dt, peaks, r) for dt, f, b, r in record.kernels)
+    """A traced node's roofline time: the sum over the kernels it runs (0 for views); the kernels of a class
+    timed at their shapes take the measured time instead (NOTE [ Measured op classes ])."""
+    timed = dict(record.class_times)
+    if not timed or len(record.kernel_ops) != len(record.kernels):
+        return sum(kernel_time_s(f, b, dt, peaks, r) for dt, f, b, r in record.kernels)
+    rest = sum(kernel_time_s(f, b, dt, peaks, r) for (dt, f, b, r), op in zip(record.kernels, record.kernel_ops)
+               if op_class(op) not in timed)
+    return rest + sum(timed.values())
 
 
-def roofline_records(records: Sequence[OpRecord], peaks: DevicePeaks, dtype: str
+def roofline_records(records: Sequence[OpRecord], peaks: DevicePeaks, dtype: str, recompute_op_s: float = 0.0
                      ) -> tuple[list[OpRecord], dict[str, Any]]:
     """``records`` with ``fwd_cost`` set to their roofline time in FLOP-equivalents.
 
@@ -194,16 +208,19 @@ def roofline_records(records: Sequence[OpRecord], peaks: DevicePeaks, dtype: str
         records: the measured nodes (with ``kernels``).
         peaks: the device priced for.
         dtype: the model's dtype; its peak FLOP/s converts seconds to FLOP-equivalents.
+        recompute_op_s: added per kernel: what running it again inside a checkpoint region costs beyond the
+            kernel (NOTE [ Plan overheads ] in ``solvers.model.overheads``; 0: none).
 
     Returns:
         ``(records, meta)``: ``meta`` is what goes in ``Graph.meta["costs"]``.
     """
     rate = peaks.peak(dtype)
-    times = [record_time_s(r, peaks) for r in records]
+    forward = [record_time_s(r, peaks) for r in records]
+    times = [t + recompute_op_s * len(r.kernels) for t, r in zip(forward, records)]
     out = [dataclasses.replace(r, fwd_cost=int(round(t * rate))) for r, t in zip(records, times)]
     meta = {"model": "roofline", "device": peaks.name, "peaks": peaks.to_dict(), "dtype": dtype,
-            "flops_per_s": rate, "forward_s": sum(times)}
-    log.info("roofline costs on %s: forward %.3g ms predicted", peaks.name, 1e3 * sum(times))
+            "flops_per_s": rate, "forward_s": sum(forward), "recompute_op_s": recompute_op_s}
+    log.info("roofline costs on %s: forward %.3g ms predicted", peaks.name, 1e3 * sum(forward))
     return out, meta
 
 

@@ -71,6 +71,7 @@ from .held_arguments import add_held_arguments
 from .loss_storage import split_loss_storage
 from .capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .costs import OpRecord, measure_ops
+from .opclasses import timed_classes
 from .outputs import capture_exposed, returned_nodes
 from .overheads import target_overheads
 from .roofline import model_dtype, roofline_records
@@ -281,8 +282,11 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
     moved = fake_device(plan_for, device)
     kernels = TargetKernels(plan_for, moved, real_cuda=device.type == "cuda") \
         if moved is not None or plan_for.kind == "cuda" else None
+    # NOTE [ Measured op classes ]: a CPU roofline times its mispriced classes where the probe runs
+    timed = timed_classes() if costs == "roofline" and plan_for.kind == "cpu" and ws_device is not None \
+        and ws_device.type in ("cpu", "meta") else ()
     records, totals = measure_ops(gm, flat, strip_module=strip, workspaces=ws_device, device=moved, kernels=kernels,
-                                  outputs=outputs or ())
+                                  outputs=outputs or (), time_classes=timed)
     totals["rng_state_bytes"] = rng_state_bytes(plan_for)  # type: ignore[assignment]
     if not records:
         raise TraceError(f"{type(model).__name__} traced to a graph without operations; nothing to plan")
@@ -383,8 +387,8 @@ def _priced(records: list[OpRecord], costs: str, plan_for: Target, model: nn.Mod
     tensors = list(model.parameters()) + [a for a in flat if isinstance(a, torch.Tensor)]
     peaks = target_peaks(plan_for)
     dtype = model_dtype(list(model.parameters()) or tensors)
-    if costs == "roofline":
-        return roofline_records(records, peaks, dtype)
+    if costs == "roofline":  # a recomputed kernel's hooks and graph: the target's figure (NOTE [ Plan overheads ])
+        return roofline_records(records, peaks, dtype, target_overheads(plan_for.kind).recompute_op_s)
     return list(records), {"model": "flops", "device": peaks.name, "dtype": dtype, "flops_per_s": peaks.peak(dtype)}
 
 

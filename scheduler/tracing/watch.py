@@ -120,6 +120,7 @@ class OpWatch(TorchDispatchMode):
         self.touched: dict[int, None] = {}
         self.written: dict[int, None] = {}  # storage keys written in place (aten schema: Tensor(a!))
         self.kernels: list[tuple[str, int, int, int]] = []  # (dtype, FLOPs, bytes, random numbers) per kernel
+        self.kernel_ops: list[str] = []  # the ATen overload of each kernel (NOTE [ Measured op classes ])
         # (overload, storage keys of its tensor outputs, does no work) per op a selective-checkpoint
         # policy would see: NOTE [ Which op a policy keeps ] in scheduler.tracing.recorder
         self.policy_calls: list[tuple[str, tuple[int, ...], bool]] = []
@@ -164,6 +165,7 @@ class OpWatch(TorchDispatchMode):
         kernel = kernel_of(func, args, kwargs, out, flops)
         if kernel is not None:
             self.kernels.append(kernel)
+            self.kernel_ops.append(str(func))
         if not sac_ignored(func):
             keys = tuple(k for k in (storage_key(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
                          if k is not None)

@@ -28,7 +28,10 @@ NOTE [ The frontier DP ]
     interval plans: the same set ``ilp`` and the brute force search. On a
     graph with spans only the ``[p, b]`` that are spans extend a front
     (NOTE [ Module-aligned regions ] in ``graphs.graph``): exact over the
-    span-only plans, and a start where no span begins costs nothing.
+    span-only plans, and a start where no span begins costs nothing. A
+    region's cost is its recompute plus its call (``region_call_cost``,
+    NOTE [ Plan overheads ] in ``solvers.model.overheads``; 0 without
+    overhead figures), so "FLOPs" here is recompute plus calls.
 
     The states per boundary are ``2 ** open``, so the program is for graphs
     where few tensors cross any position (a transformer: the residual stream,
@@ -80,6 +83,7 @@ from .regions import RegionTerms
 from ..model.spans import SpanIndex
 from ..model.terms import terms_of
 from ..model.nested import nested_plan_inner
+from ..model.overheads import region_call_cost
 
 __all__ = ["FrontierDP", "FrontierResult", "FrontierTimeout", "width", "open_counts", "MAX_WIDTH", "TooWide"]
 
@@ -169,6 +173,8 @@ class FrontierDP(RegionTerms):
         # a recomputed copy awaits consumers until here (a held one, like a region output, to the end)
         self.last = np.minimum(np.where((lc >= 0) & ~na.sink, lc, n - 1), fs - 1)
         self.pflops = np.concatenate(([0], np.cumsum(na.flops)))
+        # NOTE [ Plan overheads ]: each region's call joins the objective (0 without overhead figures)
+        self.call = region_call_cost(graph)
         self.pstate = np.concatenate(([0], np.cumsum(na.state)))
         # NOTE [ RNG state per region ] in solvers.model.terms: a region with a stochastic node stores the state.
         self.rng = int(graph.rng_state_bytes)

@@ -76,7 +76,7 @@ class RegionTerms:
             snap = snap + 2 * rng
             held = held + 2 * rng
         return (fwdm, bwd, rc, cA, snap, self.na.gr[p:kmax + 1],
-                self.pflops[p + 1:kmax + 2] - self.pflops[p], held, fwd, rng)
+                self.pflops[p + 1:kmax + 2] - self.pflops[p] + self.call, held, fwd, rng)
 
     def region_maxima(self, terms: tuple, eff: frozenset, p: int, m: int):
         """``(lf, lb, mono)`` of regions ``[p, p + i]``, ``i < m``, whose held open tensors are ``eff``:

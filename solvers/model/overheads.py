@@ -18,9 +18,10 @@ NOTE [ Plan overheads ]
     * ``selective``: in a region whose plan keeps calls, every ATen call
       passes through our dispatch modes in the forward and again in the
       recompute (NOTE [ Selective checkpoint policies ] in
-      ``scheduler.applying.selective``): ``selective_op_s`` per node of the
+      ``scheduler.applying.selective``): ``selective_op_s`` per call of the
       region twice, and ``kept_call_s`` per kept call (its store entry);
-      a node folding several ops is counted as one (an under-estimate there);
+      a node counts its ATen calls (``Node.dispatch``, at least one: a
+      ViT's regions run 164 calls in 92 nodes);
     * the chunk loop, per chunked call ``(first, last, k)`` with ``k > 1``,
       for each of its ``k - 1`` extra chunks: ``chunk_s`` for the loop
       itself (slicing, the per-chunk loss or the ``cat``), ``op_s`` (one
@@ -34,11 +35,22 @@ NOTE [ Plan overheads ]
       measured at a few row counts, ``gemm_rows``, interpolated in log rows;
       none without a table).
 
+    One more figure is no term of its own: ``recompute_op_s``, what a
+    kernel run again inside a checkpoint region costs beyond the kernel
+    (its saved-tensor hooks, the autograd graph built again), which the
+    roofline adds to each kernel of a node's recompute cost, ``fwd_cost``
+    (``scheduler.tracing.roofline.roofline_records``): so every solver
+    weighs it as recompute.
+
     In the solvers' units a term is ``seconds * flops_per_s`` (the graph's
     rate): ``Simulation.overhead_cost``, and ``total_cost`` = recompute +
     overheads is what menus and selections minimise (chunk counts, nested
-    or one-level, the cheapest of several solvers' plans) and what the
-    region-merging pass lowers (``solvers.merge``). A graph without
+    or one-level, the cheapest of several solvers' plans, ``ilp``'s optima
+    with and without kept nodes) and what the region-merging pass lowers
+    (``solvers.merge``). ``ilp``'s frontier program adds each region's call
+    (:func:`region_call_cost`) to every region's recompute in its objective
+    (``solvers.frontier.regions``), so it trades recompute for fewer calls
+    where that pays; ``dp`` and the CP-SAT model do not yet. A graph without
     overhead figures (traced before them, or hand-built) prices them at
     zero: its plans are chosen as before.
 """
@@ -56,13 +68,13 @@ from ..errors import SolverInputError
 from .terms import region_rng_bytes
 
 __all__ = ["OVERHEADS_KEY", "TERMS", "Overheads", "graph_overheads", "overhead_seconds", "with_overheads",
-           "with_extra_time"]
+           "with_extra_time", "region_call_cost"]
 
 #: Where a graph carries its overhead figures: ``graph.meta["costs"][OVERHEADS_KEY]``.
 OVERHEADS_KEY = "overheads"
 #: The split of a plan's overheads, in the order reports print it.
 TERMS = ("regions", "rng", "selective", "chunk_loop", "chunk_launches", "chunk_accumulation", "chunk_gemm")
-_FIGURES = ("region_s", "random_region_s", "selective_op_s", "kept_call_s", "chunk_s", "op_s")
+_FIGURES = ("region_s", "random_region_s", "selective_op_s", "kept_call_s", "chunk_s", "op_s", "recompute_op_s")
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,7 @@ class Overheads:
     kept_call_s: float = 0.0
     chunk_s: float = 0.0
     op_s: float = 0.0
+    recompute_op_s: float = 0.0
     gemm_rows: tuple[tuple[int, float], ...] = field(default=())
     source: str = ""
 
@@ -132,6 +145,16 @@ def graph_overheads(graph: Graph) -> Overheads | None:
     return None if out.zero else out
 
 
+def region_call_cost(graph: Graph) -> int:
+    """One region's call (``region_s``) in the graph's cost units (FLOP-equivalents), 0 without figures: what
+    the exact solvers add to their objective per region (NOTE [ Plan overheads ])."""
+    o = graph_overheads(graph)
+    rate = (graph.meta.get(COSTS_META) or {}).get("flops_per_s")
+    if o is None or not o.region_s or not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate <= 0:
+        return 0
+    return int(round(o.region_s * float(rate)))
+
+
 def with_overheads(graph: Graph, overheads: Overheads | Mapping[str, Any]) -> Graph:
     """``graph`` priced with ``overheads`` (a test's injected figures, or a re-calibration)."""
     import dataclasses
@@ -169,8 +192,8 @@ def overhead_seconds(graph: Graph, regions: Sequence[tuple[int, int]], saved: Se
     if saved and (o.selective_op_s or o.kept_call_s):
         kept = sorted(saved)
         selective = {r for r in regions if any(r[0] <= k <= r[1] for k in kept)}
-        out["selective"] = (2 * o.selective_op_s * sum(b - a + 1 for a, b in selective)
-                            + o.kept_call_s * len(kept))
+        calls = sum(max(1, len(run.nodes[i].dispatch)) for a, b in selective for i in range(a, b + 1))
+        out["selective"] = 2 * o.selective_op_s * calls + o.kept_call_s * len(kept)
     bandwidth = _bandwidth(graph)
     for first, last, k in chunks:
         if k <= 1:

@@ -161,3 +161,83 @@ def test_a_merge_adding_recompute_is_made_only_where_the_plan_is_not_proven_opti
     for status, expect in (("optimal", ((1, 1), (3, 3))), ("feasible", ((1, 3),))):
         plan = solvers.solve(g, budget, lambda graph, b, s=status: Plan(regions=((1, 1), (3, 3)), status=s))
         assert plan.regions == expect and plan.status == status
+
+
+def _region_plans(g):
+    """Every plan of non-overlapping allowed regions (no kept nodes) of a module-aligned graph."""
+    spans = [r for r in g.allowed_regions() if all(g.nodes[i].recomputable for i in range(r[0], r[1] + 1))]
+    out = [()]
+    for r in sorted(spans):
+        out += [p + (r,) for p in out if all(q[1] < r[0] for q in p)]
+    return out
+
+
+def test_the_exact_solver_minimises_recompute_plus_region_calls():
+    """ilp's program prices each region's call in its objective: at every budget its plan is the least total
+    over all region plans (brute force), and where calls weigh, it takes fewer regions for more recompute, a
+    trade the merge pass never makes on a proven-optimal plan."""
+    base, priced = _priced(lm_graph(2, blocks=3)), _priced(lm_graph(2, blocks=3), region_s=1e-5)
+    plans = _region_plans(priced)
+    with pytest.raises(InfeasibleBudget) as info:
+        _ilp(priced, 1)
+    low, top = info.value.min_feasible_bytes, simulate(priced).peak_bytes
+    traded = 0
+    for budget in range(low, top, max(1, (top - low) // 12)):
+        fits = [simulate(priced, Plan(regions=p), record=False) for p in plans]
+        least = min(s.total_cost for s in fits if s.peak_bytes <= budget)
+        got = _ilp(priced, budget)
+        assert got.status == "optimal" and got.peak_bytes <= budget
+        assert simulate(priced, got).total_cost == least, budget
+        plain = _ilp(base, budget)  # the recompute optimum, priced with the calls
+        if len(got.regions) < len(plain.regions) and got.recompute_cost > plain.recompute_cost:
+            traded += 1
+            assert "regions_merged" not in got.findings  # the program's choice, not the merge pass's
+    assert traded
+
+
+def test_kept_nodes_are_taken_only_where_they_save_more_than_their_bookkeeping():
+    base = _priced(lm_graph(blocks=2))
+    with pytest.raises(InfeasibleBudget) as info:
+        solvers.solve(base, 1, "ilp")
+    low, top = info.value.min_feasible_bytes, simulate(base).peak_bytes
+    for budget in range(low, top, max(1, (top - low) // 40)):
+        kept = solvers.solve(base, budget, "ilp")
+        plain = _ilp(base, budget)
+        if kept.saved and kept.recompute_cost < plain.recompute_cost:
+            break
+    else:
+        pytest.fail("no budget where keeping a node saves recompute")
+    gap_s = (plain.recompute_cost - kept.recompute_cost) / RATE
+    dear = _priced(lm_graph(blocks=2), selective_op_s=gap_s)  # the dispatch modes cost more than the call saves
+    got = solvers.solve(dear, budget, "ilp")
+    assert not got.saved and got.recompute_cost == plain.recompute_cost and got.peak_bytes <= budget
+    assert simulate(dear, got).total_cost < simulate(dear, kept).total_cost
+    cheap = _priced(lm_graph(blocks=2), selective_op_s=gap_s / 100)  # they cost less: the node is kept
+    assert solvers.solve(cheap, budget, "ilp").saved == kept.saved
+
+
+def test_the_selective_bookkeeping_counts_every_aten_call_of_a_node():
+    g = _priced(lm_graph(blocks=2), selective_op_s=1e-6)
+    plan = Plan(regions=((1, 3),), saved=(1,))
+    one = simulate(g, plan).overhead_s["selective"]
+    assert one == pytest.approx(2 * 1e-6 * 3)  # nodes without a dispatch list: one call each
+    folded = dataclasses.replace(g, nodes=tuple(
+        dataclasses.replace(nd, dispatch=("aten.t.default", "aten.addmm.default", "aten.view.default"))
+        if nd.name == "out0" else nd for nd in g.nodes))  # a linear node: three calls through the modes
+    assert simulate(folded, plan).overhead_s["selective"] == pytest.approx(2 * 1e-6 * 5)
+
+
+def test_an_overhead_measured_as_a_difference_is_the_median_of_the_rounds():
+    from scheduler.tracing.overheads import calibrate_overheads
+
+    seen = []
+
+    def measure(threads):  # the first round's plain region ran slow, so its difference came out low
+        seen.append(threads)
+        low = len(seen) == 1
+        return {"op_s": 1e-6 if low else 2e-6, "region_s": 5e-5, "selective_op_s": 1e-6 if low else 1.5e-5,
+                "kept_call_s": 1e-6, "chunk_s": 4e-6, "recompute_op_s": 1e-5, "random_region_s": 0.0,
+                "gemm_rows": []}
+
+    f = calibrate_overheads(1, rounds=3, measure=measure)["figures"]
+    assert f["selective_op_s"] == 1.5e-5 and f["op_s"] == 1e-6  # a difference: the median; one time: the least

@@ -206,3 +206,44 @@ def test_fwd_cost_defaults_to_fwd_flops_and_round_trips():
 def test_fwd_cost_is_loaded_strictly(value):
     with pytest.raises(GraphError, match="fwd_cost"):
         Graph.from_dict({"nodes": [{"name": "a", "inputs": [], "out_bytes": 4, "fwd_flops": 7, "fwd_cost": value}]})
+
+
+# ------------------------------------------------------------ measured op classes
+def test_a_cpu_trace_prices_its_convolutions_at_their_timed_shapes(fake_cpu, monkeypatch, tmp_path):
+    """NOTE [ Measured op classes ]: a class the roofline misprices is timed at the traced shapes (a stand-in
+    clock here: each call takes 2 ms) and its node priced at that time; other nodes keep the roofline."""
+    import scheduler.tracing.costs as costs_mod
+    from scheduler.tracing import opclasses
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2))
+    x = torch.randn(2, 3, 16, 16)
+    plain = capture(model, (x,)).graph  # fake_cpu pins no class: the roofline
+    ticks = iter(range(10**6))
+    real = opclasses.time_calls
+    monkeypatch.setattr(costs_mod, "time_calls", lambda *a, **k: real(*a, **k, clock=lambda: 2e-3 * next(ticks)))
+    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": ["convolution", "max_pool"]}')
+    timed = capture(model, (x,)).graph
+    rate = timed.meta["costs"]["flops_per_s"]
+    conv, relu, pool = ((nd.fwd_cost, p.fwd_cost) for nd, p in zip(timed.nodes, plain.nodes))  # one node a module
+    assert conv[0] == round(2e-3 * rate) != conv[1] and pool[0] == round(2e-3 * rate) != pool[1]
+    assert relu[0] == relu[1]  # not a timed class
+    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": ["max_pool"]}')  # only the pooling
+    again = [nd.fwd_cost for nd in capture(model, (x,)).graph.nodes]
+    assert again[0] == conv[1] and again[2] == round(2e-3 * rate)
+    before = next(ticks)
+    assert capture(model, (x,), target="H100").graph.meta["costs"]["device"] == "H100"
+    assert next(ticks) == before + 1  # a GPU's roofline times nothing here
+
+
+def test_a_recomputed_kernel_is_priced_with_what_its_region_adds():
+    """NOTE [ Plan overheads ]: ``recompute_op_s`` (the hooks and graph a recompute adds to each kernel) joins
+    every kernel's roofline time in ``fwd_cost``; a view, which runs no kernel, stays free."""
+    gm = torch.fx.symbolic_trace(_Ops())
+    records, _ = measure_ops(gm, [torch.randn(64, 64), torch.randn(64, 64)])
+    h100 = DEVICES["H100"]
+    plain, _ = roofline_records(records, h100, "float32")
+    surcharged, meta = roofline_records(records, h100, "float32", recompute_op_s=1e-5)
+    assert meta["recompute_op_s"] == 1e-5
+    for r, a, b in zip(records, plain, surcharged):
+        assert b.fwd_cost == pytest.approx(a.fwd_cost + len(r.kernels) * 1e-5 * 67e12, rel=1e-9, abs=1)
+    assert any(r.kernels for r in records) and any(not r.kernels for r in records)

@@ -1,0 +1,92 @@
+"""Op classes the CPU roofline misprices, timed at the traced shapes.
+
+NOTE [ Measured op classes ]
+    The roofline (NOTE [ Roofline costs ] in ``scheduler.tracing.roofline``)
+    prices a kernel by its FLOPs and bytes at the machine's peaks. On this
+    project's CPU (one thread) convolutions are far from that and not by one
+    factor: a 3x3 convolution of 8x16x96x96 took 2.5x its roofline time, of
+    8x32x48x48 0.8x (oneDNN's kernels suit some channel counts and not
+    others); max pooling took 4.3-4.6x at every shape tried. ResNet's plan
+    was predicted to recompute 8.4 ms where it measured 13-20 ms
+    (``benchmarks/results/time.md``), ``costs="time"`` 12.4 ms. So a trace
+    for the CPU with roofline costs times the forward calls of
+    :data:`~scheduler.tracing.roofline.OP_CLASSES` at their own shapes: the
+    workspace probe (NOTE [ Op workspaces ] in
+    ``scheduler.tracing.workspaces``) already notes every such call by its
+    signature and builds it on real tensors, so each distinct signature is
+    run :data:`REPEATS` more times and its least time kept; a node's kernels
+    of a timed class are priced at the sum of its calls' times instead of
+    their roofline (``OpRecord.class_times``). Other classes keep the
+    roofline (memory-bound elementwise ops came out both above and below it,
+    0.2-0.9x, by whether their tensors stay in cache: no one answer).
+
+    Which classes are timed is read from ``op_classes.json`` in the
+    calibration folder (``{"classes": [...]}``; absent: all of
+    :data:`~scheduler.tracing.roofline.OP_CLASSES`), so the test suite pins
+    none (no test reads the clock: ``tests/conftest.py``) and tests of the
+    timing inject their own clock. A trace for a GPU, or with
+    ``workspaces="none"``, times nothing (the probe does not run).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from typing import Any, Callable, Iterable
+
+from .calibration import cache_dir
+from .roofline import OP_CLASSES, op_class
+
+__all__ = ["REPEATS", "timed_classes", "time_calls"]
+
+log = logging.getLogger(__name__)
+
+_FILE = "op_classes.json"
+#: Timed runs of each distinct call after the probe's own two (the least is kept).
+REPEATS = 3
+
+
+def timed_classes(cache: str | os.PathLike | None = None) -> tuple[str, ...]:
+    """The classes a CPU trace times: ``op_classes.json``'s list in the calibration folder, else all."""
+    path = os.path.join(cache_dir(cache), _FILE)
+    if not os.path.exists(path):
+        return OP_CLASSES
+    try:
+        with open(path, encoding="utf-8") as fh:
+            got = json.load(fh)["classes"]
+        return tuple(c for c in OP_CLASSES if c in got)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("op classes file %s is unreadable (%s); timing every class", path, exc)
+        return OP_CLASSES
+
+
+def time_calls(probe: Any, sigs: Iterable[tuple], classes: Iterable[str], device: Any,
+               clock: Callable[[], float] = time.perf_counter, repeats: int = REPEATS) -> dict[tuple, float]:
+    """The least time of each distinct signature of ``classes`` among ``sigs``, built by ``probe``
+    (a :class:`~scheduler.tracing.workspaces.WorkspaceProbe`) on ``device``; a call that cannot be built is
+    left out (priced by the roofline)."""
+    import torch
+
+    wanted = set(classes)
+    todo = [s for s in dict.fromkeys(sigs) if op_class(s[0][0]) in wanted]
+    out: dict[tuple, float] = {}
+    if not todo:
+        return out
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        for sig in todo:
+            call = probe._call(sig, device)  # built and run once (warm)
+            if call is None:
+                continue
+            best = math.inf
+            for _ in range(repeats):
+                t0 = clock()
+                call()
+                best = min(best, clock() - t0)
+            if math.isfinite(best) and best >= 0:
+                out[sig] = best
+    log.info("timed %d distinct call(s) of %s at their shapes: %.3g ms", len(out), ", ".join(sorted(wanted)),
+             1e3 * sum(out.values()))
+    return out
