@@ -97,7 +97,8 @@ class _Recorder(TorchDispatchMode):
 
 def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
                         loss: Callable[[Any], torch.Tensor] | None, paths: Sequence[str],
-                        held: list[tuple[int, tuple[str, ...]]] | None = None) -> dict[str, int]:
+                        held: list[tuple[int, tuple[str, ...]]] | None = None,
+                        returns: dict[str, str] | None = None) -> dict[str, int]:
     """``{call path: extra bytes}`` for the given submodule calls (NOTE [ Eager lifetimes in a recompute ]).
 
     ``paths`` are module paths (called once) or ``parent[i:j]`` runs of an
@@ -105,6 +106,8 @@ def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[s
     the ``meta`` device, get 0. ``held``, when given, gets one ``(bytes, call paths)`` per storage of
     the tensor arguments calls receive and do not read, made before the call and saved by nobody
     (NOTE [ A call's held arguments ] in ``scheduler.tracing.held_arguments``; module paths only).
+    ``returns``, when given, gets ``{module path: type name}`` of the calls whose first run returned something
+    other than one tensor (``graphs.CALL_RETURNS_META``: a chunk menu offers no such call); left empty on ``meta``.
     """
     leaves = list(model.parameters()) + [t for t in pytree.tree_leaves((tuple(args), dict(kwargs)))
                                          if isinstance(t, torch.Tensor)]
@@ -133,10 +136,12 @@ def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[s
         if n is not None and n not in starts:
             starts[n] = rec.op + 1
 
-    def post(mod: nn.Module, _args: Any, _out: Any) -> None:
+    def post(mod: nn.Module, _args: Any, out: Any) -> None:
         n = names.get(id(mod))
         if n is not None and n not in ends:
             ends[n] = rec.op
+            if returns is not None and not isinstance(out, torch.Tensor):
+                returns[n] = type(out).__name__
 
     unread: dict[str, tuple[int, dict[int, _Storage]]] = {}  # path -> (first op, storages passed in, not read)
 

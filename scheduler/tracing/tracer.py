@@ -61,7 +61,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch import nn
 
-from graphs import COSTS_META, FROZEN_META, LM_HEADS_META, LOOPS, SCALARS_META, TARGET_META, WORKSPACES_META, Graph
+from graphs import CALL_RETURNS_META, COSTS_META, FROZEN_META, LM_HEADS_META, LOOPS, SCALARS_META, TARGET_META, WORKSPACES_META, Graph
 from solvers.model.overheads import OVERHEADS_KEY
 
 from .build import attribute_params, build_nodes, frozen_by_node, group_records, output_names
@@ -306,7 +306,10 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
 
         every = module_spans(records, [[i] for i in range(len(records))], sequentials)[0]  # all granularities' spans
         held: list[tuple[int, tuple[str, ...]]] = []  # NOTE [ A call's held arguments ]
-        extras = measure_call_extras(model, args, kwargs, loss, [sp.module for sp in every], held)
+        returns: dict[str, str] = {}  # calls returning more than one tensor: no chunks (NOTE [ Chunked head ])
+        extras = measure_call_extras(model, args, kwargs, loss, [sp.module for sp in every], held, returns)
+        if returns:
+            meta[CALL_RETURNS_META] = dict(sorted(returns.items()))
         graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, extras, loop, held)
     placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     log.info("traced %s with %s for %s: %d fx nodes -> %d cost nodes (granularity %s)", name, used,

@@ -12,8 +12,16 @@ NOTE [ Op workspaces ]
     So while the tracer runs the graph on fake tensors (forward and
     backward), :class:`WorkspaceProbe` notes every ATen call that may hold
     such buffers (not views, bare allocations, copies, or ops tagged
-    pointwise) by a signature: the op, and per argument its shape, strides,
-    dtype and layout, or its value. Afterwards each distinct signature is
+    pointwise whose tensor arguments are all contiguous) by a signature: the
+    op, and per argument its shape, strides, dtype and layout, or its value.
+    A pointwise kernel may copy a non-contiguous argument before it runs:
+    on this project's CPU build ``gelu_backward`` (oneDNN) copies a gradient
+    that is a slice of a ``cat``'s output gradient (``cat((gelu(a(x)),
+    b(x)), -1)``: the slice strides over the other half), and every plan of
+    such a module measured 96 B above ``simulate`` (the 128 B copy at the
+    gelu's backward; ``tests/regressions/test_pointwise_strided_workspace.py``);
+    ``tanh_backward``, ``mul`` and most others take the slice as it is, and
+    measure no more than their output. Afterwards each distinct signature is
     run once more, twice in fact (the first call warms the kernel's caches,
     the second is measured), on real tensors of the target device (random
     floats, zero integers), and what the call allocates at its peak
@@ -83,13 +91,16 @@ class _Spec:
         return t
 
 
-def _eligible(func: Any) -> bool:
+def _eligible(func: Any, leaves: list[Any]) -> bool:
     schema = getattr(func, "_schema", None)
     if schema is None or getattr(func, "is_view", False):
         return False
     if schema.name.split("::")[-1] in _NO_WORKSPACE:
         return False
-    return torch.Tag.pointwise not in func.tags
+    if torch.Tag.pointwise not in func.tags:
+        return True
+    # a pointwise kernel may copy a strided argument first (NOTE [ Op workspaces ]: gelu_backward on the CPU)
+    return any(isinstance(v, torch.Tensor) and v.layout == torch.strided and not v.is_contiguous() for v in leaves)
 
 
 class WorkspaceProbe:
@@ -101,9 +112,9 @@ class WorkspaceProbe:
 
     def note(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
         """The call's signature when it may hold a workspace (remembered on first sight), else None."""
-        if not _eligible(func):
-            return None
         leaves, tree = pytree.tree_flatten((args, kwargs))
+        if not _eligible(func, leaves):
+            return None
         if not any(isinstance(v, torch.Tensor) for v in leaves):
             return None
         key: list[Any] = [str(func)]

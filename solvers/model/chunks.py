@@ -18,7 +18,12 @@ NOTE [ Chunked head ]
     * a *row-wise call* (an MLP): a call of two matrix products or more
       whose every node computes each row from that row alone, reading one
       tensor from before it and read after it only through its last node;
-      the chunks' outputs are concatenated.
+      the chunks' outputs are concatenated. It returns that one tensor: a
+      body returning ``(hidden, caches)`` shows the graph one tensor, and
+      ``apply`` cannot join its chunks (``ChunkedHeadError`` at step one:
+      the generator's s20, s67, s93). The trace records calls returning
+      anything else (``meta["call_returns"]``; not on ``meta`` models), and
+      :func:`find_calls` offers the calls inside them instead.
 
     Row independence is read from the traced graph: every op is one of
     :data:`ROWWISE_OPS` (views are taken to keep the token dimension leading,
@@ -111,7 +116,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from graphs import LM_HEADS_META, Graph, Node, Span
+from graphs import CALL_RETURNS_META, LM_HEADS_META, Graph, Node, Span
 
 from ..errors import PlanError, SolverInputError
 
@@ -263,10 +268,11 @@ def _find_calls(graph: Graph) -> tuple[Span, ...]:
     except ChunkError:
         end = len(graph)
     last_reader = [max(s, default=-1) for s in graph.succs]
+    returns = graph.meta.get(CALL_RETURNS_META) or {}
     found: list[Span] = []
     for sp in graph.spans:  # sorted by (first, -last): an outer call comes before the calls inside it
-        if sp.last >= end or (found and sp.first <= found[-1].last):
-            continue
+        if sp.last >= end or (found and sp.first <= found[-1].last) or sp.module in returns:
+            continue  # in the tail, inside a call found, or returning more than one tensor
         if "[" in sp.module:  # a run of nn.Sequential children ("body[0:2]"): no one forward to run in chunks;
             continue  # its calls are candidates each (a run offered here failed at apply: ChunkedHeadError)
         if sum(_products(graph.nodes[i]) for i in range(sp.first, sp.last + 1)) < 2:
