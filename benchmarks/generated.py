@@ -127,7 +127,7 @@ def failures(rows: list[Row]) -> list[str]:
 
 
 def main(quick: bool = False, seeds: int | None = None) -> None:
-    n = seeds if seeds is not None else (6 if quick else 24)
+    n = seeds if seeds is not None else (6 if quick else 100)
     t0 = time.perf_counter()
     rows, untraced = run(range(n))
     over_nested = [r for r in rows if "inner" in r.plan and not r.outcome.error and r.outcome.over > 0]
@@ -166,7 +166,7 @@ def main(quick: bool = False, seeds: int | None = None) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--seeds", type=int, default=None, help="random modules (default 24, 6 with --quick)")
+    parser.add_argument("--seeds", type=int, default=None, help="random modules (default 100, 6 with --quick)")
     cli = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     main(quick=cli.quick, seeds=cli.seeds)
