@@ -150,8 +150,8 @@ def main(quick: bool = False, seeds: int | None = None) -> None:
         "## Pairs over their prediction, different from the unplanned step, or failing",
         "",
         "NESTED rule: an inner region has an input made by its outer's recompute that a node inside it saves; "
-        "`simulate` releases that input when the inner region's recompute ends, though the node's backward "
-        "still reads it (issue 33, fixed on its own branch). Of the pairs with inner regions over their "
+        "`simulate` once released that input when the inner region's recompute ended, though the node's backward "
+        "still reads it (issue 33; it is kept since, NOTE [ Nested regions ]). Of the pairs with inner regions over their "
         f"prediction, {sum(r.nested_rule for r in over_nested)} of {len(over_nested)} have such an input "
         f"({sum(r.nested_rule for r in rows)} of the {sum(r.kind.startswith(('nested', 'mixed')) for r in rows)} "
         "nested and mixed pairs have one).",
