@@ -177,22 +177,8 @@ def alternate(step: Callable[[], None], a: Side, b: Side, pairs: int, timed: int
               ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
     """``pairs`` alternated turns (ABBA...) of ``a`` and ``b``: per turn the best ``(wall, cpu)`` of ``timed``
     steps after one warm-up step."""
-    out: dict[str, list[tuple[float, float]]] = {"a": [], "b": []}
-    for p in range(pairs):
-        for name in (("a", "b") if p % 2 == 0 else ("b", "a")):
-            side = a if name == "a" else b
-            side.on()
-            try:
-                step()
-                best = (float("inf"), float("inf"))
-                for _ in range(timed):
-                    w0, c0 = time.perf_counter(), time.process_time()
-                    step()
-                    best = min(best, (time.perf_counter() - w0, time.process_time() - c0))
-                out[name].append(best)
-            finally:
-                side.off()
-    return out["a"], out["b"]
+    first, second = round_robin(step, (a, b), pairs, timed)
+    return first, second
 
 
 def round_robin(step: Callable[[], None], sides: Sequence[Side], rounds: int, timed: int = 2
