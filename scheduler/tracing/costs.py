@@ -130,6 +130,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils import stateless
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from .layouts import layouts_for
 from .opclasses import time_calls
 from .recorder import Recorder, module_calls, module_path
 from .records import OpRecord, fake_copy, storage_bytes, storage_key
@@ -159,8 +160,8 @@ CPU_ATTENTION_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cp
 
 def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_module: str = "",
                 workspaces: torch.device | None = None, device: torch.device | None = None,
-                kernels: Any = None, outputs: Sequence[str] = (), time_classes: Sequence[str] = ()
-                ) -> tuple[list[OpRecord], dict[str, int]]:
+                kernels: Any = None, outputs: Sequence[str] = (), time_classes: Sequence[str] = (),
+                target_kind: str | None = None) -> tuple[list[OpRecord], dict[str, int]]:
     """Run ``gm`` on fake copies of its state and inputs and measure every node.
 
     Args:
@@ -178,6 +179,10 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
         time_classes: op classes whose forward calls are timed at their shapes
             on the ``workspaces`` device (NOTE [ Measured op classes ] in
             ``scheduler.tracing.opclasses``; ``OpRecord.class_times``).
+        target_kind: the kind of device the trace plans for ("cpu",
+            "cuda"); outputs whose fake layout differs from that device's
+            kernel are laid out as the kernel does (NOTE [ Kernel layouts ]
+            in ``scheduler.tracing.layouts``). None: the fake tensors' device.
 
     Returns:
         ``(records, totals)``: one :class:`OpRecord` per compute node in graph
@@ -250,8 +255,11 @@ def measure_ops(gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], *, strip_m
         probe = WorkspaceProbe()
     watch = OpWatch(param_keys | set(trainable), state_keys, counter, probe)
     rec = Recorder(gm, fake, counter, watch, set(state_keys) | input_keys, strip_module, device)
+    fake_kind = device.type if device is not None else next(
+        (v.device.type for v in flat_inputs if isinstance(v, torch.Tensor)), "cpu")
+    layouts = layouts_for(target_kind or fake_kind)
     with stateless._reparametrize_module(gm, state, tie_weights=True), torch.enable_grad():
-        with fake, counter, watch:
+        with fake, layouts if layouts is not None else contextlib.nullcontext(), counter, watch:
             with kernels if kernels is not None else contextlib.nullcontext():
                 result = rec.run(*fake_inputs)
             rec.run_backward(result)

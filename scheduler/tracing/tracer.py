@@ -286,7 +286,7 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
     timed = timed_classes() if costs == "roofline" and plan_for.kind == "cpu" and ws_device is not None \
         and ws_device.type in ("cpu", "meta") else ()
     records, totals = measure_ops(gm, flat, strip_module=strip, workspaces=ws_device, device=moved, kernels=kernels,
-                                  outputs=outputs or (), time_classes=timed)
+                                  outputs=outputs or (), time_classes=timed, target_kind=plan_for.kind)
     totals["rng_state_bytes"] = rng_state_bytes(plan_for)  # type: ignore[assignment]
     if not records:
         raise TraceError(f"{type(model).__name__} traced to a graph without operations; nothing to plan")
