@@ -8,10 +8,14 @@ NOTE [ Region call overhead ]
     arguments split into checkpoint inputs (NOTE [ Every tensor a region
     receives is a checkpoint input ]), the generator watch and the probe
     (NOTE [ Recompute at the region's end ]). Done with ``modules()``
-    walks, ``pytree`` and ``register_multi_grad_hook``, that was 0.2-0.6 ms
-    a call on a ViT block where torch's checkpoint of the same block added
-    less (``benchmarks/results/overhead.md``). So the common cases go a
-    shorter way, each giving what the general way gives:
+    walks, ``pytree`` and ``register_multi_grad_hook``, a region call cost
+    about 180 us more than torch's own checkpoint of the same small block
+    (two linears and a norm, forward and backward, best of repeats); on the
+    short ways below about 110 us more, most of it the probe and the watch,
+    which torch's checkpoint does not have (``benchmarks/overhead.py``
+    measures a ViT block, ``--against`` an older checkout in the same
+    rounds). So the common cases go a shorter way, each giving what the
+    general way gives:
 
     * one walk of the region's modules finds the statistics and the
       stochastic modules together (:func:`region_state`), in the order
