@@ -12,7 +12,7 @@ the loss, on one torch thread, in one process:
 * our plan (``ilp`` over regions and kept calls: NOTE [ Kept calls under torch.compile ]; LM heads in
   ``CHUNKS``) for each of their measured peaks, applied onto a copy of the model and compiled with
   inductor at budget 1.0, its eager budget searched by what the plans measure (NOTE [ Compile-aware
-  budget ] in ``benchmarks/compile_fit.py``: at most ``SOLVES`` solves and ``COMPILES`` compiles a row);
+  budget ] in ``scheduler/sizing/compiled.py``: at most ``SOLVES`` solves and ``COMPILES`` compiles a row);
 * our plan below compile's least peak (``BELOW`` of it), where ours reaches; under our least feasible
   eager budget, the floor's plan measured;
 * where ours at its floor measures over a target, dp's least-peak plan and a coarse plan of no
@@ -48,7 +48,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from benchmarks.compile_fit import Fit, Search
+from scheduler.sizing.compiled import Fit, Search, plan_key
 from benchmarks.pages import out_dir, write_page
 
 log = logging.getLogger("benchmarks.compile")
@@ -222,10 +222,6 @@ def rounds(sides: list[Side], args: tuple, repeats: int) -> list[float]:
 
 
 # --------------------------------------------------------------------------- one model
-def _key(plan: Any) -> tuple:
-    return (tuple(plan.modules), tuple(plan.save_ops), tuple(plan.inner), tuple(plan.chunks))
-
-
 def searcher(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int], made: dict[tuple, Side],
              chunks: tuple[int, ...] | None) -> Search:
     """The compile-aware search of one model (NOTE [ Compile-aware budget ]): our solver at an eager budget,
@@ -248,14 +244,14 @@ def searcher(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int], 
     def measure(plan: Any) -> int:
         planned = copy.deepcopy(model)
         scheduler.apply(planned, plan)
-        side = made[_key(plan)] = compiled("ours", planned, args)
+        side = made[plan_key(plan)] = compiled("ours", planned, args)
         return side.peak(args)
 
     def cost(plan: Any) -> float:  # simulated: a plan of no solver (the coarse one) carries no solver's figure
         sim = scheduler.simulate(graph, plan)
         return (sim.recompute_time_s or 0.0) + sum((sim.overhead_s or {}).values())
 
-    return Search(solve, measure, lambda plan: scheduler.simulate(graph, plan).peak_bytes, key=_key,
+    return Search(solve, measure, lambda plan: scheduler.simulate(graph, plan).peak_bytes, key=plan_key,
                   cost=cost, plain=plain,
                   others=[("floor plan", least(s, **o)) for s, o in OTHER_SOLVERS]
                   + [("coarse plan", lambda: coarse_plan(graph))])

@@ -51,7 +51,7 @@ def report(doc: dict[str, Any]) -> str:
         "",
         "Each row: compile's own knob `torch._functorch.config.activation_memory_budget` at the row's fraction, "
         "and our plan for compile's measured peak as the target, found by the compile-aware budget "
-        "(NOTE [ Compile-aware budget ], `benchmarks/compile_fit.py`): solve at an eager budget, apply onto a copy "
+        "(NOTE [ Compile-aware budget ], `scheduler/sizing/compiled.py`): solve at an eager budget, apply onto a copy "
         "of the model, compile with inductor at budget 1.0, measure; the next eager budget between the largest "
         "that measured at or under the target and the least that measured over it, where the line through "
         "those two plans' (predicted, measured) puts the target (bisection when it falls outside); at most "

@@ -105,7 +105,7 @@ SUITES: tuple[Suite, ...] = (
                                            "scheduler/applying/chunked.py"),
           how="PYTHONPATH=. VENV/bin/python -m benchmarks.levers, in the venv of thirdparty (make bench runs the "
               "models it can and keeps the committed page when a library is missing)"),
-    Suite("compile", ("compile.md",), _STEP + ("scheduler/comparing/", "benchmarks/compile_fit.py",
+    Suite("compile", ("compile.md",), _STEP + ("scheduler/comparing/", "scheduler/sizing/compiled.py",
                                                "benchmarks/compile_page.py"),
           how="PYTHONPATH=. VENV/bin/python -m benchmarks.compile, in the venv of thirdparty (torchvision; make bench "
               "runs the models it can and keeps the committed page when torchvision is missing)"),

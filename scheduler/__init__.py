@@ -34,7 +34,7 @@ from solvers import (
 )
 
 from . import api
-from .api import fit, simulate, solve
+from .api import fit, simulate, solve, solve_compiled
 from .sizing.budget import BudgetError, format_bytes, parse_size
 from .sizing.memory import parse_budget
 
@@ -43,7 +43,7 @@ __all__ = [
     "InfeasibleBudget", "Plan", "PlanError", "PlanMismatch", "Simulation", "Status", "UnknownSolver",
     "available_solvers", "load_plan",
     "BudgetError", "format_bytes", "parse_budget", "parse_size",
-    "trace", "solve", "simulate", "apply", "remove", "verify", "fit", "compare",
+    "trace", "solve", "simulate", "apply", "remove", "verify", "fit", "compare", "solve_compiled",
 ]
 
 

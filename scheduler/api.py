@@ -9,7 +9,8 @@ neither torch, OR-Tools, matplotlib nor transformers:
 * ``trace``: :func:`scheduler.tracing.tracer.trace`, a model and example inputs -> a cost graph;
 * ``apply`` / ``remove``: :func:`scheduler.applying.apply`, a plan onto the user's module, and its undo;
 * ``verify``: :func:`scheduler.measuring.verification.verify`, real steps with and without a plan;
-* ``compare``: :func:`scheduler.comparing.run.compare`, our plans beside the tools people use today.
+* ``compare``: :func:`scheduler.comparing.run.compare`, our plans beside the tools people use today;
+* ``solve_compiled``: written here, a plan whose step under ``torch.compile`` measures at or under a budget.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .sizing.memory import ReserveSpec, step_budget_bytes
 from .sizing.floor import explain_floor
 from .sizing.fit import fit
 
-__all__ = ["trace", "solve", "simulate", "apply", "remove", "verify", "fit", "compare"]
+__all__ = ["trace", "solve", "simulate", "apply", "remove", "verify", "fit", "compare", "solve_compiled"]
 
 #: The verbs that import torch, served on first use: name -> "module:attribute".
 LAZY = {
@@ -202,3 +203,97 @@ def simulate(graph: Graph, plan: Plan | None = None, *, check: bool = True, reco
     if plan is not None:
         plan.check_graph(graph, check=check)
     return solvers.simulate(graph, plan, record=record)
+
+
+def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *, budget: BudgetSpec,
+                   loss: Any = None, graph: Graph | None = None, solver: str = "ilp", backend: Any = "inductor",
+                   compile_options: dict[str, Any] | None = None, loop: str = "held", compiles: int = 4,
+                   solves: int = 8, **options: Any) -> Any:
+    """A plan whose training step, compiled with ``torch.compile``, peaks at or under ``budget`` by the allocator.
+
+    ``solve``'s prediction is eager's; inductor fuses and partitions, and the
+    same plan measures another peak compiled (NOTE [ Compile-aware budget ] in
+    ``scheduler.sizing.compiled``). So each candidate is applied onto a copy of
+    ``model``, compiled, run and measured, and the eager budget searched until
+    a plan measures at or under ``budget``: a few compiles (``compiles`` at
+    most, beside the unplanned step's), ``solves`` solves at most.
+
+    Args:
+        model, args, kwargs, loss, loop: the model and one training step, as
+            ``scheduler.trace`` takes them (``model`` is not changed).
+        budget: the compiled step's peak: ``"6GiB"``, bytes, or a fraction in
+            (0, 1] of the compiled unplanned step's measured peak.
+        graph: the model's trace (traced here when None).
+        solver, **options: as for :func:`solve` (``chunks=``, ``time_limit_s=``...).
+        backend, compile_options: ``torch.compile``'s backend and its other
+            keyword arguments (``mode``, ``fullgraph``, ``dynamic``...).
+
+    Returns:
+        A :class:`scheduler.sizing.compiled.Fit`: ``.plan`` (apply it, then
+        compile the model as measured), ``.measured`` and ``.predicted`` bytes,
+        ``.reached`` (False: nothing measured at or under the budget; ``.plan``
+        is then the lowest measured), ``.tries`` (every plan measured).
+    """
+    from .measuring.compiled import compiled_step_peak
+    from .sizing.budget import parse_size
+    from .sizing.compiled import Fit, Point, Search, plan_key
+
+    if compiles < 1 or solves < 1:
+        raise SolverOptionError(f"compiles={compiles}, solves={solves}: each must be at least 1")
+    kwargs = dict(kwargs or {})
+    if graph is None:
+        from .tracing.tracer import trace
+
+        graph = trace(model, tuple(args), kwargs, loss=loss)
+    graph = graph.with_loop(loop)
+
+    def measure(plan: Plan | None) -> int:
+        return compiled_step_peak(model, plan, args, kwargs, loss, backend=backend, options=compile_options,
+                                  loop=loop)
+
+    plain = measure(None)
+    target = _compiled_target(budget, plain, parse_size)
+    predicted = solvers.simulate(graph, None).peak_bytes
+    if plain <= target:  # the unplanned step fits: no plan is the fastest
+        none = Plan.from_regions(graph, [])
+        point = Point(budget=predicted, predicted=predicted, measured=plain, key=plan_key(none), plan=none)
+        return Fit(target=target, point=point, reached=True, tries=[point])
+
+    def cost(plan: Plan) -> float:
+        sim = solvers.simulate(graph, plan, record=False)
+        return (sim.recompute_time_s or 0.0) + sum((sim.overhead_s or {}).values())
+
+    search = Search(lambda b: solve(graph, b, solver, **options), measure,
+                    lambda plan: solvers.simulate(graph, plan, record=False).peak_bytes, key=plan_key, cost=cost,
+                    plain=(predicted, plain), others=[("coarse plan", lambda: _coarse_plan(graph))])
+    return search.fit(target, compiles=compiles, solves=solves)
+
+
+def _coarse_plan(graph: Graph) -> Plan:
+    """Every outermost module call of the graph (the model's children, or a ``ModuleList``'s blocks) its own
+    region: a plan no solver of ours picks, measured when the least-peak plan is over a compiled budget (NOTE
+    [ Compile-aware budget ]: inductor's channels-last copies are made inside the regions it recomputes)."""
+    spans = sorted(((sp.first, sp.last) for sp in graph.spans if sp.module), key=lambda ab: (ab[0], -ab[1]))
+    regions: list[tuple[int, int]] = []
+    for a, b in spans:
+        if not regions or a > regions[-1][1]:
+            regions.append((a, b))
+    return Plan.from_regions(graph, regions)
+
+
+def _compiled_target(budget: BudgetSpec, plain: int, parse_size: Any) -> int:
+    """Bytes from a size, or a fraction of the compiled unplanned step's measured peak."""
+    from .sizing.budget import BudgetError
+
+    if isinstance(budget, bool):
+        raise BudgetError(f"budget={budget!r}: give a size such as '6GiB' or a fraction in (0, 1]")
+    if isinstance(budget, int):
+        return budget
+    try:
+        fraction = float(budget)
+    except (TypeError, ValueError):
+        return parse_size(str(budget))
+    if not 0 < fraction <= 1:
+        raise BudgetError(f"budget={budget!r}: a fraction is in (0, 1] (of the compiled unplanned step's peak, "
+                          f"{plain / 2**20:.2f} MiB here); give a size such as '6GiB' otherwise")
+    return int(fraction * plain)

@@ -5,7 +5,8 @@
 * ``floor``: the step no plan can make smaller (``explain_floor``);
 * ``sized``: a model as ``size -> graph``; ``search``: the largest batch or sequence per solver (NOTE [ Size
   search ]); ``fit``: :func:`~scheduler.sizing.fit.fit`, that search for one card or a parallel layout
-  (``scheduler.distributed.fit``).
+  (``scheduler.distributed.fit``); ``compiled``: the eager budget whose plan measures a target peak under
+  ``torch.compile`` (NOTE [ Compile-aware budget ]; the measuring is passed in, no torch here).
 
 May import ``graphs``, ``solvers``, ``scheduler.report``; ``budget``, ``memory`` and ``floor`` nothing else of
 ``scheduler`` (``scheduler.distributed`` builds on them), ``sized``, ``search`` and ``fit`` also the tracer and

@@ -25,7 +25,7 @@ NOTE [ Kernel layouts ]
     workspace probe and autograd all see the run's layouts. It only acts
     when a rule's layout differs from the fake one (a no-op on a torch whose
     meta kernel agrees) and only for a CPU target: CUDA's group norm is not
-    checked on a GPU here. ``tests/test_kernel_layouts.py`` compares the
+    checked on a GPU here. ``tests/regressions/test_group_norm_layout.py`` compares the
     trace's strides with the real CPU kernels' op by op.
 """
 

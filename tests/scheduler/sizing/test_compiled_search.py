@@ -1,11 +1,11 @@
-"""benchmarks/compile_fit.py: the compile-aware budget (NOTE [ Compile-aware budget ]) with made-up plans and
+"""scheduler/sizing/compiled.py: the compile-aware budget (NOTE [ Compile-aware budget ]) with made-up plans and
 an injected measure: no compile, no clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.compile_fit import Search
+from scheduler.sizing.compiled import Search
 from solvers.errors import InfeasibleBudget
 
 MIB = 2**20

@@ -1,4 +1,6 @@
-"""Our plan aimed at a peak measured under torch.compile: solve, compile, measure, solve again (issue 35).
+"""Our plan aimed at a peak measured under torch.compile: solve, compile, measure, solve again.
+
+``scheduler.solve_compiled`` runs it for a user's model; ``benchmarks/compile.py`` for the compile page.
 
 NOTE [ Compile-aware budget ]
     Our prediction (``simulate``) is eager's: what autograd saves, op by op.
@@ -47,9 +49,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
-log = logging.getLogger("benchmarks.compile")
+log = logging.getLogger(__name__)
 
-__all__ = ["Point", "Fit", "Search"]
+__all__ = ["Point", "Fit", "Search", "plan_key"]
+
+
+def plan_key(plan: Any) -> tuple:
+    """What makes two plans the same plan to compile (regions, kept calls, nesting, chunks)."""
+    return (tuple(plan.modules), tuple(plan.save_ops), tuple(plan.inner), tuple(plan.chunks))
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,21 @@ class Fit:
     solves: int = 0
     compiles: int = 0
     tries: list[Point] = field(default_factory=list)
+
+    @property
+    def plan(self) -> Any:
+        """The plan kept (None: nothing was measured)."""
+        return None if self.point is None else self.point.plan
+
+    @property
+    def measured(self) -> int | None:
+        """Its compiled step's peak by the allocator (bytes)."""
+        return None if self.point is None else self.point.measured
+
+    @property
+    def predicted(self) -> int | None:
+        """Its eager prediction (``simulate``, bytes)."""
+        return None if self.point is None else self.point.predicted
 
 
 class Search:

@@ -1,0 +1,82 @@
+"""``scheduler.solve_compiled``: a plan whose compiled step measures at or under the budget (NOTE [ Compile-aware
+budget ] in scheduler/sizing/compiled.py), on a small model compiled with ``aot_eager`` (a real compile, fast)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import scheduler
+from scheduler.measuring.compiled import compiled_step_peak
+from scheduler.sizing.budget import BudgetError
+
+
+class Blocks(nn.Module):
+    def __init__(self, width: int = 64, depth: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+                                    for _ in range(depth))
+        self.head = nn.Linear(width, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+@pytest.fixture(scope="module")
+def case():
+    torch.manual_seed(0)
+    model = Blocks().train()
+    x, labels = torch.randn(256, 64), torch.randint(0, 8, (256,))
+
+    def loss(out):
+        return F.cross_entropy(out, labels)
+
+    graph = scheduler.trace(model, (x,), {}, loss=loss)
+    return model, x, loss, graph
+
+
+def test_the_plan_measures_under_the_budget_compiled(case):
+    model, x, loss, graph = case
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.manual_seed(5)
+    rng = torch.get_rng_state()
+    fit = scheduler.solve_compiled(model, (x,), loss=loss, graph=graph, budget=0.7, backend="aot_eager", compiles=3)
+    plain = compiled_step_peak(model, None, (x,), {}, loss, backend="aot_eager")
+    assert fit.target == int(0.7 * plain)
+    assert fit.reached and fit.plan is not None and fit.plan.regions
+    assert fit.measured <= fit.target < plain
+    # measured again, from scratch: the same allocator peak
+    assert compiled_step_peak(model, fit.plan, (x,), {}, loss, backend="aot_eager") == fit.measured
+    assert 1 <= fit.compiles <= 3 and len(fit.tries) >= 1
+    # the user's model, its gradients and the random generator are as they were
+    assert all(torch.equal(p, before[n]) and p.grad is None for n, p in model.named_parameters())
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert "_ckpt_plan" not in model.__dict__  # no plan was applied onto it
+
+
+def test_a_budget_over_the_unplanned_step_needs_no_plan(case):
+    model, x, loss, graph = case
+    fit = scheduler.solve_compiled(model, (x,), loss=loss, graph=graph, budget=1.0, backend="aot_eager")
+    assert fit.reached and fit.plan is not None and not fit.plan.regions and fit.compiles == 0
+
+
+@pytest.mark.parametrize("budget, says", [(1.5, "a fraction is in (0, 1]"), ("12 apples", "unknown size unit")])
+def test_a_budget_that_is_not_one_says_so(case, budget, says):
+    model, x, loss, graph = case
+    with pytest.raises(BudgetError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        scheduler.solve_compiled(model, (x,), loss=loss, graph=graph, budget=budget, backend="aot_eager")
+
+
+def test_a_budget_under_every_plan_returns_the_lowest_measured(case):
+    model, x, loss, graph = case
+    fit = scheduler.solve_compiled(model, (x,), loss=loss, graph=graph, budget="1MiB", backend="aot_eager",
+                                   compiles=2)
+    assert not fit.reached and fit.plan is not None
+    assert fit.measured == min(p.measured for p in fit.tries) > fit.target
+    # the floor's plan was measured, and the coarse plan beside it: each block and the head a region
+    assert fit.floor is not None and fit.at_floor
+    assert sorted(len(p.plan.regions) for p in fit.tries)[-1] == 5, fit.tries
