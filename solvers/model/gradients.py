@@ -42,6 +42,12 @@ class GradientWalk:
         above the ``[8, 768, 8, 8]`` that ``simulate`` held instead
         (``tests/regressions/test_timm_vit_patch_grad.py``). Other zero-byte
         nodes keep the rules above: their inputs' gradients are new tensors.
+        A zero-byte node merged from several views is such a view when each
+        member that hands a gradient to another record does; one that reads
+        only parameters (torchvision ViT's ``class_token.expand`` folded with
+        the patches' ``reshape`` and ``permute``) has no say: it made
+        ``vit_b_16`` measure 6,144 B over every plan
+        (``tests/regressions/test_class_token_grad_view.py``).
     """
 
     def __init__(self, graph: Graph) -> None:
