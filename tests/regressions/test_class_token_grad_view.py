@@ -47,7 +47,7 @@ class _PatchViT(nn.Module):
         return self.head(x[:, 0])
 
 
-@pytest.mark.parametrize("granularity", ["op", "fold"])
+@pytest.mark.parametrize("granularity", ["fold"])
 def test_patch_gradient_view_is_predicted(granularity):
     torch.manual_seed(0)
     model = _PatchViT().train()
