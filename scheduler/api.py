@@ -265,8 +265,20 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
 
     search = Search(lambda b: solve(graph, b, solver, **options), measure,
                     lambda plan: solvers.simulate(graph, plan, record=False).peak_bytes, key=plan_key, cost=cost,
-                    plain=(predicted, plain))
+                    plain=(predicted, plain), others=[("coarse plan", lambda: _coarse_plan(graph))])
     return search.fit(target, compiles=compiles, solves=solves)
+
+
+def _coarse_plan(graph: Graph) -> Plan:
+    """Every outermost module call of the graph (the model's children, or a ``ModuleList``'s blocks) its own
+    region: a plan no solver of ours picks, measured when the least-peak plan is over a compiled budget (NOTE
+    [ Compile-aware budget ]: inductor's channels-last copies are made inside the regions it recomputes)."""
+    spans = sorted(((sp.first, sp.last) for sp in graph.spans if sp.module), key=lambda ab: (ab[0], -ab[1]))
+    regions: list[tuple[int, int]] = []
+    for a, b in spans:
+        if not regions or a > regions[-1][1]:
+            regions.append((a, b))
+    return Plan.from_regions(graph, regions)
 
 
 def _compiled_target(budget: BudgetSpec, plain: int, parse_size: Any) -> int:

@@ -69,3 +69,14 @@ def test_a_budget_that_is_not_one_says_so(case, budget, says):
     model, x, loss, graph = case
     with pytest.raises(BudgetError, match=says.replace("(", r"\(").replace(")", r"\)")):
         scheduler.solve_compiled(model, (x,), loss=loss, graph=graph, budget=budget, backend="aot_eager")
+
+
+def test_a_budget_under_every_plan_returns_the_lowest_measured(case):
+    model, x, loss, graph = case
+    fit = scheduler.solve_compiled(model, (x,), loss=loss, graph=graph, budget="1MiB", backend="aot_eager",
+                                   compiles=2)
+    assert not fit.reached and fit.plan is not None
+    assert fit.measured == min(p.measured for p in fit.tries) > fit.target
+    # the floor's plan was measured, and the coarse plan beside it: each block and the head a region
+    assert fit.floor is not None and fit.at_floor
+    assert sorted(len(p.plan.regions) for p in fit.tries)[-1] == 5, fit.tries
