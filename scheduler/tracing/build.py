@@ -30,8 +30,8 @@ NOTE [ Merging nodes ]
     * ``grad_views`` (the backward hands inputs views of the output's
       gradient, as ``cat`` does) only when the one member that creates
       storage has it, or, in a group that creates none, when every member
-      with a backward has it (views: NOTE [ View gradients through views ]
-      in ``solvers.model.gradients``);
+      with a backward that reads another record has it (views: NOTE [ View
+      gradients through views ] in ``solvers.model.gradients``);
     * ``rows`` (the token rows a chunked call splits) are its last output's;
     * FLOPs and costs (``fwd_cost``) add up; flags are "any member"; ``param_bytes`` are the
       parameters whose last forward user is in ``G`` (their gradient is
@@ -203,11 +203,13 @@ def _rows(records: Sequence[OpRecord], members: Sequence[int]) -> int:
 def _grad_views(rs: Sequence[OpRecord]) -> bool:
     """A group hands its inputs views of its output's gradient: ``cat``-like when the one member creating
     storage does (one op, or folded views); a group creating none (views) when every member with a backward
-    does (NOTE [ View gradients through views ] in ``solvers.model.gradients``)."""
+    does (NOTE [ View gradients through views ] in ``solvers.model.gradients``). A member that reads no record
+    (torchvision ViT's ``class_token.expand``: a parameter in, its gradient summed into a new tensor for the
+    parameter alone) hands no activation a gradient, and has no say."""
     owning = [r.grad_views for r in rs if r.out_bytes > 0]
     if owning:
         return owning == [True]
-    backward = [r.grad_views for r in rs if r.requires_grad]
+    backward = [r.grad_views for r in rs if r.requires_grad and r.inputs]
     return bool(backward) and all(backward)
 
 
