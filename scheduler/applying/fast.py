@@ -9,11 +9,12 @@ NOTE [ Region call overhead ]
     receives is a checkpoint input ]), the generator watch and the probe
     (NOTE [ Recompute at the region's end ]). Done with ``modules()``
     walks, ``pytree`` and ``register_multi_grad_hook``, a region call cost
-    about 180 us more than torch's own checkpoint of the same small block
-    (two linears and a norm, forward and backward, best of repeats); on the
-    short ways below about 110 us more, most of it the probe and the watch,
-    which torch's checkpoint does not have (``benchmarks/overhead.py``
-    measures a ViT block, ``--against`` an older checkout in the same
+    130-170 us more than torch's own checkpoint of the same small block
+    (two linears and a norm, forward and backward, best of repeats, both
+    trees in one process on a busy machine); the short ways below save
+    10-20 us of it. Most of the rest is the probe and the watch, which
+    torch's checkpoint does not have (``benchmarks/overhead.py`` measures a
+    ViT block; ``--against CHECKOUT`` an older checkout in the same
     rounds). So the common cases go a shorter way, each giving what the
     general way gives:
 
