@@ -111,6 +111,7 @@ SUITES: tuple[Suite, ...] = (
               "runs the models it can and keeps the committed page when torchvision is missing)"),
     Suite("cost_models", ("cost_models.md",), _TRACE),
     Suite("time_truth", ("time.md",), _STEP + ("scheduler/comparing/", "benchmarks/chunked.py")),
+    Suite("overhead", ("overhead.md",), ("scheduler/applying/", "scheduler/api.py")),
     Suite("startup", ("startup.md",), ("graphs/", "solvers/", "scheduler/")),
     Suite("accounting", ("accounting.md",), _STEP, bench=False,
           how="python -m benchmarks.accounting timm-vit-s timm-vit-b hf-vit hf-t5 (in a venv with timm, see the module)"),

@@ -62,11 +62,11 @@ import warnings
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .rng import RngWatch, calls_of, drawing_modules, warn_random_region
+from .fast import hook_outputs, region_state, split_args
+from .rng import RngWatch, calls_of, warn_random_region
 from .selective import RegionPolicy, selective_contexts
 from .visible import as_before, flags_as_before, restore_flag
 
@@ -127,7 +127,7 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
     # A stochastic module the region holds but does not call (torchvision's EfficientNet keeps a
     # StochasticDepth in blocks without a residual) draws nothing: the watch decides, and names the
     # stochastic modules that were called (NOTE [ RNG replay decided at run time ]).
-    drawing = [] if stochastic else drawing_modules(modules)
+    stats, drawing = region_state(modules, drawing=not stochastic)  # NOTE [ Region call overhead ]
     watched: list[RngWatch | None] = [None]  # a deterministic region's snapshot while it may be needed
     # NOTE [ Containers passed to a region ]: checkpoint keeps the arguments for the recompute by
     # reference; torchvision's DenseNet passes a list of features that it appends to after the call,
@@ -143,19 +143,8 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
     #     whose MLP took its input by keyword). So every tensor leaf of the arguments is passed to checkpoint
     #     as a positional input, and the call is rebuilt from them in both runs; the closure keeps only the
     #     non-tensor leaves and the structure.
-    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-    tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-    tensors = [leaves[i] for i in tensor_at]
-    template = [None if isinstance(v, torch.Tensor) else v for v in leaves]
-    del leaves, args, kwargs
-
-    def rebuild(values: tuple) -> tuple[tuple, dict]:
-        filled = list(template)
-        for i, t in zip(tensor_at, values):
-            filled[i] = t
-        return pytree.tree_unflatten(filled, spec)
-
-    stats = _running_stats(modules)
+    tensors, rebuild = split_args(args, kwargs)
+    del args, kwargs
     probes: list[_Probe | None] = []
     use_probe = not any(_is_fsdp(m) for m in modules)
     calls = 0
@@ -175,7 +164,7 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
             if stochastic:
                 return fn(*a, **kw)
             watch = RngWatch(values)
-            with calls_of(drawing) as called:
+            with calls_of(drawing) if drawing else contextlib.nullcontext([]) as called:
                 result = fn(*a, **kw)
             if watch.drew():
                 watched[0] = watch
@@ -199,9 +188,7 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
     out = checkpoint(run, *tensors, use_reentrant=False, preserve_rng_state=stochastic, **options)
     probe = probes.pop() if probes else None  # the checkpoint holds run(): the probe must not stay there
     if probe is not None:
-        outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if outs:
-            torch.autograd.graph.register_multi_grad_hook(outs, probe.unpack, mode="any")
+        hook_outputs(out, probe.unpack)
     return out
 
 
@@ -287,8 +274,8 @@ def _without_cache(module: nn.Module, args: tuple, kwargs: dict, where: str = ""
     """NOTE [ Caches under recompute ]: no cache argument and ``use_cache=False`` for a training call,
     with a :class:`CacheDropped` warning (once per region: Python's default filter shows a message once)."""
     sig, names = _cache_params(type(module))
-    if sig is None:
-        return args, kwargs
+    if sig is None or not any(n in kwargs or 0 <= i < len(args) for n, i in _cache_slots(type(module))):
+        return args, kwargs  # no cache argument given: nothing to bind (NOTE [ Region call overhead ])
     try:
         bound = sig.bind(module, *args, **kwargs)
     except TypeError:

@@ -50,6 +50,7 @@ NOTE [ RNG replay decided at run time ]
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import warnings
@@ -58,9 +59,11 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils.checkpoint import _get_device_module, _infer_device_type, get_device_states, set_device_states
+from torch._ops import _len_torch_dispatch_stack_pre_dispatch
+from torch.utils.checkpoint import (DefaultDeviceType, _get_device_module, _infer_device_type, get_device_states,
+                                    set_device_states)
 
-__all__ = ["random_modules", "drawing_modules", "calls_of", "RngWatch", "RandomRegionWarning", "warn_random_region"]
+__all__ = ["random_modules", "drawing_modules", "draws", "calls_of", "RngWatch", "RandomRegionWarning", "warn_random_region"]
 
 log = logging.getLogger(__name__)
 
@@ -74,23 +77,36 @@ class RandomRegionWarning(UserWarning):
     """A region the plan calls deterministic draws random numbers (NOTE [ RNG replay decided at run time ])."""
 
 
-def _draws(m: nn.Module) -> bool:
+@functools.lru_cache(maxsize=None)
+def _kind(cls: type) -> str:
+    """What kind of random module a class is, found once per class: "dropout", "rrelu", "named" (a
+    stochastic-depth / drop-path name) or ""."""
+    if issubclass(cls, nn.modules.dropout._DropoutNd):
+        return "dropout"
+    if issubclass(cls, nn.RReLU):
+        return "rrelu"
+    name = cls.__name__.lower().replace("_", "")
+    return "named" if any(d in name for d in _DROP_NAMES) else ""
+
+
+def draws(m: nn.Module) -> bool:
+    """Whether calling ``m`` now draws random numbers (training mode, a positive rate)."""
     if not m.training:
         return False
-    if isinstance(m, nn.modules.dropout._DropoutNd):
+    kind = _kind(type(m))
+    if not kind:
+        return False
+    if kind == "dropout":
         return float(m.p) > 0
-    if isinstance(m, nn.RReLU):
+    if kind == "rrelu":
         return True
-    name = type(m).__name__.lower().replace("_", "")
-    if any(d in name for d in _DROP_NAMES):
-        rates = [getattr(m, a) for a in _RATE_ATTRS if isinstance(getattr(m, a, None), (int, float))]
-        return not rates or any(float(r) > 0 for r in rates)
-    return False
+    rates = [getattr(m, a) for a in _RATE_ATTRS if isinstance(getattr(m, a, None), (int, float))]
+    return not rates or any(float(r) > 0 for r in rates)
 
 
 def drawing_modules(modules: Iterable[nn.Module]) -> list[nn.Module]:
     """The modules under ``modules`` that draw random numbers when called now (training mode, rate > 0)."""
-    return [m for top in modules for m in top.modules() if _draws(m)]
+    return [m for top in modules for m in top.modules() if draws(m)]
 
 
 def random_modules(modules: Iterable[nn.Module]) -> list[str]:
@@ -121,15 +137,20 @@ class RngWatch:
 
     def __init__(self, args: Sequence[Any]) -> None:
         self.cpu = torch.default_generator.clone_state()
-        self.device_type = _infer_device_type(*args)
         self.devices: list[int] = []
         self.states: list[torch.Tensor] = []
+        if all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in args):
+            # what checkpoint's helpers return for CPU inputs, without their tree walks (NOTE [ Region call overhead ])
+            self.device_type = DefaultDeviceType.get_device_type()
+            return
+        self.device_type = _infer_device_type(*args)
         if self.device_type != "cpu":
             self.devices, self.states = get_device_states(*args)
 
     def drew(self) -> bool:
         """Whether a generator advanced since the snapshot."""
-        with _disable_current_modes():
+        modes = torch._C._len_torch_dispatch_stack() or _len_torch_dispatch_stack_pre_dispatch()
+        with _disable_current_modes() if modes else contextlib.nullcontext():
             if _next(self.cpu.clone_state()) != _next(torch.default_generator.clone_state()):
                 return True
             if self.devices:

@@ -11,7 +11,8 @@ NOTE [ Selective checkpoint policies ]
     and a :class:`RegionPolicy`:
 
     * in the forward (:class:`_Keeping`) the policy counts the calls of each
-      overload and answers ``MUST_SAVE`` for the listed ones; the mode keeps
+      listed overload (NOTE [ Calls no policy keeps ]) and answers
+      ``MUST_SAVE`` for the listed calls; the mode keeps
       a detached alias of what such a call returned (and its version
       counter). In the recompute (:class:`_Replaying`) the same call, found
       by overload and count, returns the kept tensor instead of running
@@ -94,27 +95,20 @@ NOTE [ Kept calls under torch.compile ]
     ``torch.compile`` ("make sure the checkpointed region does not contain
     in-place ops"): the tracer never keeps a call that writes in place.
 
-NOTE [ Counting what a selective policy served ]
-    The profiler is no witness of what re-ran: its event for an ATen call
-    opens in the dispatcher, with the call's FLOPs, before our dispatch
-    modes or checkpoint's early stop decide anything. A kept call the
-    recompute *serves* from the store (nothing runs) still shows as a
-    kernel; a call our modes run again (``func(*args)`` inside
-    ``__torch_dispatch__``) shows twice; the call at which torch's
-    checkpoint stops its recompute (its last needed tensor saved again)
-    shows although it never ran. Counted so, a plan keeping both matrix
-    products of a region measured more recompute than a plain checkpoint of
-    it (``compare_summary.md``: 59 % "measured" for a plan predicted at
-    13 %). So the recomputed FLOPs of an eager step are counted below every
-    mode of ours: a ``FlopCounterMode`` open around the whole step sees a
-    call only when it reaches the kernels (not a served call, not the
-    stopped one, a re-dispatched one once), and the step's count less the
-    plain step's is what re-ran (``count_step_flops``).
-    The modes themselves count what they decide while a :func:`tally` is
-    open: calls made in the forward and kept, calls served and calls run
-    again in the recompute, with the FLOPs of each (torch's formulas); the
-    comparison reports them beside the count. A closed tally costs the
-    modes one list test per call.
+NOTE [ Calls no policy keeps ]
+    Every ATen call of a selective region passes through our mode twice
+    (forward and recompute); most are of overloads the plan keeps no call
+    of. Each overload is looked at once per policy (``RegionPolicy.hot``:
+    whether it is listed in ``save_ops`` or ``save_op_calls``; never a
+    ``SAC_IGNORED_OPS`` one); a call of any other overload only runs, in
+    both modes: it is neither counted (the counts of NOTE [ Kept calls that
+    do not come ] are compared for listed overloads only) nor looked up in
+    the store (nothing of it was kept). The calls of a listed overload are
+    counted and asked of the policy as before, so what is kept and served
+    is unchanged. What the modes count for a :func:`tally` (module
+    ``scheduler.applying.tally``, NOTE [ Counting what a selective policy
+    served ]) is every call, as before. The compiled path is torch's own
+    and still asks the policy about every call.
 """
 
 from __future__ import annotations
@@ -129,6 +123,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from .tally import _TALLIES, Tally, _note, count_step_flops, tally
 
 __all__ = ["RegionPolicy", "KeptOpsDropped", "selective_contexts", "compiled_contexts", "Tally", "tally", "count_step_flops"]
 
@@ -153,7 +149,8 @@ class RegionPolicy:
             them; empty: only check that the listed calls happen.
 
     Attributes:
-        counts: calls of each overload seen in the running forward.
+        counts: calls of each listed overload seen in the running forward (in eager, NOTE [ Calls no
+            policy keeps ]; under torch.compile, of every overload).
         saved: ``(overload, occurrence)`` pairs kept in the running forward (and not let go of).
         off: overloads this region no longer keeps, with why (NOTE [ Kept calls that do not come ]).
         cache_dropped: the running call dropped its key/value cache (NOTE [ Caches under recompute ]).
@@ -166,6 +163,8 @@ class RegionPolicy:
         self._traced = dict(self.calls)
         self._wanted = frozenset(self.save_ops)
         self._names: dict[Any, str] = {}
+        self._kept_names = frozenset(op for op, _ in self.save_ops) | frozenset(self._traced)
+        self.hot: dict[Any, bool] = {}  # overload -> whether the eager modes ask this policy (NOTE [ Calls no policy keeps ])
         self.off: dict[str, str] = {}
         self.paused = 0
         self._warned = False
@@ -204,6 +203,15 @@ class RegionPolicy:
             self.saved.append((name, k))
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def cares(self, func: Any) -> bool:
+        """Whether this policy keeps or checks calls of ``func`` (NOTE [ Calls no policy keeps ])."""
+        if func in _IGNORED:
+            return False
+        name = self._names.get(func)
+        if name is None:
+            name = self._names.setdefault(func, str(func))
+        return name in self._kept_names
 
     @contextlib.contextmanager
     def pause(self):  # noqa: ANN201
@@ -249,71 +257,6 @@ class RegionPolicy:
         return f"RegionPolicy({self.region!r}, {list(self.save_ops)})"
 
 
-# --------------------------------------------------------------------------- counting (NOTE [ Counting what a
-# selective policy served ])
-def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
-    """FLOPs of one call by torch's own formulas (0 for an op they do not price)."""
-    from torch.utils.flop_counter import flop_registry
-
-    formula = flop_registry.get(func._overloadpacket)
-    if formula is None:
-        return 0
-    try:
-        return int(formula(*args, **kwargs, out_val=out))
-    except Exception:  # a formula that does not fit these arguments: counted as no FLOPs
-        return 0
-
-
-class Tally:
-    """What the selective modes saw while it was open (NOTE [ Counting what a selective policy served ]).
-
-    Attributes:
-        forward_calls: calls counted in regions' forwards.
-        kept_calls: of those, the ones kept for the recompute.
-        served_calls: recompute calls answered from the store (nothing ran).
-        recomputed_calls: recompute calls that ran again.
-        served_flops: FLOPs of the served calls (torch's formulas).
-        recomputed_flops: FLOPs of the calls that ran again under a policy.
-    """
-
-    def __init__(self) -> None:
-        self.forward_calls = self.kept_calls = self.served_calls = self.recomputed_calls = 0
-        self.served_flops = self.recomputed_flops = 0
-
-    def note(self, phase: str, func: Any, args: tuple, kwargs: dict, out: Any, *, kept: bool = False) -> None:
-        if phase == "forward":
-            self.forward_calls += 1
-            self.kept_calls += int(kept)
-        elif phase == "served":
-            self.served_calls += 1
-            self.served_flops += _flops(func, args, kwargs, out)
-        else:
-            self.recomputed_calls += 1
-            self.recomputed_flops += _flops(func, args, kwargs, out)
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(vars(self))
-
-
-_TALLIES: list[Tally] = []
-
-
-@contextlib.contextmanager
-def tally():  # noqa: ANN201
-    """Count what the selective modes run, keep and serve while open (yields a :class:`Tally`)."""
-    t = Tally()
-    _TALLIES.append(t)
-    try:
-        yield t
-    finally:
-        _TALLIES.remove(t)
-
-
-def _note(phase: str, func: Any, args: tuple, kwargs: dict, out: Any, kept: bool = False) -> None:
-    for t in _TALLIES:
-        t.note(phase, func, args, kwargs, out, kept=kept)
-
-
 # --------------------------------------------------------------------------- the two dispatch modes
 def _detached(t: Any) -> Any:
     """A detached alias sharing ``t``'s version counter (below autograd, ``detach`` needs the view key
@@ -348,6 +291,8 @@ class _Store:
         entry = self.entries.pop(key, None)
         if entry is None:
             return None
+        if type(entry) is _Kept:  # one tensor (most calls): no tree walk
+            return entry.tensor if entry.tensor._version == entry.version else None
         leaves = pytree.tree_leaves(entry, is_leaf=lambda x: isinstance(x, _Kept))
         if any(isinstance(x, _Kept) and x.tensor._version != x.version for x in leaves):
             return None
@@ -356,25 +301,29 @@ class _Store:
 
 
 class _Keeping(TorchDispatchMode):
-    """The forward's mode: counts calls, keeps what the policy says (NOTE [ Selective checkpoint policies ])."""
+    """The forward's mode: counts calls, keeps what the policy says (NOTE [ Selective checkpoint policies ]);
+    calls of overloads the policy does not care about only run (NOTE [ Calls no policy keeps ])."""
 
     def __init__(self, policy: RegionPolicy, store: _Store) -> None:
         super().__init__()
-        self.policy, self.store = policy, store
+        self.policy, self.store, self.hot = policy, store, policy.hot
         self.index: dict[Any, int] = defaultdict(int)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func in _IGNORED:
-            return out
-        i = self.index[func]
-        self.index[func] = i + 1
-        keep = self.policy(None, func, *args, **kwargs) is CheckpointPolicy.MUST_SAVE
-        if keep:
-            self.store.entries[(func, i)] = pytree.tree_map(_detached, out)
-        if _TALLIES:
-            _note("forward", func, args, kwargs, out, keep)
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        hot = self.hot.get(func)
+        if hot is None:
+            hot = self.hot[func] = self.policy.cares(func)
+        keep = False
+        if hot:
+            i = self.index[func]
+            self.index[func] = i + 1
+            keep = self.policy(None, func, *args, **(kwargs or {})) is CheckpointPolicy.MUST_SAVE
+            if keep:
+                self.store.entries[(func, i)] = (_detached(out) if type(out) is torch.Tensor
+                                                 else pytree.tree_map(_detached, out))
+        if _TALLIES and func not in _IGNORED:
+            _note("forward", func, args, kwargs or {}, out, keep)
         return out
 
 
@@ -382,9 +331,9 @@ class _Replaying(TorchDispatchMode):
     """The recompute's mode: a kept call returns what the forward kept, once (NOTE [ Double backward through
     kept calls ]); every other call runs."""
 
-    def __init__(self, store: _Store) -> None:
+    def __init__(self, store: _Store, hot: dict[Any, bool]) -> None:
         super().__init__()
-        self.store = store
+        self.store, self.hot = store, hot
         self.index: dict[Any, int] = defaultdict(int)
 
     def __enter__(self) -> Any:
@@ -392,15 +341,14 @@ class _Replaying(TorchDispatchMode):
         return super().__enter__()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func in _IGNORED:
-            return func(*args, **kwargs)
-        i = self.index[func]
-        self.index[func] = i + 1
-        kept = self.store.take((func, i))
-        out = func(*args, **kwargs) if kept is None else kept
-        if _TALLIES:
-            _note("recomputed" if kept is None else "served", func, args, kwargs, out)
+        kept = None
+        if self.hot.get(func):  # an overload the forward asked the policy about (NOTE [ Calls no policy keeps ])
+            i = self.index[func]
+            self.index[func] = i + 1
+            kept = self.store.take((func, i))
+        out = (func(*args, **kwargs) if kwargs else func(*args)) if kept is None else kept
+        if _TALLIES and func not in _IGNORED:
+            _note("recomputed" if kept is None else "served", func, args, kwargs or {}, out)
         return out
 
 
@@ -424,8 +372,8 @@ class _Recompute:
     """The recompute context: BatchNorm snapshot outside the replaying mode (NOTE [ Selective checkpoint
     policies ])."""
 
-    def __init__(self, store: _Store, stats: Sequence[torch.Tensor]) -> None:
-        self.mode, self.stats = _Replaying(store), stats
+    def __init__(self, store: _Store, stats: Sequence[torch.Tensor], hot: dict[Any, bool]) -> None:
+        self.mode, self.stats = _Replaying(store, hot), stats
         self.saved: list[torch.Tensor] = []
 
     def __enter__(self) -> None:
@@ -444,7 +392,7 @@ class _Recompute:
 
 def _contexts(policy: RegionPolicy, stats: Sequence[torch.Tensor]) -> tuple[_Forward, _Recompute]:
     store = _Store()
-    return _Forward(policy, store), _Recompute(store, stats)
+    return _Forward(policy, store), _Recompute(store, stats, policy.hot)
 
 
 def selective_contexts(policy: RegionPolicy, stats: Sequence[torch.Tensor]) -> Any:
@@ -462,20 +410,3 @@ def compiled_contexts(policy: RegionPolicy) -> Any:
         return create_selective_checkpoint_contexts(policy)
 
     return context_fn
-
-
-def count_step_flops(step: Callable[[], Any]) -> tuple[int, dict[str, int]]:
-    """FLOPs of the kernels one eager ``step`` really ran, and what the selective modes served.
-
-    NOTE [ Counting what a selective policy served ] (above):
-    a ``FlopCounterMode`` around the step counts each call that reaches the
-    kernels once (a kept call served from the store, or the call at which a
-    checkpoint stops its recompute, not at all), where the profiler counts
-    every call it sees enter the dispatcher. Returns ``(flops, tally)``,
-    ``tally`` the selective modes' counts (:class:`Tally`).
-    """
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with tally() as seen, FlopCounterMode(display=False) as fc:
-        step()
-    return int(fc.get_total_flops()), seen.as_dict()

@@ -63,21 +63,20 @@ def as_before(module: nn.Module, fn: Callable[..., Any]) -> Callable[..., Any]:
     d = module.__dict__
     if _BEFORE not in d:
         return fn
+    return functools.partial(_run_as_before, d, fn)  # no closure per call (NOTE [ Region call overhead ])
 
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:  # a recompute may run after remove(): read the state then
-        present, current = FLAG in d, d.get(FLAG)
-        had, value = d.get(_BEFORE, (False, None))
-        d[FLAG] = bool(value) if had else False
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if present:
-                d[FLAG] = current
-            else:
-                d.pop(FLAG, None)
 
-    return run
+def _run_as_before(d: dict, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    present, current = FLAG in d, d.get(FLAG)  # a recompute may run after remove(): read the state then
+    had, value = d.get(_BEFORE, (False, None))
+    d[FLAG] = bool(value) if had else False
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if present:
+            d[FLAG] = current
+        else:
+            d.pop(FLAG, None)
 
 
 def is_marked(module: nn.Module) -> bool:
