@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from .errors import GraphError
 from .node import Node, toposort
 from .reading import poll, poll_every
-from .schema import (BUILD_META, CALL_RETURNS_META, COSTS_META, FORMAT_VERSION, FROZEN_META, GRAPH_KEYS, LM_HEADS_META, LOOPS, MAX_COUNT, SCALARS_META,
+from .schema import (BUILD_META, CALL_RETURNS_META, COSTS_META, FORMAT_VERSION, FROZEN_META, GRAPH_KEYS, HOLDS_OP, LM_HEADS_META, LOOPS, MAX_COUNT, SCALARS_META,
                      TARGET_META, WORKSPACES_META, short_repr, count, is_count, reject_unknown)
 
 __all__ = ["Span", "Graph", "graph_from_dict"]
@@ -290,8 +290,14 @@ class Graph:
         return self if loop == self.loop else dataclasses.replace(self, loop=loop)
 
     def unaligned(self) -> "Graph":
-        """The same graph with no span restriction: plans may use any interval."""
-        return dataclasses.replace(self, spans=()) if self.spans else self
+        """The same graph with no span restriction: plans may use any interval. Its ``holds`` nodes read nothing:
+        the graph-level applier runs the traced fx graph, not the user's Python, and its values die at their
+        last use (NOTE [ Forward holds ] in ``scheduler.tracing.forward_holds``)."""
+        if not any(nd.op == HOLDS_OP and nd.inputs for nd in self.nodes):
+            return dataclasses.replace(self, spans=()) if self.spans else self
+        nodes = tuple(dataclasses.replace(nd, inputs=(), saves_inputs=()) if nd.op == HOLDS_OP else nd
+                      for nd in self.nodes)
+        return dataclasses.replace(self, spans=(), nodes=nodes)
 
     def recompute_costs(self) -> list[int]:
         """What recomputing each node costs, the quantity every solver minimises.
@@ -328,6 +334,9 @@ class Graph:
 
     def _fingerprint(self) -> str:
         d = self.to_dict()
+        for nd in d["nodes"]:
+            if nd.get("op") == HOLDS_OP:  # what the user's Python holds: memory accounting (NOTE [ Forward holds ])
+                nd["inputs"], nd["saves_inputs"] = [], []
         d.pop("spans", None)  # which regions can be lowered onto modules, not what a plan does
         d.pop("rng_state_bytes", None)  # memory accounting, like the workspaces: not what a plan does
         d.pop("outputs", None), d.pop("loop", None)  # the user's loop: memory accounting too

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 from .errors import CkptError, GraphError
 
 __all__ = ["FORMAT_VERSION", "COSTS_META", "MAX_COUNT", "WORKSPACES_META", "TARGET_META", "BUILD_META", "SCALARS_META",
-           "FROZEN_META", "LM_HEADS_META", "CALL_RETURNS_META", "LOOPS", "GRAPH_KEYS", "count", "is_count", "reject_unknown", "short_repr"]
+           "FROZEN_META", "LM_HEADS_META", "CALL_RETURNS_META", "LOOPS", "HOLDS_OP", "GRAPH_KEYS", "count", "is_count", "reject_unknown", "short_repr"]
 
 #: Version of the JSON format written by :meth:`Graph.to_dict`.
 FORMAT_VERSION = 1
@@ -62,6 +62,9 @@ LM_HEADS_META = "lm_heads"
 CALL_RETURNS_META = "call_returns"
 #: The training loops a graph can be planned for (NOTE [ The user's loop ]).
 LOOPS = ("held", "dropped")
+#: The ``op`` of a node that only reads tensors the user's Python holds past their last reader
+#: (NOTE [ Forward holds ] in ``scheduler/tracing/forward_holds.py``): no bytes, no cost, no gradient.
+HOLDS_OP = "holds"
 
 
 #: Top-level keys of a graph's JSON form.

@@ -30,7 +30,7 @@ from .model.plan import Plan, Status
 from .registry import register
 from .model.simulate import simulate
 from .model.spans import SpanIndex
-from .model.stages import Stages, stages
+from .model.stages import Stages, chain_view, stages
 
 __all__ = ["sqrt_plan", "greedy_plans", "iter_greedy_plans", "chen", "chen_sqrt", "chen_greedy"]
 
@@ -51,7 +51,7 @@ def _regions(st: Stages, groups: list[tuple[int, int]]) -> tuple[tuple[int, int]
 
 def sqrt_plan(graph: Graph, segments: int | None = None) -> tuple[tuple[int, int], ...]:
     """About ``sqrt(n)`` segments of equal node count, cut at stage boundaries."""
-    st = stages(graph)
+    st = stages(chain_view(graph))  # NOTE [ Chains and forward holds ]
     n = len(graph)
     k = segments or max(1, round(math.sqrt(n)))
     groups: list[tuple[int, int]] = []
@@ -71,7 +71,7 @@ def greedy_plans(graph: Graph) -> list[tuple[tuple[int, int], ...]]:
 def iter_greedy_plans(graph: Graph) -> Iterator[tuple[tuple[int, int], ...]]:
     """:func:`greedy_plans` one threshold at a time (a caller under a deadline stops between them);
     a plan may come more than once."""
-    st = stages(graph)
+    st = stages(chain_view(graph))  # NOTE [ Chains and forward holds ]
     sizes = [sum(graph.nodes[i].out_bytes for i in range(a, b + 1)) for a, b in zip(st.starts, st.ends)]
     total = max(1, sum(sizes))
     for g in range(1, GREEDY_GRID + 1):

@@ -59,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from graphs import FROZEN_META, SCALARS_META, Graph, Node, Span
+from graphs import FROZEN_META, HOLDS_OP, SCALARS_META, Graph, Node, Span
 
 from .fsdp import repeated_blocks
 from .layout import Layout, LayoutError
@@ -156,6 +156,15 @@ def stage_graph(graph: Graph, first: int, last: int, *, index: int = 0, stages: 
     """The graph stage ``index`` runs: nodes ``first..last`` and what they receive (NOTE [ A stage's graph ])."""
     if first == 0 and last == len(graph.nodes) - 1:
         return graph
+    # a hold of a tensor the stage receives: the pipeline's buffers hold that; holds after the stage's last call
+    # end with it (its last node is what it sends, whose gradient it receives) (NOTE [ Forward holds ])
+    while last > first and graph.nodes[last].op == HOLDS_OP:
+        last -= 1
+    mine = {nd.name for nd in graph.nodes[first:last + 1]}
+    graph = dataclasses.replace(graph, nodes=graph.nodes[:first] + tuple(
+        dataclasses.replace(nd, inputs=tuple(x for x in nd.inputs if x in mine), saves_inputs=())
+        if nd.op == HOLDS_OP and any(x not in mine for x in nd.inputs) else nd
+        for nd in graph.nodes[first:last + 1]) + graph.nodes[last + 1:])
     preds = graph.preds
     crossing = sorted({j for i in range(first, last + 1) for j in preds[i] if j < first})
     saver = {}

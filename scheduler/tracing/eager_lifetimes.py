@@ -18,19 +18,13 @@ NOTE [ Eager lifetimes in a recompute ]
     the call but after their last read, are what eager holds and the graph
     does not; their most at once is the span's ``extra_bytes``, which
     ``simulate`` adds to every step of that region's recompute (an upper
-    bound: the most at once, for the whole recompute). Nothing is measured on
-    the ``meta`` device (no eager run; extras are 0 and the log says so).
-
-    Not modelled: the same locals in the plain forward, outside any region.
-    torchvision's ViT encoder keeps ``input`` through every layer, SegFormer
-    its encoder's hidden states to the end of its forward; plans whose peak
-    lies in the forward measured up to 29,648 B (a small torchvision ViT) and
-    26,612 B (SegFormer) above ``simulate``, 15 of 250 plans of the
-    third-party sweep. Charging the most held per call as the nodes'
-    workspace closes it but, a node's workspace being one figure for its
-    forward and its backward, raised the least feasible budgets of
-    transformers' GPT-2, Llama and T5 by 2.5-4.9 % that no run shows: it
-    needs a forward-only figure per node, in ``simulate`` and every solver.
+    bound: the most at once, for the whole recompute). Storages whose making
+    and death the trace lines up with its nodes are left out: the graph has
+    their lifetimes, in the forward and in a recompute alike (NOTE [ Forward
+    holds ] in ``scheduler.tracing.forward_holds``, which this run also
+    measures). On the ``meta`` device the run is the same (meta tensors have
+    storages, lifetimes and ops); a model whose eager forward fails there (an
+    op reading values) gets no extras and no holds, and the log says so.
 """
 
 from __future__ import annotations
@@ -69,6 +63,7 @@ class _Recorder(TorchDispatchMode):
         self.op = 0
         self.live: dict[int, _Storage] = {}  # storage key -> its record, while alive
         self.records: list[_Storage] = []
+        self.ops: list[str] = []  # the overload of each op, in order (op ``i`` is ``ops[i - 1]``)
 
     @staticmethod
     def _key(t: torch.Tensor) -> int | None:
@@ -78,6 +73,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         self.op += 1
+        self.ops.append(str(func))
         for t in pytree.tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
                 rec = self.live.get(self._key(t))
@@ -99,17 +95,21 @@ class _Recorder(TorchDispatchMode):
         if self.live.get(key) is rec:
             del self.live[key]
 
-    def saved(self, t: torch.Tensor) -> torch.Tensor:
+    def saved(self, t: torch.Tensor) -> None:
+        """Mark what autograd saves; keep none of it, so that every storage dies when Python lets go of it
+        (NOTE [ Forward holds ] in ``scheduler.tracing.forward_holds``: no backward follows this run)."""
         rec = self.live.get(self._key(t)) if isinstance(t, torch.Tensor) else None
         if rec is not None:
             rec.saved = True
-        return t
+        return None
 
 
 def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
                         loss: Callable[[Any], torch.Tensor] | None, paths: Sequence[str],
                         held: list[tuple[int, tuple[str, ...]]] | None = None,
-                        returns: dict[str, str] | None = None) -> dict[str, int]:
+                        returns: dict[str, str] | None = None,
+                        lifetimes: Callable[[Sequence[str], Sequence[tuple[int, int | None]]], set[int]] | None = None,
+                        ) -> dict[str, int]:
     """``{call path: extra bytes}`` for the given submodule calls (NOTE [ Eager lifetimes in a recompute ]).
 
     ``paths`` are module paths (called once) or ``parent[i:j]`` runs of an
@@ -119,12 +119,11 @@ def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[s
     (NOTE [ A call's held arguments ] in ``scheduler.tracing.held_arguments``; module paths only).
     ``returns``, when given, gets ``{module path: type name}`` of the calls whose first run returned something
     other than one tensor (``graphs.CALL_RETURNS_META``: a chunk menu offers no such call); left empty on ``meta``.
+    ``lifetimes``, when given, is called with the run's ops (overload names, op ``i`` at ``[i - 1]``) and, per
+    storage, the op that made it and the last op before Python let it go (``None``: alive at the end); it returns
+    the storages the graph now keeps as long as eager does (NOTE [ Forward holds ] in
+    ``scheduler.tracing.forward_holds``), which the extras leave out.
     """
-    leaves = list(model.parameters()) + [t for t in pytree.tree_leaves((tuple(args), dict(kwargs)))
-                                         if isinstance(t, torch.Tensor)]
-    if any(t.device.type == "meta" for t in leaves):
-        log.info("meta device: eager lifetimes are not measured (span extras 0)")
-        return {p: 0 for p in paths}
     from .spans import parse_run_path
 
     wanted: dict[str, str] = {}
@@ -188,7 +187,7 @@ def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[s
     saved = [b.detach().clone() for b in buffers]
     try:
         with torch.random.fork_rng(devices=[]), torch.enable_grad(), \
-                torch.autograd.graph.saved_tensors_hooks(rec.saved, lambda t: t):
+                torch.autograd.graph.saved_tensors_hooks(rec.saved, lambda packed: packed):
             with rec:
                 out = model(*args, **kwargs)
                 value = loss(out) if loss is not None else out
@@ -203,6 +202,9 @@ def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[s
             for b, s in zip(buffers, saved):
                 b.copy_(s)
     records = rec.records
+    modelled: set[int] = set()
+    if lifetimes is not None:
+        modelled = lifetimes(rec.ops, [(r.made, r.freed) for r in records])
     if held is not None:
         storages: dict[int, tuple[_Storage, list[str]]] = {}
         for n, (_, found) in unread.items():
@@ -219,14 +221,17 @@ def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[s
             parent, i, j = run
             prefix = f"{parent}." if parent else ""
             s, e = starts.get(f"{prefix}{i}"), ends.get(f"{prefix}{j}")
-        out[p] = 0 if s is None or e is None else _extra(records, s, e)
+        out[p] = 0 if s is None or e is None else _extra(records, s, e, modelled)
     return out
 
 
-def _extra(records: Sequence[_Storage], s: int, e: int) -> int:
-    """The most bytes at once made in ops ``s..e``, unsaved, freed inside the call after their last read."""
+def _extra(records: Sequence[_Storage], s: int, e: int, modelled: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+    """The most bytes at once made in ops ``s..e``, unsaved, freed inside the call after their last read
+    (but the ``modelled`` ones: positions in ``records`` whose lifetimes the graph has)."""
     events: list[tuple[int, int]] = []
-    for r in records:
+    for i, r in enumerate(records):
+        if i in modelled:
+            continue
         if s <= r.made <= e and not r.saved and r.freed is not None and r.freed <= e and r.freed > r.last_read:
             events.append((r.last_read + 1, r.nbytes))  # dead for the graph from here
             events.append((r.freed + 1, -r.nbytes))     # gone in eager from here

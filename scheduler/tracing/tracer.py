@@ -68,6 +68,7 @@ from .build import attribute_params, build_nodes, frozen_by_node, group_records,
 from .spans import MODULES_META, TREE_META, lm_heads, module_spans, module_tree, sequential_children
 from ..distributed.tensor_parallel import TP_META, tp_sizes
 from .held_arguments import add_held_arguments
+from .forward_holds import add_forward_holds, eager_holds
 from .loss_storage import split_loss_storage
 from .capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .costs import OpRecord, measure_ops
@@ -307,10 +308,19 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
         every = module_spans(records, [[i] for i in range(len(records))], sequentials)[0]  # all granularities' spans
         held: list[tuple[int, tuple[str, ...]]] = []  # NOTE [ A call's held arguments ]
         returns: dict[str, str] = {}  # calls returning more than one tensor: no chunks (NOTE [ Chunked head ])
-        extras = measure_call_extras(model, args, kwargs, loss, [sp.module for sp in every], held, returns)
+        holds: list[tuple[str, str]] = []  # NOTE [ Forward holds ]
+
+        def lifetimes(ops: Sequence[str], storages: Sequence[tuple[int, int | None]]) -> set[int]:
+            found, placed = eager_holds(records, ops, storages)
+            holds.extend(found)
+            return placed
+
+        extras = measure_call_extras(model, args, kwargs, loss, [sp.module for sp in every], held, returns,
+                                     lifetimes)
         if returns:
             meta[CALL_RETURNS_META] = dict(sorted(returns.items()))
-        graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, extras, loop, held)
+        graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, extras, loop, held,
+                                         holds)
     placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     log.info("traced %s with %s for %s: %d fx nodes -> %d cost nodes (granularity %s)", name, used,
              plan_for.describe(), len(records), len(graph), gran)
@@ -394,7 +404,8 @@ def _priced(records: list[OpRecord], costs: str, plan_for: Target, model: nn.Mod
 
 def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[str, Any], name: str,
               meta: dict, sequentials: Mapping[str, int], extras: Mapping[str, int], loop: str,
-              held: Sequence[tuple[int, tuple[str, ...]]] = ()) -> tuple[Graph, tuple[tuple[str, ...], ...], str | int]:
+              held: Sequence[tuple[int, tuple[str, ...]]] = (), holds: Sequence[tuple[str, str]] = ()
+              ) -> tuple[Graph, tuple[tuple[str, ...], ...], str | int]:
     if granularity == "auto":
         chosen: str | int = "op"
         for g in ("op", "fold", 4, 3, 2, 1):
@@ -417,6 +428,8 @@ def _assemble(records: list[OpRecord], granularity: str | int, totals: Mapping[s
     loss_extra = sum(records[m].storage_extra_bytes for m in groups[-1] if records[m].returned)
     nodes, spans = split_loss_storage(nodes, spans, loss_extra)  # NOTE [ A loss's input-sized storage ]
     nodes, spans = add_held_arguments(nodes, spans, held)  # NOTE [ A call's held arguments ]
+    loss_workspace = max((records[m].fwd_workspace_bytes for m in groups[-1]), default=0)
+    nodes, spans = add_forward_holds(nodes, spans, holds, loss_workspace)  # NOTE [ Forward holds ]
     meta = dict(meta, granularity=str(chosen), estimated_flops=sum(r.estimated_flops for r in records))
     meta[MODULES_META] = modules
     scalars = int(totals.get("scalar_bytes", 0))  # NOTE [ Saved Python scalars ] in scheduler.tracing.costs

@@ -60,7 +60,7 @@ from ..model.nested import inner_menu
 from ..model.plan import Plan, Status
 from ..model.simulate import simulate
 from ..model.spans import SpanIndex
-from ..model.stages import Stages, stages
+from ..model.stages import Stages, from_chain_view, stages
 
 __all__ = ["DPTable", "Answer", "dp_table", "dp_answer", "fill_work", "DEFAULT_MAX_FRONT", "DEFAULT_TIME_LIMIT_S"]
 
@@ -368,9 +368,13 @@ def dp_table(graph: Graph, *, max_front: int | None = DEFAULT_MAX_FRONT, selecti
     return table
 
 
-def dp_answer(graph: Graph, table: DPTable, budget_bytes: int, deadline: Deadline | None = None) -> Plan:
+def dp_answer(graph: Graph, table: DPTable, budget_bytes: int, deadline: Deadline | None = None, *,
+              check: Graph | None = None) -> Plan:
     """:func:`dp`'s plan from a filled table (``deadline``: the simulations of an inexact table's answers stop
-    when it passes)."""
+    when it passes). ``check``: the graph whose chain view ``graph`` is, on which answers are simulated (NOTE
+    [ Chains and forward holds ] in ``solvers.model.stages``)."""
+    if check is not None:
+        return _dp_checked(check, table, budget_bytes, deadline)
     if not table.exact:
         return _dp_inexact(graph, table, budget_bytes, deadline)
     answer = table.solve(budget_bytes)
@@ -385,6 +389,32 @@ def dp_answer(graph: Graph, table: DPTable, budget_bytes: int, deadline: Deadlin
 #: Front entries above the budget that ``dp`` simulates when its predictions
 #: are upper bounds (common tensors): their real peak may still fit.
 RESCUE = 16
+#: Front entries at or below the budget that ``dp`` simulates on a graph with forward holds, whose peaks on the
+#: chain view are lower bounds (NOTE [ Chains and forward holds ] in ``solvers.model.stages``).
+HOLD_SCAN = 64
+
+
+def _dp_checked(graph: Graph, table: DPTable, budget_bytes: int, deadline: Deadline | None) -> Plan:
+    """``dp`` on ``graph``'s chain view: down the front from the budget (dearer plans, lower peaks on the view),
+    the first whose peak on ``graph`` fits; the view's least plan last. Feasible, never optimal."""
+    idx = int(np.searchsorted(table.root.h, budget_bytes - table.const, side="right")) - 1
+    least = None
+    for at in list(range(idx, max(idx - HOLD_SCAN, 0), -1)) + [0]:
+        if least is not None and deadline is not None and deadline.left() < deadline.pass_estimate(len(graph)):
+            break  # no time for one more simulation (NOTE [ dp under a time limit ])
+        answer = table.plan_at(at)
+        plan = Plan(regions=from_chain_view(graph, answer[0]), saved=answer.saved,
+                    inner=from_chain_view(graph, answer.inner))
+        peak = simulate(graph, plan, record=False).peak_bytes
+        if peak <= budget_bytes:
+            return Plan(regions=plan.regions, saved=plan.saved, inner=plan.inner, status=Status.FEASIBLE, bound=None,
+                        options={"stages": len(table.stages), "predicted_peak_bytes": peak})
+        if least is None or peak < least[0]:
+            least = (peak, plan)
+    peak, plan = least  # type: ignore[misc]
+    raise InfeasibleBudget(budget_bytes, peak, solver="dp", best_regions=plan.regions, best_inner=plan.inner,
+                           best_saved=plan.saved, proven=False, lower_bound_bytes=table.min_peak_bytes,
+                           scope="the plans dp considers (ilp searches every interval plan)")
 
 
 def _dp_inexact(graph: Graph, table: DPTable, budget_bytes: int, deadline: Deadline | None = None) -> Plan:

@@ -78,7 +78,7 @@ def _longest(st, allowed: float) -> int:
 
 
 def dp_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, max_front: int | None, selective: bool,
-              nested: bool) -> Plan:
+              nested: bool, check: Graph | None = None) -> Plan:
     """``dp`` within ``deadline`` (NOTE [ dp under a time limit ]).
 
     Raises:
@@ -136,7 +136,7 @@ def dp_within(graph: Graph, budget_bytes: int, deadline: Deadline, *, max_front:
                         + (f", regions of at most {max_len}" if max_len else "") + ") was not filled in time; "
                         "raise time_limit_s (--time-limit), or use ilp") from None
     try:
-        plan = dp_answer(graph, table, budget_bytes, deadline)
+        plan = dp_answer(graph, table, budget_bytes, deadline, check=check)
     except InfeasibleBudget as exc:
         if not table.capped:
             raise

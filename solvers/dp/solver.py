@@ -7,6 +7,7 @@ from graphs import Graph
 
 from ..deadline import Deadline
 from ..model.plan import Plan
+from ..model.stages import chain_view
 from ..options import Option
 from ..registry import register
 from .chain import DEFAULT_MAX_FRONT, DEFAULT_TIME_LIMIT_S, dp_answer, dp_table
@@ -57,7 +58,10 @@ def dp(graph: Graph, budget_bytes: int, *, max_front: int | None = DEFAULT_MAX_F
     Raises:
         InfeasibleBudget: with the least budget any such plan needs.
     """
+    view = chain_view(graph)  # NOTE [ Chains and forward holds ] in solvers.model.stages
+    check = None if view is graph else graph
     if time_limit_s is not None:
-        return dp_within(graph, budget_bytes, Deadline(time_limit_s), max_front=max_front, selective=selective,
-                         nested=nested)
-    return dp_answer(graph, dp_table(graph, max_front=max_front, selective=selective, nested=nested), budget_bytes)
+        return dp_within(view, budget_bytes, Deadline(time_limit_s), max_front=max_front, selective=selective,
+                         nested=nested, check=check)
+    return dp_answer(view, dp_table(view, max_front=max_front, selective=selective, nested=nested), budget_bytes,
+                     check=check)

@@ -116,7 +116,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from graphs import CALL_RETURNS_META, LM_HEADS_META, Graph, Node, Span
+from graphs import CALL_RETURNS_META, HOLDS_OP, LM_HEADS_META, Graph, Node, Span
 
 from ..errors import PlanError, SolverInputError
 
@@ -193,19 +193,20 @@ def _split(graph: Graph, first: int, last: int, *, what: str, loss: bool) -> tup
     """``(chunked, shared)`` positions of ``first..last``, checked row-wise (NOTE [ Chunked head ])."""
     nodes, preds = graph.nodes, graph.preds
     inside: dict[int, bool] = {}
-    for i in range(first, last + 1):
-        inside[i] = any(j < first or inside[j] for j in preds[i])  # depends on what the call reads
+    holds = {i for i in range(first, last + 1) if nodes[i].op == HOLDS_OP}  # NOTE [ Forward holds ]
+    for i in range(first, last + 1):  # depends on what the call reads (a hold: on what the call makes)
+        inside[i] = any((j < first and i not in holds) or (j >= first and inside[j]) for j in preds[i])
     chunked = [i for i in range(first, last + 1) if inside[i]]
-    shared = [i for i in range(first, last + 1) if not inside[i]]
+    shared = [i for i in range(first, last + 1) if not inside[i] and i not in holds]
     if not loss and shared:
         raise ChunkError(f"node {nodes[shared[0]].name!r} of {what} does not depend on its input; only a loss's "
                          "labels may be shared by the chunks")
-    entry = {_base(graph, j) for i in chunked for j in preds[i] if j < first}
+    entry = {_base(graph, j) for i in chunked if i not in holds for j in preds[i] if j < first}
     if len(entry) > 1:
         names = sorted(nodes[j].name for j in entry)
         raise ChunkError(f"{what} reads {len(entry)} tensors from before it ({', '.join(names[:3])}); a chunked call "
                          "reads one, split into row chunks")
-    for i in chunked:
+    for i in (i for i in chunked if i not in holds):  # a hold runs nothing
         nd = nodes[i]
         ops = _ops(nd)
         if not ops <= ROWWISE_OPS:
@@ -434,8 +435,7 @@ def _expand(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
         else:
             raise ChunkError(f"nodes {first}..{last} are no call of this graph that chunks can run (row-wise, one "
                              "input, one output); solve again")
-        most = max_chunks(graph, first, last)
-        if k > most:  # NOTE [ Chunk counts and rows ]: before any copy is made
+        if k > (most := max_chunks(graph, first, last)):  # NOTE [ Chunk counts and rows ]: before any copy is made
             raise ChunkError(f"{path!r} runs in {_count(k)} chunks, more than the rows it computes: at most {most}; "
                              "solve again")
         out = _build(out, first, last, k, path, loss=loss)
@@ -472,6 +472,8 @@ def _build(graph: Graph, first: int, last: int, k: int, path: str, *, loss: bool
                 sac_op=-1, rows=part if nd.rows == rows else nd.rows))
         spans.append(Span(start, len(out) - 1, chunk_module(path, c, k)))
         copies.append(out[-1].name)
+    out.extend(dataclasses.replace(nodes[i], workspace_bytes=_part(nodes[i].workspace_bytes, total, sizes[-1]))
+               for i in range(first, last + 1) if i not in chunked and i not in shared)  # holds: the last chunk's step
     end = nodes[last]
     join = f"{end.name}@{'sum' if loss else 'cat'}"
     result = _base(graph, last)  # what is read after the call is its output, or what that is a view of

@@ -120,7 +120,9 @@ class NestedWalk(Walk):
                         mine.append(j)
                         rec_hold[j] += 1
             self.inner_holds[(x, y)] = mine
-        outs = [caller[k] or self.terms.last_reader[k] > b for k in range(a, b + 1)]
+        # read after the early stop too: a local of the call's Python until the stop unwinds it (holds included)
+        later = {j for k in range(stop, b + 1) for j in preds[k] if a <= j < stop}
+        outs = [caller[k] or self.terms.last_reader[k] > b or k in later for k in range(a, b + 1)]
         live = [False] * (b - a + 1)
         snapshot = sum(nodes[k].state_bytes for k in range(a, b + 1))
         snapshot += self.span_extra.get((a, b), 0)

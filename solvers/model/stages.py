@@ -28,17 +28,66 @@ NOTE [ Common tensors ]
     Llama-2-7B op graph (least feasible budget: store-all's 106 GiB, where
     the coarse graph had plans at 31 GiB). :func:`stages` makes them
     ordinary tensors of their stage again; the cuts stay the same.
+
+NOTE [ Chains and forward holds ]
+    A node of op ``holds`` (NOTE [ Forward holds ] in
+    ``scheduler.tracing.forward_holds``) reads tensors the user's Python keeps
+    past their last reader: ``x = block(x)`` keeps a block's input to the
+    block's end, torchvision's ViT encoder keeps its input across every
+    layer. Such a read crosses the cuts between the calls it outlives, and a
+    graph with them had no articulation cut inside its encoder: ``dp``'s
+    least feasible budget on a GPT became store-all's peak. The chain solvers
+    therefore cut and plan on :func:`chain_view`, the graph without those
+    reads (the nodes stay, positions and spans too), and check their answer
+    on the graph itself (``simulate``): the holds only lengthen lifetimes in
+    the forward, so a plan's peak on the view is a lower bound of its peak.
+    No cut falls right before a hold: it stays in the stage of the node it
+    follows (a stage of the hold alone would keep the next call, whose input
+    was made before it, from starting a stage), and on the view a span ends
+    after the holds that follow it; :func:`from_chain_view` takes them off
+    the regions of an answer again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from graphs import Graph
+from graphs import HOLDS_OP, Graph
 
 from .terms import terms_of
 
-__all__ = ["Stages", "stages", "common_tensors", "articulation_cuts"]
+__all__ = ["Stages", "stages", "common_tensors", "articulation_cuts", "chain_view", "from_chain_view"]
+
+
+def chain_view(graph: Graph) -> Graph:
+    """``graph`` without the reads of its ``holds`` nodes, each span taking in the holds right after it (NOTE
+    [ Chains and forward holds ]); ``graph`` itself when it has none."""
+    def make() -> Graph:
+        holds = [nd.op == HOLDS_OP for nd in graph.nodes]
+        if not any(holds):
+            return graph
+        nodes = tuple(dataclasses.replace(nd, inputs=(), saves_inputs=()) if h else nd
+                      for nd, h in zip(graph.nodes, holds))
+        spans = []
+        for sp in graph.spans:
+            last = sp.last
+            while last + 1 < len(holds) and holds[last + 1]:
+                last += 1
+            spans.append(dataclasses.replace(sp, last=last))
+        return dataclasses.replace(graph, nodes=nodes, spans=tuple(spans))
+    return graph.cached("_chain_view", make)
+
+
+def from_chain_view(graph: Graph, regions) -> tuple[tuple[int, int], ...]:  # noqa: ANN001
+    """Regions of :func:`chain_view` (graph)'s spans as regions of ``graph``'s: without the holds they end in (a
+    span of ``graph`` never ends in one: a hold goes after the spans ending at the node before it)."""
+    out = []
+    for a, b in regions:
+        while b > a and graph.nodes[b].op == HOLDS_OP:
+            b -= 1
+        out.append((a, b))
+    return tuple(out)
 
 
 def common_tensors(graph: Graph) -> frozenset[int]:
@@ -65,9 +114,12 @@ def _cuts_and_boundaries(graph: Graph, common: frozenset[int]) -> tuple[list[int
     cuts, bounds = [], []
     open_, x = 0, 0
     prev = 0
+    holds = [nd.op == HOLDS_OP for nd in graph.nodes]
     for c in range(1, n):
         open_ += delta[c]
         x ^= dx[c]
+        if holds[c]:
+            continue  # a hold stays with the node before it (NOTE [ Chains and forward holds ])
         if open_ == 0:
             cuts.append(c)
             bounds.append(c - 1)

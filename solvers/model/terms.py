@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphs import Graph
+from graphs import HOLDS_OP, Graph
 from graphs.reading import poll
 
 __all__ = ["INF", "Terms", "terms_of", "region_rng_bytes"]
@@ -108,7 +108,9 @@ def _derive(graph: Graph) -> Terms:
     first_saver = tuple(j if self_save[j] else first_consumer[j] for j in range(n))
     last_reader = tuple(s[-1] if s else -1 for s in graph.succs)
     held = set(graph.held_outputs())
-    sinks = tuple(not s or k in held for k, s in enumerate(graph.succs))
+    # read by holds alone (NOTE [ Forward holds ]): still what nobody consumes, held by the caller to the end
+    holds = [nd.op == HOLDS_OP for nd in nodes]
+    sinks = tuple(all(holds[c] for c in s) or k in held for k, s in enumerate(graph.succs))
     after = [0] * (n + 1)
     for k in range(n - 1, -1, -1):
         after[k] = after[k + 1] + (nodes[k].out_bytes if sinks[k] else 0)

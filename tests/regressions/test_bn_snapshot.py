@@ -39,13 +39,15 @@ def test_resnet_region_with_batchnorms_measures_as_predicted():
     with torch.random.fork_rng():  # one trace for the graph and the applied module (apply traces again)
         traced = capture(wl.model, wl.args, dict(wl.kwargs), loss=wl.trace_loss, workspaces="none")
     g = traced.graph
-    bns = [nd for nd in g.nodes[1:14] if nd.stateful]
+    end = next(sp.last for sp in g.spans if sp.module == "layers.0")  # the stem and the first block
+    assert end >= 13
+    bns = [nd for nd in g.nodes[1:end + 1] if nd.stateful]
     buffers = sum(b.numel() * b.element_size() for n, b in wl.model.named_buffers()
                   if n.startswith(("stem.", "layers.0.")))
     assert len(bns) == 5 and sum(nd.state_bytes for nd in bns) == buffers
-    plan = Plan.from_regions(g, [(1, 13)])
+    plan = Plan.from_regions(g, [(1, end)])
     split, regions = cut(traced, plan)
     applied = CheckpointedModule(wl.model, split, traced, plan, regions)
     torch.manual_seed(0)
     measured = measure_step(wl.model, wl.args, wl.kwargs, run=applied).peak_bytes
-    assert measured == simulate(g, plan, record=False).peak_bytes
+    assert measured == simulate(g.unaligned(), plan, record=False).peak_bytes  # the fx graph runs: no holds

@@ -3,6 +3,7 @@
 import torch
 from torch import nn
 
+from graphs import HOLDS_OP
 from scheduler.applying.graph import apply
 from scheduler.tracing.tracer import capture
 from scheduler.measuring.verification import verify
@@ -63,6 +64,6 @@ def test_a_view_written_later_stays_out_of_regions():
     # Any one node in a region (without the mark the slice's and the select's regions
     # lose the writes: gradients off by ~34 and ~7.5).
     for k, nd in enumerate(g.nodes):
-        if nd.recomputable:
+        if nd.recomputable and nd.op != HOLDS_OP:  # a hold runs no op of the module: no region of its own
             v = verify(model, Plan.from_regions(g, [(k, k)]), (ids,), steps=1, measure_memory=False, lower="graph")
             assert v.max_grad_diff == 0 and v.loss_diff == 0, nd.name
