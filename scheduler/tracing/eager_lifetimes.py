@@ -22,9 +22,13 @@ NOTE [ Eager lifetimes in a recompute ]
     and death the trace lines up with its nodes are left out: the graph has
     their lifetimes, in the forward and in a recompute alike (NOTE [ Forward
     holds ] in ``scheduler.tracing.forward_holds``, which this run also
-    measures). On the ``meta`` device the run is the same (meta tensors have
-    storages, lifetimes and ops); a model whose eager forward fails there (an
-    op reading values) gets no extras and no holds, and the log says so.
+    measures). On the ``meta`` device the run gives the holds only (meta
+    tensors have storages, lifetimes and ops, but meta's kernels are
+    decompositions: attention's math path materialises scores the target's
+    fused kernel never makes, and Llama-2-7B's extras made its planned cards
+    1.8x larger); extras stay 0 there, as do a call's held arguments. A model
+    whose eager forward fails there (an op reading values) gets no holds, and
+    the log says so.
 """
 
 from __future__ import annotations
@@ -205,6 +209,14 @@ def measure_call_extras(model: nn.Module, args: Sequence[Any], kwargs: Mapping[s
     modelled: set[int] = set()
     if lifetimes is not None:
         modelled = lifetimes(rec.ops, [(r.made, r.freed) for r in records])
+    leaves = list(model.parameters()) + [t for t in pytree.tree_leaves((tuple(args), dict(kwargs)))
+                                         if isinstance(t, torch.Tensor)]
+    if any(t.device.type == "meta" for t in leaves):
+        # meta runs its kernels' decompositions (attention's math path, its scores materialised): what a call's
+        # temporaries hold there is not the target's; Python's holds are the same (lined up with the records)
+        if returns is not None:
+            returns.clear()
+        return {p: 0 for p in paths}
     if held is not None:
         storages: dict[int, tuple[_Storage, list[str]]] = {}
         for n, (_, found) in unread.items():
