@@ -60,7 +60,12 @@ def _vm(key: str) -> int:
 def _child(graph_path: str, fraction: str, limit: str, plan_path: str) -> None:
     """In this process: ``ckpt solve`` as the program runs it (its limit counted from the process's start, its
     end without Python's teardown); prints, as ``main`` returns, its exit status, the solver call's wall time
-    (with or without a plan: ``solvers.solve`` timed from outside) and the peak memory."""
+    (with or without a plan: ``solvers.solve`` timed from outside) and the peak memory. As ``ckpt`` (the
+    console script, ``scheduler.launch.program``), the limit is armed before the project is imported."""
+    from scheduler import launch
+
+    sys.argv = ["ckpt", "solve", graph_path, "--budget", fraction, "--time-limit", limit, "-o", plan_path]
+    launch.arm(sys.argv[1:])
     import solvers
     from scheduler import cli
 
@@ -82,7 +87,6 @@ def _child(graph_path: str, fraction: str, limit: str, plan_path: str) -> None:
         return rc
 
     cli.main = reported
-    sys.argv = ["ckpt", "solve", graph_path, "--budget", fraction, "--time-limit", limit, "-o", plan_path]
     cli.program()
 
 

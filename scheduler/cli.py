@@ -27,6 +27,8 @@ from typing import Any, NoReturn
 
 from graphs import CkptError
 
+from .launch import disarm
+
 __all__ = ["main", "COMMANDS"]
 
 #: Subcommand modules, in the order ``ckpt --help`` lists them.
@@ -99,8 +101,8 @@ class _PipeSafeStdout:
 
 
 def process_age_s() -> float:
-    """Seconds since this process started (``solvers.deadline.process_age_s``, imported when run as the program)."""
-    from solvers.deadline import process_age_s as age
+    """Seconds since this process started (``scheduler.launch.process_age_s``)."""
+    from .launch import process_age_s as age
 
     return age()
 
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         # process's start and imports; called with argv (tests, a caller's process), from here on
         started, before = time.monotonic(), process_age_s() if argv is None else 0.0
         args = parser.parse_args(argv)
+        disarm()  # NOTE [ A limit kept from the first instant ]: the command's own deadline takes over
         args._argv = list(sys.argv[1:] if argv is None else argv)  # which flags were given (fit's assumptions)
         args._spent = lambda: before + time.monotonic() - started  # seconds this command has run
         command = args.command or ""

@@ -46,7 +46,7 @@ LAYERS: dict[str, list[tuple[str, ...]]] = {
         ("scheduler.measuring.verification", "scheduler.measuring.distributed", "scheduler.measuring.compiled", "scheduler.sizing.sized",
          "scheduler.sizing.search", "scheduler.sizing.fit", "scheduler.distributed.fit", "scheduler.comparing"),
         ("scheduler.api",),
-        ("scheduler.commands", "scheduler.cli", "scheduler.__main__"),
+        ("scheduler.commands", "scheduler.cli", "scheduler.launch", "scheduler.__main__"),
     ],
 }
 
