@@ -61,7 +61,7 @@ def _child(graph_path: str, fraction: str, limit: str, plan_path: str) -> None:
     """In this process: ``ckpt solve`` as the program runs it (its limit counted from the process's start, its
     end without Python's teardown); prints, as ``main`` returns, its exit status, the solver call's wall time
     (with or without a plan: ``solvers.solve`` timed from outside) and the peak memory. As ``ckpt`` (the
-    console script, ``scheduler.launch.program``), the limit is armed before the project is imported."""
+    console script, ``scheduler.__main__.program``), the limit is armed before the project is imported."""
     from scheduler import launch
 
     sys.argv = ["ckpt", "solve", graph_path, "--budget", fraction, "--time-limit", limit, "-o", plan_path]

@@ -21,9 +21,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# NOTE [ A package that imports nothing ]: ``import scheduler`` loads none of graphs, solvers or numpy: each
-# name below is imported on first use. ``ckpt`` starts through ``scheduler.launch``, which arms the command's
-# time limit before the imports (NOTE [ The command's time limit ]); at a load of 8 they alone took 2.1-2.5 s.
+# ``import scheduler`` loads none of graphs, solvers or numpy: each name below is imported on first use, so
+# ``ckpt`` can arm its time limit before the imports (NOTE [ A limit kept from the first instant ] in
+# ``scheduler.launch``): at a load of 8 they alone took 2.1-2.5 s.
 _NAMES = {
     "graphs": ("CkptError", "Graph", "GraphError", "Node"),
     "solvers": ("InfeasibleBudget", "Plan", "PlanError", "PlanMismatch", "Simulation", "Status", "UnknownSolver",

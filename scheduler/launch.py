@@ -6,8 +6,9 @@ NOTE [ A limit kept from the first instant ]
     load of 8 on 2 cores, Python and the imports alone took 2.1-2.5 s, and a
     1 s limit answered after 2.3 s. So the program (``scheduler.__main__``,
     the console script's entry) starts with this module, of the standard
-    library only (``import scheduler`` loads nothing either: NOTE [ A
-    package that imports nothing ]), and imports the CLI after it. Its
+    library only (``import scheduler`` loads nothing either: each name of
+    ``scheduler/__init__.py`` is imported on first use), and imports the CLI
+    after it. Its
     :func:`arm` reads the limit from the arguments (``--time-limit N``, or
     ``-S time_limit_s=N``) and sets a timer for what is left of it, less the
     answer's reserve (``OUTPUT_S``), counted from the process's start. If the
