@@ -19,6 +19,7 @@ what composes them (``verify``, fit's search, ``comparing``); ``api``; the CLI (
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 # ``import scheduler`` loads none of graphs, solvers or numpy: each name below is imported on first use, so
@@ -55,24 +56,20 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # A name of the package's surface, loaded on first use: the re-exports above, the verbs that import torch
-    # (``api.LAZY``), else a submodule (``scheduler.sizing`` without importing it first, as before). No
-    # submodule of this package is named like a verb, so ``import scheduler.<module>`` never hides one.
+    # A name of the package's surface, loaded on first use: the re-exports above, a submodule (``from scheduler
+    # import cli`` asks here first: it must not load ``api``, which imports graphs and solvers), else a verb
+    # that imports torch (``api.LAZY``). No submodule of this package is named like a verb.
     if name in _FROM:
         module, attr = _FROM[name]
         value = getattr(importlib.import_module(module), attr)
     elif name.startswith("__"):
         raise AttributeError(f"module 'scheduler' has no attribute {name!r}")
+    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
     else:
         api = importlib.import_module("scheduler.api")
-        if name in api.LAZY:
-            value = getattr(api, name)
-        else:
-            try:
-                value = importlib.import_module(f"scheduler.{name}")
-            except ModuleNotFoundError as exc:
-                if exc.name != f"scheduler.{name}":
-                    raise
-                raise AttributeError(f"module 'scheduler' has no attribute {name!r}") from None
+        if name not in api.LAZY:
+            raise AttributeError(f"module 'scheduler' has no attribute {name!r}")
+        value = getattr(api, name)
     globals()[name] = value
     return value
