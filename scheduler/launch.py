@@ -14,7 +14,12 @@ NOTE [ A limit kept from the first instant ]
     answer's reserve (``OUTPUT_S``), counted from the process's start. If the
     timer fires before the command has read its arguments, the command
     answers at once, in one line, exit status 2, as any other "no plan
-    within N s", and ends. Once ``scheduler.cli.main`` has its arguments it
+    within N s", and ends. A timer's handler runs only between two steps of
+    the interpreter: while the main thread sat in one long call (a library
+    loaded from a busy disk), a 1 s limit answered after 4.6 s. So
+    :func:`arm` also forks a watchdog (a process that only waits on a pipe)
+    that, 0.05 s after the timer, if the command has neither disarmed nor
+    ended, writes the same line and kills it (exit status 137). Once ``scheduler.cli.main`` has its arguments it
     calls :func:`disarm`: from there the command's own deadline stops each
     phase where it can (a timer cannot stop a solver that is writing its
     plan). A limit the arguments do not give (the solver's default, 60 s) is
@@ -24,6 +29,7 @@ NOTE [ A limit kept from the first instant ]
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 
@@ -31,16 +37,20 @@ __all__ = ["arm", "disarm", "limit_of", "process_age_s"]
 
 #: Seconds of the limit kept back for the answer (``scheduler.commands.limits.OUTPUT_S``: tests check they agree).
 OUTPUT_S = 0.1
+#: Seconds after the timer the watchdog ends a process whose timer could not answer (within the reserve).
+WATCHDOG_AFTER_S = 0.05
 _ARMED: list[float] = []  # the limit armed, while it is
+_WATCH: list[int] = []  # the watchdog's pid and the write end of its pipe, while it waits
 
 
-def process_age_s() -> float:
-    """Seconds since this process started (Linux's ``/proc``), 0.0 where that cannot be read.
+def process_age_s(pid: int | str = "self") -> float:
+    """Seconds since process ``pid`` (this one by default) started (Linux's ``/proc``), 0.0 where that cannot
+    be read.
 
     ``solvers.deadline.process_age_s`` reads the same but is reached only through ``solvers``' imports;
     nothing calls it now (left until solvers/ changes next: its removal would date every results page)."""
     try:
-        with open("/proc/self/stat", encoding="ascii") as fh:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
             start_ticks = float(fh.read().rsplit(")", 1)[1].split()[19])
         with open("/proc/uptime", encoding="ascii") as fh:
             uptime = float(fh.read().split()[0])
@@ -80,26 +90,51 @@ def limit_of(argv: list[str]) -> float | None:
     return option if option is not None else flag
 
 
+def _line(limit: float, age_s: float) -> bytes:
+    return (f"ckpt solve: error: no plan within {limit:g} s: Python and the imports took {age_s:.1f} s and were "
+            f"not done (a busy machine starts slowly); raise --time-limit\n").encode()
+
+
 def _late(signum: int, frame: object) -> None:  # noqa: ARG001
-    limit = _ARMED[0] if _ARMED else 0.0
-    line = (f"ckpt solve: error: no plan within {limit:g} s: Python and the imports took {process_age_s():.1f} s "
-            f"and were not done (a busy machine starts slowly); raise --time-limit\n")
     try:
         sys.stderr.flush()
-        os.write(2, line.encode())
+        os.write(2, _line(_ARMED[0] if _ARMED else 0.0, process_age_s()))
     finally:
         os._exit(2)
 
 
+def _watchdog(limit: float, seconds: float) -> None:
+    """Fork a process that waits ``seconds`` for this one to let go of a pipe (:func:`disarm`, or its end);
+    if it has not, it says so in the command's line and ends it (``SIGKILL``: exit status 137)."""
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+    except OSError:  # no watchdog: the timer alone
+        return
+    if pid == 0:  # the watchdog: only calls that take no lock the parent's threads could have held
+        try:
+            os.close(w)
+            parent = os.getppid()
+            if not select.select([r], [], [], seconds)[0]:
+                os.write(2, _line(limit, process_age_s(parent)))
+                os.kill(parent, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.close(r)
+    _WATCH[:] = [pid, w]
+
+
 def arm(argv: list[str]) -> float | None:
-    """Set the timer for ``ckpt`` ``argv``'s time limit, counted from the process's start; the limit, or None
-    when there is none to arm (nothing is set then)."""
+    """Set the timer for ``ckpt`` ``argv``'s time limit, counted from the process's start, and the watchdog
+    just after it; the limit, or None when there is none to arm (nothing is set then)."""
     limit = limit_of(argv)
     if limit is None or not hasattr(signal, "setitimer"):
         return None
     _ARMED[:] = [limit]
+    left = max(limit - OUTPUT_S - process_age_s(), 1e-3)
     signal.signal(signal.SIGALRM, _late)
-    signal.setitimer(signal.ITIMER_REAL, max(limit - OUTPUT_S - process_age_s(), 1e-3))
+    signal.setitimer(signal.ITIMER_REAL, left)
+    _watchdog(limit, left + WATCHDOG_AFTER_S)
     return limit
 
 
@@ -109,5 +144,11 @@ def disarm() -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         _ARMED.clear()
-
-
+    if _WATCH:
+        pid, w = _WATCH
+        _WATCH.clear()
+        os.close(w)  # the watchdog reads the end of its pipe and ends
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass

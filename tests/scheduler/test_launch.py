@@ -80,6 +80,19 @@ def test_a_start_longer_than_the_limit_answers_at_the_limit():
     assert lines[0].endswith("raise --time-limit")
 
 
+def test_a_main_thread_that_cannot_answer_is_ended_by_the_watchdog():
+    """A timer's handler runs only between two steps of the interpreter: a main thread held in one long call
+    (here: the signal blocked, then asleep) answered a 1 s limit after 4.6 s. The watchdog answers for it, in
+    the same line, and ends it."""
+    out = _python("import signal, time; from scheduler import launch; "
+                  "launch.arm(['solve', 'g.json', '--time-limit', '0.3']); "
+                  "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM}); time.sleep(100); print('not stopped')")
+    assert out.returncode == -signal.SIGKILL
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckpt solve: error: no plan within 0.3 s: Python and the imports")
+
+
 def test_the_command_disarms_once_it_has_its_arguments(tmp_path):
     """After ``cli.main`` has parsed its arguments the command's own deadline takes over: a timer left armed
     would end a solve that answers in time, or a caller's process after the command returned."""
@@ -94,14 +107,16 @@ def test_the_command_disarms_once_it_has_its_arguments(tmp_path):
         assert cli.main(["solve", str(graph), "--budget", "0.5", "--solver", "chen"]) == 0
         assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
         assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+        assert launch._WATCH == []  # the watchdog let go (its pipe closed, the process reaped)
     finally:
         launch.disarm()
 
 
-def test_disarm_stops_the_timer():
+def test_disarm_stops_the_timer_and_the_watchdog():
     out = _python("from scheduler import launch; launch.arm(['solve', 'g.json', '--time-limit', '0.3']); "
                   "launch.disarm(); import time; time.sleep(1.0); print('ran on')")
     assert out.returncode == 0 and out.stdout.strip() == "ran on", out.stderr
+    assert out.stderr == ""
 
 
 def test_the_program_starts_through_the_launcher():
