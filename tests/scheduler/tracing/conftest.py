@@ -16,6 +16,8 @@ def fake_cpu(monkeypatch, tmp_path):
         return figures()
 
     monkeypatch.setattr(calibration, "measure_cpu", measure)
+    monkeypatch.setattr(calibration, "spot_cpu", lambda threads: figures())  # a stored entry's check agrees
+    monkeypatch.setattr(calibration, "_CHECKED", set())
     # nor its plan overheads (NOTE [ Overhead calibration ]): zero figures, as every test's
     monkeypatch.setattr(overheads, "measure_overheads", lambda threads: {
         "op_s": 0.0, "region_s": 0.0, "random_region_s": 0.0, "selective_op_s": 0.0, "kept_call_s": 0.0,

@@ -122,6 +122,53 @@ def test_cache_folder_argument_environment_and_xdg(tmp_path, monkeypatch, fake_c
     assert cache_dir() == os.path.join(str(tmp_path / "xdg"), "ckpt")
 
 
+# ------------------------------------------------------------------- spot check
+def _store(entry_figures, pinned=False):
+    """A stored one-thread entry with ``entry_figures``, as a busy first calibration left it."""
+    path = os.path.join(cache_dir(), "cpu_peaks.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    entry = {"figures": entry_figures, "measured": entry_figures, "one_thread": entry_figures, "contended": [],
+             "rounds": 2, "measured_at": "2026-12-02T22:10:35", **({"pinned": True} if pinned else {})}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump({calibration.cache_key(1): entry}, fh)
+
+
+def test_a_stored_entry_from_a_busy_machine_is_measured_again_once_checked(fake_cpu, caplog):
+    """The entry this project's machine had: copy bandwidth 3.9 GB/s where an idle one measures 16-26."""
+    busy = _figures(1.0)
+    busy["bytes_per_s"] = 3.9e9
+    busy["flops_per_s"]["bfloat16"] = 3e11  # above what the new rounds measure: kept
+    _store(busy)
+    spots = []
+    check = lambda threads: spots.append(threads) or _figures(1.0)  # noqa: E731
+    with caplog.at_level(logging.WARNING, logger="scheduler.tracing.calibration"):
+        peaks = cpu_peaks(threads=1, check=check)
+    assert spots == [1] and fake_cpu == [1, 1]  # checked, then two rounds
+    assert peaks.bytes_per_s == 2e10 and peaks.peak("bfloat16") == 3e11  # each rate the best of old and new
+    assert "busy machine" in caplog.text and "bytes_per_s 3.9e+09 stored, 2e+10 now" in caplog.text
+    stored = stored_calibrations()[calibration.cache_key(1)]
+    assert stored["figures"]["bytes_per_s"] == 2e10 and stored["measured_at"] != "2026-12-02T22:10:35"
+    assert cpu_peaks(threads=1, check=check).bytes_per_s == 2e10 and spots == [1] and fake_cpu == [1, 1]
+
+
+def test_a_stored_entry_close_to_the_check_is_kept_and_checked_once_per_process(fake_cpu):
+    _store(_figures(0.6))  # 60 % of what the check measures: within STALE_BELOW
+    spots = []
+    check = lambda threads: spots.append(threads) or _figures(1.0)  # noqa: E731
+    first = cpu_peaks(threads=1, check=check)
+    assert first.bytes_per_s == 0.6 * 2e10 and spots == [1] and fake_cpu == []
+    assert cpu_peaks(threads=1, check=check) == first and spots == [1]  # once per process
+    calibration._CHECKED.clear()  # another process checks again
+    cpu_peaks(threads=1, check=check)
+    assert spots == [1, 1] and fake_cpu == []
+
+
+def test_a_pinned_entry_is_never_checked(fake_cpu):
+    _store(_figures(0.01), pinned=True)
+    check = lambda threads: pytest.fail("a pinned entry was checked")  # noqa: E731
+    assert cpu_peaks(threads=1, check=check).bytes_per_s == 0.01 * 2e10 and fake_cpu == []
+
+
 # ------------------------------------------------------------------------ CLI
 def test_ckpt_calibrate_measures_stores_and_shows(fake_cpu, capsys, monkeypatch):
     assert main(["calibrate", "--help"]) == 0 and "one-thread" in capsys.readouterr().out
