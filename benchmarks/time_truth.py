@@ -23,7 +23,13 @@ project's ResNet, small; DenseNet-121 where torchvision imports), one thread:
   fastest candidate measured there.
 
 The load average is recorded at the start and end of each model: the
-machine may be shared, and the page says so. Writes
+machine may be shared, and the page says so. glibc's malloc is set to keep
+what it frees (:func:`steady_allocator`), as a GPU's caching allocator does:
+with its defaults, a step of these models spent 0-92 ms of its 205 ms in
+page faults, in multiples of one 32 MB buffer (the logits, the head's
+weight gradient) handed back to the kernel and faulted in again, which
+varied more from step to step than any plan's cost; every side of a
+comparison runs under the same setting. Writes
 ``benchmarks/results/time.md``. Run: ``python -m benchmarks.run --only time_truth``
 (``--quick``: fewer pairs, two models).
 """
@@ -162,6 +168,21 @@ LMS = ("gpt2", "llama", "bert")
 
 
 # ---------------------------------------------------------------------------------------------- timing
+def steady_allocator() -> str:
+    """Keep glibc's malloc from handing freed memory back (no trimming; no ``mmap`` below 1 GiB), as a caching
+    allocator keeps it: what the page says about its allocator."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        ok = libc.mallopt(-1, 1 << 30) == 1 and libc.mallopt(-3, 1 << 30) == 1  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        ok = False
+    return ("glibc malloc keeps what it frees (M_TRIM_THRESHOLD and M_MMAP_THRESHOLD at 1 GiB)" if ok
+            else "the C library's allocator as it is (mallopt unavailable)")
+
+
 def _loss(out: Any) -> torch.Tensor:
     return out.loss if hasattr(out, "loss") else out
 
@@ -358,14 +379,17 @@ def summarise(res: dict) -> dict:
     return dict(tau=tau, regret=max(regrets) if regrets else None, median=median, err=err)
 
 
-def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float) -> list[str]:
+def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float, allocator: str = "") -> list[str]:
     out = ["Step time of the libraries' own checkpointing and of our plan at their peak, and how well the cost "
            "model (recompute plus what a plan adds: NOTE [ Plan overheads ] in `solvers/model/overheads.py`) "
            "predicts the extra time of candidate plans (`ilp`'s program prices each region's call; convolutions, "
            "BatchNorm and max pooling are timed at their shapes: NOTE [ Measured op classes ] in "
            "`scheduler/tracing/opclasses.py`). One thread; the load average (1 min) at the start and end "
            "of each model is in its row: the machine is shared, so times move with it. "
-           f"Suite wall time {wall_s:.0f} s.",
+           + (f"Allocator: {allocator}, as a GPU's caching allocator keeps it (with glibc's defaults a step "
+              "spent 0-92 ms of its 205 ms faulting 32 MB buffers in again, more than most plans cost). "
+              if allocator else "")
+           + f"Suite wall time {wall_s:.0f} s.",
            "", "## At their peak", "",
            "| model | theirs peak | ours peak (allocator) | our plan | theirs step ms | ours / theirs wall | "
            "ours / theirs CPU | pairs | load |", "|---|---|---|---|---|---|---|---|---|"]
@@ -449,6 +473,7 @@ def goals(results: Sequence[dict]) -> list[str]:
 def main(quick: bool = False, only: Sequence[str] | None = None) -> None:
     t0 = time.perf_counter()
     torch.set_num_threads(1)  # timed on one thread, priced at one thread (the calibration's key)
+    allocator = steady_allocator()
     names = list(only or (["gpt2", "resnet"] if quick else MODELS))
     head, pairs = (3, 2) if quick else (HEAD_PAIRS, CANDIDATE_PAIRS)
     results, skipped = [], []
@@ -465,8 +490,8 @@ def main(quick: bool = False, only: Sequence[str] | None = None) -> None:
         results.append(res)
         print(f"{name}: ours/theirs wall {res['wall'][0]:.2f}, peak {res['our_peak']} vs {res['their_peak']}, "
               f"{len(res['rows'])} candidates", flush=True)
-    path = write_page("time.md", "The fastest plan, measured", page(results, skipped, time.perf_counter() - t0),
-                      quick=quick)
+    path = write_page("time.md", "The fastest plan, measured",
+                      page(results, skipped, time.perf_counter() - t0, allocator), quick=quick)
     print(f"wrote {path}")
 
 

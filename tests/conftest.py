@@ -34,7 +34,7 @@ def _pin_cpu_peaks() -> None:
     # terms inject their own figures on a graph (solvers.model.overheads.with_overheads).
     zero = {"figures": {"op_s": 0.0, "region_s": 0.0, "random_region_s": 0.0, "selective_op_s": 0.0,
                         "kept_call_s": 0.0, "chunk_s": 0.0, "recompute_op_s": 0.0, "gemm_rows": []},
-            "measured_at": "fixed for the tests (tests/conftest.py)"}
+            "measured_at": "fixed for the tests (tests/conftest.py)", "pinned": True}
     with open(os.path.join(folder, "plan_overheads.json"), "w", encoding="utf-8") as fh:
         json.dump({key: zero for key in entries}, fh)
     # NOTE [ Measured op classes ]: no class timed (a clock), the plain roofline

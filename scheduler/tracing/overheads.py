@@ -28,8 +28,15 @@ NOTE [ Overhead calibration ]
       backward) less the plain ops, less their forward run again and less
       ``region_s``: the hooks and graph a recompute adds to each kernel
       (an entry stored before this figure is measured again);
-    * ``gemm_rows``: float32 FLOP/s of ``[rows, 256] @ [256, 1024]`` at
-      several row counts (products at a chunk's smaller shape).
+    * ``gemm_rows``: float32 FLOP/s of ``[rows, 256] @ [256, 16384]`` at
+      several row counts (products at a chunk's smaller shape). The weights
+      are larger than the caches, as a vocabulary head's are: with 1,024
+      columns (an earlier table) the rate did not fall with fewer rows and
+      the chunk loop's products were priced at nothing, where a 32,000-word
+      head's forward runs at 79 GFLOP/s over 256 rows, 70 over 128 and 52
+      over 64 (a head in 4 chunks measured 60-75 ms more per step than in
+      one). An entry measured at another shape is measured again; one
+      marked ``pinned`` (the tests' zero figures) is used as it is.
 
     As for the peaks, a busy machine can ruin a measurement, so each figure
     is the best of ``rounds`` that alternate N threads with one thread: the
@@ -70,7 +77,10 @@ __all__ = ["GPU_OVERHEADS", "OverheadMeasure", "measure_overheads", "calibrate_o
 log = logging.getLogger(__name__)
 
 _CACHE_FILE = "plan_overheads.json"
-_ROWS = (32, 128, 512, 2048)
+_ROWS = (16, 64, 256, 1024)
+#: The products of ``gemm_rows``: ``[rows, 256] @ [256, GEMM_COLS]``, weights (16 MiB) beyond the caches, as a
+#: vocabulary head's: an entry timed at another shape is measured again.
+GEMM_COLS = 16384
 _TIMES = ("op_s", "region_s", "random_region_s", "selective_op_s", "kept_call_s", "chunk_s", "recompute_op_s")
 
 #: ``measure(threads) -> figures`` (the names of :class:`~solvers.model.overheads.Overheads`).
@@ -165,10 +175,10 @@ def measure_overheads(threads: int) -> dict[str, Any]:
 
         chunk_s = max(0.0, (_best_s(loop(8)) - _best_s(loop(1))) / 7 - op_s)
         gemm = []
-        w = torch.randn(256, 1024)
+        w = torch.randn(256, GEMM_COLS)
         for m in _ROWS:
             a = torch.randn(m, 256)
-            gemm.append([m, 2 * m * 256 * 1024 / max(_best_s(lambda: torch.mm(a, w), 3), 1e-9)])
+            gemm.append([m, 2 * m * 256 * GEMM_COLS / max(_best_s(lambda: torch.mm(a, w), 3), 1e-9)])
     finally:
         torch.set_num_threads(before)
     return {"op_s": op_s, "region_s": region_s, "random_region_s": random_s, "selective_op_s": selective_op_s,
@@ -206,6 +216,7 @@ def calibrate_overheads(threads: int | None = None, *, rounds: int = 3,
     floor = {int(m): float(r) for m, r in single["gemm_rows"]} if single else None
     figures = _best(many + one, floor)  # op_s the least, differences the median; rates: never below one thread's
     Overheads.from_dict(figures)  # checks them
+    figures["gemm_cols"] = GEMM_COLS
     return {"figures": figures, "one_thread": single, "rounds": rounds,
             "measured_at": datetime.datetime.now().isoformat(timespec="seconds")}
 
@@ -229,7 +240,8 @@ def cpu_overheads(*, cache: str | os.PathLike | None = None, refresh: bool = Fal
         except (OSError, ValueError) as exc:
             log.warning("plan overheads cache %s is unreadable (%s); measuring again", path, exc)
     stored = entries.get(key)
-    if not refresh and isinstance(stored, dict) and all(k in (stored.get("figures") or {}) for k in _TIMES):
+    if (not refresh and isinstance(stored, dict) and all(k in (stored.get("figures") or {}) for k in _TIMES)
+            and (stored.get("pinned") or stored["figures"].get("gemm_cols") == GEMM_COLS)):
         try:
             e = entries[key]
             return Overheads.from_dict({**e["figures"], "source": f"measured on this machine ({key}) on "

@@ -144,6 +144,31 @@ def test_overhead_calibration_is_best_of_alternated_rounds(tmp_path):
     assert got.region_s == again.region_s == 5e-5 and "measured on this machine" in again.source
 
 
+def test_an_overhead_entry_timed_at_another_gemm_shape_is_measured_again_unless_pinned(tmp_path):
+    import json
+
+    from scheduler.tracing.calibration import cache_key
+    from scheduler.tracing.overheads import GEMM_COLS, cpu_overheads
+
+    old = {"op_s": 1e-6, "region_s": 5e-5, "random_region_s": 1e-5, "selective_op_s": 2e-6, "kept_call_s": 1e-6,
+           "chunk_s": 0.0, "recompute_op_s": 0.0, "gemm_rows": [[32, 84e9], [2048, 49e9]]}  # [rows, 256] @ [256, 1024]
+    path = tmp_path / "plan_overheads.json"
+    path.write_text(json.dumps({cache_key(1): {"figures": old, "measured_at": "2026-12-03T07:18:52"}}))
+    calls = []
+
+    def measure(threads):
+        calls.append(threads)
+        return {**old, "region_s": 7e-5, "gemm_rows": [[64, 52e9], [256, 79e9]]}
+
+    got = cpu_overheads(cache=tmp_path, threads=1, measure=measure)
+    assert calls == [1, 1] and got.region_s == 7e-5 and got.gemm_rows == ((64, 52e9), (256, 79e9))
+    assert json.loads(path.read_text())[cache_key(1)]["figures"]["gemm_cols"] == GEMM_COLS
+    cpu_overheads(cache=tmp_path, threads=1, measure=measure)
+    assert calls == [1, 1]  # the new entry is read back
+    path.write_text(json.dumps({cache_key(1): {"figures": old, "measured_at": "fixed", "pinned": True}}))
+    assert cpu_overheads(cache=tmp_path, threads=1, measure=lambda t: pytest.fail("measured")).region_s == 5e-5
+
+
 def test_a_trace_carries_the_overhead_figures():
     import torch
 
