@@ -50,6 +50,7 @@ from torch import nn
 
 from scheduler.sizing.compiled import Fit, Search, plan_key
 from benchmarks.pages import out_dir, write_page
+from benchmarks.steady import steady_allocator
 
 log = logging.getLogger("benchmarks.compile")
 
@@ -383,6 +384,7 @@ def run(quick: bool = False, done: Callable[[dict[str, Any]], None] | None = Non
                            "torch": torch.__version__, "python": sys.executable, "threads": THREADS,
                            "repeats": repeats, "solver": SOLVER, "fractions": list(fractions), "solves": SOLVES,
                            "compiles": COMPILES, "chunks": max(CHUNKS), "below": BELOW, "models": []}
+    out["allocator"] = steady_allocator()
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     limits = torch._dynamo.config.patch(recompile_limit=64)  # every side compiled apart: own_backend

@@ -47,7 +47,8 @@ def report(doc: dict[str, Any]) -> str:
     lines = [
         f"torch {doc['torch']} ({doc['python']}: the venv of `thirdparty`, which has torchvision), inductor, "
         f"{doc['threads']} torch thread; our solver `{doc['solver']}` over regions and the calls they keep "
-        "(saved under compile by torch's selective checkpoint, NOTE [ Kept calls under torch.compile ]).",
+        "(saved under compile by torch's selective checkpoint, NOTE [ Kept calls under torch.compile ])"
+        + (f"; allocator: {doc['allocator']}." if doc.get("allocator") else "."),
         "",
         "Each row: compile's own knob `torch._functorch.config.activation_memory_budget` at the row's fraction, "
         "and our plan for compile's measured peak as the target, found by the compile-aware budget "

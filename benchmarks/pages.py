@@ -106,11 +106,12 @@ SUITES: tuple[Suite, ...] = (
           how="PYTHONPATH=. VENV/bin/python -m benchmarks.levers, in the venv of thirdparty (make bench runs the "
               "models it can and keeps the committed page when a library is missing)"),
     Suite("compile", ("compile.md",), _STEP + ("scheduler/comparing/", "scheduler/sizing/compiled.py",
-                                               "benchmarks/compile_page.py"),
+                                               "benchmarks/compile_page.py", "benchmarks/steady.py"),
           how="PYTHONPATH=. VENV/bin/python -m benchmarks.compile, in the venv of thirdparty (torchvision; make bench "
               "runs the models it can and keeps the committed page when torchvision is missing)"),
     Suite("cost_models", ("cost_models.md",), _TRACE),
-    Suite("time_truth", ("time.md",), _STEP + ("scheduler/comparing/", "benchmarks/chunked.py")),
+    Suite("time_truth", ("time.md",), _STEP + ("scheduler/comparing/", "benchmarks/chunked.py",
+                                               "benchmarks/steady.py")),
     Suite("overhead", ("overhead.md",), ("scheduler/applying/", "scheduler/api.py")),
     Suite("startup", ("startup.md",), ("graphs/", "solvers/", "scheduler/")),
     Suite("accounting", ("accounting.md",), _STEP, bench=False,

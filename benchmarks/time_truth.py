@@ -23,13 +23,9 @@ project's ResNet, small; DenseNet-121 where torchvision imports), one thread:
   fastest candidate measured there.
 
 The load average is recorded at the start and end of each model: the
-machine may be shared, and the page says so. glibc's malloc is set to keep
-what it frees (:func:`steady_allocator`), as a GPU's caching allocator does:
-with its defaults, a step of these models spent 0-92 ms of its 205 ms in
-page faults, in multiples of one 32 MB buffer (the logits, the head's
-weight gradient) handed back to the kernel and faulted in again, which
-varied more from step to step than any plan's cost; every side of a
-comparison runs under the same setting. Writes
+machine may be shared, and the page says so. glibc's malloc keeps what it
+frees, as a GPU's caching allocator does (``benchmarks.steady``: with its
+defaults page faults moved a step by more than most plans cost). Writes
 ``benchmarks/results/time.md``. Run: ``python -m benchmarks.run --only time_truth``
 (``--quick``: fewer pairs, two models).
 """
@@ -54,6 +50,7 @@ from scheduler.sizing.budget import format_bytes
 from solvers.model.chunks import find_calls
 
 from benchmarks.chunked import Side
+from benchmarks.steady import steady_allocator
 from benchmarks.pages import write_page
 
 log = logging.getLogger(__name__)
@@ -168,21 +165,6 @@ LMS = ("gpt2", "llama", "bert")
 
 
 # ---------------------------------------------------------------------------------------------- timing
-def steady_allocator() -> str:
-    """Keep glibc's malloc from handing freed memory back (no trimming; no ``mmap`` below 1 GiB), as a caching
-    allocator keeps it: what the page says about its allocator."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        ok = libc.mallopt(-1, 1 << 30) == 1 and libc.mallopt(-3, 1 << 30) == 1  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        ok = False
-    return ("glibc malloc keeps what it frees (M_TRIM_THRESHOLD and M_MMAP_THRESHOLD at 1 GiB)" if ok
-            else "the C library's allocator as it is (mallopt unavailable)")
-
-
 def _loss(out: Any) -> torch.Tensor:
     return out.loss if hasattr(out, "loss") else out
 
