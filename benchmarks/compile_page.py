@@ -61,7 +61,8 @@ def report(doc: dict[str, Any]) -> str:
         "the lowest measured (`over`). Under our least feasible eager budget our least-peak plan, the floor's, is "
         "measured (`floor plan`). Language models' heads and losses in up to "
         f"{doc.get('chunks')} row chunks. Peaks: the allocator's (profiler memory events), whole step. Times: "
-        f"median of {doc['repeats']} alternated rounds of the compiled unplanned step, compile's and ours. "
+        f"median of {doc['repeats']} alternated rounds of the compiled unplanned step, compile's and ours "
+        f"(a round's time the least of {doc.get('timed', 1)} calls). "
         "`pred`: our plan's `simulate` peak (an eager prediction). Gradients: the largest difference from the "
         "compiled unplanned step's over its largest gradient (0: bitwise). Dropout off.",
         "",

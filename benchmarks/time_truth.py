@@ -1,7 +1,8 @@
 """Time, validated as memory is: predicted against measured extra time, the candidates' ranks, our pick's regret.
 
 For each model (causal and masked LMs from transformers at hidden 256 with a
-32,000 vocabulary at sequence 256, 2 layers; a ViT, a ConvNeXt and this
+32,000 vocabulary at sequence 256, 2 layers, and GPT-2 and Llama at hidden
+512 with 4 layers, where the blocks weigh as much as the head; a ViT, a ConvNeXt and this
 project's ResNet, small; DenseNet-121 where torchvision imports), one thread:
 
 * theirs: the library's own checkpointing (``gradient_checkpointing_enable``
@@ -63,24 +64,24 @@ TIMED = 2
 
 
 # ---------------------------------------------------------------------------------------------- models
-def _lm(kind: str) -> tuple[Any, tuple, dict, Callable[[Any], Side]]:
+def _lm(kind: str, hidden: int = HIDDEN, layers: int = LAYERS) -> tuple[Any, tuple, dict, Callable[[Any], Side]]:
     import transformers
 
     torch.manual_seed(0)
     ids = torch.randint(0, VOCAB, (1, SEQ))
     common = dict(vocab_size=VOCAB, use_cache=False)
     if kind == "gpt2":
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=4,
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4,
                                                                      n_positions=SEQ, **common))
         kwargs = {"input_ids": ids, "labels": ids}
     elif kind == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            hidden_size=HIDDEN, intermediate_size=4 * HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4,
+            hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=SEQ, **common))
         kwargs = {"input_ids": ids, "labels": ids}
     else:
         model = transformers.BertForMaskedLM(transformers.BertConfig(
-            hidden_size=HIDDEN, intermediate_size=4 * HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4,
+            hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers, num_attention_heads=4,
             max_position_embeddings=SEQ, **common))
         labels = ids.clone()
         labels[:, ::7] = -100
@@ -158,10 +159,11 @@ def _vision(kind: str) -> tuple[Any, tuple, dict, Callable[[Any], Side]]:
 
 MODELS: dict[str, Callable[[], tuple[Any, tuple, dict, Callable[[Any], Side]]]] = {
     "gpt2": lambda: _lm("gpt2"), "llama": lambda: _lm("llama"), "bert": lambda: _lm("bert"),
+    "gpt2-512": lambda: _lm("gpt2", 512, 4), "llama-512": lambda: _lm("llama", 512, 4),
     "vit": lambda: _vision("vit"), "convnext": lambda: _vision("convnext"), "resnet": lambda: _vision("resnet"),
     "densenet": lambda: _vision("densenet"),
 }
-LMS = ("gpt2", "llama", "bert")
+LMS = ("gpt2", "llama", "bert", "gpt2-512", "llama-512")
 
 
 # ---------------------------------------------------------------------------------------------- timing
