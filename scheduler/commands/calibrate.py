@@ -10,8 +10,10 @@ from .common import positive_int
 NAME = "calibrate"
 HELP = "measure this CPU's roofline peaks again (matmul FLOP/s, bandwidth, per-op cost) and store them"
 DESCRIPTION = """Measure the peaks a trace for the CPU is priced with (NOTE [ CPU calibration ]):
-matmul FLOP/s per dtype, copy bandwidth, random draws per second and the fixed
-cost of one small op, best of --rounds measurements. With more than one thread
+matmul FLOP/s per dtype, copy bandwidth, the bandwidth of the elementwise
+kernels a CPU runs below it (GELU, softmax...: NOTE [ Slow elementwise
+kernels ]), random draws per second and the fixed cost of one small op, best of
+--rounds measurements. With more than one thread
 the rounds alternate with one-thread rounds: a figure measured below its
 one-thread value (a busy machine) is raised to it, and one below half of it is
 reported as contended; run again on an idle machine.
@@ -47,6 +49,9 @@ def _rows(entry: dict) -> list[tuple]:
             for dt, v in sorted(used["flops_per_s"].items())]
     rows.append(("copy bandwidth", _rate(measured["bytes_per_s"], "B/s"), _rate(one["bytes_per_s"], "B/s"),
                  _rate(used["bytes_per_s"], "B/s")))
+    for cls, v in sorted(dict(used.get("class_bytes_per_s") or {}).items()):
+        rows.append((f"{cls} bandwidth", _rate(dict(measured.get("class_bytes_per_s") or {}).get(cls), "B/s"),
+                     _rate(dict(one.get("class_bytes_per_s") or {}).get(cls), "B/s"), _rate(v, "B/s")))
     rows.append(("random draws", _rate(measured.get("random_per_s"), "/s"), _rate(one.get("random_per_s"), "/s"),
                  _rate(used.get("random_per_s"), "/s")))
     rows.append(("per-op overhead", f"{measured['op_overhead_s'] * 1e6:.3g} us", f"{one['op_overhead_s'] * 1e6:.3g} us",

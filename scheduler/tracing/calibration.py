@@ -4,7 +4,9 @@
 NOTE [ CPU calibration ]
     A trace for the CPU is priced with this machine's peaks (NOTE [ Roofline
     costs ] in ``scheduler.tracing.roofline``): matmul FLOP/s per dtype, copy
-    bandwidth, random draws per second, the fixed cost of one small op. They
+    bandwidth, the bandwidth of each slow elementwise class (NOTE [ Slow
+    elementwise kernels ] there), random draws per second, the fixed cost of
+    one small op. They
     are measured once and stored, so one bad measurement is every later
     trace's price. Measured under contention (other processes on the cores;
     with several threads one descheduled worker stalls every matmul at its
@@ -60,12 +62,15 @@ import os
 import platform
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from graphs import CkptError
 from graphs.files import write_text_atomic
 
 from .roofline import DEVICES, DevicePeaks, UnknownDevice, lookup_device
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CACHE_ENV", "Calibration", "MeasureFn", "cache_dir", "measure_cpu", "spot_cpu", "calibrate", "cpu_peaks",
            "device_peaks", "stored_calibrations", "cache_key"]
@@ -75,8 +80,9 @@ log = logging.getLogger(__name__)
 #: Environment variable overriding the cache folder of the measured CPU peaks.
 CACHE_ENV = "CKPT_CACHE_DIR"
 _CACHE_FILE = "cpu_peaks.json"
-_VERSION = 4  # part of the cache key: entries of an older calibration are measured again
-_RATES = ("bytes_per_s", "random_per_s")  # with each dtype of flops_per_s: higher is better
+_VERSION = 5  # part of the cache key: entries of an older calibration are measured again
+_RATES = ("bytes_per_s", "random_per_s")  # with each entry of the _GROUPS: higher is better
+_GROUPS = ("flops_per_s", "class_bytes_per_s")  # figures by dtype, by kernel class
 #: A figure this far below its one-thread value marks the entry ``contended``.
 CONTENDED_BELOW = 0.5
 #: A stored rate this far below the spot check's marks the entry as measured on a busy machine: measured again.
@@ -127,6 +133,23 @@ def _best_s(fn: Callable[[], Any], repeats: int) -> float:
     return max(best, 1e-9)
 
 
+def _matmul_rate(dtype: str, n: int, repeats: int) -> float:
+    """FLOP/s of an ``n x n`` matmul in ``dtype``, best of ``repeats``."""
+    import torch
+
+    a, b = (torch.randn(n, n).to(getattr(torch, dtype)) for _ in range(2))
+    return 2 * n ** 3 / _best_s(lambda: torch.mm(a, b), repeats)
+
+
+def _copy_rate(repeats: int) -> float:
+    """Bytes read plus written per second of a 64 MiB float32 copy (beyond the caches), best of ``repeats``."""
+    import torch
+
+    src = torch.ones(16 << 20)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * src.element_size() / _best_s(lambda: dst.copy_(src), repeats)
+
+
 def measure_cpu(threads: int) -> dict[str, Any]:
     """One measurement of this CPU at ``threads`` threads (about a second): matmuls, a copy, draws, a tiny op.
 
@@ -140,17 +163,13 @@ def measure_cpu(threads: int) -> dict[str, Any]:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        flops: dict[str, float] = {}
-        for dtype, n in (("float32", 512), ("bfloat16", 256), ("float16", 256)):
-            a = torch.randn(n, n).to(getattr(torch, dtype))
-            b = torch.randn(n, n).to(getattr(torch, dtype))
-            flops[dtype] = 2 * n ** 3 / _best_s(lambda: torch.mm(a, b), 3)
-        src = torch.ones(16 << 20)  # 64 MiB of float32
-        dst = torch.empty_like(src)
-        bandwidth = 2 * src.numel() * src.element_size() / _best_s(lambda: dst.copy_(src), 5)
+        flops = {dtype: _matmul_rate(dtype, n, 3) for dtype, n in (("float32", 512), ("bfloat16", 256),
+                                                                     ("float16", 256))}
+        bandwidth = _copy_rate(5)
         draws = torch.empty(1 << 20)
         # At dropout's usual keep probability: on a CPU a draw near 0.5 takes twice as long (branches).
         random_per_s = draws.numel() / _best_s(lambda: draws.bernoulli_(0.9), 3)
+        classes = _class_rates(torch.randn(4 << 10, 1024))  # 16 MiB: a 64 MiB output is faulted in at every call
         x = torch.ones(4, requires_grad=True)
         relu = torch.nn.ReLU()
         calls = 200
@@ -162,7 +181,28 @@ def measure_cpu(threads: int) -> dict[str, Any]:
         overhead = _best_s(tiny, 3) / calls
     finally:
         torch.set_num_threads(before)
-    return {"flops_per_s": flops, "bytes_per_s": bandwidth, "op_overhead_s": overhead, "random_per_s": random_per_s}
+    return {"flops_per_s": flops, "bytes_per_s": bandwidth, "op_overhead_s": overhead, "random_per_s": random_per_s,
+            "class_bytes_per_s": classes}
+
+
+def _class_rates(x: torch.Tensor) -> dict[str, float]:
+    """Bytes read plus written per second of one call of each class of ``SLOW_CLASSES`` on ``x`` (rows of
+    float32; NOTE [ Slow elementwise kernels ] in ``scheduler.tracing.roofline``), best of 3."""
+    import torch
+    import torch.nn.functional as F
+
+    cols = x.shape[-1]
+    w, b = torch.ones(cols), torch.zeros(cols)
+    mask = torch.rand(1, cols) < 0.5
+    calls: dict[str, Callable[[], Any]] = {
+        "gelu": lambda: F.gelu(x), "gelu_tanh": lambda: F.gelu(x, approximate="tanh"), "silu": lambda: F.silu(x),
+        "tanh": lambda: torch.tanh(x), "sigmoid": lambda: torch.sigmoid(x), "exp": lambda: torch.exp(x),
+        "erf": lambda: torch.erf(x), "masked_fill": lambda: x.masked_fill(mask, 0.0),
+        "softmax": lambda: torch.softmax(x, -1), "log_softmax": lambda: torch.log_softmax(x, -1),
+        "layer_norm": lambda: F.layer_norm(x, (cols,), w, b),
+    }
+    moved = 2 * x.numel() * x.element_size()
+    return {name: moved / _best_s(fn, 3) for name, fn in calls.items()}
 
 
 def spot_cpu(threads: int) -> dict[str, Any]:
@@ -173,12 +213,7 @@ def spot_cpu(threads: int) -> dict[str, Any]:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        n = 512
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        flops = 2 * n ** 3 / _best_s(lambda: torch.mm(a, b), 5)
-        src = torch.ones(16 << 20)
-        dst = torch.empty_like(src)
-        bandwidth = 2 * src.numel() * src.element_size() / _best_s(lambda: dst.copy_(src), 5)
+        flops, bandwidth = _matmul_rate("float32", 512, 5), _copy_rate(5)
     finally:
         torch.set_num_threads(before)
     return {"flops_per_s": {"float32": flops}, "bytes_per_s": bandwidth}
@@ -215,15 +250,16 @@ class Calibration:
 
 
 def _rates(fig: Mapping[str, Any]) -> dict[str, float]:
-    """Every higher-is-better figure by name (``flops_per_s.bfloat16``, ``bytes_per_s``...)."""
-    out = {f"flops_per_s.{k}": float(v) for k, v in dict(fig["flops_per_s"]).items()}
+    """Every higher-is-better figure by name (``flops_per_s.bfloat16``, ``bytes_per_s``,
+    ``class_bytes_per_s.gelu``...)."""
+    out = {f"{group}.{k}": float(v) for group in _GROUPS for k, v in dict(fig.get(group) or {}).items()}
     out.update({k: float(fig[k]) for k in _RATES if fig.get(k) is not None})
     return out
 
 
 def _figures(rates: Mapping[str, float], overhead_s: float) -> dict[str, Any]:
-    flops = {k.split(".", 1)[1]: v for k, v in rates.items() if k.startswith("flops_per_s.")}
-    return {"flops_per_s": flops, "op_overhead_s": overhead_s, **{k: rates[k] for k in _RATES if k in rates}}
+    groups = {g: {k.split(".", 1)[1]: v for k, v in rates.items() if k.startswith(f"{g}.")} for g in _GROUPS}
+    return {**groups, "op_overhead_s": overhead_s, **{k: rates[k] for k in _RATES if k in rates}}
 
 
 def _best(rounds: list[Mapping[str, Any]]) -> dict[str, Any]:

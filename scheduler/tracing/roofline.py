@@ -25,7 +25,9 @@ NOTE [ Roofline costs ]
     ``add`` takes 0.5 ns), so by bytes alone dropout came out 16 times too
     cheap; a GPU draws Philox numbers far faster than it moves them, so the
     named GPUs leave ``random_per_s`` unset (no such roof).
-    and a node the sum over its kernels (for the usual node, one kernel:
+    The bandwidth itself is the CPU's per kernel class for the kernels of
+    :data:`SLOW_CLASSES` (NOTE [ Slow elementwise kernels ] below).
+    A node costs the sum over its kernels (for the usual node, one kernel:
     ``max(...) + op_overhead_s``; a node of views only costs nothing). The
     time is written as ``Node.fwd_cost`` in *FLOP-equivalents*: seconds times
     the peak FLOP/s of the model's dtype, so a compute-bound matmul costs about
@@ -39,6 +41,26 @@ NOTE [ Roofline costs ]
     and stored per machine and thread count (NOTE [ CPU calibration ] in
     ``scheduler.tracing.calibration``). Which device a trace is priced for is
     its target (NOTE [ Trace targets ] in ``scheduler.tracing.target``).
+
+NOTE [ Slow elementwise kernels ]
+    On a CPU the kernels of transcendental and row-wise ops are bound by
+    their arithmetic, not by memory, though FlopCounterMode counts them at
+    zero FLOPs: on this project's machine (AMD EPYC, one thread, 16 MiB
+    float32 tensors, bytes read plus written per second) a copy or an add
+    moved 21-26 GB/s, but GELU 8.3, SiLU 8.0, sigmoid 8.3, exp 7.7, softmax
+    6.6, log-softmax 5.6, masked_fill 4.7, and tanh and the tanh GELU 2.2-2.5
+    (four to ten times slower than a copy). Priced at the copy bandwidth, a
+    GPT's GELUs came out 8.3x cheaper than measured, its softmaxes 2.8x,
+    its cross-entropy 4.1x, so the plans' recompute was predicted 43 % short
+    (``benchmarks/results/cost_models.md`` at ``1b5e188``). So the CPU
+    calibration measures one call of each class of :data:`SLOW_CLASSES`
+    (16 MiB tensors, rows of 1,024 for the row-wise ones) and stores its
+    bytes per second (``class_bytes_per_s``); a kernel of the class moves at
+    the lesser of that and the copy bandwidth. A class is an ATen op's base
+    name (in-place variants alike); a GELU run with ``approximate="tanh"``
+    is noted by the watch as its own (``gelu_tanh``: 3.7x slower than the
+    exact one). Measured in float32 and used for every dtype. The named GPUs
+    have no class rates: there these kernels are memory-bound.
 """
 
 from __future__ import annotations
@@ -57,15 +79,36 @@ if TYPE_CHECKING:  # torch is imported where measured: the CLI's help lists DEVI
     from .records import OpRecord
 
 __all__ = ["DevicePeaks", "DEVICES", "DEFAULT_DEVICE", "UnknownDevice", "lookup_device",
-           "kernel_time_s", "record_time_s", "roofline_records", "model_dtype", "OP_CLASSES", "op_class"]
+           "kernel_time_s", "record_time_s", "roofline_records", "model_dtype", "OP_CLASSES", "op_class",
+           "SLOW_CLASSES", "TANH_GELU", "slow_class"]
 
 log = logging.getLogger(__name__)
 
 #: The GPU a ``meta`` model plans for (``target="cuda"``), and the one priced for a GPU missing from :data:`DEVICES`.
 DEFAULT_DEVICE = "H100"
-#: Op classes whose forward calls a CPU trace times at their shapes (NOTE [ Measured op classes ] in
+#: ATen ops (base names) whose kernels a CPU runs below its copy bandwidth, by class (NOTE [ Slow elementwise
+#: kernels ]); a GELU with ``approximate="tanh"`` is its own class (the watch notes it on the op's name).
+SLOW_CLASSES: Mapping[str, str] = {
+    **{op: op.rstrip("_") for op in ("gelu", "gelu_", "silu", "silu_", "tanh", "tanh_", "sigmoid", "sigmoid_",
+                                     "exp", "exp_", "erf", "erf_", "masked_fill", "masked_fill_")},
+    "_softmax": "softmax", "_log_softmax": "log_softmax", "native_layer_norm": "layer_norm",
+}
+#: What the watch appends to a GELU's op name when it runs the tanh approximation.
+TANH_GELU = " approximate=tanh"
+
+# Op classes whose forward calls a CPU trace times at their shapes (NOTE [ Measured op classes ] in
 #: ``scheduler.tracing.opclasses``): a call is of a class when the class's name is in its ATen overload's.
 OP_CLASSES = ("convolution", "batch_norm", "max_pool")
+
+
+def slow_class(op: str | None) -> str | None:
+    """The :data:`SLOW_CLASSES` class of an ATen overload's name (``aten._softmax.default`` -> ``softmax``;
+    a tanh-approximated GELU -> ``gelu_tanh``), or None."""
+    if not op:
+        return None
+    parts = op.split(" ", 1)[0].split(".")
+    cls = SLOW_CLASSES.get(parts[1] if len(parts) > 1 and parts[0] == "aten" else parts[0])
+    return "gelu_tanh" if cls == "gelu" and op.endswith(TANH_GELU) else cls
 
 
 def op_class(op: str) -> str | None:
@@ -94,6 +137,9 @@ class DevicePeaks:
         source: where the numbers come from.
         random_per_s: random numbers drawn per second, when drawing them
             can be slower than moving them (the CPU); None: no such roof.
+        class_bytes_per_s: the bandwidth of the kernels of a class of
+            :data:`SLOW_CLASSES` where it is below ``bytes_per_s`` (the CPU's,
+            measured); a class not in it moves at ``bytes_per_s``.
     """
 
     name: str
@@ -102,9 +148,13 @@ class DevicePeaks:
     op_overhead_s: float
     source: str = ""
     random_per_s: float | None = None
+    class_bytes_per_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops_per_s", dict(self.flops_per_s))
+        object.__setattr__(self, "class_bytes_per_s", dict(self.class_bytes_per_s))
+        if not all(_positive(v) for v in self.class_bytes_per_s.values()):
+            raise ValueError(f"device {self.name!r}: class_bytes_per_s must be finite and positive")
         rates = list(self.flops_per_s.values()) + [self.bytes_per_s]
         if "float32" not in self.flops_per_s or not all(_positive(v) for v in rates):
             raise ValueError(f"device {self.name!r}: peaks must be finite and positive, with a float32 entry")
@@ -126,7 +176,8 @@ class DevicePeaks:
         return cls(name=str(d["name"]), flops_per_s={str(k): float(v) for k, v in dict(d["flops_per_s"]).items()},
                    bytes_per_s=float(d["bytes_per_s"]), op_overhead_s=float(d["op_overhead_s"]),
                    source=str(d.get("source", "")),
-                   random_per_s=None if d.get("random_per_s") is None else float(d["random_per_s"]))
+                   random_per_s=None if d.get("random_per_s") is None else float(d["random_per_s"]),
+                   class_bytes_per_s={str(k): float(v) for k, v in dict(d.get("class_bytes_per_s") or {}).items()})
 
 
 def _gpu(name: str, fp32: float, half: float, tb_per_s: float, source: str) -> DevicePeaks:
@@ -178,25 +229,31 @@ def lookup_device(name: str) -> DevicePeaks | None:
 
 
 # ------------------------------------------------------------------ pricing
-def kernel_time_s(flops: int, nbytes: int, dtype: str, peaks: DevicePeaks, randoms: int = 0) -> float:
+def kernel_time_s(flops: int, nbytes: int, dtype: str, peaks: DevicePeaks, randoms: int = 0,
+                  op: str | None = None) -> float:
     """One kernel's roofline time (NOTE [ Roofline costs ]).
 
     Args:
         flops: its FLOPs; nbytes: bytes read plus written; dtype: picks the
-        peak FLOP/s; peaks: the device; randoms: random numbers it draws.
+        peak FLOP/s; peaks: the device; randoms: random numbers it draws;
+        op: its ATen overload, whose :func:`slow_class` may move fewer bytes per second.
     """
     draw = randoms / peaks.random_per_s if peaks.random_per_s else 0.0
-    return max(flops / peaks.peak(dtype), nbytes / peaks.bytes_per_s, draw) + peaks.op_overhead_s
+    bandwidth = min(peaks.bytes_per_s, peaks.class_bytes_per_s.get(slow_class(op) or "", math.inf))
+    return max(flops / peaks.peak(dtype), nbytes / bandwidth, draw) + peaks.op_overhead_s
 
 
 def record_time_s(record: OpRecord, peaks: DevicePeaks) -> float:
     """A traced node's roofline time: the sum over the kernels it runs (0 for views); the kernels of a class
     timed at their shapes take the measured time instead (NOTE [ Measured op classes ])."""
     timed = dict(record.class_times)
-    if not timed or len(record.kernel_ops) != len(record.kernels):
-        return sum(kernel_time_s(f, b, dt, peaks, r) for dt, f, b, r in record.kernels)
-    rest = sum(kernel_time_s(f, b, dt, peaks, r) for (dt, f, b, r), op in zip(record.kernels, record.kernel_ops)
-               if op_class(op) not in timed)
+    ops: Sequence[str | None] = record.kernel_ops
+    if len(ops) != len(record.kernels):
+        if timed:
+            return sum(kernel_time_s(f, b, dt, peaks, r) for dt, f, b, r in record.kernels)
+        ops = [None] * len(record.kernels)
+    rest = sum(kernel_time_s(f, b, dt, peaks, r, op) for (dt, f, b, r), op in zip(record.kernels, ops)
+               if op is None or op_class(op) not in timed)
     return rest + sum(timed.values())
 
 

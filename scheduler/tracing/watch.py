@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .loss_storage import resized_bytes
 from .records import storage_bytes, storage_key
+from .roofline import TANH_GELU
 
 __all__ = ["OpWatch", "kernel_of", "draws_random", "sac_ignored"]
 
@@ -79,6 +80,15 @@ def draws_random(func, args: tuple, kwargs: dict) -> bool:  # noqa: ANN001
             v = args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
             return not (isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0)
     return True
+
+
+def tanh_gelu(func, args: tuple, kwargs: dict) -> str:  # noqa: ANN001
+    """``TANH_GELU`` for a GELU run with ``approximate="tanh"``, else "": noted on the kernel's op name, a
+    class of its own (NOTE [ Slow elementwise kernels ] in ``scheduler.tracing.roofline``)."""
+    if func not in (torch.ops.aten.gelu.default, torch.ops.aten.gelu_.default):
+        return ""
+    approximate = args[1] if len(args) > 1 else kwargs.get("approximate", "none")
+    return TANH_GELU if approximate == "tanh" else ""
 
 
 class OpWatch(TorchDispatchMode):
@@ -165,7 +175,7 @@ class OpWatch(TorchDispatchMode):
         kernel = kernel_of(func, args, kwargs, out, flops)
         if kernel is not None:
             self.kernels.append(kernel)
-            self.kernel_ops.append(str(func))
+            self.kernel_ops.append(str(func) + tanh_gelu(func, args, kwargs))
         if not sac_ignored(func):
             keys = tuple(k for k in (storage_key(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
                          if k is not None)

@@ -57,6 +57,21 @@ def test_a_busy_measurement_is_raised_to_the_one_thread_figure_and_reported(capl
     assert "busy machine" in caplog.text and "ckpt calibrate" in caplog.text
 
 
+def test_the_slow_kernel_classes_are_figures_like_the_others(fake_cpu):
+    """NOTE [ Slow elementwise kernels ]: each class's bandwidth is the best of the rounds, raised to its
+    one-thread figure, reported when contended, stored and used by the traces' peaks."""
+    busy = _figures(2.0)
+    busy["class_bytes_per_s"]["gelu"] = 1e8
+    measure, _ = _scripted({2: [busy, _figures(0.4)], 1: [_figures(1.0), _figures(0.9)]})
+    cal = calibrate(2, rounds=2, measure=measure)
+    assert cal.measured["class_bytes_per_s"] == {"gelu": 2e9, "softmax": 8e9}  # best of the rounds
+    assert cal.figures["class_bytes_per_s"] == {"gelu": 5e9, "softmax": 8e9}  # gelu raised to one thread's
+    assert cal.contended == ("class_bytes_per_s.gelu",)
+    peaks = cpu_peaks(threads=3)
+    assert peaks.class_bytes_per_s == {"gelu": 5e9, "softmax": 4e9}
+    assert cpu_peaks(threads=3) == peaks  # as stored
+
+
 def test_slightly_below_one_thread_is_raised_but_not_contended():
     measure, _ = _scripted({2: [_figures(0.9)], 1: [_figures(1.0)]})
     cal = calibrate(2, rounds=1, measure=measure)
@@ -177,6 +192,8 @@ def test_ckpt_calibrate_measures_stores_and_shows(fake_cpu, capsys, monkeypatch)
     out = capsys.readouterr().out
     assert fake_cpu == [2, 1, 2, 1] and "best of 2 rounds: consistent with one thread" in out
     assert "matmul bfloat16" in out and "200 GFLOP/s" in out and "cpu_peaks.json" in out
+    gelu = next(line for line in out.splitlines() if "gelu bandwidth" in line)
+    assert gelu.split() == ["gelu", "bandwidth"] + ["5", "GB/s"] * 3, gelu
     busy = _figures(1.0, bf16=1e9)
     monkeypatch.setattr(calibration, "measure_cpu", lambda threads: busy if threads > 1 else _figures())
     assert main(["calibrate", "--threads", "2", "--rounds", "1"]) == 0

@@ -13,8 +13,8 @@ from scheduler.models import build
 from scheduler.tracing.tracer import TraceError, capture
 from scheduler.tracing.costs import measure_ops
 from scheduler.tracing.calibration import device_peaks
-from scheduler.tracing.roofline import (DEVICES, DevicePeaks, UnknownDevice, kernel_time_s, lookup_device,
-                                        record_time_s, roofline_records)
+from scheduler.tracing.roofline import (DEVICES, TANH_GELU, DevicePeaks, UnknownDevice, kernel_time_s,
+                                        lookup_device, record_time_s, roofline_records, slow_class)
 from scheduler.tracing.target import resolve_target, target_peaks
 from solvers import Plan, activation_budget_bytes
 
@@ -105,6 +105,62 @@ def test_traced_kernels_matmul_compute_bound_elementwise_memory_bound_view_free(
     assert cost[mm.op] == pytest.approx(2 * n ** 3, rel=0.05)
     assert cost[gelu.op] > 100 * n * n  # far above its one "FLOP" per element
     assert meta["model"] == "roofline" and meta["device"] == "H100" and meta["flops_per_s"] == 67e12
+
+
+# ------------------------------------------------- slow elementwise kernels
+@pytest.mark.parametrize("op, cls", [
+    ("aten.gelu.default", "gelu"), ("aten.gelu_.default", "gelu"), ("aten.gelu.default" + TANH_GELU, "gelu_tanh"),
+    ("aten._softmax.default", "softmax"), ("aten._log_softmax.default", "log_softmax"),
+    ("aten.native_layer_norm.default", "layer_norm"), ("aten.masked_fill.Scalar", "masked_fill"),
+    ("aten.silu_.default", "silu"), ("aten.exp.default", "exp"), ("aten.add.Tensor", None),
+    ("aten.expand.default", None), ("aten.exponential_.default", None), ("aten.softmax.int", None), (None, None),
+])
+def test_slow_classes_are_read_off_the_aten_op(op, cls):
+    assert slow_class(op) == cls
+
+
+def test_a_kernel_of_a_slow_class_moves_at_its_own_bandwidth():
+    cpu = DevicePeaks("cpu", {"float32": 1e11}, 2e10, 3e-6, class_bytes_per_s={"gelu": 5e9, "layer_norm": 4e10})
+    nbytes = 8 * 10**6
+    assert kernel_time_s(0, nbytes, "float32", cpu, op="aten.gelu.default") == pytest.approx(nbytes / 5e9 + 3e-6)
+    assert kernel_time_s(0, nbytes, "float32", cpu, op="aten.add.Tensor") == pytest.approx(nbytes / 2e10 + 3e-6)
+    assert kernel_time_s(0, nbytes, "float32", cpu) == pytest.approx(nbytes / 2e10 + 3e-6)
+    # a class measured faster than a copy is never priced above the copy's bandwidth
+    assert kernel_time_s(0, nbytes, "float32", cpu, op="aten.native_layer_norm.default") == pytest.approx(
+        nbytes / 2e10 + 3e-6)
+    # a class with no figure (tanh GELU here) moves at the copy bandwidth; the named GPUs have none at all
+    assert kernel_time_s(0, nbytes, "float32", cpu, op="aten.gelu.default" + TANH_GELU) == pytest.approx(
+        nbytes / 2e10 + 3e-6)
+    assert all(not d.class_bytes_per_s for d in DEVICES.values())
+    assert DevicePeaks.from_dict(cpu.to_dict()) == cpu
+    with pytest.raises(ValueError, match="class_bytes_per_s"):
+        DevicePeaks("bad", {"float32": 1.0}, 1.0, 0.0, class_bytes_per_s={"gelu": 0.0})
+
+
+class _Slow(torch.nn.Module):
+    def forward(self, x):
+        a = torch.nn.functional.gelu(x, approximate="tanh")
+        b = torch.nn.functional.gelu(a)
+        return torch.softmax(b, -1) + a
+
+
+def test_a_traced_model_prices_its_slow_kernels_by_class():
+    gm = torch.fx.symbolic_trace(_Slow())
+    x = torch.randn(64, 256)
+    records, _ = measure_ops(gm, [x])
+    ran = [r for r in records if r.kernels]
+    ops = sorted(op for r in ran for op in r.kernel_ops)
+    assert ops == sorted(["aten.gelu.default" + TANH_GELU, "aten.gelu.default", "aten._softmax.default",
+                          "aten.add.Tensor"])
+    nbytes = 2 * x.numel() * 4
+    cpu = DevicePeaks("cpu", {"float32": 1e11}, 2e10, 0.0,
+                      class_bytes_per_s={"gelu": 5e9, "gelu_tanh": 2e9, "softmax": 4e9})
+    want = {"aten.gelu.default" + TANH_GELU: nbytes / 2e9, "aten.gelu.default": nbytes / 5e9,
+            "aten._softmax.default": nbytes / 4e9, "aten.add.Tensor": 3 * x.numel() * 4 / 2e10}
+    for r in ran:
+        assert record_time_s(r, cpu) == pytest.approx(sum(want[op] for op in r.kernel_ops))
+    plain = DevicePeaks("cpu", {"float32": 1e11}, 2e10, 0.0)
+    assert sum(record_time_s(r, cpu) for r in records) > 3 * sum(record_time_s(r, plain) for r in records)
 
 
 # ------------------------------------------------------------- traced models
