@@ -86,8 +86,9 @@ log = logging.getLogger(__name__)
 
 #: The GPU a ``meta`` model plans for (``target="cuda"``), and the one priced for a GPU missing from :data:`DEVICES`.
 DEFAULT_DEVICE = "H100"
-#: ATen ops (base names) whose kernels a CPU runs below its copy bandwidth, by class (NOTE [ Slow elementwise
-#: kernels ]); a GELU with ``approximate="tanh"`` is its own class (the watch notes it on the op's name).
+#: ATen ops (base names) whose kernels a CPU runs below its copy bandwidth, by class
+#: (NOTE [ Slow elementwise kernels ]); a GELU with ``approximate="tanh"`` is its own class (the watch notes it
+#: on the op's name).
 SLOW_CLASSES: Mapping[str, str] = {
     **{op: op.rstrip("_") for op in ("gelu", "gelu_", "silu", "silu_", "tanh", "tanh_", "sigmoid", "sigmoid_",
                                      "exp", "exp_", "erf", "erf_", "masked_fill", "masked_fill_")},
