@@ -44,7 +44,14 @@ NOTE [ Regions under torch.compile ]
     (as in eager, NOTE [ Stateful ops under recompute ]) the running
     statistics are put back after any run that autograd's backward makes
     (``torch._C._current_graph_task_id() != -1``), so they are still
-    updated once. Such a region adds breaks of its own (a CNN whose two
+    updated once; and each run sets the flags to their values before
+    ``apply`` itself, since by the backward the caller has put them back
+    (transformers 5.25's decoder layers, which checkpoint in their own
+    forward when the flag is on, failed Llama's first compiled backward with
+    "no attribute '_gradient_checkpointing_func'"; their decoder layer
+    breaks the graph inside a checkpoint, ours as theirs: 7 breaks with our
+    plan, 6 with ``gradient_checkpointing_enable()``, 0 without either).
+    Such a region adds breaks of its own (a CNN whose two
     regions each hold a ``graph_break()``: 2 breaks, 1 without the plan).
     Under ``backend="eager"`` (no AOTAutograd) torch runs its checkpoint
     operator as an eager checkpoint of the captured graph, whose recompute
@@ -203,16 +210,24 @@ def traced_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules:
 
 
 def _traced_body(fn: Callable[..., Any], modules: tuple[nn.Module, ...], *args: Any, **kwargs: Any) -> Any:
-    if torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1:
-        return fn(*args, **kwargs)  # traced into the graph, or the forward of a region Dynamo ran eagerly
-    stats = _running_stats(modules)  # a recompute by autograd: Dynamo ran this region eagerly
-    saved = [b.detach().clone() for b in stats]
+    if torch.compiler.is_compiling():
+        return fn(*args, **kwargs)  # traced into the graph: the caller set the flags around it
+    # Dynamo ran this region eagerly: its forward, or autograd's recompute in the backward, where the caller's
+    # flags are put back already (transformers' layers that checkpoint in their own forward read them there)
+    changed = flags_as_before(modules)
     try:
-        return fn(*args, **kwargs)
+        if torch._C._current_graph_task_id() == -1:
+            return fn(*args, **kwargs)
+        stats = _running_stats(modules)  # a recompute: BatchNorm's statistics are updated once
+        saved = [b.detach().clone() for b in stats]
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with torch.no_grad():
+                for b, s in zip(stats, saved):
+                    b.copy_(s)
     finally:
-        with torch.no_grad():
-            for b, s in zip(stats, saved):
-                b.copy_(s)
+        _put_back(changed)
 
 
 def _put_back(changed: list) -> None:

@@ -88,6 +88,19 @@ class BrokenBlock(ConvBlock):
         return x + self.drop(y)
 
 
+class SelfCheckpointingBlock(BrokenBlock):
+    """As transformers' decoder layers since 5.x (``GradientCheckpointingLayer`` wraps the class's ``forward``):
+    the forward checkpoints itself when its ``gradient_checkpointing`` flag is on, through a function only
+    ``gradient_checkpointing_enable()`` sets; and a graph break inside, so Dynamo runs the region eagerly."""
+
+    gradient_checkpointing = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return self._gradient_checkpointing_func(super().forward, x)
+        return super().forward(x)
+
+
 class CNN(nn.Module):
     """BatchNorm and dropout in module regions, and in a run of ``nn.Sequential`` children."""
 
@@ -301,6 +314,22 @@ def test_a_region_dynamo_cannot_trace_runs_eagerly_with_statistics_updated_once(
     ours = compiled_step(planned, (x,))
     assert_equal_steps(base, ours)
     assert all(int(b) == 1 for n, b in ours[2].items() if n.endswith("num_batches_tracked"))
+
+
+def test_a_region_run_eagerly_under_compile_recomputes_with_the_flags_as_before():
+    """transformers 5.25's Llama under compile with a plan: the decoder layer's region runs eagerly (a graph
+    break inside), and its recompute in the backward saw the flag the plan sets (NOTE [ Visible to
+    gradient-checkpointing checks ]): AttributeError '_gradient_checkpointing_func' at the first backward."""
+    torch.manual_seed(0)
+    model = CNN(block=SelfCheckpointingBlock).train()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    planned, twin = planned_and_twin(model, span_plan(model, (x,), ["blocks.0", "blocks.1"]))
+    assert all(b.__dict__.get("gradient_checkpointing") is True for b in planned.blocks)  # marked, as libraries see
+    base = compiled_step(twin, (x,))
+    ours = compiled_step(planned, (x,))
+    assert_equal_steps(base, ours)
+    assert all(int(b) == 1 for n, b in ours[2].items() if n.endswith("num_batches_tracked"))
+    assert all(b.__dict__.get("gradient_checkpointing") is True for b in planned.blocks)  # put back after
 
 
 @pytest.mark.slow
