@@ -5,8 +5,8 @@ The rules they follow are the NOTEs of ``scheduler.applying.modules``:
 [ Checkpointing forward, not __call__ ], [ Recompute at the region's end ],
 [ Stateful ops under recompute ], [ RNG state per region ], [ Caches under
 recompute ], and [ Containers passed to a region ], [ Every tensor a region
-receives is a checkpoint input ] and [ Regions under torch.compile ] below; a
-region that keeps some op outputs runs under its selective-checkpoint policy (NOTE [ Selective checkpoint policies ] in
+receives is a checkpoint input ], [ Regions under torch.compile ] and [ Python
+state written inside a region ] below; a region that keeps some op outputs runs under its selective-checkpoint policy (NOTE [ Selective checkpoint policies ] in
 ``scheduler.applying.selective``).
 
 NOTE [ Regions under torch.compile ]
@@ -48,11 +48,27 @@ NOTE [ Regions under torch.compile ]
     ``apply`` itself, since by the backward the caller has put them back
     (transformers 5.25's decoder layers, which checkpoint in their own
     forward when the flag is on, failed Llama's first compiled backward with
-    "no attribute '_gradient_checkpointing_func'"; their decoder layer
-    breaks the graph inside a checkpoint, ours as theirs: 7 breaks with our
-    plan, 6 with ``gradient_checkpointing_enable()``, 0 without either).
+    "no attribute '_gradient_checkpointing_func'" when they ran eagerly).
     Such a region adds breaks of its own (a CNN whose two
     regions each hold a ``graph_break()``: 2 breaks, 1 without the plan).
+
+NOTE [ Python state written inside a region ]
+    Dynamo refuses, inside its checkpoint operator, any write to Python
+    state made outside it ("HOP: Unsafe side effect"): eager checkpointing
+    writes it again in the recompute, which a compiled graph cannot. Such
+    writes are common in libraries' layers: transformers 5.25's attention
+    layers set the kernels hub's routing context variable and put it back
+    around their forward (``CompileableContextVar``, a plain attribute under
+    compile), so each decoder-layer region broke the graph and ran eagerly
+    (Llama, 2 layers: 7 breaks with our plan, 6 with
+    ``gradient_checkpointing_enable()``, 0 without either), outside
+    inductor's memory planning. The region's function is traced through
+    Dynamo's own allowance for that (the one FSDP's pre- and post-forward
+    get): the write happens once, in the forward, as in the compiled
+    unplanned step, which never recomputes; a set-and-put-back pair leaves
+    the state as before. Llama's planned step then compiles whole (0
+    breaks), bitwise the compiled twin's under ``aot_eager``. A torch
+    without the allowance traces as before (a break per such region).
     Under ``backend="eager"`` (no AOTAutograd) torch runs its checkpoint
     operator as an eager checkpoint of the captured graph, whose recompute
     writes BatchNorm's buffers again: autograd refuses it ("modified by an
@@ -210,8 +226,8 @@ def traced_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules:
 
 
 def _traced_body(fn: Callable[..., Any], modules: tuple[nn.Module, ...], *args: Any, **kwargs: Any) -> Any:
-    if torch.compiler.is_compiling():
-        return fn(*args, **kwargs)  # traced into the graph: the caller set the flags around it
+    if torch.compiler.is_compiling():  # traced into the graph: the caller set the flags around it
+        return _side_effects_once(fn, *args, **kwargs)  # NOTE [ Python state written inside a region ]
     # Dynamo ran this region eagerly: its forward, or autograd's recompute in the backward, where the caller's
     # flags are put back already (transformers' layers that checkpoint in their own forward read them there)
     changed = flags_as_before(modules)
@@ -228,6 +244,16 @@ def _traced_body(fn: Callable[..., Any], modules: tuple[nn.Module, ...], *args: 
                     b.copy_(s)
     finally:
         _put_back(changed)
+
+
+def _side_effects_once(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` while Dynamo traces a region: Python state it writes is written once, by the
+    forward (NOTE [ Python state written inside a region ]), through Dynamo's own allowance (the one FSDP's
+    pre- and post-forward get). A torch without it traces as before."""
+    allow = getattr(torch._dynamo.utils, "_disable_side_effect_safety_checks_for_current_subtracer", None)
+    if allow is None:
+        return fn(*args, **kwargs)
+    return allow(fn, *args, **kwargs)
 
 
 def _put_back(changed: list) -> None:
