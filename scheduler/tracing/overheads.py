@@ -28,14 +28,25 @@ NOTE [ Overhead calibration ]
       backward) less the plain ops, less their forward run again and less
       ``region_s``: the hooks and graph a recompute adds to each kernel
       (an entry stored before this figure is measured again);
-    * ``gemm_rows``: float32 FLOP/s of ``[rows, 256] @ [256, 16384]`` at
-      several row counts (products at a chunk's smaller shape). The weights
-      are larger than the caches, as a vocabulary head's are: with 1,024
-      columns (an earlier table) the rate did not fall with fewer rows and
-      the chunk loop's products were priced at nothing, where a 32,000-word
-      head's forward runs at 79 GFLOP/s over 256 rows, 70 over 128 and 52
-      over 64 (a head in 4 chunks measured 60-75 ms more per step than in
-      one). An entry measured at another shape is measured again; one
+    * ``gemm_rows``: float32 FLOP/s of a head's three products at several
+      row counts (products at a chunk's smaller shape): the forward
+      ``[rows, 256] @ [256, 16384]``, the input gradient
+      ``[rows, 16384] @ [16384, 256]`` and the weight gradient
+      ``[256, rows] @ [rows, 16384]``, their FLOPs over their summed time,
+      which is what the chunk term multiplies (a call's forward and
+      backward FLOPs). The weights are larger than the caches, as a
+      vocabulary head's are: with 1,024 columns (an earlier table) the rate
+      did not fall with fewer rows and the chunk loop's products were priced
+      at nothing, where a 32,000-word head's forward runs at 79 GFLOP/s
+      over 256 rows, 70 over 128 and 52 over 64 (a head in 4 chunks
+      measured 60-75 ms more per step than in one). The counts are
+      powers of two from 16 to 512 (a chunk of more rows is priced at 512's
+      rate; 1,024 measured no faster and took 3 s): with only 16, 64, 256
+      and 1,024 (the
+      forward's alone, an earlier table) the rate at 128 rows, a 256-row
+      head in 2 chunks, was read off the line from 64 to 256 (58 GFLOP/s)
+      where the products run as fast as at 256 (66-73), and a head in 2
+      chunks was priced 36.9 ms for 22.1 measured. An entry measured at another shape is measured again; one
       marked ``pinned`` (the tests' zero figures) is used as it is.
 
     As for the peaks, a busy machine can ruin a measurement, so each figure
@@ -77,10 +88,12 @@ __all__ = ["GPU_OVERHEADS", "OverheadMeasure", "measure_overheads", "calibrate_o
 log = logging.getLogger(__name__)
 
 _CACHE_FILE = "plan_overheads.json"
-_ROWS = (16, 64, 256, 1024)
-#: The products of ``gemm_rows``: ``[rows, 256] @ [256, GEMM_COLS]``, weights (16 MiB) beyond the caches, as a
-#: vocabulary head's: an entry timed at another shape is measured again.
+_ROWS = (16, 32, 64, 128, 256, 512)
+#: The products of ``gemm_rows``: a head ``[rows, 256] @ [256, GEMM_COLS]``'s forward, input gradient and
+#: weight gradient, weights (16 MiB) beyond the caches, as a vocabulary head's.
 GEMM_COLS = 16384
+#: What a stored ``gemm_rows`` was timed on: an entry timed on another table is measured again.
+GEMM_TABLE = "head fwd+dX+dW, 256 x 16384, rows 16-512 in powers of two"
 _TIMES = ("op_s", "region_s", "random_region_s", "selective_op_s", "kept_call_s", "chunk_s", "recompute_op_s")
 
 #: ``measure(threads) -> figures`` (the names of :class:`~solvers.model.overheads.Overheads`).
@@ -100,6 +113,20 @@ def _best_s(fn: Callable[[], Any], repeats: int = 5) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def _head_rate(rows: int, width: int = 256, cols: int = GEMM_COLS) -> float:
+    """``gemm_rows``' figure (NOTE [ Overhead calibration ]): FLOP/s of a head's forward, input- and weight-gradient products over
+    ``rows`` rows, their FLOPs over the sum of their times (each the best of 3 after one warm-up call)."""
+    import torch
+
+    # constant operands: a product's time does not depend on its values, and drawing 32 MiB of random numbers
+    # took longer than the products
+    w = torch.full((width, cols), 0.01)
+    x, g = torch.full((rows, width), 0.5), torch.full((rows, cols), 0.25)
+    seconds = (_best_s(lambda: torch.mm(x, w), 3) + _best_s(lambda: torch.mm(g, w.t()), 3)
+               + _best_s(lambda: torch.mm(x.t(), g), 3))
+    return 3 * 2 * rows * width * cols / max(seconds, 1e-9)
 
 
 def measure_overheads(threads: int) -> dict[str, Any]:
@@ -174,11 +201,7 @@ def measure_overheads(threads: int) -> dict[str, Any]:
             return run
 
         chunk_s = max(0.0, (_best_s(loop(8)) - _best_s(loop(1))) / 7 - op_s)
-        gemm = []
-        w = torch.randn(256, GEMM_COLS)
-        for m in _ROWS:
-            a = torch.randn(m, 256)
-            gemm.append([m, 2 * m * 256 * GEMM_COLS / max(_best_s(lambda: torch.mm(a, w), 3), 1e-9)])
+        gemm = [[m, _head_rate(m)] for m in _ROWS]
     finally:
         torch.set_num_threads(before)
     return {"op_s": op_s, "region_s": region_s, "random_region_s": random_s, "selective_op_s": selective_op_s,
@@ -217,6 +240,7 @@ def calibrate_overheads(threads: int | None = None, *, rounds: int = 3,
     figures = _best(many + one, floor)  # op_s the least, differences the median; rates: never below one thread's
     Overheads.from_dict(figures)  # checks them
     figures["gemm_cols"] = GEMM_COLS
+    figures["gemm_table"] = GEMM_TABLE
     return {"figures": figures, "one_thread": single, "rounds": rounds,
             "measured_at": datetime.datetime.now().isoformat(timespec="seconds")}
 
@@ -241,7 +265,7 @@ def cpu_overheads(*, cache: str | os.PathLike | None = None, refresh: bool = Fal
             log.warning("plan overheads cache %s is unreadable (%s); measuring again", path, exc)
     stored = entries.get(key)
     if (not refresh and isinstance(stored, dict) and all(k in (stored.get("figures") or {}) for k in _TIMES)
-            and (stored.get("pinned") or stored["figures"].get("gemm_cols") == GEMM_COLS)):
+            and (stored.get("pinned") or stored["figures"].get("gemm_table") == GEMM_TABLE)):
         try:
             e = entries[key]
             return Overheads.from_dict({**e["figures"], "source": f"measured on this machine ({key}) on "

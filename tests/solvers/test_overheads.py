@@ -148,7 +148,7 @@ def test_an_overhead_entry_timed_at_another_gemm_shape_is_measured_again_unless_
     import json
 
     from scheduler.tracing.calibration import cache_key
-    from scheduler.tracing.overheads import GEMM_COLS, cpu_overheads
+    from scheduler.tracing.overheads import GEMM_COLS, GEMM_TABLE, cpu_overheads
 
     old = {"op_s": 1e-6, "region_s": 5e-5, "random_region_s": 1e-5, "selective_op_s": 2e-6, "kept_call_s": 1e-6,
            "chunk_s": 0.0, "recompute_op_s": 0.0, "gemm_rows": [[32, 84e9], [2048, 49e9]]}  # [rows, 256] @ [256, 1024]
@@ -163,10 +163,34 @@ def test_an_overhead_entry_timed_at_another_gemm_shape_is_measured_again_unless_
     got = cpu_overheads(cache=tmp_path, threads=1, measure=measure)
     assert calls == [1, 1] and got.region_s == 7e-5 and got.gemm_rows == ((64, 52e9), (256, 79e9))
     assert json.loads(path.read_text())[cache_key(1)]["figures"]["gemm_cols"] == GEMM_COLS
+    assert json.loads(path.read_text())[cache_key(1)]["figures"]["gemm_table"] == GEMM_TABLE
     cpu_overheads(cache=tmp_path, threads=1, measure=measure)
     assert calls == [1, 1]  # the new entry is read back
+    # the forward's products alone at 16, 64, 256, 1024 rows (the table before the three products): again
+    forward_only = {**old, "gemm_rows": [[16, 27e9], [64, 49e9], [256, 68e9], [1024, 52e9]], "gemm_cols": GEMM_COLS}
+    path.write_text(json.dumps({cache_key(1): {"figures": forward_only, "measured_at": "2026-12-03T21:20:13"}}))
+    assert cpu_overheads(cache=tmp_path, threads=1, measure=measure).gemm_rows == ((64, 52e9), (256, 79e9))
+    assert calls == [1, 1, 1, 1]
     path.write_text(json.dumps({cache_key(1): {"figures": old, "measured_at": "fixed", "pinned": True}}))
     assert cpu_overheads(cache=tmp_path, threads=1, measure=lambda t: pytest.fail("measured")).region_s == 5e-5
+
+
+def test_the_head_table_times_the_forward_input_and_weight_gradient_products(monkeypatch):
+    """gemm_rows is the rate of a head's three products together (what the chunk term multiplies: a call's
+    forward and backward FLOPs): their FLOPs over their summed times, each product at its own shape."""
+    from scheduler.tracing import overheads
+
+    shapes = []
+
+    def timed(fn, repeats=5):
+        out = fn()
+        shapes.append(tuple(out.shape))
+        return {0: 1.0, 1: 2.0, 2: 3.0}[(len(shapes) - 1) % 3]  # seconds of the forward, dX, dW
+
+    monkeypatch.setattr(overheads, "_best_s", timed)
+    rate = overheads._head_rate(8, width=4, cols=16)
+    assert shapes == [(8, 16), (8, 4), (4, 16)]  # [rows, cols], [rows, width], [width, cols]
+    assert rate == pytest.approx(3 * 2 * 8 * 4 * 16 / 6.0)
 
 
 def test_a_trace_carries_the_overhead_figures():
