@@ -37,9 +37,10 @@ def _pin_cpu_peaks() -> None:
             "measured_at": "fixed for the tests (tests/conftest.py)", "pinned": True}
     with open(os.path.join(folder, "plan_overheads.json"), "w", encoding="utf-8") as fh:
         json.dump({key: zero for key in entries}, fh)
-    # NOTE [ Measured op classes ]: no class timed (a clock), the plain roofline
+    # NOTE [ Measured op classes ]: no class timed (a clock), the plain roofline; NOTE [ Chunk loops timed at
+    # their shapes ]: no chunk loop timed either
     with open(os.path.join(folder, "op_classes.json"), "w", encoding="utf-8") as fh:
-        json.dump({"classes": []}, fh)
+        json.dump({"classes": [], "chunk_loops": False}, fh)
     os.environ[CACHE_ENV] = folder
 
 

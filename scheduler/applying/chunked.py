@@ -45,14 +45,11 @@ from graphs import CkptError
 from solvers import Plan
 from solvers.model.chunks import LOSS_SUFFIX, parse_chunk_module
 
+from ..tracing.chunk_loop import IGNORE_INDEX, chunked_head_loss, over_chunks
 from ..tracing.spans import lm_heads
 from .regions import run_region
 
 __all__ = ["ChunkedHead", "ChunkedCall", "ChunkedHeadError", "split_chunks", "install", "IGNORE_INDEX"]
-
-#: Labels that take no part in the loss (transformers' and torch's default ``ignore_index``).
-IGNORE_INDEX = -100
-
 
 class ChunkedHeadError(CkptError, RuntimeError):
     """A chunked head could not be installed or run on this model (the message says why)."""
@@ -153,19 +150,17 @@ class _Chunks:
                                "than the whole. Solve without chunks")
 
     def chunked(self, fn: Any, rows: torch.Tensor, *others: torch.Tensor, region: nn.Module) -> list[Any]:
-        """``fn(rows chunk, *others chunks)`` for each of the k row chunks, as the plan checkpoints them."""
-        size = max(-(-rows.shape[0] // self.k), 1)
-        out = []
-        for c in range(max(1, min(self.k, -(-rows.shape[0] // size)))):  # fewer rows than k: no empty chunk
-            start = c * size
-            length = min(size, rows.shape[0] - start)
-            args = tuple(t.narrow(0, start, length) for t in (rows, *others))
+        """``fn(rows chunk, *others chunks)`` for each of the k row chunks, as the plan checkpoints them (the loop:
+        ``scheduler.tracing.chunk_loop``, which the trace times)."""
+        return over_chunks(fn, rows, *others, k=self.k, run=self._runner(region))
+
+    def _runner(self, region: nn.Module) -> Any:
+        def run(c: int, fn: Any, args: Sequence[torch.Tensor]) -> Any:
             if c in self.checkpointed:
-                out.append(run_region(fn, args, {}, modules=(region,), path=f"{self.path}@chunk{c}",
-                                      stochastic=False, counter=self))
-            else:
-                out.append(fn(*args))
-        return out
+                return run_region(fn, tuple(args), {}, modules=(region,), path=f"{self.path}@chunk{c}",
+                                  stochastic=False, counter=self)
+            return fn(*args)
+        return run
 
 
 class ChunkedCall(_Chunks):
@@ -247,22 +242,7 @@ class ChunkedHead(_Chunks):
 
     def loss(self, head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, num_items: Any) -> torch.Tensor:
         """The loss of ``head`` over ``hidden``, summed over k chunks of the token rows."""
-        if self.kind == "causal":
-            labels = nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].contiguous()
-        labels = labels.reshape(-1).to(hidden.device)
-        rows = hidden.reshape(-1, hidden.shape[-1])
-        count = num_items if num_items is not None else (labels != IGNORE_INDEX).sum()
-        if isinstance(count, torch.Tensor):
-            count = count.to(hidden.device)
-
-        def chunk_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            logits = head(x)
-            if self.kind == "causal":
-                logits = logits.float()  # as transformers' causal-LM loss upcasts
-            return nn.functional.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction="sum") / count
-
-        losses = self.chunked(chunk_loss, rows, labels, region=head)
-        return sum(losses[1:], losses[0])
+        return chunked_head_loss(head, hidden, labels, self.kind, self.k, num_items, run=self._runner(head))
 
     def __repr__(self) -> str:
         return f"ChunkedHead({self.path!r}, k={self.k})"

@@ -72,6 +72,7 @@ from .forward_holds import add_forward_holds, eager_holds
 from .loss_storage import split_loss_storage
 from .capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .costs import OpRecord, measure_ops
+from .chunk_times import time_chunk_loops, times_chunk_loops, with_chunk_times
 from .opclasses import timed_classes
 from .outputs import capture_exposed, returned_nodes
 from .overheads import target_overheads
@@ -321,6 +322,11 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             meta[CALL_RETURNS_META] = dict(sorted(returns.items()))
         graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, extras, loop, held,
                                          holds)
+    if costs == "roofline" and plan_for.kind == "cpu" and device.type == "cpu" and times_chunk_loops():
+        # NOTE [ Chunk loops timed at their shapes ]: the loop as a plan runs it, on the model's own modules
+        loops = time_chunk_loops(model, graph, members, gm)
+        if loops:
+            graph = with_chunk_times(graph, loops)
     placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     log.info("traced %s with %s for %s: %d fx nodes -> %d cost nodes (granularity %s)", name, used,
              plan_for.describe(), len(records), len(graph), gran)

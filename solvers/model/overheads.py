@@ -33,7 +33,12 @@ NOTE [ Plan overheads ]
       (``chunk_gemm``: their forward and backward FLOPs times
       ``1 / rate(rows / k) - 1 / rate(rows)``, ``rate`` the float32 FLOP/s
       measured at a few row counts, ``gemm_rows``, interpolated in log rows;
-      none without a table).
+      none without a table). A call the trace timed at its own shape (NOTE
+      [ Chunk loops timed at their shapes ] in
+      ``scheduler.tracing.chunk_times``) is priced by that instead, one term
+      in place of these four: ``chunk_timed``, the loop in k chunks less
+      the call whole, measured (a count not timed is read off the line
+      through its timed neighbours).
 
     One more figure is no term of its own: ``recompute_op_s``, what a
     kernel run again inside a checkpoint region costs beyond the kernel
@@ -63,17 +68,21 @@ from typing import Any, Mapping, Sequence
 
 from graphs import COSTS_META, Graph
 
-from .chunks import _products, expand, max_chunks
+from .chunks import LOSS_SUFFIX, ChunkError, _products, expand, find_tail, max_chunks
 from ..errors import SolverInputError
 from .terms import region_rng_bytes
 
-__all__ = ["OVERHEADS_KEY", "TERMS", "Overheads", "graph_overheads", "overhead_seconds", "with_overheads",
+__all__ = ["OVERHEADS_KEY", "CHUNK_TIMES_KEY", "TERMS", "chunk_times", "timed_extra", "Overheads", "graph_overheads", "overhead_seconds", "with_overheads",
            "with_extra_time", "region_call_cost"]
 
 #: Where a graph carries its overhead figures: ``graph.meta["costs"][OVERHEADS_KEY]``.
 OVERHEADS_KEY = "overheads"
+#: Where a graph carries its chunk loops timed at their shapes: ``graph.meta["costs"][CHUNK_TIMES_KEY]``,
+#: ``{call: {k: seconds}}`` (NOTE [ Chunk loops timed at their shapes ] in ``scheduler.tracing.chunk_times``).
+CHUNK_TIMES_KEY = "chunk_times"
 #: The split of a plan's overheads, in the order reports print it.
-TERMS = ("regions", "rng", "selective", "chunk_loop", "chunk_launches", "chunk_accumulation", "chunk_gemm")
+TERMS = ("regions", "rng", "selective", "chunk_loop", "chunk_launches", "chunk_accumulation", "chunk_gemm",
+         "chunk_timed")
 _FIGURES = ("region_s", "random_region_s", "selective_op_s", "kept_call_s", "chunk_s", "op_s", "recompute_op_s")
 
 
@@ -145,6 +154,48 @@ def graph_overheads(graph: Graph) -> Overheads | None:
     return None if out.zero else out
 
 
+def chunk_times(graph: Graph) -> dict[str, dict[int, float]]:
+    """The chunk loops ``graph``'s trace timed, ``{call: {k: seconds}}`` (empty: none, or a malformed entry)."""
+    costs = graph.meta.get(COSTS_META)
+    entry = costs.get(CHUNK_TIMES_KEY) if isinstance(costs, Mapping) else None
+    out: dict[str, dict[int, float]] = {}
+    if not isinstance(entry, Mapping):
+        return out
+    for name, table in entry.items():
+        try:
+            parsed = {int(k): float(s) for k, s in table.items()}
+        except (AttributeError, TypeError, ValueError):
+            continue
+        if parsed and all(k > 1 and math.isfinite(s) and s >= 0 for k, s in parsed.items()):
+            out[str(name)] = parsed
+    return out
+
+
+def timed_extra(table: Mapping[int, float], k: int) -> float:
+    """What the loop in ``k`` chunks adds, from ``table``'s timed counts (``{k: seconds}``, 1 chunk adding 0):
+    the figure of ``k``, else read off the line through the two timed counts around it (or the last two)."""
+    if k <= 1:
+        return 0.0
+    if k in table:
+        return table[k]
+    points = sorted({1: 0.0, **table}.items())
+    below = [p for p in points if p[0] < k]
+    above = [p for p in points if p[0] > k]
+    (k0, s0), (k1, s1) = (below[-1], above[0]) if above else (points[-2], points[-1])
+    return max(0.0, s0 + (s1 - s0) * (k - k0) / (k1 - k0))
+
+
+def _call_name(graph: Graph, first: int, last: int) -> str | None:
+    """The chunked call ``first..last`` as plans name it: ``HEAD+loss`` for the tail, else its module path."""
+    if last == len(graph) - 1:
+        try:
+            tail = find_tail(graph)
+        except ChunkError:
+            return None
+        return tail.head + LOSS_SUFFIX if tail.first == first else None
+    return next((sp.module for sp in graph.spans if sp.first == first and sp.last == last), None)
+
+
 def region_call_cost(graph: Graph) -> int:
     """One region's call (``region_s``) in the graph's cost units (FLOP-equivalents), 0 without figures: what
     the exact solvers add to their objective per region (NOTE [ Plan overheads ])."""
@@ -182,6 +233,11 @@ def overhead_seconds(graph: Graph, regions: Sequence[tuple[int, int]], saved: Se
     """
     out = dict.fromkeys(TERMS, 0.0)
     o = graph_overheads(graph)
+    timed = chunk_times(graph) if chunks else {}
+    for first, last, k in chunks:
+        table = timed.get(_call_name(graph, first, last) or "") if k > 1 else None
+        if table:
+            out["chunk_timed"] += timed_extra(table, k)
     if o is None:
         return out
     run = expand(graph, chunks) if chunks else graph
@@ -196,8 +252,8 @@ def overhead_seconds(graph: Graph, regions: Sequence[tuple[int, int]], saved: Se
         out["selective"] = 2 * o.selective_op_s * calls + o.kept_call_s * len(kept)
     bandwidth = _bandwidth(graph)
     for first, last, k in chunks:
-        if k <= 1:
-            continue
+        if k <= 1 or timed.get(_call_name(graph, first, last) or ""):
+            continue  # whole, or timed at its shape (above)
         extra = k - 1
         nodes = graph.nodes[first:last + 1]
         out["chunk_loop"] += o.chunk_s * extra

@@ -116,7 +116,7 @@ from ..errors import SolverInputError
 from .chunks import expand
 from .nested_walk import NestedWalk
 from .plan import Plan
-from .overheads import graph_overheads, overhead_seconds
+from .overheads import chunk_times, graph_overheads, overhead_seconds
 from .walk import Simulation, Walk, graph_rate
 
 __all__ = ["Simulation", "simulate", "store_all_peak", "activation_budget_bytes"]
@@ -155,7 +155,8 @@ def simulate(graph: Graph, plan: Plan | None = None, *, record: bool = True) -> 
     poll("simulating the step's backward")
     walk.backward()
     sim = walk.result()
-    if plan is not None and graph_overheads(traced) is not None:  # NOTE [ Plan overheads ]
+    if plan is not None and (graph_overheads(traced) is not None or plan.chunks and chunk_times(traced)):
+        # see NOTE [ Plan overheads ]
         split = overhead_seconds(traced, plan.regions, plan.saved, plan.inner, plan.chunks)
         rate = graph_rate(traced)
         sim = dataclasses.replace(sim, overhead_s=split,

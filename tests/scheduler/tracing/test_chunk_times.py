@@ -1,0 +1,140 @@
+"""A chunked call's loop is timed at its own shape and prices the plans that run it (NOTE [ Chunk loops timed at
+their shapes ] in scheduler.tracing.chunk_times). Every clock here is injected: no test reads the real one."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+import scheduler
+from chunk_graphs import lm_graph
+from graphs import COSTS_META
+from solvers import Plan, simulate
+from solvers.model.chunks import LOSS_SUFFIX, chunk_entries, find_tail
+from solvers.model.overheads import CHUNK_TIMES_KEY, chunk_times, timed_extra, with_overheads
+
+from scheduler.tracing import chunk_times as ct
+from scheduler.tracing.tracer import capture
+
+transformers = pytest.importorskip("transformers")
+
+RATE = 1e9
+ROWS_META = {"inputs": [{"shape": [2, 8], "dtype": "int64"}, {"shape": [2, 8], "dtype": "int64"}]}  # 16 token rows
+
+
+def _graph(times=None, **figures):
+    g = lm_graph(blocks=2)
+    costs = {"flops_per_s": RATE, "peaks": {"bytes_per_s": 1e10}}
+    if times is not None:
+        costs[CHUNK_TIMES_KEY] = times
+    g = dataclasses.replace(g, meta={**g.meta, **ROWS_META, COSTS_META: costs})
+    return with_overheads(g, figures) if figures else g
+
+
+def test_a_count_not_timed_is_read_off_the_line_through_its_neighbours():
+    table = {2: 0.010, 4: 0.040}
+    assert timed_extra(table, 1) == 0.0
+    assert timed_extra(table, 2) == 0.010 and timed_extra(table, 4) == 0.040
+    assert timed_extra(table, 3) == pytest.approx(0.025)  # between 2 and 4
+    assert timed_extra(table, 8) == pytest.approx(0.100)  # beyond: the line through 2 and 4
+    assert timed_extra({2: 0.010}, 4) == pytest.approx(0.030)  # one count timed: the line through 1 (0) and 2
+    assert timed_extra({2: 0.030, 4: 0.010}, 16) == 0.0  # never below nothing
+
+
+def test_a_timed_loop_prices_the_plan_in_place_of_the_formula_terms():
+    figures = dict(chunk_s=3e-5, op_s=1e-6, gemm_rows=[(1, 1e9), (16, 4e9)], region_s=1e-5)
+    g = _graph(**figures)
+    head = find_tail(g).head + LOSS_SUFFIX
+    timed = _graph({head: {"2": 0.011, "4": 0.052}}, **figures)
+    for k, want in ((2, 0.011), (4, 0.052), (8, 0.052 + 2 * (0.052 - 0.011))):
+        chunks = chunk_entries(g, k)
+        plan = Plan(regions=((1, 3),), chunks=chunks)
+        formula, measured = simulate(g, plan).overhead_s, simulate(timed, plan).overhead_s
+        assert formula["chunk_loop"] > 0 and formula["chunk_gemm"] > 0 and formula["chunk_timed"] == 0
+        assert measured["chunk_timed"] == pytest.approx(want)
+        assert all(measured[t] == 0 for t in ("chunk_loop", "chunk_launches", "chunk_accumulation", "chunk_gemm"))
+        assert measured["regions"] == formula["regions"] == pytest.approx(1e-5)  # the rest as before
+    # a plan solved over a chunk menu says what the loop adds, and is chosen on it
+    plan = scheduler.solve(timed, simulate(timed).peak_bytes, "ilp", chunks=(2,))
+    assert [k for _, _, k in plan.chunks] == [2]
+    assert plan.findings["extra_chunk_timed_s"] == pytest.approx(0.011)
+    # without the overhead figures (the tests' pinned zero) the timed loop is still priced
+    bare = _graph({head: {"2": 0.011}})
+    assert simulate(bare, Plan(regions=(), chunks=chunk_entries(bare, 2))).overhead_s["chunk_timed"] == pytest.approx(0.011)
+
+
+def test_a_malformed_table_is_not_read():
+    g = _graph({"lm+loss": {"2": "fast"}, "other": {"1": 0.5}, "neg": {"2": -1.0}, "ok": {"4": 0.02}})
+    assert chunk_times(g) == {"ok": {4: 0.02}}
+    assert chunk_times(_graph("not a table")) == {}
+
+
+def test_the_estimator_keeps_each_counts_least_time_over_alternating_rounds():
+    now = [0.0]
+    order = []
+    cost = {1: 1.0, 2: 1.25, 4: 2.0}
+    noise = itertools.cycle([0.5, 0.0, 0.0, 0.3, 0.0, 0.0, 0.0, 0.9])  # interference only adds
+
+    def run(k):
+        order.append(k)
+        now[0] += cost[k] + next(noise)
+
+    got = ct._seconds(run, (1, 2, 4), lambda: now[0], rounds=3, budget_s=1e9)
+    assert got == pytest.approx({2: 0.25, 4: 1.0})
+    assert order == [1, 2, 4] * 2 + [1, 2, 4, 4, 2, 1, 1, 2, 4]  # two warm-up passes, then ABC CBA ABC
+    # rounds as the budget holds at the warm-up's pace, never below two
+    order.clear()
+    ct._seconds(run, (1, 2, 4), lambda: now[0], rounds=5, budget_s=1.0)
+    assert len(order) == 6 + 2 * 3
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=96, n_positions=16, use_cache=False)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, 96, (2, 8))
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def test_the_trace_times_the_head_and_loss_as_the_applier_runs_them(monkeypatch, tmp_path, fake_cpu):
+    model, kwargs = _gpt2()
+    loss = lambda out: out.loss  # noqa: E731
+    traced = capture(model, (), kwargs, loss=loss)  # the tests' pinned files: nothing timed
+    assert CHUNK_TIMES_KEY not in traced.graph.meta["costs"]
+    # the loop itself, with a clock that moves by one per reading: every figure 0, but each count ran in chunks
+    calls = []
+    hook = model.lm_head.register_forward_hook(lambda m, a, o: calls.append(a[0].numel() // a[0].shape[-1]))
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 7.0)
+    rng = torch.get_rng_state()
+    ticks = itertools.count()
+    got = ct.time_chunk_loops(model, traced.graph, traced.members, traced.gm, clock=lambda: float(next(ticks)),
+                              counts=(2, 4), rounds=2)
+    hook.remove()
+    assert got == {"lm_head+loss": {"2": 0.0, "4": 0.0}}
+    # 2 warm-up passes and 2 rounds: the head whole over 16 rows, in 2 chunks of 8, in 4 of 4
+    assert sorted(calls) == sorted([16] * 4 + [8] * 8 + [4] * 16)
+    assert all(torch.equal(p.grad, torch.full_like(p, 7.0)) for p in model.parameters())  # as they were
+    assert torch.equal(torch.get_rng_state(), rng)
+    # switched on in the calibration folder's file, a CPU trace stores what it timed and plans are priced on it
+    monkeypatch.setattr(ct, "time_chunk_loops", lambda *a, **k: {"lm_head+loss": {"2": 0.004, "4": 0.019}})
+    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": []}', encoding="utf-8")  # fake_cpu's folder
+    import scheduler.tracing.tracer as tracer_mod
+
+    monkeypatch.setattr(tracer_mod, "time_chunk_loops", ct.time_chunk_loops)
+    g = capture(model, (), kwargs, loss=loss).graph
+    assert chunk_times(g) == {"lm_head+loss": {2: 0.004, 4: 0.019}}
+    assert capture(model, (), kwargs, loss=loss, target="H100").graph.meta["costs"].get(CHUNK_TIMES_KEY) is None
+    plan = scheduler.solve(g, simulate(g).peak_bytes, "ilp", chunks=(4,))
+    assert plan.chunks and plan.findings["extra_chunk_timed_s"] == pytest.approx(0.019)
+
+
+def test_the_switch_is_read_from_the_calibration_folder(tmp_path):
+    assert ct.times_chunk_loops(tmp_path)  # no file: on
+    (tmp_path / "op_classes.json").write_text('{"classes": ["convolution"], "chunk_loops": false}')
+    assert not ct.times_chunk_loops(tmp_path)
+    (tmp_path / "op_classes.json").write_text('{"classes": []}')
+    assert ct.times_chunk_loops(tmp_path)
