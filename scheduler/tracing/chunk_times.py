@@ -60,6 +60,7 @@ from solvers.model.overheads import CHUNK_TIMES_KEY
 
 from .calibration import cache_dir
 from .chunk_loop import chunked_head_loss, over_chunks
+from .opclasses import CacheFlush
 
 __all__ = ["COUNTS", "ROUNDS", "BUDGET_S", "MAX_RUN_S", "times_chunk_loops", "time_chunk_loops", "with_chunk_times"]
 
@@ -75,7 +76,6 @@ BUDGET_S = 3.0
 MAX_RUN_S = 0.75
 
 _FILE = "op_classes.json"
-_FLUSH_BYTES = 64 << 20
 
 
 def times_chunk_loops(cache: str | os.PathLike | None = None) -> bool:
@@ -160,14 +160,7 @@ def time_chunk_loops(model: Any, graph: Graph, members: Sequence[Sequence[str]],
         pass
     calls += [(sp.module, sp.first, sp.last, None) for sp in find_calls(graph)]
     out: dict[str, dict[str, float]] = {}
-    junk = torch.empty(0)
-
-    def flush() -> None:
-        nonlocal junk
-        if junk.numel() == 0:
-            junk = torch.zeros(_FLUSH_BYTES // 4)
-        junk.add_(1.0)
-
+    flush = CacheFlush()
     for name, first, last, kind in calls:
         path = name.removesuffix(LOSS_SUFFIX)
         is_tail = name.endswith(LOSS_SUFFIX)

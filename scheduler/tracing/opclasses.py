@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable
 from .calibration import cache_dir
 from .roofline import OP_CLASSES, op_class
 
-__all__ = ["REPEATS", "timed_classes", "time_calls"]
+__all__ = ["REPEATS", "CacheFlush", "timed_classes", "time_calls"]
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,46 @@ def timed_classes(cache: str | os.PathLike | None = None) -> tuple[str, ...]:
         return OP_CLASSES
 
 
+def _largest_cache_bytes() -> int | None:
+    """The largest CPU cache of this machine (Linux's sysfs), or None where it does not say."""
+    sizes = []
+    folder = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in os.listdir(folder):
+            with open(os.path.join(folder, entry, "size"), encoding="utf-8") as fh:
+                text = fh.read().strip().upper()
+            unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * unit)
+    except (OSError, ValueError):
+        return None
+    return max(sizes) if sizes else None
+
+
+class CacheFlush:
+    """Called before a timed run, it writes twice the largest CPU cache (64 MiB where unknown; at most 1 GiB), so
+    that the run starts with cold caches, as an op recomputed in a step's backward does (NOTE [ Measured op
+    classes ])."""
+
+    def __init__(self, nbytes: int | None = None) -> None:
+        largest = _largest_cache_bytes()
+        self.nbytes = int(nbytes or min(1 << 30, max(64 << 20, 2 * largest) if largest else 64 << 20))
+        self._junk: Any = None
+
+    def __call__(self) -> None:
+        import torch
+
+        if self._junk is None:
+            self._junk = torch.zeros(self.nbytes // 4)
+        self._junk.add_(1.0)
+
+
 def time_calls(probe: Any, sigs: Iterable[tuple], classes: Iterable[str], device: Any,
-               clock: Callable[[], float] = time.perf_counter, repeats: int = REPEATS) -> dict[tuple, float]:
+               clock: Callable[[], float] = time.perf_counter, repeats: int = REPEATS,
+               flush: Callable[[], None] | None = None) -> dict[tuple, float]:
     """The least time of each distinct signature of ``classes`` among ``sigs``, built by ``probe``
     (a :class:`~scheduler.tracing.workspaces.WorkspaceProbe`) on ``device``; a call that cannot be built is
-    left out (priced by the roofline)."""
+    left out (priced by the roofline). ``flush`` runs before each timed run (default: a :class:`CacheFlush` on the
+    CPU)."""
     import torch
 
     wanted = set(classes)
@@ -75,6 +110,8 @@ def time_calls(probe: Any, sigs: Iterable[tuple], classes: Iterable[str], device
     out: dict[tuple, float] = {}
     if not todo:
         return out
+    if flush is None:
+        flush = CacheFlush() if torch.device(device).type == "cpu" else (lambda: None)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         for sig in todo:
             call = probe._call(sig, device)  # built and run once (warm)
@@ -82,6 +119,7 @@ def time_calls(probe: Any, sigs: Iterable[tuple], classes: Iterable[str], device
                 continue
             best = math.inf
             for _ in range(repeats):
+                flush()
                 t0 = clock()
                 call()
                 best = min(best, clock() - t0)

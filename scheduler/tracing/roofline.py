@@ -98,8 +98,11 @@ SLOW_CLASSES: Mapping[str, str] = {
 TANH_GELU = " approximate=tanh"
 
 # Op classes whose forward calls a CPU trace times at their shapes (NOTE [ Measured op classes ] in
-#: ``scheduler.tracing.opclasses``): a call is of a class when the class's name is in its ATen overload's.
-OP_CLASSES = ("convolution", "batch_norm", "max_pool")
+#: ``scheduler.tracing.opclasses``): a call is of a class when the class's name is in its ATen overload's, or,
+#: for ``matmul``, when the overload is a matrix product's (:data:`MATMUL_OPS`).
+OP_CLASSES = ("convolution", "batch_norm", "max_pool", "matmul")
+#: The ATen matrix products (base names) of the ``matmul`` class.
+MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm"})
 
 
 def slow_class(op: str | None) -> str | None:
@@ -114,7 +117,10 @@ def slow_class(op: str | None) -> str | None:
 
 def op_class(op: str) -> str | None:
     """The class of :data:`OP_CLASSES` an ATen overload (``aten.convolution.default``) is of, or None."""
-    return next((c for c in OP_CLASSES if c in op), None)
+    parts = op.split(" ", 1)[0].split(".")
+    if len(parts) > 1 and parts[0] == "aten" and parts[1] in MATMUL_OPS:
+        return "matmul"
+    return next((c for c in OP_CLASSES if c != "matmul" and c in op), None)
 
 
 def _positive(v: Any) -> bool:
