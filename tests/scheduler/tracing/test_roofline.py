@@ -335,3 +335,30 @@ def test_a_cpu_trace_prices_its_matrix_products_at_their_timed_shapes(fake_cpu, 
     (a, a0), (r, r0), (b, b0) = ((nd.fwd_cost, p.fwd_cost) for nd, p in zip(timed.nodes, plain.nodes))
     assert a == round(3e-3 * rate) != a0 and b == round(3e-3 * rate) != b0  # addmm, mm
     assert r == r0
+
+
+def test_each_timed_run_starts_after_a_cache_flush():
+    """NOTE [ Measured op classes ]: the flush runs before every timed run (not the probe's warm-up), and writes
+    its buffer each time; the buffer is made once."""
+    from scheduler.tracing.opclasses import CacheFlush, time_calls
+    from scheduler.tracing.workspaces import WorkspaceProbe
+
+    probe = WorkspaceProbe()
+    a, w = torch.randn(4, 8), torch.randn(8, 3)
+    sig = probe.note(torch.ops.aten.mm.default, (a, w), {})
+    events = []
+    ticks = iter(range(10**6))
+
+    def clock():
+        events.append("clock")
+        return 1e-3 * next(ticks)
+
+    got = time_calls(probe, [sig, sig], ["matmul"], torch.device("cpu"), clock=clock, repeats=3,
+                     flush=lambda: events.append("flush"))
+    assert list(got) == [sig] and got[sig] == pytest.approx(1e-3)
+    assert events == ["flush", "clock", "clock"] * 3
+    flush = CacheFlush(nbytes=1024)
+    flush()
+    flush()
+    assert flush._junk.numel() == 256 and torch.equal(flush._junk, torch.full((256,), 2.0))
+    assert CacheFlush().nbytes >= 64 << 20
