@@ -35,7 +35,10 @@ NOTE [ Chunk loops timed at their shapes ]
     a count between or beyond the timed ones is read off the line through
     its neighbours (8 and 16 chunks: through 2 and 4).
 
-    The parameters' gradients and the RNG are as they were after it; a
+    A call like one already timed (the same module class, input shape and
+    parameters: every layer's MLP) takes its figures; once :data:`TOTAL_S`
+    is spent, the calls left are priced by the formula (the tail comes
+    first). The parameters' gradients and the RNG are as they were after it; a
     call whose whole run is estimated (FLOPs at the graph's rate) above
     :data:`MAX_RUN_S`, or that cannot be built (another input kind, a
     parameter off the CPU), is left to the formula, as is every call of a
@@ -62,16 +65,18 @@ from .calibration import cache_dir
 from .chunk_loop import chunked_head_loss, over_chunks
 from .opclasses import CacheFlush
 
-__all__ = ["COUNTS", "ROUNDS", "BUDGET_S", "MAX_RUN_S", "times_chunk_loops", "time_chunk_loops", "with_chunk_times"]
+__all__ = ["COUNTS", "ROUNDS", "BUDGET_S", "TOTAL_S", "MAX_RUN_S", "times_chunk_loops", "time_chunk_loops", "with_chunk_times"]
 
 log = logging.getLogger(__name__)
 
 #: The chunk counts timed (those of ``solvers.model.chunks.CHUNK_MENU`` above 1).
 COUNTS = (2, 4)
 #: The most timed rounds over the counts after their warm-up (each count's least time is kept).
-ROUNDS = 5
+ROUNDS = 7
 #: The seconds the timed rounds of one call may take, at its warm-up's pace (at least 2 rounds run).
 BUDGET_S = 3.0
+#: The seconds a trace spends timing chunk loops: the calls after that are priced by the formula (the tail first).
+TOTAL_S = 8.0
 #: A call estimated to run longer than this, forward and backward, whole, is not timed (the formula prices it).
 MAX_RUN_S = 0.75
 
@@ -145,7 +150,8 @@ def _seconds(run: Callable[[int], None], counts: Sequence[int], clock: Callable[
 
 def time_chunk_loops(model: Any, graph: Graph, members: Sequence[Sequence[str]], gm: Any, *,
                      clock: Callable[[], float] = time.perf_counter, counts: Sequence[int] = COUNTS,
-                     rounds: int = ROUNDS, max_run_s: float = MAX_RUN_S) -> dict[str, dict[str, float]]:
+                     rounds: int = ROUNDS, max_run_s: float = MAX_RUN_S, total_s: float = TOTAL_S
+                     ) -> dict[str, dict[str, float]]:
     """``{call: {k: extra seconds}}`` for each chunkable call of ``graph`` (NOTE [ Chunk loops timed at their
     shapes ]); ``members`` and ``gm``: the trace's fx nodes per cost node and its graph module."""
     import torch
@@ -160,6 +166,8 @@ def time_chunk_loops(model: Any, graph: Graph, members: Sequence[Sequence[str]],
         pass
     calls += [(sp.module, sp.first, sp.last, None) for sp in find_calls(graph)]
     out: dict[str, dict[str, float]] = {}
+    seen: dict[tuple, str] = {}
+    started = clock()
     flush = CacheFlush()
     for name, first, last, kind in calls:
         path = name.removesuffix(LOSS_SUFFIX)
@@ -179,6 +187,14 @@ def time_chunk_loops(model: Any, graph: Graph, members: Sequence[Sequence[str]],
         rows = max_chunks(graph, first, last)
         ks = (1,) + tuple(k for k in counts if 1 < k <= rows)
         if len(ks) < 2:
+            continue
+        same = (type(module).__qualname__, is_tail, kind, tuple(value.shape), str(value.dtype),
+                tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()), ks)
+        if same in seen:  # a call like one timed (every layer's MLP): its figures
+            out[name] = dict(out[seen[same]])
+            continue
+        if clock() - started > total_s:
+            log.info("chunk loops: %.1f s spent timing; %s is priced by its formula", clock() - started, name)
             continue
         grads = [p.grad for p in params]
         with torch.random.fork_rng(devices=[]):
@@ -223,6 +239,7 @@ def time_chunk_loops(model: Any, graph: Graph, members: Sequence[Sequence[str]],
                 for p, grad in zip(params, grads):
                     p.grad = grad
         out[name] = {str(k): max(0.0, s) for k, s in seconds.items() if math.isfinite(s)}
+        seen[same] = name
         log.info("timed the chunk loop of %s at its shape: %s", name,
                  ", ".join(f"{k} chunks +{1e3 * s:.1f} ms" for k, s in out[name].items()))
     return out

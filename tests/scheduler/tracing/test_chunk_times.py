@@ -138,3 +138,28 @@ def test_the_switch_is_read_from_the_calibration_folder(tmp_path):
     assert not ct.times_chunk_loops(tmp_path)
     (tmp_path / "op_classes.json").write_text('{"classes": []}')
     assert ct.times_chunk_loops(tmp_path)
+
+
+def test_a_call_like_one_timed_takes_its_figures_and_a_spent_budget_leaves_the_rest_to_the_formula():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, vocab_size=96, max_position_embeddings=16, use_cache=False)
+    model = transformers.LlamaForCausalLM(cfg).train()
+    ids = torch.randint(0, 96, (2, 8))
+    traced = capture(model, (), {"input_ids": ids, "labels": ids}, loss=lambda out: out.loss)
+    ran = {0: 0, 1: 0}
+    for i in ran:
+        model.model.layers[i].mlp.register_forward_hook(lambda m, a, o, i=i: ran.__setitem__(i, ran[i] + 1))
+    now = [0.0]
+
+    def clock():  # each reading 1 ms later, and a call's run as long as its chunks are many
+        now[0] += 1e-3
+        return now[0]
+
+    got = ct.time_chunk_loops(model, traced.graph, traced.members, traced.gm, clock=clock, counts=(2,), rounds=2)
+    assert set(got) == {"lm_head+loss", "model.layers.0.mlp", "model.layers.1.mlp"}
+    assert got["model.layers.1.mlp"] == got["model.layers.0.mlp"]
+    assert ran[0] > 0 and ran[1] == 0  # the second layer's MLP is the first's: not run again
+    spent = ct.time_chunk_loops(model, traced.graph, traced.members, traced.gm, clock=clock, counts=(2,), rounds=2,
+                                total_s=0.0)
+    assert spent == {}  # nothing timed once the budget is spent: every call priced by its formula
