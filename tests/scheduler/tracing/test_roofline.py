@@ -265,18 +265,24 @@ def test_fwd_cost_is_loaded_strictly(value):
 
 
 # ------------------------------------------------------------ measured op classes
-def test_a_cpu_trace_prices_its_convolutions_at_their_timed_shapes(fake_cpu, monkeypatch, tmp_path):
-    """NOTE [ Measured op classes ]: a class the roofline misprices is timed at the traced shapes (a stand-in
-    clock here: each call takes 2 ms) and its node priced at that time; other nodes keep the roofline."""
+def _stand_in_clock(monkeypatch, seconds):
+    """Every timed call of a trace takes ``seconds`` (a stand-in clock); the clock's ticks, to count readings."""
     import scheduler.tracing.costs as costs_mod
     from scheduler.tracing import opclasses
 
+    ticks = iter(range(10**6))
+    real = opclasses.time_calls
+    monkeypatch.setattr(costs_mod, "time_calls", lambda *a, **k: real(*a, **k, clock=lambda: seconds * next(ticks)))
+    return ticks
+
+
+def test_a_cpu_trace_prices_its_convolutions_at_their_timed_shapes(fake_cpu, monkeypatch, tmp_path):
+    """NOTE [ Measured op classes ]: a class the roofline misprices is timed at the traced shapes (a stand-in
+    clock here: each call takes 2 ms) and its node priced at that time; other nodes keep the roofline."""
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2))
     x = torch.randn(2, 3, 16, 16)
     plain = capture(model, (x,)).graph  # fake_cpu pins no class: the roofline
-    ticks = iter(range(10**6))
-    real = opclasses.time_calls
-    monkeypatch.setattr(costs_mod, "time_calls", lambda *a, **k: real(*a, **k, clock=lambda: 2e-3 * next(ticks)))
+    ticks = _stand_in_clock(monkeypatch, 2e-3)
     (tmp_path / "cache" / "op_classes.json").write_text('{"classes": ["convolution", "max_pool"]}')
     timed = capture(model, (x,)).graph
     rate = timed.meta["costs"]["flops_per_s"]
@@ -317,18 +323,14 @@ def test_matrix_products_are_a_class_of_their_own(op, cls):
 
 
 def test_a_cpu_trace_prices_its_matrix_products_at_their_timed_shapes(fake_cpu, monkeypatch, tmp_path):
-    """NOTE [ Measured op classes ]: a small product runs far below the peak a large one measures (a 256 x 256 x 256
-    ``addmm`` at about half of it on this project's CPU), so products are timed at their shapes (a stand-in clock:
-    each call 3 ms) and their nodes priced so; the ReLU between them keeps the roofline."""
-    import scheduler.tracing.costs as costs_mod
-    from scheduler.tracing import opclasses
-
+    """NOTE [ Measured op classes ]: products run below the peak a large square one measures (a vocabulary head's
+    at 75 GFLOP/s of 92-96 on this project's CPU; a small one from cold caches, as recomputed, at 67), so they are
+    timed at their shapes (a stand-in clock: each call 3 ms) and their nodes priced so; the ReLU between them keeps
+    the roofline."""
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32, bias=False))
     x = torch.randn(16, 32)
     plain = capture(model, (x,)).graph
-    ticks = iter(range(10**6))
-    real = opclasses.time_calls
-    monkeypatch.setattr(costs_mod, "time_calls", lambda *a, **k: real(*a, **k, clock=lambda: 3e-3 * next(ticks)))
+    _stand_in_clock(monkeypatch, 3e-3)
     (tmp_path / "cache" / "op_classes.json").write_text('{"classes": ["matmul"], "chunk_loops": false}')
     timed = capture(model, (x,)).graph
     rate = timed.meta["costs"]["flops_per_s"]
