@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 
 import pytest
 import torch
@@ -82,13 +83,62 @@ def test_the_estimator_keeps_each_counts_least_time_over_alternating_rounds():
         order.append(k)
         now[0] += cost[k] + next(noise)
 
-    got = ct._seconds(run, (1, 2, 4), lambda: now[0], rounds=3, budget_s=1e9)
+    got = ct._seconds(run, (1, 2, 4), lambda: now[0], rounds=3, budget_s=1e9, faults=lambda: 0)
     assert got == pytest.approx({2: 0.25, 4: 1.0})
     assert order == [1, 2, 4] * 2 + [1, 2, 4, 4, 2, 1, 1, 2, 4]  # two warm-up passes, then ABC CBA ABC
-    # rounds as the budget holds at the warm-up's pace, never below two
+    # rounds as the budget holds at the warm-up's pace, never below MIN_ROUNDS
     order.clear()
-    ct._seconds(run, (1, 2, 4), lambda: now[0], rounds=5, budget_s=1.0)
-    assert len(order) == 6 + 2 * 3
+    ct._seconds(run, (1, 2, 4), lambda: now[0], rounds=5, budget_s=1.0, faults=lambda: 0)
+    assert len(order) == 6 + ct.MIN_ROUNDS * 3
+
+
+def test_runs_that_faulted_pages_in_count_only_where_every_run_of_their_count_did():
+    now, pages, calls = [0.0], [0], []
+    # timed runs (after 6 warm-up runs): the whole call's fastest run and one of 4 chunks fault 32 MB in again
+    fast_but_faulted = {6: (1, 0.5), 9: (4, 1.5)}
+
+    def run(k):
+        calls.append(k)
+        i = len(calls) - 1
+        if i in fast_but_faulted:
+            now[0] += fast_but_faulted[i][1]
+            pages[0] += 8000
+        else:
+            now[0] += {1: 1.0, 2: 1.25, 4: 2.0}[k]
+
+    got = ct._seconds(run, (1, 2, 4), lambda: now[0], rounds=3, budget_s=1e9, faults=lambda: pages[0])
+    assert [calls[i] for i in fast_but_faulted] == [1, 4]
+    assert got == pytest.approx({2: 0.25, 4: 1.0})  # the faulted runs are not the counts' least times
+    # every run of a count faulted (no steady heap): those runs are all there is
+    now[0], calls[:] = 0.0, []
+
+    def always(k):
+        pages[0] += 8000
+        now[0] += {1: 1.0, 2: 1.25, 4: 2.0}[k]
+
+    assert ct._seconds(always, (1, 2, 4), lambda: now[0], rounds=3, budget_s=1e9,
+                       faults=lambda: pages[0]) == pytest.approx({2: 0.25, 4: 1.0})
+
+
+def test_runs_are_timed_by_cpu_time_on_one_thread_and_budgets_by_the_wall_clock():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert ct.run_clock() is time.thread_time
+        torch.set_num_threads(2)
+        assert ct.run_clock() is time.perf_counter
+    finally:
+        torch.set_num_threads(threads)
+    # the rounds follow the wall clock's warm-up pace, the figures the run clock
+    cpu, wall = [0.0], [0.0]
+
+    def run(k):
+        cpu[0] += {1: 1.0, 2: 1.5}[k]
+        wall[0] += 10.0  # another process holds the core: every run takes 10 s by the wall
+
+    got = ct._seconds(run, (1, 2), lambda: cpu[0], rounds=9, budget_s=140.0, wall=lambda: wall[0], faults=lambda: 0)
+    assert got == pytest.approx({2: 0.5})
+    assert wall[0] == pytest.approx(10.0 * (4 + 2 * 7))  # 140 s hold 7 rounds of 20 s, as the wall clock reads
 
 
 def _gpt2():
