@@ -24,8 +24,13 @@ NOTE [ Chunk loops timed at their shapes ]
     from memory, not from the last run); two warm-up passes over the counts
     (the first grows the heap: its runs fault pages in), then up to
     :data:`ROUNDS` rounds in alternating order, as many as :data:`BUDGET_S`
-    holds at the warm-up's pace (:data:`MIN_ROUNDS` at least), each count's
-    least time kept (interference only adds). A count's figure is its least
+    holds at the warm-up's pace (:data:`MIN_ROUNDS` at least; none started
+    once the wall clock has run three budgets), each count's least time
+    kept (interference only adds). A call whose pass over the counts takes
+    over :data:`MAX_PASS_S` is left to the formula: inside the chunked suite
+    (sequences up to 4,096 tokens, beside another suite) one trace spent
+    81 s timing a single head, and those heads, at thousands of rows a
+    chunk, came out at 0 ms for 2 and 4 chunks. A count's figure is its least
     time less the whole call's, at least 0. Where torch computes on one
     thread a run is timed by its thread's CPU time (:func:`run_clock`): by
     the wall clock, a trace inside the time suite, beside another suite on
@@ -74,7 +79,7 @@ from .calibration import cache_dir
 from .chunk_loop import chunked_head_loss, over_chunks
 from .opclasses import CacheFlush
 
-__all__ = ["COUNTS", "ROUNDS", "MIN_ROUNDS", "FAULTS", "BUDGET_S", "TOTAL_S", "MAX_RUN_S", "run_clock", "times_chunk_loops", "time_chunk_loops", "with_chunk_times"]
+__all__ = ["COUNTS", "ROUNDS", "MIN_ROUNDS", "FAULTS", "MAX_PASS_S", "BUDGET_S", "TOTAL_S", "MAX_RUN_S", "run_clock", "times_chunk_loops", "time_chunk_loops", "with_chunk_times"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +96,8 @@ MIN_ROUNDS = 5
 #: The pages a timed run may fault in and still count (more: the kernel had taken back memory the heap kept, and
 #: the run paid to fault it in again, which a step on a caching allocator does not).
 FAULTS = 64
+#: The most seconds one pass over the counts (the call whole, in 2 and in 4 chunks) may take to be timed.
+MAX_PASS_S = 1.5
 #: A call estimated to run longer than this, forward and backward, whole, is not timed (the formula prices it).
 MAX_RUN_S = 0.75
 
@@ -159,24 +166,34 @@ def run_clock() -> Callable[[], float]:
 
 def _seconds(run: Callable[[int], None], counts: Sequence[int], clock: Callable[[], float], rounds: int,
              flush: Callable[[], None] = lambda: None, budget_s: float = BUDGET_S,
-             wall: Callable[[], float] | None = None, faults: Callable[[], int] = _page_faults) -> dict[int, float]:
+             wall: Callable[[], float] | None = None, faults: Callable[[], int] = _page_faults
+             ) -> dict[int, float] | None:
     """What ``run(k)`` adds to ``run(1)`` for each k of ``counts`` (``counts[0]`` is 1): each count's least time
     by ``clock`` over the rounds, in alternating order, the caches flushed before each run, less the whole
     call's. A run that faulted pages in (more than :data:`FAULTS`) counts only where every run of its count did.
-    After a warm-up of two runs of each count, as many rounds as ``budget_s`` holds at the warm-up's pace by the
-    ``wall`` clock (``clock`` where not given), :data:`MIN_ROUNDS` to ``rounds``."""
+    After a warm-up of two passes over the counts, as many rounds as ``budget_s`` holds at the second pass's pace
+    by the ``wall`` clock (``clock`` where not given), :data:`MIN_ROUNDS` to ``rounds``, and none started once
+    the wall clock has run three times ``budget_s`` (two at least). None, after one or two passes, for a call
+    whose pass takes more than :data:`MAX_PASS_S` by ``clock`` (the first pass may take twice that: it grows the
+    heap): too slow to time, it is priced by the formula."""
     wall = wall or clock
-    warm = 0.0
-    for _ in range(2):  # the first pass grows the heap to what the loops take; the second is at its pace
-        warm = 0.0
+    started = wall()
+    pace = 0.0
+    for p in range(2):  # the first pass grows the heap to what the loops take; the second is at its pace
+        pace, spent = 0.0, 0.0
         for k in counts:
-            t0 = wall()
+            t0, c0 = wall(), clock()
             run(k)
-            warm += wall() - t0
-    rounds = max(min(MIN_ROUNDS, rounds), min(rounds, int(budget_s / warm) if warm > 0 else rounds))
+            pace += wall() - t0
+            spent += clock() - c0
+        if spent > MAX_PASS_S * (2 - p):
+            return None
+    rounds = max(min(MIN_ROUNDS, rounds), min(rounds, int(budget_s / pace) if pace > 0 else rounds))
     best = {k: math.inf for k in counts}
     faulted = {k: math.inf for k in counts}
     for r in range(rounds):
+        if r >= 2 and wall() - started > 3 * budget_s:  # a loaded machine: what the rounds so far say
+            break
         for k in (counts if r % 2 == 0 else tuple(reversed(counts))):
             flush()
             f0 = faults()
@@ -285,6 +302,9 @@ def time_chunk_loops(model: Any, graph: Graph, members: Sequence[Sequence[str]],
             finally:
                 for p, grad in zip(params, grads):
                     p.grad = grad
+        if seconds is None:
+            log.info("the chunk loop of %s takes over %.1f s a pass; priced by its formula", name, MAX_PASS_S)
+            continue
         out[name] = {str(k): max(0.0, s) for k, s in seconds.items() if math.isfinite(s)}
         seen[same] = name
         log.info("timed the chunk loop of %s at its shape: %s", name,

@@ -76,26 +76,49 @@ def test_a_malformed_table_is_not_read():
 def test_the_estimator_keeps_each_counts_least_time_over_alternating_rounds():
     now = [0.0]
     order = []
-    cost = {1: 1.0, 2: 1.25, 4: 2.0}
-    noise = itertools.cycle([0.5, 0.0, 0.0, 0.3, 0.0, 0.0, 0.0, 0.9])  # interference only adds
+    cost = {1: 0.10, 2: 0.125, 4: 0.20}  # a pass of 0.425 s, under MAX_PASS_S
+    noise = itertools.cycle([0.05, 0.0, 0.0, 0.03, 0.0, 0.0, 0.0, 0.09])  # interference only adds
 
     def run(k):
         order.append(k)
         now[0] += cost[k] + next(noise)
 
     got = ct._seconds(run, (1, 2, 4), lambda: now[0], rounds=3, budget_s=1e9, faults=lambda: 0)
-    assert got == pytest.approx({2: 0.25, 4: 1.0})
+    assert got == pytest.approx({2: 0.025, 4: 0.10})
     assert order == [1, 2, 4] * 2 + [1, 2, 4, 4, 2, 1, 1, 2, 4]  # two warm-up passes, then ABC CBA ABC
     # rounds as the budget holds at the warm-up's pace, never below MIN_ROUNDS
     order.clear()
-    ct._seconds(run, (1, 2, 4), lambda: now[0], rounds=5, budget_s=1.0, faults=lambda: 0)
+    ct._seconds(run, (1, 2, 4), lambda: now[0], rounds=9, budget_s=1.5, faults=lambda: 0)
     assert len(order) == 6 + ct.MIN_ROUNDS * 3
+
+
+def test_a_call_too_slow_to_time_is_left_to_the_formula_and_a_loaded_machine_stops_the_rounds():
+    now, order = [0.0], []
+
+    def slow(k):  # a pass of 3.6 s by the run clock
+        order.append(k)
+        now[0] += 1.2
+
+    assert 2 * ct.MAX_PASS_S < 3.6
+    assert ct._seconds(slow, (1, 2, 4), lambda: now[0], rounds=9, faults=lambda: 0) is None
+    assert order == [1, 2, 4]  # past twice MAX_PASS_S in the first pass: no second
+    # the wall clock runs 10 s a run while the run clock reads 0.1: the rounds stop past three budgets (two run)
+    cpu, wall, order[:] = [0.0], [0.0], []
+
+    def loaded(k):
+        order.append(k)
+        cpu[0] += 0.1
+        wall[0] += 10.0
+
+    got = ct._seconds(loaded, (1, 2), lambda: cpu[0], rounds=9, budget_s=5.0, wall=lambda: wall[0], faults=lambda: 0)
+    assert got == pytest.approx({2: 0.0})
+    assert len(order) == 4 + 2 * 2
 
 
 def test_runs_that_faulted_pages_in_count_only_where_every_run_of_their_count_did():
     now, pages, calls = [0.0], [0], []
     # timed runs (after 6 warm-up runs): the whole call's fastest run and one of 4 chunks fault 32 MB in again
-    fast_but_faulted = {6: (1, 0.5), 9: (4, 1.5)}
+    fast_but_faulted = {6: (1, 0.05), 9: (4, 0.15)}
 
     def run(k):
         calls.append(k)
@@ -104,20 +127,20 @@ def test_runs_that_faulted_pages_in_count_only_where_every_run_of_their_count_di
             now[0] += fast_but_faulted[i][1]
             pages[0] += 8000
         else:
-            now[0] += {1: 1.0, 2: 1.25, 4: 2.0}[k]
+            now[0] += {1: 0.10, 2: 0.125, 4: 0.20}[k]
 
     got = ct._seconds(run, (1, 2, 4), lambda: now[0], rounds=3, budget_s=1e9, faults=lambda: pages[0])
     assert [calls[i] for i in fast_but_faulted] == [1, 4]
-    assert got == pytest.approx({2: 0.25, 4: 1.0})  # the faulted runs are not the counts' least times
+    assert got == pytest.approx({2: 0.025, 4: 0.10})  # the faulted runs are not the counts' least times
     # every run of a count faulted (no steady heap): those runs are all there is
     now[0], calls[:] = 0.0, []
 
     def always(k):
         pages[0] += 8000
-        now[0] += {1: 1.0, 2: 1.25, 4: 2.0}[k]
+        now[0] += {1: 0.10, 2: 0.125, 4: 0.20}[k]
 
     assert ct._seconds(always, (1, 2, 4), lambda: now[0], rounds=3, budget_s=1e9,
-                       faults=lambda: pages[0]) == pytest.approx({2: 0.25, 4: 1.0})
+                       faults=lambda: pages[0]) == pytest.approx({2: 0.025, 4: 0.10})
 
 
 def test_runs_are_timed_by_cpu_time_on_one_thread_and_budgets_by_the_wall_clock():
@@ -133,12 +156,12 @@ def test_runs_are_timed_by_cpu_time_on_one_thread_and_budgets_by_the_wall_clock(
     cpu, wall = [0.0], [0.0]
 
     def run(k):
-        cpu[0] += {1: 1.0, 2: 1.5}[k]
-        wall[0] += 10.0  # another process holds the core: every run takes 10 s by the wall
+        cpu[0] += {1: 0.10, 2: 0.15}[k]
+        wall[0] += 1.0  # another process holds the core: every run takes 1 s by the wall
 
-    got = ct._seconds(run, (1, 2), lambda: cpu[0], rounds=9, budget_s=140.0, wall=lambda: wall[0], faults=lambda: 0)
-    assert got == pytest.approx({2: 0.5})
-    assert wall[0] == pytest.approx(10.0 * (4 + 2 * 7))  # 140 s hold 7 rounds of 20 s, as the wall clock reads
+    got = ct._seconds(run, (1, 2), lambda: cpu[0], rounds=9, budget_s=14.0, wall=lambda: wall[0], faults=lambda: 0)
+    assert got == pytest.approx({2: 0.05})
+    assert wall[0] == pytest.approx(1.0 * (4 + 2 * 7))  # 14 s hold 7 rounds of 2 s, as the wall clock reads
 
 
 def _gpt2():
@@ -154,14 +177,14 @@ def test_the_trace_times_the_head_and_loss_as_the_applier_runs_them(monkeypatch,
     loss = lambda out: out.loss  # noqa: E731
     traced = capture(model, (), kwargs, loss=loss)  # the tests' pinned files: nothing timed
     assert CHUNK_TIMES_KEY not in traced.graph.meta["costs"]
-    # the loop itself, with a clock that moves by one per reading: every figure 0, but each count ran in chunks
+    # the loop itself, with a clock that moves by 1 ms per reading: every figure 0, but each count ran in chunks
     calls = []
     hook = model.lm_head.register_forward_hook(lambda m, a, o: calls.append(a[0].numel() // a[0].shape[-1]))
     for p in model.parameters():
         p.grad = torch.full_like(p, 7.0)
     rng = torch.get_rng_state()
     ticks = itertools.count()
-    got = ct.time_chunk_loops(model, traced.graph, traced.members, traced.gm, clock=lambda: float(next(ticks)),
+    got = ct.time_chunk_loops(model, traced.graph, traced.members, traced.gm, clock=lambda: 1e-3 * next(ticks),
                               counts=(2, 4), rounds=2)
     hook.remove()
     assert got == {"lm_head+loss": {"2": 0.0, "4": 0.0}}
