@@ -114,6 +114,9 @@ SUITES: tuple[Suite, ...] = (
                                                "benchmarks/steady.py")),
     Suite("overhead", ("overhead.md",), ("scheduler/applying/", "scheduler/api.py")),
     Suite("startup", ("startup.md",), ("graphs/", "solvers/", "scheduler/")),
+    Suite("cuda", ("cuda.md",), _STEP, bench=False,
+          how="python -m benchmarks.cuda, on a machine with a CUDA GPU and torchvision (make bench runs on this "
+              "project's CPU machine and does not run it)"),
     Suite("accounting", ("accounting.md",), _STEP, bench=False,
           how="python -m benchmarks.accounting timm-vit-s timm-vit-b hf-vit hf-t5 (in a venv with timm, see the module)"),
 )

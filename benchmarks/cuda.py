@@ -1,0 +1,552 @@
+"""On a CUDA GPU: the plan fits by the allocator, leaves gradients and BatchNorm unchanged, and is timed against theirs.
+
+Everything else under ``benchmarks/results/`` is measured on this project's
+CPU machine; a plan is for the card it is traced on or named for, and this
+suite checks it there. Per model, fp32, one GPU:
+
+* the plain step (no checkpointing) and theirs (transformers'
+  ``gradient_checkpointing_enable()`` with its defaults on the LMs; every block
+  of the model's block list under ``torch.utils.checkpoint`` on the vision
+  models): peak by the allocator (``torch.cuda.max_memory_allocated`` over
+  the step, plus what was allocated before it: parameters and inputs), the
+  plain step's peak beside the prediction of the store-all plan;
+* plans from a trace on the GPU (target: the card, workspaces measured on
+  it): the pick at their peak (``ilp`` over the head and MLP chunk menus,
+  as ``time_truth`` picks), and the least budget's plan; and a plan from the
+  same model built on ``meta`` and traced for the card by name (planning
+  with no GPU), at their peak;
+* each plan applied onto the model: its allocator peak against its
+  prediction, its gradients against the plain step's (the plain step against
+  itself first: the noise of the card's non-deterministic kernels), BatchNorm
+  running statistics after one step against the plain step's, and its step
+  time against theirs and the plain step (alternated rounds, CUDA-synchronised
+  wall clock, medians);
+* the pick once more under ``torch.autocast("cuda", torch.bfloat16)`` on a
+  trace in fp32: its peak against the fp32 prediction (a bound, not a
+  prediction).
+
+Writes ``benchmarks/results/cuda.md`` and ``cuda.json``. Run on a machine with
+a CUDA GPU: ``python -m benchmarks.cuda`` (``--deadline S`` stops starting
+models after S seconds; ``--device cpu --quick``: tiny models on the CPU, a
+dry run of the suite's logic, written under ``results/quick/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+import scheduler
+import solvers
+from scheduler.measuring.steps import allocator_step_peak, grad_difference, grad_snapshot
+from scheduler.sizing.budget import format_bytes
+from solvers.model.chunks import find_calls
+
+from benchmarks.pages import out_dir, write_page
+
+log = logging.getLogger(__name__)
+
+#: Per ``ilp`` solve (the wall clock a user's limit keeps).
+TIME_LIMIT_S = 10.0
+ROUNDS, TIMED = 7, 2
+CHUNKS = (1, 2, 4)
+
+
+# ---------------------------------------------------------------------------------------------- models
+@dataclass
+class Case:
+    """A model to measure: how to build it on a device, its inputs there, its loss, and their checkpointing."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    inputs: Callable[[torch.device], tuple[tuple, dict]]
+    loss: Callable[[Any], torch.Tensor]
+    lm: bool
+    what: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+class _Loss(nn.Module):
+    """A classifier returning its cross-entropy loss (``forward(images, labels)``)."""
+
+    def __init__(self, net: nn.Module, logits: Callable[[Any], torch.Tensor] | None = None) -> None:
+        super().__init__()
+        self.net = net
+        self._logits = logits
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        out = self.net(images)
+        return nn.functional.cross_entropy(out if self._logits is None else self._logits(out), labels)
+
+
+def _lm_loss(out: Any) -> torch.Tensor:
+    return out.loss
+
+
+def _same(out: Any) -> torch.Tensor:
+    return out
+
+
+def _lm_case(name: str, make_config: Callable[[], Any], cls: str, batch: int, seq: int, vocab: int, what: str
+             ) -> Case:
+    def build() -> nn.Module:
+        import transformers
+
+        return getattr(transformers, cls)(make_config())
+
+    def inputs(device: torch.device) -> tuple[tuple, dict]:
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+        return (), {"input_ids": ids, "labels": ids}
+
+    return Case(name, build, inputs, _lm_loss, True, what)
+
+
+def _vision_case(name: str, build_net: Callable[[], nn.Module], logits: Callable[[Any], torch.Tensor] | None,
+                 batch: int, side: int, classes: int, what: str, wrap: bool = True) -> Case:
+    def inputs(device: torch.device) -> tuple[tuple, dict]:
+        g = torch.Generator().manual_seed(0)
+        images = torch.randn(batch, 3, side, side, generator=g).to(device)
+        labels = torch.randint(0, classes, (batch,), generator=g).to(device)
+        return (images, labels), {}
+
+    return Case(name, (lambda: _Loss(build_net(), logits)) if wrap else build_net, inputs, _same, False, what)
+
+
+def cases(tiny: bool = False) -> list[Case]:
+    """The models: sizes that train in a few GiB on a GPU, or ``tiny`` ones for a CPU dry run."""
+    import transformers
+
+    if tiny:
+        gpt2 = lambda: transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=1000, n_positions=64)  # noqa: E731
+        llama = lambda: transformers.LlamaConfig(  # noqa: E731
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=1000, max_position_embeddings=64)
+        vit = lambda: transformers.ViTConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=3,  # noqa: E731
+                                             intermediate_size=96, image_size=32, patch_size=8, num_labels=10)
+        return [
+            _lm_case("gpt2", gpt2, "GPT2LMHeadModel", 2, 64, 1000, "tiny GPT-2"),
+            _lm_case("llama", llama, "LlamaForCausalLM", 2, 64, 1000, "tiny Llama"),
+            _vision_case("vit", lambda: transformers.ViTForImageClassification(vit()), lambda o: o.logits, 2, 32, 10,
+                         "tiny ViT"),
+            _vision_case("resnet", _tiny_resnet, None, 4, 32, 10, "tiny ResNet (its forward returns the loss)",
+                         wrap=False),
+        ]
+    llama = lambda: transformers.LlamaConfig(  # noqa: E731
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+        vocab_size=32000, max_position_embeddings=2048)
+    return [
+        _lm_case("gpt2", transformers.GPT2Config, "GPT2LMHeadModel", 8, 1024, 50257,
+                 "GPT2Config() as shipped (124M, use_cache on, dropout 0.1), batch 8 x 1024 tokens"),
+        _lm_case("llama", llama, "LlamaForCausalLM", 4, 2048, 32000,
+                 "Llama, hidden 1024, 8 layers, GQA 16/4, vocab 32,000 (156M), batch 4 x 2048 tokens"),
+        _vision_case("vit-b16", lambda: transformers.ViTForImageClassification(transformers.ViTConfig(num_labels=1000)),
+                     lambda o: o.logits, 64, 224, 1000, "ViTConfig() as shipped (ViT-B/16, 86M), batch 64 x 224^2"),
+        _vision_case("resnet50", _resnet50, None, 64, 224, 1000,
+                     "torchvision resnet50 (25.6M, BatchNorm), batch 64 x 224^2"),
+    ]
+
+
+def _resnet50() -> nn.Module:
+    import torchvision
+
+    return torchvision.models.resnet50(weights=None)
+
+
+def _tiny_resnet() -> nn.Module:
+    from scheduler.models.cnn import build_resnet
+
+    here = str(torch.empty(0).device)  # meta inside _meta_graph's torch.device("meta")
+    net, _, _ = build_resnet(batch=1, depth=26, width=8, image_size=32, classes=10, device=here)
+    return net
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """Theirs for a vision model: the children of its largest block lists (``nn.ModuleList``/``nn.Sequential`` of
+    more than one module), as one checkpoint per block."""
+    lists = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) > 1
+             and all(len(list(c.parameters())) for c in m)]
+    if not lists:
+        return []
+    best = max(len(m) for m in lists)
+    if any(isinstance(m, nn.ModuleList) for m in lists if len(m) == best):
+        return [c for m in lists if len(m) == best and isinstance(m, nn.ModuleList) for c in m]
+    # torchvision ResNets: layer1..layer4, each a Sequential of blocks
+    return [c for m in lists if all(type(c).__name__ in ("Bottleneck", "BasicBlock", "Block") for c in m) for c in m]
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str
+    on: Callable[[], Any]
+    off: Callable[[], Any]
+
+
+def theirs_side(case: Case, model: nn.Module) -> Side:
+    if case.lm:
+        return Side("theirs", model.gradient_checkpointing_enable, model.gradient_checkpointing_disable)
+    from torch.utils.checkpoint import checkpoint
+
+    mods = _blocks(model)
+    if not mods:
+        raise RuntimeError(f"{case.name}: no block list found for per-block checkpointing")
+
+    def on() -> None:
+        for m in mods:
+            orig = type(m).forward.__get__(m)
+            m.forward = lambda *a, _f=orig, **k: checkpoint(_f, *a, use_reentrant=False, **k)
+
+    def off() -> None:
+        for m in mods:
+            m.__dict__.pop("forward", None)
+
+    return Side("theirs", on, off)
+
+
+def ours_side(name: str, model: nn.Module, plan: Any) -> Side:
+    return Side(name, lambda: scheduler.apply(model, plan), lambda: scheduler.remove(model))
+
+
+PLAIN = Side("plain", lambda: None, lambda: None)
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_step(model: nn.Module, args: tuple, kwargs: dict, loss: Callable[[Any], torch.Tensor],
+              device: torch.device, autocast: bool = False) -> Callable[[], None]:
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        if autocast:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                out = loss(model(*args, **kwargs))
+        else:
+            out = loss(model(*args, **kwargs))
+        out.backward()
+    return step
+
+
+def peak_with(side: Side, model: nn.Module, args: tuple, kwargs: dict, loss: Callable, device: torch.device,
+              autocast: bool = False) -> int:
+    """The allocator's peak of one step with ``side`` installed (parameters, inputs and the step)."""
+    side.on()
+    try:
+        if not autocast:
+            return allocator_step_peak(model, model, args, kwargs, loss)
+        step = make_step(model, args, kwargs, loss, device, autocast=True)
+        model.zero_grad(set_to_none=True)
+        _sync(device)
+        if device.type != "cuda":
+            step()
+            return -1
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        _sync(device)
+        live = sum(p.numel() * p.element_size() for p in model.parameters())
+        inputs = sum(t.numel() * t.element_size() for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+        return torch.cuda.max_memory_allocated(device) - base + live + inputs
+    finally:
+        side.off()
+
+
+def _state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_buffers()}
+
+
+def _restore(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for k, v in model.named_buffers():
+            v.copy_(state[k])
+
+
+def grads_and_stats(side: Side, model: nn.Module, step: Callable[[], None], start: dict[str, torch.Tensor],
+                    reference: list | None, ref_stats: dict | None) -> tuple[list, dict, float, float, float | None]:
+    """One seeded step with ``side``: its gradients, buffers, the gradients' largest difference from
+    ``reference`` (absolute and relative) and the buffers' from ``ref_stats`` (None when there are none)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    _restore(model, start)
+    side.on()
+    try:
+        torch.manual_seed(0)
+        step()
+    finally:
+        side.off()
+    grads = grad_snapshot(params)
+    stats = _state(model)
+    diff = grad_difference(params, reference) if reference is not None else (0.0, 0.0)
+    stat_diff = None
+    if ref_stats is not None and stats:
+        stat_diff = max(float((stats[k].double() - ref_stats[k].double()).abs().max()) for k in stats)
+    _restore(model, start)
+    return grads, stats, diff[0], diff[1], stat_diff
+
+
+def rounds(step: Callable[[], None], sides: Sequence[Side], device: torch.device, n: int, timed: int = TIMED
+           ) -> dict[str, list[float]]:
+    """``n`` rounds over every side in turn, the order reversed every other round: per side and round the best of
+    ``timed`` synchronised steps after a warm-up step."""
+    out: dict[str, list[float]] = {s.name: [] for s in sides}
+    for r in range(n):
+        for side in (sides if r % 2 == 0 else list(reversed(sides))):
+            side.on()
+            try:
+                step()
+                best = float("inf")
+                for _ in range(timed):
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    step()
+                    _sync(device)
+                    best = min(best, time.perf_counter() - t0)
+                out[side.name].append(best)
+            finally:
+                side.off()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- plans
+def _menus(graph: Any, lm: bool) -> dict:
+    if not lm:
+        return {}
+    return dict(chunks=CHUNKS, mlp_chunks=CHUNKS if find_calls(graph) else None)
+
+
+def _least(graph: Any, lm: bool) -> int | None:
+    try:
+        scheduler.solve(graph, 1, "ilp", time_limit_s=TIME_LIMIT_S, **_menus(graph, lm))
+    except solvers.InfeasibleBudget as exc:
+        return exc.min_feasible_bytes
+    return None
+
+
+def _what(plan: Any) -> str:
+    chunks = ", ".join(f"{m} x{k}" for m, (_, _, k) in zip(plan.chunk_modules, plan.chunks)) if plan.chunks else ""
+    parts = [f"{len(plan.regions)} regions", f"{len(plan.saved)} kept" if plan.saved else "", chunks]
+    return "; ".join(p for p in parts if p)
+
+
+def _meta_graph(case: Case, device: torch.device, card: str) -> Any:
+    """The model built on ``meta`` and traced for ``card`` by name: a plan made with no GPU."""
+    with torch.device("meta"):
+        torch.manual_seed(0)
+        model = case.build().train()
+    args, kwargs = case.inputs(torch.device("meta"))
+    return scheduler.trace(model, args, kwargs, loss=case.loss if case.lm else None, target=card)
+
+
+def run_case(case: Case, device: torch.device, n_rounds: int) -> dict:
+    res: dict[str, Any] = dict(model=case.name, what=case.what, plans=[], errors=[])
+    torch.manual_seed(0)
+    model = case.build().to(device).train()
+    args, kwargs = case.inputs(device)
+    loss = case.loss if case.lm else None
+    loss_fn = case.loss
+    step = make_step(model, args, kwargs, loss_fn, device)
+    theirs = theirs_side(case, model)
+    res["params"] = sum(p.numel() for p in model.parameters())
+    res["plain_peak"] = peak_with(PLAIN, model, args, kwargs, loss, device)
+    res["their_peak"] = peak_with(theirs, model, args, kwargs, loss, device)
+
+    t0 = time.perf_counter()
+    graph = scheduler.trace(model, args, kwargs, loss=loss)
+    res["trace_s"] = time.perf_counter() - t0
+    res["target"] = graph.meta.get("target", {}).get("device")
+    res["plain_predicted"] = scheduler.simulate(graph).peak_bytes
+
+    plans: list[tuple[str, Any]] = []
+    t0 = time.perf_counter()
+    try:
+        plans.append(("pick at their peak", scheduler.solve(graph, res["their_peak"], "ilp",
+                                                            time_limit_s=TIME_LIMIT_S, **_menus(graph, case.lm))))
+    except Exception as exc:
+        res["errors"].append(f"pick: {type(exc).__name__}: {exc}")
+    res["solve_s"] = time.perf_counter() - t0
+    least = _least(graph, case.lm)
+    res["least"] = least
+    if least is not None:
+        try:
+            plans.append(("least budget", scheduler.solve(graph, least, "ilp", time_limit_s=TIME_LIMIT_S,
+                                                          **_menus(graph, case.lm))))
+        except Exception as exc:
+            res["errors"].append(f"least: {type(exc).__name__}: {exc}")
+    try:
+        card = torch.cuda.get_device_name(device) if device.type == "cuda" else "H100"
+        t0 = time.perf_counter()
+        mgraph = _meta_graph(case, device, card)
+        plans.append(("meta trace for the card, at their peak",
+                      scheduler.solve(mgraph, res["their_peak"], "ilp", time_limit_s=TIME_LIMIT_S,
+                                      **_menus(mgraph, case.lm))))
+        res["meta_s"] = time.perf_counter() - t0
+    except Exception as exc:
+        res["errors"].append(f"meta: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+    # gradients and BatchNorm statistics: the plain step against itself (noise), theirs and every plan
+    start = _state(model)
+    ref, ref_stats, _, _, _ = grads_and_stats(PLAIN, model, step, start, None, None)
+    _, _, noise, noise_rel, noise_stats = grads_and_stats(PLAIN, model, step, start, ref, ref_stats)
+    _, _, their_abs, their_rel, their_stats = grads_and_stats(theirs, model, step, start, ref, ref_stats)
+    res.update(noise=noise_rel, noise_stats=noise_stats, their_grad=their_rel, their_stats=their_stats)
+    sides = [PLAIN, theirs]
+    for label, plan in plans:
+        side = ours_side(label, model, plan)
+        row: dict[str, Any] = dict(label=label, plan=_what(plan), predicted=plan.peak_bytes,
+                                   extra_predicted=plan.findings.get("extra_time_s"))
+        try:
+            row["measured"] = peak_with(side, model, args, kwargs, loss, device)
+            _, _, _, row["grad"], row["stats"] = grads_and_stats(side, model, step, start, ref, ref_stats)
+            sides.append(side)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log.warning("%s %s failed", case.name, label, exc_info=True)
+        res["plans"].append(row)
+    pick = next(((lbl, p) for lbl, p in plans if lbl.startswith("pick")), None)
+    if pick is not None and device.type == "cuda":
+        try:
+            res["autocast_peak"] = peak_with(ours_side("pick", model, pick[1]), model, args, kwargs, loss_fn, device,
+                                             autocast=True)
+            res["autocast_plain_peak"] = peak_with(PLAIN, model, args, kwargs, loss_fn, device, autocast=True)
+            res["autocast_their_peak"] = peak_with(theirs, model, args, kwargs, loss_fn, device, autocast=True)
+        except Exception as exc:
+            res["errors"].append(f"autocast: {type(exc).__name__}: {exc}")
+    _restore(model, start)
+    times = rounds(step, sides, device, n_rounds)
+    res["times"] = times
+    res["rounds"] = n_rounds
+    return res
+
+
+# ---------------------------------------------------------------------------------------------- page
+def _ms(s: float | None) -> str:
+    return "-" if s is None else f"{1e3 * s:.1f}"
+
+
+def _e(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1e}"
+
+
+def _ratio(a: list[float], b: list[float]) -> str:
+    r = [x / y for x, y in zip(a, b)]
+    return f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" if r else "-"
+
+
+def page(results: Sequence[dict], failed: Sequence[str], device: str, wall_s: float) -> list[str]:
+    out = [f"Plans on {device}, fp32, checked by the allocator there (`torch.cuda.max_memory_allocated` over the "
+           "step plus what was allocated before it: parameters and inputs). Gradients: the largest difference from "
+           "the plain step's, relative to the largest gradient; the plain step against itself gives the noise of "
+           "the card's non-deterministic kernels. BatchNorm: the largest difference of any buffer after one step "
+           "from the plain step's. Step times: wall clock between CUDA synchronisations, the best of "
+           f"{TIMED} steps after a warm-up per turn, {ROUNDS} rounds over every side in turn (order reversed each "
+           f"round); ratios are medians of the rounds' ratios (min-max). `ilp` solves keep a {TIME_LIMIT_S:.0f} s "
+           f"limit. Suite wall time {wall_s:.0f} s.", "", "## Models", ""]
+    for r in results:
+        out.append(f"- {r['model']}: {r['what']}; traced on the card in {r['trace_s']:.1f} s (target "
+                   f"{r['target']}), pick solved in {r['solve_s']:.1f} s"
+                   + (f", meta trace and solve {r['meta_s']:.1f} s" if r.get("meta_s") else ""))
+    out += ["", "## Fit: predicted against the allocator", "",
+            "| model | plan | what | predicted | measured | measured / predicted | fits | grads (rel.) | "
+            "BatchNorm |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        out.append(f"| {r['model']} | plain (store all) | - | {format_bytes(r['plain_predicted'])} | "
+                   f"{format_bytes(r['plain_peak'])} | {r['plain_peak'] / r['plain_predicted']:.3f} | "
+                   f"{'yes' if r['plain_peak'] <= r['plain_predicted'] else 'NO'} | {r['noise']:.1e} (noise) | "
+                   f"{_e(r['noise_stats'])} |")
+        out.append(f"| {r['model']} | theirs | library checkpointing | - | {format_bytes(r['their_peak'])} | - | - | "
+                   f"{r['their_grad']:.1e} | {_e(r['their_stats'])} |")
+        for p in r["plans"]:
+            if "error" in p:
+                out.append(f"| {r['model']} | {p['label']} | {p['plan']} | {format_bytes(p['predicted'])} | "
+                           f"failed: {p['error']} | | | | |")
+                continue
+            out.append(f"| {r['model']} | {p['label']} | {p['plan']} | {format_bytes(p['predicted'])} | "
+                       f"{format_bytes(p['measured'])} | {p['measured'] / p['predicted']:.3f} | "
+                       f"{'yes' if p['measured'] <= p['predicted'] else 'NO'} | {p['grad']:.1e} | "
+                       f"{_e(p['stats'])} |")
+    out += ["", "## Time", "",
+            "Extra time: the side's least step over the rounds less the plain step's least; predicted: the plan's "
+            "`extra_time_s` (recompute on the card's roofline plus the plan's overheads).", "",
+            "| model | side | step ms (median) | / theirs | / plain | extra ms measured | extra ms predicted |",
+            "|---|---|---|---|---|---|---|"]
+    for r in results:
+        t = r["times"]
+        plain_least = min(t["plain"])
+        preds = {p["label"]: p.get("extra_predicted") for p in r["plans"]}
+        for name, series in t.items():
+            out.append(f"| {r['model']} | {name} | {_ms(statistics.median(series))} | "
+                       f"{_ratio(series, t['theirs'])} | {_ratio(series, t['plain'])} | "
+                       f"{_ms(min(series) - plain_least) if name != 'plain' else '-'} | {_ms(preds.get(name))} |")
+    ac = [r for r in results if r.get("autocast_peak")]
+    if ac:
+        out += ["", "## Under bf16 autocast (the fp32 trace's plan)", "",
+                "| model | plain | theirs | pick | pick's fp32 prediction | pick under it |", "|---|---|---|---|---|---|"]
+        for r in ac:
+            pred = next((p["predicted"] for p in r["plans"] if p["label"].startswith("pick")), None)
+            out.append(f"| {r['model']} | {format_bytes(r['autocast_plain_peak'])} | "
+                       f"{format_bytes(r['autocast_their_peak'])} | {format_bytes(r['autocast_peak'])} | "
+                       f"{format_bytes(pred) if pred else '-'} | "
+                       f"{'yes' if pred and r['autocast_peak'] <= pred else 'NO'} |")
+    errors = [f"{r['model']}: {e}" for r in results for e in r["errors"]] + list(failed)
+    if errors:
+        out += ["", "## Not measured", ""] + [f"- {e}" for e in errors]
+    return out
+
+
+def main(quick: bool = False, device: str = "cuda", deadline_s: float | None = None,
+         only: Sequence[str] | None = None) -> None:
+    t0 = time.perf_counter()
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("benchmarks.cuda measures on a CUDA GPU and this machine has none (torch.cuda.is_available() "
+                         "is False); --device cpu --quick runs a dry run of its logic on tiny models")
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "the CPU (dry run)"
+    results, failed = [], []
+    data_path = out_dir(quick) / "cuda.json"
+    for case in cases(tiny=quick or dev.type != "cuda"):
+        if only and case.name not in only:
+            continue
+        if deadline_s is not None and time.perf_counter() - t0 > deadline_s:
+            failed.append(f"{case.name}: not started, past the {deadline_s:.0f} s deadline")
+            continue
+        try:
+            res = run_case(case, dev, 2 if quick else ROUNDS)
+        except Exception as exc:  # a model that fails is on the page with its error, the others still run
+            log.warning("%s failed", case.name, exc_info=True)
+            failed.append(f"{case.name} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                          f" ({traceback.format_exc().strip().splitlines()[-3].strip()})")
+            continue
+        finally:
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+        results.append(res)
+        data_path.write_text(json.dumps(dict(device=name, results=results, failed=failed), indent=1, default=str))
+        print(f"{case.name}: plain {format_bytes(res['plain_peak'])} (predicted {format_bytes(res['plain_predicted'])})"
+              f", theirs {format_bytes(res['their_peak'])}; "
+              + "; ".join(f"{p['label']}: {format_bytes(p.get('measured', 0))} / {format_bytes(p['predicted'])}"
+                          for p in res["plans"]), flush=True)
+    data_path.write_text(json.dumps(dict(device=name, results=results, failed=failed), indent=1, default=str))
+    path = write_page("cuda.md", f"Plans on a CUDA GPU ({name})", page(results, failed, name, time.perf_counter() - t0),
+                      quick=quick or dev.type != "cuda")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    cli = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    cli.add_argument("--quick", action="store_true", help="tiny models, two rounds, written under results/quick/")
+    cli.add_argument("--device", default="cuda", help="cuda (default) or cpu (a dry run on tiny models)")
+    cli.add_argument("--deadline", type=float, default=None, help="start no model after this many seconds")
+    cli.add_argument("--only", nargs="*", default=None, help="models (default: all)")
+    ns = cli.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    main(ns.quick, ns.device, ns.deadline, ns.only)
