@@ -144,15 +144,15 @@ def cases(tiny: bool = False) -> list[Case]:
     llama = lambda: transformers.LlamaConfig(  # noqa: E731
         hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
         vocab_size=32000, max_position_embeddings=2048)
-    return [
+    return [  # the vision models first: torchvision's traces with fx, transformers' with export
+        _vision_case("resnet50", _resnet50, None, 64, 224, 1000,
+                     "torchvision resnet50 (25.6M, BatchNorm), batch 64 x 224^2"),
         _lm_case("gpt2", transformers.GPT2Config, "GPT2LMHeadModel", 8, 1024, 50257,
                  "GPT2Config() as shipped (124M, use_cache on, dropout 0.1), batch 8 x 1024 tokens"),
         _lm_case("llama", llama, "LlamaForCausalLM", 4, 2048, 32000,
                  "Llama, hidden 1024, 8 layers, GQA 16/4, vocab 32,000 (156M), batch 4 x 2048 tokens"),
         _vision_case("vit-b16", lambda: transformers.ViTForImageClassification(transformers.ViTConfig(num_labels=1000)),
                      lambda o: o.logits, 64, 224, 1000, "ViTConfig() as shipped (ViT-B/16, 86M), batch 64 x 224^2"),
-        _vision_case("resnet50", _resnet50, None, 64, 224, 1000,
-                     "torchvision resnet50 (25.6M, BatchNorm), batch 64 x 224^2"),
     ]
 
 
@@ -503,28 +503,63 @@ def page(results: Sequence[dict], failed: Sequence[str], device: str, wall_s: fl
     return out
 
 
+def _run_isolated(case: Case, device: str, quick: bool, timeout_s: float) -> dict:
+    """``run_case`` in a child process (``-X faulthandler``): a crash there (a segfault in a tracer) costs one model,
+    and its Python stack is on the page."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        part = f"{tmp}/part.json"
+        cmd = [sys.executable, "-X", "faulthandler", "-m", "benchmarks.cuda", "--device", device, "--only", case.name,
+               "--part", part] + (["--quick"] if quick else [])
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"did not finish in {timeout_s:.0f} s") from None
+        sys.stderr.write(proc.stderr[-20000:])
+        sys.stdout.write(proc.stdout)
+        try:
+            with open(part, encoding="utf-8") as fh:
+                return json.load(fh)
+        except OSError:
+            stack = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip().startswith(("File", "Fatal", "Current"))]
+            raise RuntimeError(f"exit status {proc.returncode}: " + " / ".join(stack[:12])) from None
+
+
 def main(quick: bool = False, device: str = "cuda", deadline_s: float | None = None,
-         only: Sequence[str] | None = None) -> None:
+         only: Sequence[str] | None = None, part: str | None = None, isolate: bool = False) -> None:
     t0 = time.perf_counter()
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("benchmarks.cuda measures on a CUDA GPU and this machine has none (torch.cuda.is_available() "
                          "is False); --device cpu --quick runs a dry run of its logic on tiny models")
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "the CPU (dry run)"
+    tiny = quick or dev.type != "cuda"
+    if part is not None:  # one model, in a child process of an isolated run
+        (case,) = [c for c in cases(tiny) if c.name in (only or ())]
+        res = run_case(case, dev, 2 if quick else ROUNDS)
+        with open(part, "w", encoding="utf-8") as fh:
+            json.dump(res, fh, default=str)
+        return
     results, failed = [], []
-    data_path = out_dir(quick) / "cuda.json"
-    for case in cases(tiny=quick or dev.type != "cuda"):
+    data_path = out_dir(tiny) / "cuda.json"
+    for case in cases(tiny):
         if only and case.name not in only:
             continue
-        if deadline_s is not None and time.perf_counter() - t0 > deadline_s:
+        spent = time.perf_counter() - t0
+        if deadline_s is not None and spent > deadline_s:
             failed.append(f"{case.name}: not started, past the {deadline_s:.0f} s deadline")
             continue
         try:
-            res = run_case(case, dev, 2 if quick else ROUNDS)
+            if isolate:
+                res = _run_isolated(case, device, quick, max(60.0, (deadline_s or 3600.0) + 120.0 - spent))
+            else:
+                res = run_case(case, dev, 2 if quick else ROUNDS)
         except Exception as exc:  # a model that fails is on the page with its error, the others still run
             log.warning("%s failed", case.name, exc_info=True)
-            failed.append(f"{case.name} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                          f" ({traceback.format_exc().strip().splitlines()[-3].strip()})")
+            failed.append(f"{case.name} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             continue
         finally:
             if dev.type == "cuda":
@@ -537,7 +572,7 @@ def main(quick: bool = False, device: str = "cuda", deadline_s: float | None = N
                           for p in res["plans"]), flush=True)
     data_path.write_text(json.dumps(dict(device=name, results=results, failed=failed), indent=1, default=str))
     path = write_page("cuda.md", f"Plans on a CUDA GPU ({name})", page(results, failed, name, time.perf_counter() - t0),
-                      quick=quick or dev.type != "cuda")
+                      quick=tiny)
     print(f"wrote {path}")
 
 
@@ -547,6 +582,8 @@ if __name__ == "__main__":
     cli.add_argument("--device", default="cuda", help="cuda (default) or cpu (a dry run on tiny models)")
     cli.add_argument("--deadline", type=float, default=None, help="start no model after this many seconds")
     cli.add_argument("--only", nargs="*", default=None, help="models (default: all)")
+    cli.add_argument("--isolate", action="store_true", help="each model in a child process (a crash costs one model)")
+    cli.add_argument("--part", default=None, help=argparse.SUPPRESS)  # a child of --isolate: write one model's JSON
     ns = cli.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    main(ns.quick, ns.device, ns.deadline, ns.only)
+    main(ns.quick, ns.device, ns.deadline, ns.only, ns.part, ns.isolate)
