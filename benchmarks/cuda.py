@@ -48,6 +48,8 @@ from torch import nn
 import scheduler
 import solvers
 from scheduler.measuring.steps import allocator_step_peak, grad_difference, grad_snapshot
+from scheduler.measuring.storages import live_bytes_of
+from scheduler.measuring.training import step_tensors
 from scheduler.sizing.budget import format_bytes
 from solvers.model.chunks import find_calls
 
@@ -227,37 +229,51 @@ def _sync(device: torch.device) -> None:
 
 def make_step(model: nn.Module, args: tuple, kwargs: dict, loss: Callable[[Any], torch.Tensor],
               device: torch.device, autocast: bool = False) -> Callable[[], None]:
-    def step() -> None:
+    def step() -> None:  # the loop the trace plans for by default ("held": the output lives through backward)
         model.zero_grad(set_to_none=True)
         if autocast:
             with torch.autocast(device.type, dtype=torch.bfloat16):
-                out = loss(model(*args, **kwargs))
+                out = model(*args, **kwargs)
+                value = loss(out)
         else:
-            out = loss(model(*args, **kwargs))
-        out.backward()
+            out = model(*args, **kwargs)
+            value = loss(out)
+        value.backward()
+        del out, value
     return step
 
 
 def peak_with(side: Side, model: nn.Module, args: tuple, kwargs: dict, loss: Callable, device: torch.device,
               autocast: bool = False) -> int:
     """The allocator's peak of one step with ``side`` installed (parameters, inputs and the step)."""
+    return peaks_with(side, model, args, kwargs, loss, device, autocast)[0]
+
+
+def peaks_with(side: Side, model: nn.Module, args: tuple, kwargs: dict, loss: Callable, device: torch.device,
+               autocast: bool = False) -> tuple[int, int | None]:
+    """``(allocated, requested)`` peaks of one step with ``side`` installed, each with the parameters, buffers and
+    inputs: on CUDA as ``allocator_step_peak`` measures (the allocator's blocks), and the bytes the step's
+    tensors asked for (``requested_bytes``: before the allocator rounds them up and hands out whole cached
+    blocks); elsewhere ``allocator_step_peak``'s and None."""
     side.on()
     try:
-        if not autocast:
-            return allocator_step_peak(model, model, args, kwargs, loss)
-        step = make_step(model, args, kwargs, loss, device, autocast=True)
-        model.zero_grad(set_to_none=True)
-        _sync(device)
         if device.type != "cuda":
-            step()
-            return -1
+            if autocast:
+                return -1, None
+            return allocator_step_peak(model, model, args, kwargs, loss), None
+        step = make_step(model, args, kwargs, loss or _same, device, autocast=autocast)
+        model.zero_grad(set_to_none=True)
+        live = live_bytes_of(step_tensors(model, args, kwargs))
+        _sync(device)
         base = torch.cuda.memory_allocated(device)
+        base_req = torch.cuda.memory_stats(device).get("requested_bytes.all.current", 0)
         torch.cuda.reset_peak_memory_stats(device)
         step()
         _sync(device)
-        live = sum(p.numel() * p.element_size() for p in model.parameters())
-        inputs = sum(t.numel() * t.element_size() for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
-        return torch.cuda.max_memory_allocated(device) - base + live + inputs
+        stats = torch.cuda.memory_stats(device)
+        requested = stats.get("requested_bytes.all.peak")
+        return (torch.cuda.max_memory_allocated(device) - base + live,
+                None if requested is None else requested - base_req + live)
     finally:
         side.off()
 
@@ -357,8 +373,8 @@ def run_case(case: Case, device: torch.device, n_rounds: int) -> dict:
     step = make_step(model, args, kwargs, loss_fn, device)
     theirs = theirs_side(case, model)
     res["params"] = sum(p.numel() for p in model.parameters())
-    res["plain_peak"] = peak_with(PLAIN, model, args, kwargs, loss, device)
-    res["their_peak"] = peak_with(theirs, model, args, kwargs, loss, device)
+    res["plain_peak"], res["plain_requested"] = peaks_with(PLAIN, model, args, kwargs, loss, device)
+    res["their_peak"], res["their_requested"] = peaks_with(theirs, model, args, kwargs, loss, device)
 
     t0 = time.perf_counter()
     graph = scheduler.trace(model, args, kwargs, loss=loss)
@@ -405,7 +421,7 @@ def run_case(case: Case, device: torch.device, n_rounds: int) -> dict:
         row: dict[str, Any] = dict(label=label, plan=_what(plan), predicted=plan.peak_bytes,
                                    extra_predicted=plan.findings.get("extra_time_s"))
         try:
-            row["measured"] = peak_with(side, model, args, kwargs, loss, device)
+            row["measured"], row["requested"] = peaks_with(side, model, args, kwargs, loss, device)
             _, _, _, row["grad"], row["stats"] = grads_and_stats(side, model, step, start, ref, ref_stats)
             sides.append(side)
         except Exception as exc:
@@ -433,6 +449,10 @@ def _ms(s: float | None) -> str:
     return "-" if s is None else f"{1e3 * s:.1f}"
 
 
+def _over(x: int | None, predicted: int) -> str:
+    return "-" if x is None else f"{x / predicted:.3f}"
+
+
 def _e(x: float | None) -> str:
     return "-" if x is None else f"{x:.1e}"
 
@@ -446,8 +466,10 @@ def page(results: Sequence[dict], failed: Sequence[str], device: str, wall_s: fl
     out = [f"Plans on {device}, fp32, checked by the allocator there (`torch.cuda.max_memory_allocated` over the "
            "step plus what was allocated before it: parameters and inputs). Gradients: the largest difference from "
            "the plain step's, relative to the largest gradient; the plain step against itself gives the noise of "
-           "the card's non-deterministic kernels. BatchNorm: the largest difference of any buffer after one step "
-           "from the plain step's. Step times: wall clock between CUDA synchronisations, the best of "
+           "the card's non-deterministic kernels. Buffers (BatchNorm's running statistics and step count): the largest "
+           "difference of any buffer after one step from the plain step's. Requested: the peak of the bytes the "
+           "step's tensors asked for (`requested_bytes`), before the allocator rounds each up to 512 B and hands "
+           "out whole cached blocks. Step times: wall clock between CUDA synchronisations, the best of "
            f"{TIMED} steps after a warm-up per turn, {ROUNDS} rounds over every side in turn (order reversed each "
            f"round); ratios are medians of the rounds' ratios (min-max). `ilp` solves keep a {TIME_LIMIT_S:.0f} s "
            f"limit. Suite wall time {wall_s:.0f} s.", "", "## Models", ""]
@@ -456,23 +478,25 @@ def page(results: Sequence[dict], failed: Sequence[str], device: str, wall_s: fl
                    f"{r['target']}), pick solved in {r['solve_s']:.1f} s"
                    + (f", meta trace and solve {r['meta_s']:.1f} s" if r.get("meta_s") else ""))
     out += ["", "## Fit: predicted against the allocator", "",
-            "| model | plan | what | predicted | measured | measured / predicted | fits | grads (rel.) | "
-            "BatchNorm |", "|---|---|---|---|---|---|---|---|---|"]
+            "| model | plan | what | predicted | measured | measured / predicted | fits | requested / predicted | "
+            "grads (rel.) | buffers |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         out.append(f"| {r['model']} | plain (store all) | - | {format_bytes(r['plain_predicted'])} | "
                    f"{format_bytes(r['plain_peak'])} | {r['plain_peak'] / r['plain_predicted']:.3f} | "
-                   f"{'yes' if r['plain_peak'] <= r['plain_predicted'] else 'NO'} | {r['noise']:.1e} (noise) | "
+                   f"{'yes' if r['plain_peak'] <= r['plain_predicted'] else 'NO'} | "
+                   f"{_over(r.get('plain_requested'), r['plain_predicted'])} | {r['noise']:.1e} (noise) | "
                    f"{_e(r['noise_stats'])} |")
-        out.append(f"| {r['model']} | theirs | library checkpointing | - | {format_bytes(r['their_peak'])} | - | - | "
+        out.append(f"| {r['model']} | theirs | library checkpointing | - | {format_bytes(r['their_peak'])} | - | - | - | "
                    f"{r['their_grad']:.1e} | {_e(r['their_stats'])} |")
         for p in r["plans"]:
             if "error" in p:
                 out.append(f"| {r['model']} | {p['label']} | {p['plan']} | {format_bytes(p['predicted'])} | "
-                           f"failed: {p['error']} | | | | |")
+                           f"failed: {p['error']} | | | | | |")
                 continue
             out.append(f"| {r['model']} | {p['label']} | {p['plan']} | {format_bytes(p['predicted'])} | "
                        f"{format_bytes(p['measured'])} | {p['measured'] / p['predicted']:.3f} | "
-                       f"{'yes' if p['measured'] <= p['predicted'] else 'NO'} | {p['grad']:.1e} | "
+                       f"{'yes' if p['measured'] <= p['predicted'] else 'NO'} | "
+                       f"{_over(p.get('requested'), p['predicted'])} | {p['grad']:.1e} | "
                        f"{_e(p['stats'])} |")
     out += ["", "## Time", "",
             "Extra time: the side's least step over the rounds less the plain step's least; predicted: the plan's "

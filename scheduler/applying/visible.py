@@ -21,6 +21,18 @@ NOTE [ Visible to gradient-checkpointing checks ]
     ``torch.compile`` the flags are set so around the region's checkpoint
     instead of inside it (:func:`flags_as_before`, NOTE [ Regions under
     torch.compile ] in ``scheduler.applying.regions``).
+
+    transformers before 5.2x reads the flag in ``GradientCheckpointingLayer.__call__``,
+    before any forward runs: with the flag on, the layer's call goes through
+    its ``_gradient_checkpointing_func``, which only
+    ``gradient_checkpointing_enable()`` sets (5.17 on a ViT layer region: "no
+    attribute '_gradient_checkpointing_func'"; after the user's enable and
+    disable, their checkpoint around ours). So :func:`mark` also sets that
+    attribute, on the instance, to :func:`_call_through`, which calls the
+    layer as without the flag: what is left of the flag there is what
+    transformers' own checkpointing does too, dropping the layer's cache
+    arguments, as a region does anyway (NOTE [ Caches under recompute ] in
+    ``scheduler.applying.modules``). :func:`unmark` puts back what was there.
 """
 
 from __future__ import annotations
@@ -36,26 +48,38 @@ __all__ = ["FLAG", "mark", "unmark", "as_before", "is_marked", "flags_as_before"
 FLAG = "gradient_checkpointing"
 #: Where :func:`mark` keeps the module's own value: ``(had it, value)``.
 _BEFORE = "_ckpt_flag_before"
+#: What transformers' layers call when the flag is on (before 5.2x, in ``__call__``), and where its value is kept.
+FUNC = "_gradient_checkpointing_func"
+_FUNC_BEFORE = "_ckpt_func_before"
+
+
+def _call_through(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A layer's checkpointing function that checkpoints nothing: the region around the layer does."""
+    return fn(*args, **kwargs)
 
 
 def mark(module: nn.Module) -> None:
-    """Set ``module.gradient_checkpointing = True``, keeping the instance's own value for :func:`unmark`."""
+    """Set ``module.gradient_checkpointing = True`` and its checkpointing function to :func:`_call_through`,
+    keeping the instance's own values for :func:`unmark`."""
     d = module.__dict__
     if _BEFORE not in d:
         d[_BEFORE] = (FLAG in d, d.get(FLAG))
+        d[_FUNC_BEFORE] = (FUNC in d, d.get(FUNC))
     d[FLAG] = True
+    d[FUNC] = _call_through
 
 
 def unmark(module: nn.Module) -> None:
-    """Put back the value :func:`mark` found (no instance attribute, when there was none)."""
+    """Put back the values :func:`mark` found (no instance attribute, when there was none)."""
     d = module.__dict__
     if _BEFORE not in d:
         return
-    had, value = d.pop(_BEFORE)
-    if had:
-        d[FLAG] = value
-    else:
-        d.pop(FLAG, None)
+    for key, kept in ((FLAG, d.pop(_BEFORE)), (FUNC, d.pop(_FUNC_BEFORE, (False, None)))):
+        had, value = kept
+        if had:
+            d[key] = value
+        else:
+            d.pop(key, None)
 
 
 def as_before(module: nn.Module, fn: Callable[..., Any]) -> Callable[..., Any]:

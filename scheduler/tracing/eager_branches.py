@@ -82,7 +82,9 @@ def _as_eager_without_values(masking: Any, user_positions: bool, name: str, fn: 
             return fn(*a, **k) if user_positions else None
         if (a[0] if a else k.get("padding_mask")) is not None:
             return fn(*a, **k)
-        exporting = masking.is_torchdynamo_exporting
+        exporting = getattr(masking, "is_torchdynamo_exporting", None)
+        if exporting is None:  # transformers before 5.2x decides by is_tracing(mask) alone: as in eager already
+            return fn(*a, **k)
         masking.is_torchdynamo_exporting = lambda: False
         try:
             return fn(*a, **k)

@@ -70,19 +70,29 @@ _NO_WORKSPACE = frozenset((
 
 
 class _Spec:
-    """A tensor argument to rebuild: shape, strides, dtype (and the layout, always strided here)."""
+    """A tensor argument to rebuild: shape, strides, dtype, whether it was a CPU tensor (the layout is always
+    strided here).
 
-    __slots__ = ("shape", "stride", "dtype")
+    A kernel of a GPU may take some arguments on the CPU: SDPA's memory-efficient attention with dropout
+    returns its Philox seed and offset as CPU tensors and its backward reads them on the host. Built on the GPU,
+    that backward read a device pointer on the host and crashed the process (GPT-2 as ``GPT2Config()`` ships it,
+    dropout 0.1, traced on an H200: a segmentation fault). So an argument that was on the CPU while the call
+    ran for another device is built on the CPU, and so is the seed and offset of an attention kernel (an
+    integer tensor of at most two elements), which the fake tensors put on the GPU with the other arguments."""
 
-    def __init__(self, t: torch.Tensor) -> None:
+    __slots__ = ("shape", "stride", "dtype", "on_cpu")
+
+    def __init__(self, t: torch.Tensor, seed: bool = False) -> None:
         self.shape = tuple(int(s) for s in t.shape)
         self.stride = tuple(int(s) for s in t.stride())
         self.dtype = t.dtype
+        self.on_cpu = t.device.type == "cpu" or (seed and not t.is_floating_point() and t.numel() <= 2)
 
     def key(self) -> tuple:
-        return ("T", self.shape, self.stride, str(self.dtype))
+        return ("T", self.shape, self.stride, str(self.dtype), self.on_cpu)
 
     def build(self, device: torch.device) -> torch.Tensor:
+        device = torch.device("cpu") if self.on_cpu else device
         t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
         if t.is_floating_point() or t.is_complex():
             t.normal_()
@@ -118,16 +128,17 @@ class WorkspaceProbe:
         if not any(isinstance(v, torch.Tensor) for v in leaves):
             return None
         key: list[Any] = [str(func)]
+        attention = "attention" in str(func)  # its Philox seed and offset live on the CPU (_Spec)
         for v in leaves:
             if isinstance(v, torch.Tensor):
                 if v.layout != torch.strided or v.is_quantized or v.is_nested:
                     return None
-                key.append(_Spec(v).key())
+                key.append(_Spec(v, attention).key())
             else:
                 key.append((type(v).__name__, repr(v)))
         sig = (tuple(key), str(tree))
         if sig not in self.specs:
-            spec = [(_Spec(v) if isinstance(v, torch.Tensor) else v) for v in leaves]
+            spec = [(_Spec(v, attention) if isinstance(v, torch.Tensor) else v) for v in leaves]
             self.specs[sig] = (func, (spec, tree))
         return sig
 

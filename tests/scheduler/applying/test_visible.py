@@ -78,3 +78,65 @@ def test_a_dropped_cache_warns_and_the_step_is_the_one_without_the_cache():
         with torch.no_grad():  # evaluation and generation: nothing is checkpointed, the cache is kept
             assert model(**kwargs).past_key_values is not None
         _grads(model, {**kwargs, "use_cache": False})  # nothing to drop: no warning
+
+
+class _CallCheckpointingLayer(torch.nn.Module):
+    """A layer as transformers 4.5x-5.1x's ``GradientCheckpointingLayer`` is: its ``__call__`` reads the flag and,
+    when it is on in training, calls the layer through ``self._gradient_checkpointing_func``, which only the
+    library's ``gradient_checkpointing_enable()`` sets."""
+
+    gradient_checkpointing = False
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        if self.gradient_checkpointing and self.training:
+            return self._gradient_checkpointing_func(super().__call__, *args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def forward(self, x):
+        self.calls += 1
+        return torch.tanh(self.fc(x))
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_CallCheckpointingLayer() for _ in range(2)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x.square().sum()
+
+
+@pytest.mark.parametrize("theirs_before", [False, True], ids=["never-enabled", "enabled-then-disabled"])
+def test_a_layer_that_checkpoints_in_its_call_runs_once_in_the_region(theirs_before):
+    torch.manual_seed(0)
+    net = _Net().train()
+    x = torch.randn(4, 8, requires_grad=True)
+    net(x).backward()
+    reference = [p.grad.clone() for p in net.parameters()]
+    if theirs_before:  # what transformers' enable and disable leave: the function set, the flag off
+        for layer in net.layers:
+            layer._gradient_checkpointing_func = lambda fn, *a, **k: torch.utils.checkpoint.checkpoint(
+                fn, *a, use_reentrant=False, **k)
+            layer.gradient_checkpointing = False
+    own = [dict(m.__dict__) for m in net.layers]
+    scheduler.apply(net, _plan("layers.0", "layers.1"), check=False)
+    assert all(layer.gradient_checkpointing for layer in net.layers)
+    net.zero_grad(set_to_none=True)
+    for layer in net.layers:
+        layer.calls = 0
+    net(x).backward()  # failed before with "no attribute '_gradient_checkpointing_func'"
+    # one forward and one recompute per layer: the layer's own function did not checkpoint inside the region
+    assert [layer.calls for layer in net.layers] == [2, 2]
+    assert [w.recomputes for w in region_wrappers(net)] == [1, 1]
+    assert all(torch.equal(a, p.grad) for a, p in zip(reference, net.parameters()))
+    scheduler.remove(net)
+    for layer, before in zip(net.layers, own):
+        before["calls"] = layer.calls
+        assert dict(layer.__dict__) == before
