@@ -470,7 +470,8 @@ def page(results: Sequence[dict], failed: Sequence[str], device: str, wall_s: fl
            "difference of any buffer after one step from the plain step's. Requested: the peak of the bytes the "
            "step's tensors asked for (`requested_bytes`), before the allocator rounds each up to 512 B and hands "
            "out whole cached blocks. Step times: wall clock between CUDA synchronisations, the best of "
-           f"{TIMED} steps after a warm-up per turn, {ROUNDS} rounds over every side in turn (order reversed each "
+           f"{TIMED} steps after a warm-up per turn, {max((r['rounds'] for r in results), default=ROUNDS)} rounds over "
+           "every side in turn (order reversed each "
            f"round); ratios are medians of the rounds' ratios (min-max). `ilp` solves keep a {TIME_LIMIT_S:.0f} s "
            f"limit. Suite wall time {wall_s:.0f} s.", "", "## Models", ""]
     for r in results:
@@ -527,7 +528,7 @@ def page(results: Sequence[dict], failed: Sequence[str], device: str, wall_s: fl
     return out
 
 
-def _run_isolated(case: Case, device: str, quick: bool, timeout_s: float) -> dict:
+def _run_isolated(case: Case, device: str, quick: bool, timeout_s: float, n_rounds: int) -> dict:
     """``run_case`` in a child process (``-X faulthandler``): a crash there (a segfault in a tracer) costs one model,
     and its Python stack is on the page."""
     import subprocess
@@ -537,7 +538,7 @@ def _run_isolated(case: Case, device: str, quick: bool, timeout_s: float) -> dic
     with tempfile.TemporaryDirectory() as tmp:
         part = f"{tmp}/part.json"
         cmd = [sys.executable, "-X", "faulthandler", "-m", "benchmarks.cuda", "--device", device, "--only", case.name,
-               "--part", part] + (["--quick"] if quick else [])
+               "--part", part, "--rounds", str(n_rounds)] + (["--quick"] if quick else [])
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -553,7 +554,8 @@ def _run_isolated(case: Case, device: str, quick: bool, timeout_s: float) -> dic
 
 
 def main(quick: bool = False, device: str = "cuda", deadline_s: float | None = None,
-         only: Sequence[str] | None = None, part: str | None = None, isolate: bool = False) -> None:
+         only: Sequence[str] | None = None, part: str | None = None, isolate: bool = False,
+         n_rounds: int = ROUNDS) -> None:
     t0 = time.perf_counter()
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -563,7 +565,7 @@ def main(quick: bool = False, device: str = "cuda", deadline_s: float | None = N
     tiny = quick or dev.type != "cuda"
     if part is not None:  # one model, in a child process of an isolated run
         (case,) = [c for c in cases(tiny) if c.name in (only or ())]
-        res = run_case(case, dev, 2 if quick else ROUNDS)
+        res = run_case(case, dev, 2 if quick else n_rounds)
         with open(part, "w", encoding="utf-8") as fh:
             json.dump(res, fh, default=str)
         return
@@ -578,9 +580,9 @@ def main(quick: bool = False, device: str = "cuda", deadline_s: float | None = N
             continue
         try:
             if isolate:
-                res = _run_isolated(case, device, quick, max(60.0, (deadline_s or 3600.0) + 120.0 - spent))
+                res = _run_isolated(case, device, quick, max(60.0, (deadline_s or 3600.0) + 120.0 - spent), n_rounds)
             else:
-                res = run_case(case, dev, 2 if quick else ROUNDS)
+                res = run_case(case, dev, 2 if quick else n_rounds)
         except Exception as exc:  # a model that fails is on the page with its error, the others still run
             log.warning("%s failed", case.name, exc_info=True)
             failed.append(f"{case.name} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -607,7 +609,8 @@ if __name__ == "__main__":
     cli.add_argument("--deadline", type=float, default=None, help="start no model after this many seconds")
     cli.add_argument("--only", nargs="*", default=None, help="models (default: all)")
     cli.add_argument("--isolate", action="store_true", help="each model in a child process (a crash costs one model)")
+    cli.add_argument("--rounds", type=int, default=ROUNDS, help=f"timing rounds (default {ROUNDS})")
     cli.add_argument("--part", default=None, help=argparse.SUPPRESS)  # a child of --isolate: write one model's JSON
     ns = cli.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    main(ns.quick, ns.device, ns.deadline, ns.only, ns.part, ns.isolate)
+    main(ns.quick, ns.device, ns.deadline, ns.only, ns.part, ns.isolate, ns.rounds)
