@@ -82,15 +82,26 @@ def _as_eager_without_values(masking: Any, user_positions: bool, name: str, fn: 
             return fn(*a, **k) if user_positions else None
         if (a[0] if a else k.get("padding_mask")) is not None:
             return fn(*a, **k)
-        exporting = getattr(masking, "is_torchdynamo_exporting", None)
-        if exporting is None:  # transformers before 5.2x decides by is_tracing(mask) alone: as in eager already
-            return fn(*a, **k)
-        masking.is_torchdynamo_exporting = lambda: False
+        # what says "tracing" to the decision: transformers 5.2x asks is_torchdynamo_exporting(); 5.17 asks
+        # is_tracing(padding_mask), true under export even for no mask (a meta Llama then kept its mask, repeated
+        # its key/value heads, and was priced with the memory-efficient kernel where the GPU ran the math one)
+        saved = {n: getattr(masking, n) for n in _TRACING_CHECKS if hasattr(masking, n)}
+        for n in saved:
+            setattr(masking, n, _not_tracing)
         try:
             return fn(*a, **k)
         finally:
-            masking.is_torchdynamo_exporting = exporting
+            for n, f in saved.items():
+                setattr(masking, n, f)
     return wrapper
+
+
+#: The names ``transformers.masking_utils`` decides "tracing" by, across its versions.
+_TRACING_CHECKS = ("is_torchdynamo_exporting", "is_tracing")
+
+
+def _not_tracing(*args: Any, **kwargs: Any) -> bool:
+    return False
 
 
 @contextlib.contextmanager

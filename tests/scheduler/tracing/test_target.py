@@ -155,6 +155,56 @@ def test_cuda_dispatch_order_and_checks(gpu, q, k, kw, kernel):
     assert cuda_sdpa_backend(CAPABILITY[gpu], _meta(*q), _meta(*k), _meta(*k), **kw) == kernel
 
 
+#: What ``torch.ops.aten._fused_sdp_choice`` chose on an NVIDIA H200 (torch 2.11.0+cu130, 2026-12-04; the
+#: GPU suite's diagnostics): q [2, 16, 256, 64], k and v with 16 heads or (GQA) 4, no mask, no dropout, causal
+#: or not. 2 = memory-efficient, 0 = math, 3 = cuDNN.
+H200_CHOICES = {(torch.float32, False): "efficient", (torch.float32, True): "math",
+                (torch.bfloat16, False): "cudnn", (torch.bfloat16, True): "cudnn"}
+
+
+@pytest.mark.parametrize("dtype, gqa", list(H200_CHOICES))
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_dispatch_is_what_an_h200_chose(dtype, gqa, causal):
+    q = _meta(2, 16, 256, 64, dtype=dtype)
+    kv = _meta(2, 4 if gqa else 16, 256, 64, dtype=dtype)
+    got = cuda_sdpa_backend(CAPABILITY["H200"], q, kv, kv, is_causal=causal, enable_gqa=gqa)
+    assert got == H200_CHOICES[dtype, gqa]
+
+
+def test_a_meta_llama_for_a_gpu_runs_the_kernel_its_eager_forward_would():
+    """transformers skips a causal mask it does not need and then passes grouped heads to SDPA (enable_gqa), which
+    in fp32 only the math kernel takes on CUDA; the trace must decide as eager does, not as export does (which
+    keeps the mask, repeats the heads and picks the memory-efficient kernel: a Llama planned so on meta measured
+    16.2 GB on an H200 for a 6.7 GB prediction)."""
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg).train()
+    ids = torch.zeros(2, 64, dtype=torch.long, device="meta")
+    graph = capture(model, (), {"input_ids": ids, "labels": ids}, loss=lambda out: out.loss, target="H200").graph
+    assert graph.meta["target"]["attention"] == {"math": 2}
+
+
+def test_mask_decisions_read_tracing_as_eager_in_older_transformers_too():
+    """transformers 5.17 asks ``is_tracing(padding_mask)`` (true under export even for no mask); 5.2x asks
+    ``is_torchdynamo_exporting()``. With no mask, either answers as in eager while the decision runs."""
+    import types
+
+    from scheduler.tracing.eager_branches import _as_eager_without_values
+
+    for names in (("is_tracing",), ("is_torchdynamo_exporting", "is_tracing")):
+        masking = types.SimpleNamespace(**{n: (lambda *a, **k: True) for n in names})
+
+        def decide(padding_mask, *rest, masking=masking, names=names):
+            return not any(getattr(masking, n)(padding_mask) if n == "is_tracing" else getattr(masking, n)()
+                           for n in names)
+
+        wrapped = _as_eager_without_values(masking, False, "_ignore_causal_mask_sdpa", decide)
+        assert wrapped(None) is True  # skipped, as eager skips it
+        assert wrapped(torch.ones(2, 4)) is False  # a mask with values: the library's own decision
+        assert all(getattr(masking, n)(None) is True for n in names)  # put back
+
+
 def test_fp32_alignment_and_every_named_gpu_has_a_capability():
     assert set(CAPABILITY) == set(DEVICES)
     a100 = CAPABILITY["A100-80GB"]

@@ -1,0 +1,32 @@
+"""The GPU suite's logic (``benchmarks.cuda``), run on the CPU on a tiny model: a suite that only runs where a
+GPU is lent must not rot between such sessions.
+
+On the tiny ResNet (BatchNorm), one step of each side from the same state: our plans' gradients and running
+statistics equal the plain step's, every plan measures at or under its prediction, and the naive per-block
+checkpoint the suite measures as "theirs" updates the running statistics twice (the finding its buffers
+column shows on the GPU page: 1.3 on ResNet-50).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks import cuda
+
+
+def test_the_gpu_suite_runs_its_checks_on_the_cpu():
+    (case,) = [c for c in cuda.cases(tiny=True) if c.name == "resnet"]
+    res = cuda.run_case(case, torch.device("cpu"), 1)
+    assert not res["errors"], res["errors"]
+    assert res["plain_peak"] == res["plain_predicted"]
+    labels = [p["label"] for p in res["plans"]]
+    assert labels[:2] == ["pick at their peak", "least budget"]
+    for p in res["plans"][:2]:  # planned for this device: at or under the prediction, gradients and buffers exact
+        assert p["measured"] <= p["predicted"], p
+        assert p["grad"] <= 1e-6 and p["stats"] == 0.0, p
+    assert res["plans"][0]["measured"] <= res["their_peak"]
+    assert res["their_stats"] > 0  # checkpoint() around each block ran each BatchNorm's update twice
+    assert res["noise"] == 0.0 and res["noise_stats"] == 0.0
+    assert set(res["times"]) == {"plain", "theirs", *labels}
+    text = "\n".join(cuda.page([res], [], "the CPU", 1.0))
+    assert "| resnet | pick at their peak |" in text and "## Time" in text
