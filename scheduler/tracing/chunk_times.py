@@ -87,7 +87,7 @@ log = logging.getLogger(__name__)
 COUNTS = (2, 4)
 #: The most timed rounds over the counts after their warm-up (each count's least time is kept).
 ROUNDS = 9
-#: The seconds the timed rounds of one call may take, at its warm-up's pace (at least 2 rounds run).
+#: The seconds the timed rounds of one call may take, at its warm-up's pace (at least :data:`MIN_ROUNDS` run).
 BUDGET_S = 6.0
 #: The seconds a trace spends timing chunk loops: the calls after that are priced by the formula (the tail first).
 TOTAL_S = 12.0
