@@ -198,22 +198,13 @@ class Side:
 def theirs_side(case: Case, model: nn.Module) -> Side:
     if case.lm:
         return Side("theirs", model.gradient_checkpointing_enable, model.gradient_checkpointing_disable)
-    from torch.utils.checkpoint import checkpoint
+    from benchmarks.time_truth import _per_block  # every block's call under non-reentrant checkpoint
 
     mods = _blocks(model)
     if not mods:
         raise RuntimeError(f"{case.name}: no block list found for per-block checkpointing")
-
-    def on() -> None:
-        for m in mods:
-            orig = type(m).forward.__get__(m)
-            m.forward = lambda *a, _f=orig, **k: checkpoint(_f, *a, use_reentrant=False, **k)
-
-    def off() -> None:
-        for m in mods:
-            m.__dict__.pop("forward", None)
-
-    return Side("theirs", on, off)
+    side = _per_block(lambda _: mods)(model)
+    return Side("theirs", side.on, side.off)
 
 
 def ours_side(name: str, model: nn.Module, plan: Any) -> Side:
