@@ -326,6 +326,30 @@ def rounds(step: Callable[[], None], sides: Sequence[Side], device: torch.device
     return out
 
 
+def dispatch_table(device: torch.device) -> list[tuple[str, str, str]]:
+    """``(case, the card's SDPA kernel, ours)`` over dtypes, grouped heads, causality and head sizes."""
+    from scheduler.tracing.attention import cuda_sdpa_backend
+
+    names = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}
+    capability = torch.cuda.get_device_capability(device)
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for gqa in (False, True):
+            for causal in (False, True):
+                for d in (64, 128, 256):
+                    q = torch.randn(2, 16, 256, d, device=device, dtype=dtype, requires_grad=True)
+                    kv = torch.randn(2, 4 if gqa else 16, 256, d, device=device, dtype=dtype, requires_grad=True)
+                    try:
+                        card = names.get(int(torch.ops.aten._fused_sdp_choice(
+                            q, kv, kv, None, 0.0, causal, scale=None, enable_gqa=gqa)), "?")
+                    except Exception as exc:  # an older torch without enable_gqa
+                        card = f"({type(exc).__name__})"
+                    ours = cuda_sdpa_backend(capability, q, kv, kv, is_causal=causal, enable_gqa=gqa)
+                    rows.append((f"{str(dtype).split('.')[-1]}, {'GQA 16/4' if gqa else '16 heads'}, "
+                                 f"{'causal' if causal else 'full'}, D {d}", card, ours))
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------- plans
 def _menus(graph: Any, lm: bool) -> dict:
     if not lm:
@@ -380,6 +404,9 @@ def run_case(case: Case, device: torch.device, n_rounds: int) -> dict:
     graph = scheduler.trace(model, args, kwargs, loss=loss)
     res["trace_s"] = time.perf_counter() - t0
     res["target"] = graph.meta.get("target", {}).get("device")
+    res["attention"] = graph.meta.get("target", {}).get("attention")
+    if device.type == "cuda":
+        res["dispatch"] = dispatch_table(device)
     res["plain_predicted"] = scheduler.simulate(graph).peak_bytes
 
     plans: list[tuple[str, Any]] = []
@@ -402,6 +429,8 @@ def run_case(case: Case, device: torch.device, n_rounds: int) -> dict:
         card = torch.cuda.get_device_name(device) if device.type == "cuda" else "H100"
         t0 = time.perf_counter()
         mgraph = _meta_graph(case, device, card)
+        res["meta_plain_predicted"] = scheduler.simulate(mgraph).peak_bytes
+        res["meta_attention"] = mgraph.meta.get("target", {}).get("attention")
         plans.append(("meta trace for the card, at their peak",
                       scheduler.solve(mgraph, res["their_peak"], "ilp", time_limit_s=TIME_LIMIT_S,
                                       **_menus(mgraph, case.lm))))
@@ -478,6 +507,24 @@ def page(results: Sequence[dict], failed: Sequence[str], device: str, wall_s: fl
         out.append(f"- {r['model']}: {r['what']}; traced on the card in {r['trace_s']:.1f} s (target "
                    f"{r['target']}), pick solved in {r['solve_s']:.1f} s"
                    + (f", meta trace and solve {r['meta_s']:.1f} s" if r.get("meta_s") else ""))
+    metas = [r for r in results if r.get("meta_plain_predicted")]
+    if metas:
+        out += ["", "## Planned with no GPU", "",
+                "The model built on `meta` and traced for the card by name, against the trace on the card (which "
+                "also measures each op's workspace there) and the plain step measured after a warm-up step.", "",
+                "| model | attention (meta) | attention (card) | store-all predicted on meta | on the card | "
+                "meta / card | plain measured / meta |", "|---|---|---|---|---|---|---|"]
+        for r in metas:
+            m, g = r["meta_plain_predicted"], r["plain_predicted"]
+            out.append(f"| {r['model']} | {r.get('meta_attention') or '-'} | {r.get('attention') or '-'} | "
+                       f"{format_bytes(m)} | {format_bytes(g)} | {m / g:.4f} | {r['plain_peak'] / m:.4f} |")
+    if any(r.get("dispatch") for r in results):
+        rows = next(r["dispatch"] for r in results if r.get("dispatch"))
+        agree = sum(a == b for _, a, b in rows)
+        out += ["", "## Attention dispatch", "",
+                f"`torch.ops.aten._fused_sdp_choice` on the card against `cuda_sdpa_backend` for its capability "
+                f"(q [2, 16, 256, D], no mask, no dropout): {agree} of {len(rows)} agree.", "",
+                "| case | card | ours |", "|---|---|---|"] + [f"| {c} | {a} | {b} |" for c, a, b in rows]
     kept = [r for r in results if r.get("library_bytes") is not None]
     if kept:
         out += ["", "Kept by libraries across steps after a warm-up step (cuBLAS and cuDNN workspaces: allocated "
