@@ -79,19 +79,6 @@ class Case:
     extra: dict = field(default_factory=dict)
 
 
-class _Loss(nn.Module):
-    """A classifier returning its cross-entropy loss (``forward(images, labels)``)."""
-
-    def __init__(self, net: nn.Module, logits: Callable[[Any], torch.Tensor] | None = None) -> None:
-        super().__init__()
-        self.net = net
-        self._logits = logits
-
-    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        out = self.net(images)
-        return nn.functional.cross_entropy(out if self._logits is None else self._logits(out), labels)
-
-
 def _lm_loss(out: Any) -> torch.Tensor:
     return out.loss
 
@@ -123,7 +110,12 @@ def _vision_case(name: str, build_net: Callable[[], nn.Module], logits: Callable
         labels = torch.randint(0, classes, (batch,), generator=g).to(device)
         return (images, labels), {}
 
-    return Case(name, (lambda: _Loss(build_net(), logits)) if wrap else build_net, inputs, _same, False, what)
+    from benchmarks.time_truth import _Loss  # a classifier returning its cross-entropy loss
+
+    def build() -> nn.Module:
+        return _Loss(build_net(), logits) if logits is not None else _Loss(build_net())
+
+    return Case(name, build if wrap else build_net, inputs, _same, False, what)
 
 
 def cases(tiny: bool = False) -> list[Case]:
