@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import solvers
 from graphs import Graph
@@ -220,7 +220,10 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
     ``scheduler.sizing.compiled``). So each candidate is applied onto a copy of
     ``model``, compiled, run and measured, and the eager budget searched until
     a plan measures at or under ``budget``: a few compiles (``compiles`` at
-    most, beside the unplanned step's), ``solves`` solves at most.
+    most, beside the unplanned step's), ``solves`` solves at most. Where the
+    least-peak plan measures over, a few more plans are compiled once each:
+    the least-peak plan at each count of a ``chunks=`` menu alone, and a
+    coarse plan (every child module a region).
 
     Args:
         model, args, kwargs, loss, loop: the model and one training step, as
@@ -267,10 +270,24 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
         sim = solvers.simulate(graph, plan, record=False)
         return (sim.recompute_time_s or 0.0) + sum((sim.overhead_s or {}).values())
 
+    # NOTE [ Compile-aware budget ]: where the floor measures over, so does the floor at each head chunk count
+    menu = tuple(dict.fromkeys(options.get("chunks") or ()))
+    floors = [("floor plan", _least_plan(graph, solver, {**options, "chunks": (k,)})) for k in menu] \
+        if len(menu) > 1 else []
     search = Search(lambda b: solve(graph, b, solver, **options), measure,
                     lambda plan: solvers.simulate(graph, plan, record=False).peak_bytes, key=plan_key, cost=cost,
-                    plain=(predicted, plain), others=[("coarse plan", lambda: _coarse_plan(graph))])
+                    plain=(predicted, plain), others=floors + [("coarse plan", lambda: _coarse_plan(graph))])
     return search.fit(target, compiles=compiles, solves=solves)
+
+
+def _least_plan(graph: Graph, solver: str, options: dict[str, Any]) -> Callable[[], Plan]:
+    """The least-peak plan of ``solver`` with ``options``, made when called."""
+    def plan() -> Plan:
+        try:
+            return solve(graph, 1, solver, **options)
+        except InfeasibleBudget as exc:
+            return solve(graph, exc.min_feasible_bytes, solver, **options)
+    return plan
 
 
 def _coarse_plan(graph: Graph) -> Plan:

@@ -33,7 +33,10 @@ NOTE [ Compile-aware budget ]
     plan over the target; then each other solver's least-peak plan is measured
     once (ilp's and dp's least-peak plans differ, and inductor does not
     rank them as our prediction does: on GPT-2 dp's measured 13.45 MiB where
-    ilp's, predicted 0.8 MiB lower, measured 14.41), and so is a coarse plan
+    ilp's, predicted 0.8 MiB lower, measured 14.41), so is the floor at each
+    head chunk count of a ``chunks=`` menu alone (GPT-2's floor with its head
+    in 4 chunks, 13.08 MiB predicted, measured 14.16, over compile's least
+    14.13; with 2 chunks, 13.45), and so is a coarse plan
     that no solver of ours chooses, every child of the model a region
     (ResNet-18: predicted 95.26 MiB, over the floor's 93.76, measured 116.17
     against the floor plan's 120.44: inductor's channels-last copies are
