@@ -25,7 +25,11 @@ suite checks it there. Per model, fp32, one GPU:
   wall clock, medians);
 * the pick once more under ``torch.autocast("cuda", torch.bfloat16)`` on a
   trace in fp32: its peak against the fp32 prediction (a bound, not a
-  prediction).
+  prediction);
+* ``benchmarks.generated``'s random modules x random plans (``--generated
+  N`` modules) built, traced and stepped on the card: the allocator's peak
+  and the bytes requested against the prediction, loss, gradients and
+  buffers against the unplanned twin.
 
 Writes ``benchmarks/results/cuda.md`` and ``cuda.json``. Run on a machine with
 a CUDA GPU: ``python -m benchmarks.cuda`` (``--deadline S`` stops starting
@@ -63,6 +67,12 @@ log = logging.getLogger(__name__)
 TIME_LIMIT_S = 10.0
 ROUNDS, TIMED = 7, 2
 CHUNKS = (1, 2, 4)
+#: Random modules of ``benchmarks.generated`` stepped on the card (``--generated``), and with ``--quick``.
+GENERATED, GENERATED_QUICK = 40, 2
+#: No random module is started after this many seconds of them.
+GENERATED_S = 150.0
+#: Their gradients' difference from the unplanned twin's still counted as equal, relative to the largest gradient.
+GENERATED_RTOL = 1e-5
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -573,17 +583,17 @@ def page(results: Sequence[dict], failed: Sequence[str], device: str, wall_s: fl
     return out
 
 
-def _run_isolated(case: Case, device: str, quick: bool, timeout_s: float, n_rounds: int) -> dict:
-    """``run_case`` in a child process (``-X faulthandler``): a crash there (a segfault in a tracer) costs one model,
-    and its Python stack is on the page."""
+def _run_isolated(name: str, device: str, quick: bool, timeout_s: float, n_rounds: int, generated: int = 0) -> dict:
+    """``run_case`` of the model ``name`` (or ``run_generated``: "generated") in a child process (``-X
+    faulthandler``): a crash there (a segfault in a tracer) costs one model, and its Python stack is on the page."""
     import subprocess
     import sys
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         part = f"{tmp}/part.json"
-        cmd = [sys.executable, "-X", "faulthandler", "-m", "benchmarks.cuda", "--device", device, "--only", case.name,
-               "--part", part, "--rounds", str(n_rounds)] + (["--quick"] if quick else [])
+        cmd = [sys.executable, "-X", "faulthandler", "-m", "benchmarks.cuda", "--device", device, "--only", name,
+               "--part", part, "--rounds", str(n_rounds), "--generated", str(generated)] + (["--quick"] if quick else [])
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -598,9 +608,34 @@ def _run_isolated(case: Case, device: str, quick: bool, timeout_s: float, n_roun
             raise RuntimeError(f"exit status {proc.returncode}: " + " / ".join(stack[:12])) from None
 
 
+def run_generated(device: torch.device, seeds: int) -> dict:
+    """``benchmarks.generated``'s random modules x random plans, built, traced and stepped on ``device``."""
+    from benchmarks.generated import failures, run, table
+
+    t0 = time.perf_counter()
+    rows, untraced = run(range(seeds), device, rtol=GENERATED_RTOL, stop_after_s=GENERATED_S)
+    done = len({r.module for r in rows}) + len(untraced)
+    return dict(seeds=done, pairs=len(rows), seconds=time.perf_counter() - t0, table=table(rows),
+                failures=failures(rows), untraced=untraced)
+
+
+def _generated_section(gen: dict) -> list[str]:
+    return ["", "## Random modules on the card", "",
+            f"`benchmarks.generated` on the card: {gen['seeds']} random modules (seeds 0..{gen['seeds'] - 1} of "
+            f"`benchmarks/random_modules.py`), {gen['pairs']} (module, plan) pairs in {gen['seconds']:.0f} s, each "
+            "module built, traced (workspaces measured on the card) and stepped there, each plan applied onto a fresh "
+            "copy and stepped once against its unplanned twin. Allocator: `torch.cuda.max_memory_allocated` over "
+            "the step (each block rounded up to 512 B, and these modules' tensors are a few KiB); requested: the "
+            "bytes asked for (`requested_bytes`), what the prediction models. Matched: loss, gradients and buffers "
+            f"within {GENERATED_RTOL:g} of the largest gradient (the card's non-deterministic kernels; a chunked "
+            f"plan's sums over rows are reassociated). Listed below: pairs whose requested bytes were over the "
+            "prediction, that did not match, or failed.", "", *gen["table"], "", *gen["failures"]] + (
+        ["", "Not traced: " + "; ".join(gen["untraced"])] if gen["untraced"] else [])
+
+
 def main(quick: bool = False, device: str = "cuda", deadline_s: float | None = None,
          only: Sequence[str] | None = None, part: str | None = None, isolate: bool = False,
-         n_rounds: int = ROUNDS) -> None:
+         n_rounds: int = ROUNDS, generated: int = GENERATED) -> None:
     t0 = time.perf_counter()
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -609,8 +644,11 @@ def main(quick: bool = False, device: str = "cuda", deadline_s: float | None = N
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "the CPU (dry run)"
     tiny = quick or dev.type != "cuda"
     if part is not None:  # one model, in a child process of an isolated run
-        (case,) = [c for c in cases(tiny) if c.name in (only or ())]
-        res = run_case(case, dev, 2 if quick else n_rounds)
+        if list(only or ()) == ["generated"]:
+            res = run_generated(dev, generated)
+        else:
+            (case,) = [c for c in cases(tiny) if c.name in (only or ())]
+            res = run_case(case, dev, 2 if quick else n_rounds)
         with open(part, "w", encoding="utf-8") as fh:
             json.dump(res, fh, default=str)
         return
@@ -625,7 +663,7 @@ def main(quick: bool = False, device: str = "cuda", deadline_s: float | None = N
             continue
         try:
             if isolate:
-                res = _run_isolated(case, device, quick, max(60.0, (deadline_s or 3600.0) + 120.0 - spent), n_rounds)
+                res = _run_isolated(case.name, device, quick, max(60.0, (deadline_s or 3600.0) + 120.0 - spent), n_rounds)
             else:
                 res = run_case(case, dev, 2 if quick else n_rounds)
         except Exception as exc:  # a model that fails is on the page with its error, the others still run
@@ -641,9 +679,22 @@ def main(quick: bool = False, device: str = "cuda", deadline_s: float | None = N
               f", theirs {format_bytes(res['their_peak'])}; "
               + "; ".join(f"{p['label']}: {format_bytes(p.get('measured', 0))} / {format_bytes(p['predicted'])}"
                           for p in res["plans"]), flush=True)
-    data_path.write_text(json.dumps(dict(device=name, results=results, failed=failed), indent=1, default=str))
-    path = write_page("cuda.md", f"Plans on a CUDA GPU ({name})", page(results, failed, name, time.perf_counter() - t0),
-                      quick=tiny)
+    gen = None
+    if generated and (not only or "generated" in only):
+        spent = time.perf_counter() - t0
+        if deadline_s is not None and spent > deadline_s:
+            failed.append(f"generated: not started, past the {deadline_s:.0f} s deadline")
+        else:
+            try:
+                gen = (_run_isolated("generated", device, quick, max(60.0, (deadline_s or 3600.0) + 120.0 - spent),
+                                     n_rounds, generated) if isolate else run_generated(dev, generated))
+            except Exception as exc:
+                log.warning("generated failed", exc_info=True)
+                failed.append(f"generated failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    data_path.write_text(json.dumps(dict(device=name, results=results, failed=failed, generated=gen), indent=1,
+                                    default=str))
+    lines = page(results, failed, name, time.perf_counter() - t0) + (_generated_section(gen) if gen else [])
+    path = write_page("cuda.md", f"Plans on a CUDA GPU ({name})", lines, quick=tiny)
     print(f"wrote {path}")
 
 
@@ -655,7 +706,11 @@ if __name__ == "__main__":
     cli.add_argument("--only", nargs="*", default=None, help="models (default: all)")
     cli.add_argument("--isolate", action="store_true", help="each model in a child process (a crash costs one model)")
     cli.add_argument("--rounds", type=int, default=ROUNDS, help=f"timing rounds (default {ROUNDS})")
+    cli.add_argument("--generated", type=int, default=None,
+                     help=f"random modules of benchmarks.generated to step on the card (default {GENERATED}, "
+                          f"{GENERATED_QUICK} with --quick; 0: none)")
     cli.add_argument("--part", default=None, help=argparse.SUPPRESS)  # a child of --isolate: write one model's JSON
     ns = cli.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    main(ns.quick, ns.device, ns.deadline, ns.only, ns.part, ns.isolate, ns.rounds)
+    main(ns.quick, ns.device, ns.deadline, ns.only, ns.part, ns.isolate, ns.rounds,
+         ns.generated if ns.generated is not None else (GENERATED_QUICK if ns.quick or ns.device == "cpu" else GENERATED))

@@ -21,6 +21,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+import torch
+
 from benchmarks.pages import write_page
 from benchmarks.random_modules import random_case
 from benchmarks.random_plans import CHUNK_RTOL, KINDS, Outcome, draw_plan, inner_input_saved_inside, plan_kind, run_pair
@@ -52,14 +54,21 @@ def _describe(plan) -> str:
     return "; ".join(parts)
 
 
-def run(seeds: range) -> tuple[list[Row], list[str]]:
-    """Every (module, plan) pair of ``seeds``; and the modules that could not be traced."""
+def run(seeds: range, device: torch.device | None = None, rtol: float = 0.0, stop_after_s: float | None = None
+        ) -> tuple[list[Row], list[str]]:
+    """Every (module, plan) pair of ``seeds``; and the modules that could not be traced. ``device``: where
+    the modules are built, traced and stepped (default the CPU); ``rtol``: as :func:`run_pair` takes it;
+    ``stop_after_s``: start no module after that many seconds."""
     import scheduler
 
     rows: list[Row] = []
     untraced = []
+    t0 = time.perf_counter()
     for seed in seeds:
-        spec, model, args, loss = random_case(seed)
+        if stop_after_s is not None and time.perf_counter() - t0 > stop_after_s:
+            log.info("stopped before seed %d: past %.0f s", seed, stop_after_s)
+            break
+        spec, model, args, loss = random_case(seed, device=device)
         try:
             graph = scheduler.trace(model, args, {}, loss=loss)
         except Exception as exc:  # noqa: BLE001 - reported on the page
@@ -77,7 +86,7 @@ def run(seeds: range) -> tuple[list[Row], list[str]]:
                         if plan.chunks and any((spec.batch * spec.tokens) % k for _, _, k in plan.chunks):
                             label += "-uneven"
                         rows.append(Row(spec.name, label, loop, _describe(plan),
-                                        run_pair(model, args, loss, graph, plan),
+                                        run_pair(model, args, loss, graph, plan, rtol=rtol),
                                         bool(plan.inner) and inner_input_saved_inside(graph, plan)))
         log.info("%s: %d pairs so far", spec.name, len(rows))
     return rows, untraced
@@ -91,8 +100,11 @@ def table(rows: list[Row]) -> list[str]:
     by = defaultdict(list)
     for r in rows:
         by[r.kind].append(r)
-    out = ["| plan kind | pairs | ran | at or under prediction | largest over | largest under | matched the "
-           "unplanned step |", "|---|---:|---:|---:|---:|---:|---:|"]
+    requested = any(r.outcome.requested is not None for r in rows)  # on CUDA: the bytes asked for, beside
+    out = ["| plan kind | pairs | ran | at or under prediction | largest over | largest under | "
+           + ("requested at or under prediction | largest requested over | " if requested else "")
+           + "matched the unplanned step |", "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if requested else "")
+           + "---:|"]
     order = sorted(by, key=lambda k: (KINDS.index(k.split("-")[0]) if k.split("-")[0] in KINDS else 99, k))
     for kind in order + ["all"]:
         group = rows if kind == "all" else by[kind]
@@ -107,20 +119,28 @@ def table(rows: list[Row]) -> list[str]:
             return f"{r.outcome.over:+,} B ({_pct(r.outcome.over, r.outcome.predicted)})"
 
         equal = sum(r.outcome.equal for r in ran)
+        asked = ""
+        if requested:
+            req = [r.outcome.requested - r.outcome.predicted for r in ran if r.outcome.requested is not None]
+            top = max(req, default=0)
+            asked = (f" {sum(d <= 0 for d in req)} | "
+                     + (f"{top:+,} B |" if top > 0 else "0 B |"))
         out.append(f"| {kind} | {len(group)} | {len(ran)} | {len(under)} | {cell(over) if over and over.outcome.over > 0 else '0 B'} "
-                   f"| {cell(low) if low and low.outcome.over < 0 else '0 B'} | {equal} |")
+                   f"| {cell(low) if low and low.outcome.over < 0 else '0 B'} |{asked} {equal} |")
     return out
 
 
 def failures(rows: list[Row]) -> list[str]:
-    bad = [r for r in rows if r.outcome.error or r.outcome.over > 0 or not r.outcome.equal]
+    bad = [r for r in rows if r.outcome.error or not r.outcome.equal or (
+        r.outcome.over > 0 if r.outcome.requested is None else r.outcome.requested > r.outcome.predicted)]
     if not bad:
         return ["Every pair ran, measured at or under its prediction and matched the unplanned step."]
     out = ["| module | kind | loop | plan | predicted | allocator | over | matched (worst rel. diff) | NESTED rule | "
            "error |", "|---|---|---|---|---:|---:|---:|---|---|---|"]
     for r in bad:
         o = r.outcome
-        out.append(f"| `{r.module}` | {r.kind} | {r.loop} | {r.plan} | {o.predicted:,} | {o.allocator:,} | "
+        asked = f" (requested {o.requested:,})" if o.requested is not None else ""
+        out.append(f"| `{r.module}` | {r.kind} | {r.loop} | {r.plan} | {o.predicted:,} | {o.allocator:,}{asked} | "
                    f"{o.over:+,} | {o.equal} ({o.worst:.2g}) | {'yes' if r.nested_rule else '-'} | "
                    f"{o.error.replace('|', '/')[:160]} |")
     return out

@@ -114,7 +114,8 @@ SUITES: tuple[Suite, ...] = (
                                                "benchmarks/steady.py")),
     Suite("overhead", ("overhead.md",), ("scheduler/applying/", "scheduler/api.py")),
     Suite("startup", ("startup.md",), ("graphs/", "solvers/", "scheduler/")),
-    Suite("cuda", ("cuda.md",), _STEP, bench=False,
+    Suite("cuda", ("cuda.md",), _STEP + ("benchmarks/generated.py", "benchmarks/random_modules.py",
+                                          "benchmarks/random_plans.py"), bench=False,
           how="python -m benchmarks.cuda, on a machine with a CUDA GPU and torchvision (make bench runs on this "
               "project's CPU machine and does not run it)"),
     Suite("accounting", ("accounting.md",), _STEP, bench=False,

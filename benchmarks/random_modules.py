@@ -260,8 +260,13 @@ def loss_fn(labels: torch.Tensor) -> Any:
     return loss
 
 
-def random_case(seed: int, **options: Any) -> tuple[Spec, RandomModel, tuple[torch.Tensor], Any]:
-    """``(spec, model, args, loss)`` of ``seed``: what ``scheduler.trace`` takes."""
+def random_case(seed: int, device: torch.device | str | None = None, **options: Any
+                ) -> tuple[Spec, RandomModel, tuple[torch.Tensor], Any]:
+    """``(spec, model, args, loss)`` of ``seed``: what ``scheduler.trace`` takes; on ``device`` when given (the
+    weights and inputs are drawn on the CPU, so they are the same on every device)."""
     spec = draw_spec(seed, **options)
     x, labels = inputs(spec)
-    return spec, build(spec), (x,), loss_fn(labels)
+    model = build(spec)
+    if device is not None:
+        model, x, labels = model.to(device), x.to(device), labels.to(device)
+    return spec, model, (x,), loss_fn(labels)

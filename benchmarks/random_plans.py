@@ -174,6 +174,9 @@ class Outcome:
             :data:`CHUNK_RTOL` for a chunked plan).
         worst: largest relative difference of the loss and gradients (0.0 when bitwise).
         error: the exception a step raised (its type and first line), or "".
+        requested: on CUDA, the peak of the bytes the step's tensors and kernels asked the allocator for
+            (``requested_bytes``: before it rounds each block up to 512 B), with what was allocated before; else
+            None.
     """
 
     predicted: int
@@ -182,6 +185,7 @@ class Outcome:
     equal: bool = False
     worst: float = 0.0
     error: str = ""
+    requested: int | None = None
 
     @property
     def over(self) -> int:
@@ -206,8 +210,27 @@ def _compare(a: torch.Tensor, b: torch.Tensor, scale: float | None = None) -> fl
     return float((a.double() - b.double()).abs().max()) / max(top, 1e-30)
 
 
-def run_pair(model: torch.nn.Module, args: tuple, loss: Any, graph: Graph, plan: Plan, *, seed: int = 0) -> Outcome:
-    """Apply ``plan`` onto a copy of ``model``, step it and its unplanned twin, measure (see the module's doc)."""
+def _requested_peak(module: torch.nn.Module, args: tuple, loss: Any, loop: str) -> int:
+    """On CUDA: the peak of ``requested_bytes`` over one step, plus the step's tensors allocated before it."""
+    from scheduler.measuring.storages import live_bytes_of
+    from scheduler.measuring.training import clear_grads, step_tensors, training_step
+
+    clear_grads(module)
+    live = step_tensors(module, args, {})
+    device = next(t.device for t in live if t.device.type == "cuda")
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_stats(device).get("requested_bytes.all.current", 0)
+    torch.cuda.reset_peak_memory_stats(device)
+    training_step(module, args, {}, loss, loop=loop)
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_stats(device)["requested_bytes.all.peak"] - base + live_bytes_of(live)
+
+
+def run_pair(model: torch.nn.Module, args: tuple, loss: Any, graph: Graph, plan: Plan, *, seed: int = 0,
+             rtol: float = 0.0) -> Outcome:
+    """Apply ``plan`` onto a copy of ``model``, step it and its unplanned twin, measure (see the module's doc).
+    ``rtol``: the relative difference still counted as equal (a GPU's non-deterministic kernels); a chunked plan
+    allows :data:`CHUNK_RTOL` at least."""
     import scheduler
     from scheduler.measuring.steps import allocator_step_peak, measure_step_peak
     from scheduler.measuring.training import training_step
@@ -229,6 +252,8 @@ def run_pair(model: torch.nn.Module, args: tuple, loss: Any, graph: Graph, plan:
                 results.append((value, *_state(m)))
             allocator = allocator_step_peak(planned, planned, args, {}, loss, loop=loop)
             storages = measure_step_peak(planned, planned, args, {}, loss, loop=loop)
+            cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+            requested = _requested_peak(planned, args, loss, loop) if cuda else None
     except Exception as exc:  # noqa: BLE001 - a failing step is an outcome to report
         first = str(exc).splitlines()[0] if str(exc) else ""
         return Outcome(predicted=predicted, error=f"{type(exc).__name__}: {first}")
@@ -239,9 +264,11 @@ def run_pair(model: torch.nn.Module, args: tuple, loss: Any, graph: Graph, plan:
     else:
         scale = max((float(g.abs().max()) for g in g0.values() if g.numel()), default=0.0)
         worst = max([worst] + [_compare(g1[n], g0[n], scale) for n in g0])
-    buffers = all(_compare(b1[n], b0[n]) <= (CHUNK_RTOL if plan.chunks else 0.0) for n in b0)
-    equal = buffers and worst <= (CHUNK_RTOL if plan.chunks else 0.0)
-    return Outcome(predicted=predicted, allocator=allocator, storages=storages, equal=equal, worst=worst)
+    tol = max(rtol, CHUNK_RTOL if plan.chunks else 0.0)
+    buffers = all(_compare(b1[n], b0[n]) <= tol for n in b0)
+    equal = buffers and worst <= tol
+    return Outcome(predicted=predicted, allocator=allocator, storages=storages, equal=equal, worst=worst,
+                   requested=requested)
 
 
 def replace_loop(plan: Plan, loop: str) -> Plan:

@@ -33,3 +33,26 @@ def test_the_gpu_suite_runs_its_checks_on_the_cpu():
     text = "\n".join(cuda.page([res], [], "the CPU", 1.0))
     assert "| resnet | pick at their peak |" in text and "## Time" in text and "## Planned with no GPU" in text
     assert "1 of 2 agree" in text
+
+
+def test_the_random_modules_part_runs_on_the_cpu_and_its_table_counts_requested_bytes():
+    """``run_generated`` steps one random module's plans (on the CPU here: no requested bytes); on a GPU each pair
+    also has the bytes requested, which the table counts against the prediction beside the allocator's peak."""
+    from benchmarks.generated import Row, failures, table
+    from benchmarks.random_plans import Outcome
+
+    gen = cuda.run_generated(torch.device("cpu"), 1)
+    assert gen["seeds"] == 1 and gen["pairs"] > 0 and not gen["untraced"]
+    assert "requested" not in gen["table"][0]
+    assert gen["failures"] == ["Every pair ran, measured at or under its prediction and matched the unplanned step."]
+    text = "\n".join(cuda._generated_section(gen))
+    assert "## Random modules on the card" in text and f"{gen['pairs']} (module, plan) pairs" in text
+
+    # as on a GPU: the allocator rounds up (over), the requested bytes stay under, except in one pair
+    rows = [Row("m", "regions", "held", "regions a", Outcome(predicted=1000, allocator=1536, equal=True, requested=990)),
+            Row("m", "regions", "held", "regions b", Outcome(predicted=1000, allocator=1536, equal=True, requested=1010))]
+    lines = table(rows)
+    assert "requested at or under prediction" in lines[0]
+    assert lines[-1].startswith("| all | 2 | 2 | 0 | +536 B") and "| 1 | +10 B | 2 |" in lines[-1], lines[-1]
+    listed = failures(rows)
+    assert len(listed) == 3 and "regions b" in listed[2] and "(requested 1,010)" in listed[2]
