@@ -68,7 +68,7 @@ TIME_LIMIT_S = 10.0
 ROUNDS, TIMED = 7, 2
 CHUNKS = (1, 2, 4)
 #: Random modules of ``benchmarks.generated`` stepped on the card (``--generated``), and with ``--quick``.
-GENERATED, GENERATED_QUICK = 40, 2
+GENERATED, GENERATED_QUICK = 100, 2
 #: No random module is started after this many seconds of them.
 GENERATED_S = 150.0
 #: Their gradients' difference from the unplanned twin's still counted as equal, relative to the largest gradient.

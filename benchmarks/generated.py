@@ -134,7 +134,8 @@ def failures(rows: list[Row]) -> list[str]:
     bad = [r for r in rows if r.outcome.error or not r.outcome.equal or (
         r.outcome.over > 0 if r.outcome.requested is None else r.outcome.requested > r.outcome.predicted)]
     if not bad:
-        return ["Every pair ran, measured at or under its prediction and matched the unplanned step."]
+        what = "requested" if any(r.outcome.requested is not None for r in rows) else "measured"
+        return [f"Every pair ran, {what} at or under its prediction and matched the unplanned step."]
     out = ["| module | kind | loop | plan | predicted | allocator | over | matched (worst rel. diff) | NESTED rule | "
            "error |", "|---|---|---|---|---:|---:|---:|---|---|---|"]
     for r in bad:

@@ -56,3 +56,5 @@ def test_the_random_modules_part_runs_on_the_cpu_and_its_table_counts_requested_
     assert lines[-1].startswith("| all | 2 | 2 | 0 | +536 B") and "| 1 | +10 B | 2 |" in lines[-1], lines[-1]
     listed = failures(rows)
     assert len(listed) == 3 and "regions b" in listed[2] and "(requested 1,010)" in listed[2]
+    assert failures(rows[:1]) == ["Every pair ran, requested at or under its prediction and matched the unplanned "
+                                  "step."]
