@@ -42,7 +42,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..tracing.records import storage_key  # the one storage id of the tracer and the meter
+from ..tracing.records import storage_bytes, storage_key  # the one storage id and size of the tracer and the meter
 from .training import clear_grads, step_tensors, training_step
 
 __all__ = ["MemoryMeasurement", "measure_peak", "measure_step", "storage_key", "live_storages", "live_bytes_of"]
@@ -83,7 +83,7 @@ def live_storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
         if isinstance(t, torch.Tensor):
             k = storage_key(t)
             if k is not None and k not in out:
-                out[k] = t.untyped_storage().nbytes()
+                out[k] = storage_bytes(t)  # on CUDA whole allocator blocks (NOTE [ CUDA blocks ])
     return out
 
 
@@ -115,7 +115,7 @@ class _StorageTracker(TorchDispatchMode):
             if k is None or k in self.known:
                 continue
             st = t.untyped_storage()
-            nbytes = st.nbytes()
+            nbytes = storage_bytes(t)
             self.known.add(k)
             self.live += nbytes
             weakref.finalize(st, self._freed, k, nbytes)

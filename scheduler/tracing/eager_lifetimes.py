@@ -44,6 +44,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..measuring.storages import storage_key
+from .records import storage_bytes
 
 __all__ = ["measure_call_extras"]
 
@@ -88,7 +89,7 @@ class _Recorder(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 key = self._key(t)
                 if key is not None and key not in self.live:
-                    rec = _Storage(t.untyped_storage().nbytes(), self.op, self.op)
+                    rec = _Storage(storage_bytes(t), self.op, self.op)
                     self.live[key] = rec
                     self.records.append(rec)
                     weakref.finalize(t.untyped_storage(), self._freed, key, rec)

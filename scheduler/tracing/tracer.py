@@ -72,6 +72,7 @@ from .forward_holds import add_forward_holds, eager_holds
 from .loss_storage import split_loss_storage
 from .capture import LossWrapper, TraceError, TraceMismatch, capture_graph_module, check_against_eager
 from .costs import OpRecord, measure_ops
+from .records import cuda_blocks
 from .chunk_times import time_chunk_loops, times_chunk_loops, with_chunk_times
 from .opclasses import timed_classes
 from .outputs import capture_exposed, returned_nodes
@@ -287,8 +288,10 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
     # NOTE [ Measured op classes ]: a CPU roofline times its mispriced classes where the probe runs
     timed = timed_classes() if costs == "roofline" and plan_for.kind == "cpu" and ws_device is not None \
         and ws_device.type in ("cpu", "meta") else ()
-    records, totals = measure_ops(gm, flat, strip_module=strip, workspaces=ws_device, device=moved, kernels=kernels,
-                                  outputs=outputs or (), time_classes=timed, target_kind=plan_for.kind)
+    with cuda_blocks(plan_for.kind == "cuda"):  # NOTE [ CUDA blocks ]
+        records, totals = measure_ops(gm, flat, strip_module=strip, workspaces=ws_device, device=moved,
+                                      kernels=kernels, outputs=outputs or (), time_classes=timed,
+                                      target_kind=plan_for.kind)
     totals["rng_state_bytes"] = rng_state_bytes(plan_for)  # type: ignore[assignment]
     if not records:
         raise TraceError(f"{type(model).__name__} traced to a graph without operations; nothing to plan")
@@ -316,8 +319,9 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             holds.extend(found)
             return placed
 
-        extras = measure_call_extras(model, args, kwargs, loss, [sp.module for sp in every], held, returns,
-                                     lifetimes)
+        with cuda_blocks(plan_for.kind == "cuda"):
+            extras = measure_call_extras(model, args, kwargs, loss, [sp.module for sp in every], held, returns,
+                                         lifetimes)
         if returns:
             meta[CALL_RETURNS_META] = dict(sorted(returns.items()))
         graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, extras, loop, held,

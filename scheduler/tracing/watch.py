@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .loss_storage import resized_bytes
-from .records import storage_bytes, storage_key
+from .records import block_bytes, storage_bytes, storage_key
 from .roofline import TANH_GELU
 
 __all__ = ["OpWatch", "kernel_of", "draws_random", "sac_ignored"]
@@ -186,11 +186,11 @@ class OpWatch(TorchDispatchMode):
                 k = storage_key(t)
                 if k is not None and k not in self.tracking and k not in self.param_keys:
                     st = t.untyped_storage()
-                    nbytes = int(st.nbytes())
-                    extra = max(0, resized_bytes(func, args, kwargs, t) - nbytes)
+                    raw = int(st.nbytes())
+                    nbytes = block_bytes(raw + max(0, resized_bytes(func, args, kwargs, t) - raw), st.device)
+                    extra = nbytes - block_bytes(raw, st.device)
                     if extra:
                         self.extra_storage[k] = extra
-                        nbytes += extra
                     self.tracking.add(k)
                     self.live += nbytes
                     weakref.finalize(st, self._freed, k, nbytes)
