@@ -14,6 +14,7 @@ NOTE [ Knapsack cuts from store-all ]
 from __future__ import annotations
 
 import math
+from typing import Iterator
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from graphs import Graph
 from ..model.simulate import simulate
 from ..model.terms import terms_of
 
-__all__ = ["memory_cuts", "region_literals"]
+__all__ = ["memory_cuts", "iter_memory_cuts", "region_literals"]
 
 #: Most rows added to a model (spread evenly over the order).
 MAX_ROWS = 64
@@ -34,6 +35,14 @@ def memory_cuts(graph: Graph, budget_bytes: int) -> tuple[list[tuple[list[int], 
     Returns:
         ``(rows, bound)``: each row as ``(idx, free, need)``; ``bound`` is 0 when no row binds.
     """
+    rows = list(iter_memory_cuts(graph, budget_bytes))
+    return [(idx, free, need) for idx, free, need, _ in rows], max((lb for *_, lb in rows), default=0)
+
+
+def iter_memory_cuts(graph: Graph, budget_bytes: int) -> Iterator[tuple[list[int], list[int], int, int]]:
+    """:func:`memory_cuts` one row at a time, as ``(idx, free, need, bound)`` with the row's own knapsack bound
+    (0 when it does not bind): a caller under a deadline stops between rows (each row is valid on its own;
+    NOTE [ What follows a search ] in ``solvers.cpsat.model``). The simulation they start from runs first."""
     g = graph
     n = len(g)
     saves = terms_of(g).saves  # () for a node without grad
@@ -52,10 +61,8 @@ def memory_cuts(graph: Graph, budget_bytes: int) -> tuple[list[tuple[list[int], 
         rows = [rows[int(r)] for r in np.unique(np.linspace(0, len(rows) - 1, MAX_ROWS).round())]
     flops = [c if nd.recomputable else 0 for c, nd in zip(g.recompute_costs(), g.nodes)]
     ok = [nd.recomputable and free[c] > 0 for c, nd in enumerate(g.nodes)]
-    out, bound = [], 0
     for L in rows:
         idx = [c for c in range(L) if ok[c]]
-        out.append((idx, [free[c] for c in idx], need[L]))
         # Fractional knapsack: cheapest FLOPs per freed byte first.
         left, lb = need[L], 0.0
         for c in sorted(idx, key=lambda c: flops[c] / free[c]):
@@ -64,9 +71,7 @@ def memory_cuts(graph: Graph, budget_bytes: int) -> tuple[list[tuple[list[int], 
             left -= take * free[c]
             if left <= 0:
                 break
-        if left <= 0:
-            bound = max(bound, int(math.ceil(lb - 1e-9)))
-    return out, bound
+        yield idx, [free[c] for c in idx], need[L], int(math.ceil(lb - 1e-9)) if left <= 0 else 0
 
 
 def region_literals(x: list, y: list, regions) -> list:  # noqa: ANN001

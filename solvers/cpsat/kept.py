@@ -313,7 +313,7 @@ def solve_selective(graph: Graph, budget_bytes: int, deadline: Deadline, *, work
         model.hint_plan(inc.regions, inc.saved)
     bound = None
     while findings["cuts"] < MAX_CUTS:
-        left = deadline.left() - deadline.read_out_s(len(graph))
+        left = model.search_left()  # NOTE [ What follows a search ] in solvers.cpsat.model
         if left <= 0:
             break
         result = model.solve(time_limit_s=left, workers=workers, gap_limit=gap_limit, work_limit=work_limit,

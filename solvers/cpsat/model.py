@@ -10,10 +10,10 @@ from ortools.sat.python import cp_model
 
 from graphs import Graph
 
-from .run import Progress, new_solver, run_cp_sat
+from .run import STOP_GRACE_S, Progress, new_solver, run_cp_sat
 from ..deadline import Deadline, OutOfTime
 from ..dp.profiles import node_arrays
-from .cuts import memory_cuts, region_literals
+from .cuts import iter_memory_cuts, region_literals
 from .rng import rng_counts
 from .same import SameLiterals
 from ..model.spans import SpanIndex
@@ -44,7 +44,8 @@ class ModelResult:
 
 
 #: Seconds of garbage collection a model's objects take, per second spent building it (3.7 s after 35 s here);
-#: the build stops while that much is left.
+#: the build stops while that much is left, and a search leaves that much of the deadline
+#: (NOTE [ What follows a search ]).
 CLEANUP_SHARE = 0.15
 
 class CheckpointModel:
@@ -55,13 +56,34 @@ class CheckpointModel:
         budget_bytes: whole-step budget; ``None`` minimises the peak instead
             of the recompute FLOPs.
         deadline: building stops (:class:`~solvers.deadline.OutOfTime`) once it
-            passes (NOTE [ One deadline ]: a 700-node DAG takes seconds to build).
+            passes (NOTE [ One deadline ]: a 700-node DAG takes seconds to build),
+            less what follows the model (NOTE [ What follows a search ]).
+
+    NOTE [ What follows a search ]
+        Every phase that works on the model (building it, completing the
+        hint, the knapsack cuts, the search) keeps back of the deadline what
+        must still run after it: the read-out (``Deadline.read_out_s``), the
+        garbage collection of the model (:data:`CLEANUP_SHARE` of the
+        seconds spent building it: a 20,000-node chain's model, built in
+        8.5 s, left a 0.7 s collection), and, for a search, the
+        :data:`~solvers.cpsat.run.STOP_GRACE_S` a search told to stop may
+        take before it is left running (NOTE [ CP-SAT past its time limit ]).
+        :meth:`search_left` is what a search may take now; a search is told
+        to stop once it is 0. A search that ignored its own
+        ``max_time_in_seconds`` was once stopped only at the deadline itself
+        and left running half a second later, after which came the read-out
+        and the model's collection: ``ilp`` on a 20,000-node chain at a load
+        of 8 returned 1.6 s past its 60 s limit, the command 3.0 s past it.
+        The knapsack cuts (NOTE [ Knapsack cuts from store-all ]) are made
+        and added row by row, each started only while a row's time is left
+        (64 rows took 7 s on that chain, unchecked).
     """
 
     def __init__(self, graph: Graph, *, budget_bytes: int | None, deadline: Deadline | None = None) -> None:
         self.graph = graph
         self.deadline = deadline
         self._built_from = deadline.clock() if deadline is not None else 0.0
+        self.build_s = 0.0  # seconds spent building, once built (what freeing the model takes follows from it)
         self.m = cp_model.CpModel()
         self._na = node_arrays(graph, frozenset())  # exact: no common-tensor shortcut here
         # The objective in units of the FLOPs' common divisor (exact; CP-SAT's
@@ -71,6 +93,8 @@ class CheckpointModel:
         self._same = SameLiterals(graph, self.m, self.x, self.cont, self.z, tick=self._tick)
         self._constraints(budget_bytes)
         self._objective(budget_bytes)
+        if deadline is not None:
+            self.build_s = deadline.clock() - self._built_from
 
     # ------------------------------------------------------------- variables
     def _variables(self) -> None:
@@ -125,15 +149,30 @@ class CheckpointModel:
             if k:
                 m.Add(self.cont[k] == sum(inner[k]))
 
-    def _expired(self) -> bool:
-        return self.deadline is not None and self.deadline.expired()
+    def _after_s(self, built_s: float) -> float:
+        """Seconds kept back at the end of the deadline for what follows the model: the read-out and freeing
+        what ``built_s`` seconds of building made (NOTE [ What follows a search ])."""
+        assert self.deadline is not None
+        return self.deadline.read_out_s(len(self.graph)) + CLEANUP_SHARE * built_s
+
+    def search_left(self) -> float:
+        """Seconds a search (or a run of the cuts) may take now: what the deadline leaves less what follows the
+        model and the grace a search told to stop has (NOTE [ What follows a search ]); ``inf`` without one."""
+        if self.deadline is None:
+            return math.inf
+        return self.deadline.left() - self._after_s(self.build_s) - STOP_GRACE_S
+
+    def _stop_search(self) -> bool:
+        """Whether a running search must be told to stop (NOTE [ CP-SAT past its time limit ] in ``run``)."""
+        return self.deadline is not None and self.search_left() <= 0
 
     def _tick(self, k: int = 0) -> None:
-        """Stop building once the deadline has passed (looked at every step of each phase), or once what is
-        left would not free what was built: a model stopped after 35 s of building on a 5,000-node DAG left
-        3.7 s of garbage collection past its 60 s limit (:data:`CLEANUP_SHARE`, NOTE [ One deadline ])."""
+        """Stop building once the deadline less the read-out has passed (looked at every step of each phase), or
+        once what is left would not free what was built: a model stopped after 35 s of building on a 5,000-node
+        DAG left 3.7 s of garbage collection past its 60 s limit (:data:`CLEANUP_SHARE`, NOTE [ What follows a
+        search ])."""
         d = self.deadline
-        if d is not None and (d.expired() or d.left() < CLEANUP_SHARE * (d.clock() - self._built_from)):
+        if d is not None and (d.expired() or d.left() < self._after_s(d.clock() - self._built_from)):
             raise OutOfTime(f"building the CP-SAT model of {len(self.graph)} nodes stopped at the "
                             f"{self.deadline.limit_s:g} s time limit")
 
@@ -405,7 +444,7 @@ class CheckpointModel:
             if complete_work is not None:
                 solver.parameters.max_deterministic_time = float(complete_work)
             solver.parameters.num_workers = 1
-            if run_cp_sat(solver, copy, expired=self._expired) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if run_cp_sat(solver, copy, expired=self._stop_search) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 for i in range(len(self.m.Proto().variables)):
                     self.m.AddHint(self.m.GetIntVarFromProtoIndex(i), solver.Value(copy.GetIntVarFromProtoIndex(i)))
                 return True
@@ -424,10 +463,31 @@ class CheckpointModel:
 
     def add_memory_cuts(self, budget_bytes: int) -> int:
         """The knapsack rows of :func:`~solvers.cpsat.cuts.memory_cuts` (NOTE [ Knapsack
-        cuts from store-all ]) added to the model; returns the bound they prove."""
-        rows, bound = memory_cuts(self.graph, budget_bytes)
-        for idx, free, need in rows:
+        cuts from store-all ]) added to the model; returns the bound they prove.
+
+        Under a deadline the rows are made and added one at a time, each only while what
+        :meth:`search_left` leaves is more than the longest row so far took (the first only with a pass over
+        the graph left, for the simulation they start from): the rows added are each valid, and so is the
+        bound over them (NOTE [ What follows a search ])."""
+        d = self.deadline
+        if d is not None and self.search_left() < d.pass_estimate(len(self.graph)):
+            log.info("ilp: no time left for the knapsack cuts")
+            return 0
+        bound, added, longest = 0, 0, 0.0
+        rows = iter_memory_cuts(self.graph, budget_bytes)
+        while True:
+            started = d.clock() if d is not None else 0.0
+            row = next(rows, None)
+            if row is None:
+                break
+            idx, free, need, lb = row
             self.m.Add(sum(f * self.x[c] for c, f in zip(idx, free)) >= need)
+            bound, added = max(bound, lb), added + 1
+            if d is not None:
+                longest = max(longest, d.clock() - started)
+                if self.search_left() < longest:
+                    log.info("ilp: the knapsack cuts stopped at the time limit after %d rows", added)
+                    break
         return bound
 
     def add_upper_bound(self, flops: int) -> None:
@@ -444,17 +504,19 @@ class CheckpointModel:
         """Run CP-SAT and read the plan out.
 
         Args:
-            time_limit_s: wall-clock limit (a safety net when ``work_limit`` is set); ``workers``: search workers.
+            time_limit_s: wall-clock limit (a safety net when ``work_limit`` is set), at most
+                :meth:`search_left` (NOTE [ What follows a search ]); ``workers``: search workers.
             gap_limit: stop once ``(objective - bound) / objective`` is at most this (CP-SAT's
                 ``relative_gap_limit``); the status stays ``feasible`` unless the bound meets the objective.
             work_limit: CP-SAT's ``max_deterministic_time``, the workers interleaved in one deterministic
                 schedule (NOTE [ Deterministic CP-SAT ] in ``solvers.cpsat.solver``); None: the wall clock only.
             seed: CP-SAT's ``random_seed``.
         """
+        time_limit_s = max(0.01, min(time_limit_s, self.search_left()))  # NOTE [ What follows a search ]
         solver = new_solver(time_limit_s=time_limit_s, workers=workers, gap_limit=gap_limit,
                             work_limit=work_limit, seed=seed)
         log.info("ilp: CP-SAT searching (%d nodes, %.0f s at most)", len(self.graph), time_limit_s)
-        status = run_cp_sat(solver, self.m, Progress(self.unit), expired=self._expired)
+        status = run_cp_sat(solver, self.m, Progress(self.unit), expired=self._stop_search)
         if status is None:  # NOTE [ CP-SAT past its time limit ]: left running, nothing read from it
             return ModelResult("unknown", None, float("nan"), float("nan"), time_limit_s, 0.0)
         name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",

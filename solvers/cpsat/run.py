@@ -89,7 +89,9 @@ def run_cp_sat(solver: cp_model.CpSolver, model: cp_model.CpModel,
         search is told to stop (``stop_search``), and if it has not returned
         :data:`STOP_GRACE_S` later it is left to finish on its own, in its
         daemon thread, and its answer is never read (None is returned): the
-        caller answers with what it had.
+        caller answers with what it had. ``expired`` says so while the grace
+        and what follows the search are still left (NOTE [ What follows a
+        search ] in ``solvers.cpsat.model``), not at the deadline itself.
 
     Returns:
         CP-SAT's status, or None when the search was left running past the deadline.

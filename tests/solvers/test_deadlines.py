@@ -8,6 +8,7 @@ fake clock by hand, so it gives the same result on an idle and on a busy machine
 
 from __future__ import annotations
 
+import sys
 import threading
 import tracemalloc
 
@@ -245,3 +246,73 @@ def test_a_program_stopped_by_the_clock_leaves_a_plan_where_passes_are_a_large_p
     plan = ilp_mod.solve_within(g, budget, deadline)
     assert plan.status == "feasible" and plan.findings["incumbent"] == "chen"
     assert simulate(g, plan, record=False).peak_bytes <= budget
+
+
+# ------------------------------------------------------------------ what follows a CP-SAT search
+def test_a_search_past_its_time_limit_is_stopped_while_the_read_out_is_left(monkeypatch):
+    """NOTE [ What follows a search ] (``solvers.cpsat.model``): a search that ignores its own time limit is told
+    to stop while what follows it (the read-out, freeing the model) and the grace to stop are left, so when it is
+    left running the answer still comes back within the limit. It was told to stop at the deadline itself: a
+    20,000-node chain's ``ilp`` at a load of 8 returned 1.6 s past its 60 s limit."""
+    from ortools.sat.python import cp_model
+
+    from solvers.cpsat import model as cp_model_mod
+    from solvers.cpsat.run import STOP_GRACE_S
+    from solvers.cpsat.solver import IlpSolver, warm_start
+
+    g = synthetic.make("chain", 60)
+    budget = activation_budget_bytes(g, 0.3)
+    inc, _ = warm_start(g, budget)
+    assert inc is not None and inc.flops > 0
+    clock = HandClock()
+    deadline = Deadline(100.0, clock=clock)
+    told: list[float] = []
+
+    def runs_past_its_limit(solver, model, callback=None, *, expired=None):  # noqa: ANN001
+        if callback is None:  # completing the hint: it gives up at once
+            return cp_model.UNKNOWN
+        while not expired():  # the search looks at the clock seldom: only the watcher stops it
+            clock.now += 0.25
+        told.append(deadline.left())
+        clock.now += STOP_GRACE_S  # not back within the grace: left running, its answer never read
+        return None
+
+    monkeypatch.setattr(cp_model_mod, "run_cp_sat", runs_past_its_limit)
+    plan = IlpSolver(g, budget, deadline=deadline, incumbent=inc).solve()
+    assert plan.regions == inc.regions and plan.findings["cp_sat_stopped_by"] == "time limit"
+    assert told and told[0] >= deadline.read_out_s(len(g)) + STOP_GRACE_S - 0.25
+    assert deadline.left() >= deadline.read_out_s(len(g)) - 0.25  # the read-out still has its time
+
+
+def test_the_knapsack_cuts_stop_at_the_deadline(monkeypatch):
+    """NOTE [ What follows a search ]: the knapsack cuts (64 rows: 7 s on a 20,000-node chain, unchecked) are
+    made and added row by row, each only while a row's time is left; the rows added and their bound stay valid,
+    and the answer is the warm start's plan, with that bound."""
+    from solvers.cpsat import cuts
+    from solvers.cpsat.solver import IlpSolver, checkpoint_model, warm_start
+
+    g = synthetic.make("chain", 300)
+    budget = activation_budget_bytes(g, 0.3)
+    rows, bound = cuts.memory_cuts(g, budget)
+    assert len(rows) > 3 and bound > 0
+    inc, _ = warm_start(g, budget)
+    clock = HandClock()
+    deadline = Deadline(100.0, clock=clock)
+    made: list[int] = []
+    real = cuts.iter_memory_cuts
+
+    def slow_rows(graph, budget_bytes):  # noqa: ANN001
+        for row in real(graph, budget_bytes):
+            made.append(1)
+            clock.now += 30.0  # each row takes 30 s of the 100 s limit
+            yield row
+
+    model_class = checkpoint_model()
+    model_mod = sys.modules[model_class.__module__]
+    monkeypatch.setattr(model_mod, "iter_memory_cuts", slow_rows)
+    monkeypatch.setattr(model_mod, "run_cp_sat", lambda *a, **k: None)  # no search finds anything
+    plan = IlpSolver(g, budget, deadline=deadline, incumbent=inc).solve()
+    assert len(made) == 3  # rows end at 30, 60 and 90 s: 10 s left is less than a row takes
+    assert deadline.left() == pytest.approx(10.0)
+    assert plan.regions == inc.regions and plan.findings["cp_sat_stopped_by"] == "time limit"
+    assert 0 < plan.bound <= bound
