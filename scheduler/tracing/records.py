@@ -132,12 +132,13 @@ def storage_key(t: torch.Tensor) -> int | None:
 CUDA_BLOCK = 512
 
 
-_FOR_CUDA: list[bool] = []  # traces in progress: for a CUDA target? (a ``meta`` model's tensors stay on ``meta``)
+_FOR_CUDA: list[bool] = []  # traces in progress: for a CUDA target? (their fake tensors may be on meta or the CPU)
 
 
 @contextlib.contextmanager
 def cuda_blocks(on: bool) -> Iterator[None]:
-    """While a trace for a CUDA target runs: ``meta`` storages are counted as the card's blocks too."""
+    """While a trace runs: its storages are counted as a card's blocks when ``on`` (a CUDA target), as bytes
+    otherwise, whatever device its fake tensors are on."""
     _FOR_CUDA.append(on)
     try:
         yield
@@ -146,16 +147,18 @@ def cuda_blocks(on: bool) -> Iterator[None]:
 
 
 def block_bytes(nbytes: int, device: torch.device) -> int:
-    """What ``nbytes`` of storage take on ``device``: on CUDA (or on ``meta`` inside :func:`cuda_blocks`) rounded
-    up to :data:`CUDA_BLOCK`.
+    """What ``nbytes`` of storage take on ``device``: rounded up to :data:`CUDA_BLOCK` inside a trace for a CUDA
+    target (:func:`cuda_blocks`), and outside traces on a CUDA device.
 
     NOTE [ CUDA blocks ]
         PyTorch's CUDA caching allocator rounds every request up to a multiple
         of 512 B (``round_size``; no allocation for 0 B), and
         ``torch.cuda.max_memory_allocated``, what "fits" means on a GPU,
-        counts the rounded blocks. A trace whose tensors live on CUDA (traced
-        on the card, or on ``meta`` for a card by name) counts each storage
-        so: on an H200, GPT-2's plan at the library's peak measured 2,552 B
+        counts the rounded blocks. A trace for a CUDA target counts each
+        storage so, whatever device its fake tensors are on (on the card, or
+        a model on ``meta`` or the CPU traced for a card by name: inside
+        :func:`cuda_blocks`; a ``meta`` model is traced for a GPU by default):
+        on an H200, GPT-2's plan at the library's peak measured 2,552 B
         over a prediction made of the requested bytes, and the small modules
         of ``benchmarks.generated`` up to 29 % over. What the allocator does
         beyond (a cached block handed out whole when the rest would be too
@@ -163,7 +166,7 @@ def block_bytes(nbytes: int, device: torch.device) -> int:
         ``ckpt fit`` keeps a reserve (NOTE [ Reserve ] in
         ``scheduler.sizing.memory``).
     """
-    if nbytes > 0 and (device.type == "cuda" or (device.type == "meta" and _FOR_CUDA and _FOR_CUDA[-1])):
+    if nbytes > 0 and (_FOR_CUDA[-1] if _FOR_CUDA else device.type == "cuda"):
         return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
     return nbytes
 

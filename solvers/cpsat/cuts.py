@@ -13,8 +13,9 @@ NOTE [ Knapsack cuts from store-all ]
 
 from __future__ import annotations
 
+import logging
 import math
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -23,7 +24,9 @@ from graphs import Graph
 from ..model.simulate import simulate
 from ..model.terms import terms_of
 
-__all__ = ["memory_cuts", "iter_memory_cuts", "region_literals"]
+__all__ = ["memory_cuts", "iter_memory_cuts", "add_memory_cuts", "region_literals"]
+
+log = logging.getLogger(__name__)
 
 #: Most rows added to a model (spread evenly over the order).
 MAX_ROWS = 64
@@ -84,3 +87,34 @@ def region_literals(x: list, y: list, regions) -> list:  # noqa: ANN001
         lits.append(x[k].Not() if k in inside else x[k])
         lits.append(y[k].Not() if k in starts else y[k])
     return lits
+
+
+def add_memory_cuts(model: Any, budget_bytes: int) -> int:
+    """The knapsack rows of :func:`memory_cuts` (NOTE [ Knapsack cuts from store-all ]) added to ``model`` (a
+    ``CheckpointModel``); returns the bound they prove.
+
+    Under a deadline the rows are made and added one at a time, each only while what the model's
+    ``search_left()`` leaves is more than the longest row so far took (the first only with a pass over the
+    graph left, for the simulation they start from): the rows added are each valid, and so is the bound over
+    them (NOTE [ What follows a search ] in ``solvers.cpsat.model``)."""
+    d = model.deadline
+    if d is not None and model.search_left() < d.pass_estimate(len(model.graph)):
+        log.info("ilp: no time left for the knapsack cuts")
+        return 0
+    bound, added, longest = 0, 0, 0.0
+    rows = iter_memory_cuts(model.graph, budget_bytes)
+    while True:
+        started = d.clock() if d is not None else 0.0
+        row = next(rows, None)
+        if row is None:
+            break
+        idx, free, need, lb = row
+        model.m.Add(sum(f * model.x[c] for c, f in zip(idx, free)) >= need)
+        bound, added = max(bound, lb), added + 1
+        if d is not None:
+            longest = max(longest, d.clock() - started)
+            if model.search_left() < longest:
+                log.info("ilp: the knapsack cuts stopped at the time limit after %d rows", added)
+                break
+    return bound
+

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from graphs import Graph
 
-from .run import STOP_GRACE_S, Progress, new_solver, run_cp_sat
+from .run import STOP_GRACE_S, ModelResult, Progress, new_solver, run_cp_sat
 from ..deadline import Deadline, OutOfTime
 from ..dp.profiles import node_arrays
-from .cuts import iter_memory_cuts, region_literals
+from .cuts import add_memory_cuts, region_literals
 from .rng import rng_counts
 from .same import SameLiterals
 from ..model.spans import SpanIndex
@@ -23,30 +22,10 @@ __all__ = ["CheckpointModel", "ModelResult"]
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class ModelResult:
-    """What one CP-SAT run returned.
-
-    Attributes:
-        status: ``optimal``, ``feasible``, ``infeasible`` or ``unknown``.
-        regions: the plan read out, or None; objective: its objective (FLOPs, or peak bytes).
-        bound: CP-SAT's proven lower bound on the objective.
-        wall_s: CP-SAT's wall time; work: its deterministic time (not load-dependent).
-    """
-
-    status: str
-    regions: tuple[tuple[int, int], ...] | None
-    objective: float
-    bound: float
-    wall_s: float
-    work: float = 0.0
-
-
 #: Seconds of garbage collection a model's objects take, per second spent building it (3.7 s after 35 s here);
-#: the build stops while that much is left, and a search leaves that much of the deadline
-#: (NOTE [ What follows a search ]).
+#: the build stops while that much is left; a search leaves that much of the deadline (NOTE [ What follows a search ]).
 CLEANUP_SHARE = 0.15
+
 
 class CheckpointModel:
     """The model of one graph: variables, constraints, objective; then :meth:`solve`.
@@ -462,33 +441,8 @@ class CheckpointModel:
         self.m.Add(self._flops() >= -(-int(flops) // self.unit))
 
     def add_memory_cuts(self, budget_bytes: int) -> int:
-        """The knapsack rows of :func:`~solvers.cpsat.cuts.memory_cuts` (NOTE [ Knapsack
-        cuts from store-all ]) added to the model; returns the bound they prove.
-
-        Under a deadline the rows are made and added one at a time, each only while what
-        :meth:`search_left` leaves is more than the longest row so far took (the first only with a pass over
-        the graph left, for the simulation they start from): the rows added are each valid, and so is the
-        bound over them (NOTE [ What follows a search ])."""
-        d = self.deadline
-        if d is not None and self.search_left() < d.pass_estimate(len(self.graph)):
-            log.info("ilp: no time left for the knapsack cuts")
-            return 0
-        bound, added, longest = 0, 0, 0.0
-        rows = iter_memory_cuts(self.graph, budget_bytes)
-        while True:
-            started = d.clock() if d is not None else 0.0
-            row = next(rows, None)
-            if row is None:
-                break
-            idx, free, need, lb = row
-            self.m.Add(sum(f * self.x[c] for c, f in zip(idx, free)) >= need)
-            bound, added = max(bound, lb), added + 1
-            if d is not None:
-                longest = max(longest, d.clock() - started)
-                if self.search_left() < longest:
-                    log.info("ilp: the knapsack cuts stopped at the time limit after %d rows", added)
-                    break
-        return bound
+        """The knapsack rows added while time is left (:func:`~solvers.cpsat.cuts.add_memory_cuts`); their bound."""
+        return add_memory_cuts(self, budget_bytes)
 
     def add_upper_bound(self, flops: int) -> None:
         """The recompute FLOPs are at most ``flops`` (a plan that fits is known)."""

@@ -7,11 +7,31 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from ortools.sat.python import cp_model
 
-__all__ = ["Progress", "new_solver", "run_cp_sat", "STOP_GRACE_S"]
+__all__ = ["ModelResult", "Progress", "new_solver", "run_cp_sat", "STOP_GRACE_S"]
+
+
+@dataclass(frozen=True)
+class ModelResult:
+    """What one CP-SAT run returned.
+
+    Attributes:
+        status: ``optimal``, ``feasible``, ``infeasible`` or ``unknown``.
+        regions: the plan read out, or None; objective: its objective (FLOPs, or peak bytes).
+        bound: CP-SAT's proven lower bound on the objective.
+        wall_s: CP-SAT's wall time; work: its deterministic time (not load-dependent).
+    """
+
+    status: str
+    regions: tuple[tuple[int, int], ...] | None
+    objective: float
+    bound: float
+    wall_s: float
+    work: float = 0.0
 
 #: Seconds a search told to stop at the deadline may take to return before it is left running
 #: (NOTE [ CP-SAT past its time limit ]).

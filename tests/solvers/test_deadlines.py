@@ -309,7 +309,7 @@ def test_the_knapsack_cuts_stop_at_the_deadline(monkeypatch):
 
     model_class = checkpoint_model()
     model_mod = sys.modules[model_class.__module__]
-    monkeypatch.setattr(model_mod, "iter_memory_cuts", slow_rows)
+    monkeypatch.setattr(cuts, "iter_memory_cuts", slow_rows)
     monkeypatch.setattr(model_mod, "run_cp_sat", lambda *a, **k: None)  # no search finds anything
     plan = IlpSolver(g, budget, deadline=deadline, incumbent=inc).solve()
     assert len(made) == 3  # rows end at 30, 60 and 90 s: 10 s left is less than a row takes

@@ -98,26 +98,31 @@ def _sdpa_node(target, dtype, **kw):
     return graph, node, qkv
 
 
+def _blocks(*storages: int) -> int:
+    """Bytes of these storages on a card: each a whole 512-B block of the caching allocator (NOTE [ CUDA blocks ])."""
+    return sum(-(-n // 512) * 512 for n in storages)
+
+
 @pytest.mark.parametrize("target, dtype, kw, kernel, own", [
     # flash: logsumexp [B, H, S] fp32, rng_state uint64[2], unused uint64[] (its ATen signature)
-    ("A100-80GB", torch.bfloat16, {"causal": True}, "flash", B * H * S * 4 + 2 * 8 + 8),
-    ("A100-80GB", torch.float16, {"kv_heads": 2, "causal": True}, "flash", B * H * S * 4 + 2 * 8 + 8),
-    ("H100", torch.bfloat16, {"dropout": 0.1}, "flash", B * H * S * 4 + 2 * 8 + 8),  # 0.1 is no 1/16: not cuDNN
+    ("A100-80GB", torch.bfloat16, {"causal": True}, "flash", (B * H * S * 4, 2 * 8, 8)),
+    ("A100-80GB", torch.float16, {"kv_heads": 2, "causal": True}, "flash", (B * H * S * 4, 2 * 8, 8)),
+    ("H100", torch.bfloat16, {"dropout": 0.1}, "flash", (B * H * S * 4, 2 * 8, 8)),  # 0.1 is no 1/16: not cuDNN
     # memory-efficient: logsumexp [B, H, ceil(S/32)*32] fp32, seed and offset int64[] each
-    ("A100-80GB", torch.float32, {}, "efficient", B * H * 64 * 4 + 8 + 8),
+    ("A100-80GB", torch.float32, {}, "efficient", (B * H * 64 * 4, 8, 8)),
     # ... with a boolean mask: the additive mask it makes in the query's dtype is saved too
-    ("A100-80GB", torch.bfloat16, {"mask": "bool"}, "efficient", B * H * 64 * 4 + 8 + 8 + S * S * 2),
+    ("A100-80GB", torch.bfloat16, {"mask": "bool"}, "efficient", (B * H * 64 * 4, 8, 8, S * S * 2)),
     # cuDNN (preferred on sm90): logsumexp [B, H, S, 1] fp32, seed and offset int64[] each
-    ("H100", torch.bfloat16, {}, "cudnn", B * H * S * 4 + 8 + 8),
+    ("H100", torch.bfloat16, {}, "cudnn", (B * H * S * 4, 8, 8)),
 ])
 def test_a_cuda_target_saves_what_the_kernel_signature_saves(target, dtype, kw, kernel, own):
     if kw.get("mask") == "bool":
         kw = dict(kw, mask=torch.ones(S, S, dtype=torch.bool, device="meta").tril())
     graph, node, qkv = _sdpa_node(target, dtype, **kw)
     assert graph.meta["target"]["attention"] == {kernel: 1}
-    assert node.out_bytes == B * H * S * (W // H) * dtype.itemsize  # the output, saved (as the kernel's `out`)
+    assert node.out_bytes == _blocks(B * H * S * (W // H) * dtype.itemsize)  # the output, saved (the kernel's `out`)
     assert node.saves_output and set(node.saves_inputs) == {qkv.name}  # q, k, v: views of the projection
-    assert node.saved_bytes == own
+    assert node.saved_bytes == _blocks(*own)
 
 
 def test_a_cpu_target_runs_the_cpu_flash_kernel_on_meta():

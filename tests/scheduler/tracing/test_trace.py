@@ -156,9 +156,11 @@ def test_batchnorm_is_stateful_and_merged_groups_keep_the_peak():
 def test_meta_llama_traces_without_allocating_and_matches_cpu_costs():
     cpu = build("hf:llama-tiny", seq=32)
     meta = build("hf:llama-tiny", seq=32, device="meta")
-    ref = scheduler.trace(cpu.model, cpu.args, cpu.kwargs, loss=cpu.loss, granularity="fold")
     with _RealAllocations() as real:
         g = scheduler.trace(meta.model, meta.args, meta.kwargs, loss=meta.loss, granularity="fold")
+    # a meta trace is for a GPU by default: the CPU model traced for the same card (NOTE [ CUDA blocks ])
+    ref = scheduler.trace(cpu.model, cpu.args, cpu.kwargs, loss=cpu.loss, granularity="fold",
+                          target=g.meta["target"]["device"])
     assert all(p.device.type == "meta" for p in meta.model.parameters())
     assert real.largest < 4096  # no weight- or activation-sized real tensor (the smallest weight is 64 KiB)
     assert g.param_bytes == ref.param_bytes
