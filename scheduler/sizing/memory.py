@@ -35,9 +35,10 @@ NOTE [ Reserve ]
     allocator on first use and keep them (32 MiB per cuBLAS handle on sm90;
     24-65 MB over a model's first step on an H200,
     ``benchmarks/results/cuda.md``); the caching allocator rounds every block
-    up to 512 B and hands out cached blocks whole (there: 2.5 KB to 4.3 MB,
-    at most 0.2 %, above the bytes the step's tensors requested, which were
-    at or under the prediction), and fragments (``memory_reserved`` exceeds
+    up to 512 B (a trace for a CUDA target counts that: NOTE [ CUDA blocks ]
+    in ``scheduler.tracing.records``) and hands out cached blocks whole
+    (4.3 MB, 0.2 %, above the prediction once on an H200), and fragments
+    (``memory_reserved`` exceeds
     ``max_memory_allocated`` by a few percent in steady training). ``DEFAULT_RESERVE`` holds back 5 % of the
     card for both: 1.2 GiB of a 24 GiB card, 4 GiB of 80 GiB, which covers a
     ~0.5 GiB context plus ~3 % fragmentation. Set another margin with
