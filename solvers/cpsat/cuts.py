@@ -24,7 +24,7 @@ from graphs import Graph
 from ..model.simulate import simulate
 from ..model.terms import terms_of
 
-__all__ = ["memory_cuts", "iter_memory_cuts", "add_memory_cuts", "region_literals"]
+__all__ = ["memory_cuts", "iter_memory_cuts", "add_knapsack_rows", "region_literals"]
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def region_literals(x: list, y: list, regions) -> list:  # noqa: ANN001
     return lits
 
 
-def add_memory_cuts(model: Any, budget_bytes: int) -> int:
+def add_knapsack_rows(model: Any, budget_bytes: int) -> int:
     """The knapsack rows of :func:`memory_cuts` (NOTE [ Knapsack cuts from store-all ]) added to ``model`` (a
     ``CheckpointModel``); returns the bound they prove.
 

@@ -12,7 +12,7 @@ from graphs import Graph
 from .run import STOP_GRACE_S, ModelResult, Progress, new_solver, run_cp_sat
 from ..deadline import Deadline, OutOfTime
 from ..dp.profiles import node_arrays
-from .cuts import add_memory_cuts, region_literals
+from .cuts import add_knapsack_rows, region_literals
 from .rng import rng_counts
 from .same import SameLiterals
 from ..model.spans import SpanIndex
@@ -441,8 +441,8 @@ class CheckpointModel:
         self.m.Add(self._flops() >= -(-int(flops) // self.unit))
 
     def add_memory_cuts(self, budget_bytes: int) -> int:
-        """The knapsack rows added while time is left (:func:`~solvers.cpsat.cuts.add_memory_cuts`); their bound."""
-        return add_memory_cuts(self, budget_bytes)
+        """The knapsack rows added while time is left (:func:`~solvers.cpsat.cuts.add_knapsack_rows`); their bound."""
+        return add_knapsack_rows(self, budget_bytes)
 
     def add_upper_bound(self, flops: int) -> None:
         """The recompute FLOPs are at most ``flops`` (a plan that fits is known)."""
