@@ -135,17 +135,26 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
     limit = options.get("time_limit_s")
     deadline = Deadline(float(limit), clock=_clock) if limit is not None and (chunks or mlp_chunks or nested) else None
 
-    def one(g: Graph, b: int) -> Plan:
-        opts = options if deadline is None else {**options, "time_limit_s": deadline.left()}
+    def left(until: float | None) -> float:  # until: the end of a chunk menu pair's share (solve_chunked)
+        assert deadline is not None
+        return deadline.left() if until is None else max(0.0, min(until - deadline.clock(), deadline.left()))
+
+    def one(g: Graph, b: int, until: float | None = None) -> Plan:
+        opts = options if deadline is None else {**options, "time_limit_s": left(until)}
         return solvers.solve(g, b, solver=solver, **opts)
 
     selective = bool(options.get("selective", True))  # dp's too, where the solver asked for takes it
-    solve_graph = (lambda g, b: solve_nested(g, b, one, selective=selective, solver=solver,
-                                                time_limit_s=limit if deadline is None else deadline.left())
-                   ) if nested else one
+
+    def solve_graph(g: Graph, b: int, share: float | None = None) -> Plan:
+        until = None if share is None or deadline is None else deadline.clock() + share
+        if not nested:
+            return one(g, b, until)
+        return solve_nested(g, b, lambda g2, b2: one(g2, b2, until), selective=selective, solver=solver,
+                            time_limit_s=limit if deadline is None else left(until))
     try:
         if chunks or mlp_chunks:
-            return solve_chunked(graph, budget_bytes, solve_graph, chunks or (1,), mlp_chunks or (1,))
+            return solve_chunked(graph, budget_bytes, solve_graph, chunks or (1,), mlp_chunks or (1,),
+                                 deadline=deadline)
         return solve_graph(graph, budget_bytes)
     except InfeasibleBudget as exc:
         if exc.floor:

@@ -182,3 +182,29 @@ def test_ckpt_solve_refuses_chunk_counts_above_the_rows_in_one_line(tmp_path, ca
         assert main(argv + flags) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and f"at most {most} chunks" in err
+
+
+def test_each_pair_of_a_menu_gets_its_share_of_the_time_limit():
+    """Each pair once took all the time left: on a Llama (hidden 256, 4 layers, 2 x 512 tokens, 20 s) the head in
+    one piece searched 15 s at a budget only more chunks reach, and the head in 4 chunks, which fits, had 0.3 s:
+    "no plan found". Here (a hand clock) a search spends all it is given and finds nothing with fewer than 4 chunks:
+    each pair is given an even share of what is left, and the plan in 4 chunks comes back."""
+    from solvers.deadline import Deadline, OutOfTime
+
+    g = lm_graph(blocks=2, vocab_x=16)
+    now = [0.0]
+    deadline = Deadline(30.0, clock=lambda: now[0])
+    given: list[float] = []
+
+    def search(h, b, limit_s):  # noqa: ANN001
+        given.append(limit_s)
+        if any("@chunk3/4" in sp.module for sp in h.spans):  # the head in 4 chunks: found at once
+            return solvers.solve(h, b, "ilp", selective=False)
+        now[0] += limit_s  # the others search until their share is spent
+        raise OutOfTime(f"no plan within {limit_s:g} s")
+
+    plan = solve_chunked(g, 10**12, search, (1, 2, 4), (1,), deadline=deadline)
+    assert given == pytest.approx([10.0, 10.0, 10.0])
+    assert plan.findings["head_chunks"] == 4
+    with pytest.raises(OutOfTime):  # every pair stopped: the stop is said
+        solve_chunked(g, 10**12, search, (1, 2), (1,), deadline=Deadline(30.0, clock=lambda: now[0]))
