@@ -29,6 +29,7 @@ def test_the_gpu_suite_runs_its_checks_on_the_cpu():
     assert res["noise"] == 0.0 and res["noise_stats"] == 0.0
     assert set(res["times"]) == {"plain", "theirs", *labels}
     assert res["meta_plain_predicted"] > 0  # the meta trace ran (for an H100 here: its peak is not the CPU's)
+    assert isinstance(res["meta_on_card"], int) and res["meta_on_card"] > 0  # its plan, predicted by the CPU's trace
     res["dispatch"] = [("fp32, GQA", "math", "math"), ("bf16", "cudnn", "flash")]  # as dispatch_table gives on a GPU
     text = "\n".join(cuda.page([res], [], "the CPU", 1.0))
     assert "| resnet | pick at their peak |" in text and "## Time" in text and "## Planned with no GPU" in text
