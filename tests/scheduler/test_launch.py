@@ -70,10 +70,12 @@ def test_the_limit_is_read_as_the_command_reads_it(argv, limit):
 
 def test_a_start_longer_than_the_limit_answers_at_the_limit():
     """The timer fires while the process is still starting (here: asleep far past the limit) and the command
-    answers in one line, exit status 2, as any "no plan within N s"."""
+    answers in one line, exit status 2, as any "no plan within N s". On a loaded machine the handler may not be
+    scheduled within the watchdog's 0.05 s (a CI run beside two benchmark streams on 2 cores: exit -9): the
+    watchdog then says the same line and ends the process."""
     out = _python("from scheduler import launch; launch.arm(['solve', 'g.json', '--time-limit', '0.3']); "
                   "import time; time.sleep(100); print('not stopped')")
-    assert out.returncode == 2
+    assert out.returncode in (2, -signal.SIGKILL)
     assert out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ckpt solve: error: no plan within 0.3 s: Python and the imports")
