@@ -383,19 +383,44 @@ def _meta_graph(case: Case, device: torch.device, card: str) -> Any:
 
 
 def _on_card(plan: Any, mgraph: Any, graph: Any) -> int | str:
-    """The card trace's prediction for the meta trace's plan (its regions and chunk counts carried over by node
-    name): where it differs from the meta trace's own, the two graphs differ in what the plan adds."""
-    from solvers.model.chunks import chunk_entries
+    """The card trace's prediction for the meta trace's plan (carried over by :func:`carry_plan`): where it differs
+    from the meta trace's own, the two graphs differ in what the plan adds."""
+    try:
+        return scheduler.simulate(graph, carry_plan(plan, mgraph, graph)).peak_bytes
+    except Exception as exc:  # a call of the meta trace the card's has not: said on the page
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+
+
+def carry_plan(plan: Any, src: Any, dst: Any) -> Any:
+    """``plan`` (solved on ``src``) as a plan of ``dst``, a trace of the same model: its chunked calls, regions and
+    inner regions by module path (a region that is no call by its end nodes' names), its kept nodes by name.
+    The graphs may differ in nodes the plan does not name (a meta trace has forward holds a card's has not)."""
+    from solvers.model.chunks import LOSS_SUFFIX, expand, find_tail
     from solvers.model.plan import Plan
 
-    at = {nd.name: i for i, nd in enumerate(graph.nodes)}
-    try:
-        regions = [(at[mgraph.nodes[a].name], at[mgraph.nodes[b].name]) for a, b in plan.regions]
-        head = max((k for _, _, k in plan.chunks), default=1)
-        moved = Plan.from_regions(graph, regions, chunks=chunk_entries(graph, head, 1) if plan.chunks else ())
-        return scheduler.simulate(graph, moved).peak_bytes
-    except Exception as exc:  # a node of the meta trace the card's has not: said on the page
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    chunks = []
+    for (_, _, k), path in zip(plan.chunks, plan.chunk_modules):
+        if path.endswith(LOSS_SUFFIX):
+            chunks.append((find_tail(dst).first, len(dst) - 1, k))
+        else:
+            (sp,) = [s for s in dst.spans if s.module == path]
+            chunks.append((sp.first, sp.last, k))
+    mine, theirs = expand(src, plan.chunks), expand(dst, tuple(chunks))
+    calls: dict[str, tuple[int, int]] = {}
+    for sp in theirs.spans:
+        calls.setdefault(sp.module, (sp.first, sp.last))
+    at = {nd.name: i for i, nd in enumerate(theirs.nodes)}
+
+    def carried(regions: Any) -> list[tuple[int, int]]:
+        out = []
+        for a, b in regions:
+            path = mine.span_module((a, b))
+            out.append(calls[path] if path else (at[mine.nodes[a].name], at[mine.nodes[b].name]))
+        return out
+
+    saved = tuple(sorted(at[mine.nodes[i].name] for i in plan.saved))
+    return Plan.from_regions(dst, carried(plan.regions), chunks=tuple(chunks), saved=saved,
+                             inner=tuple(carried(plan.inner)))
 
 
 def run_case(case: Case, device: torch.device, n_rounds: int) -> dict:

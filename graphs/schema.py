@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 from .errors import CkptError, GraphError
 
 __all__ = ["FORMAT_VERSION", "COSTS_META", "MAX_COUNT", "WORKSPACES_META", "TARGET_META", "BUILD_META", "SCALARS_META",
-           "FROZEN_META", "LM_HEADS_META", "CALL_RETURNS_META", "LOOPS", "HOLDS_OP", "GRAPH_KEYS", "count", "is_count", "reject_unknown", "short_repr"]
+           "FROZEN_META", "LM_HEADS_META", "CALL_RETURNS_META", "LOOPS", "HOLDS_OP", "CUDA_BLOCK", "storage_unit", "GRAPH_KEYS", "count", "is_count", "reject_unknown", "short_repr"]
 
 #: Version of the JSON format written by :meth:`Graph.to_dict`.
 FORMAT_VERSION = 1
@@ -40,6 +40,9 @@ WORKSPACES_META = "workspaces"
 #: ``meta`` key: the device and kernels a trace plans for (``scheduler.tracing.target``); the bytes they
 #: change are in the fingerprint, the name is not (an H100 and an H200 trace are one graph).
 TARGET_META = "target"
+#: The CUDA caching allocator's unit: every block it hands out is a multiple of it (NOTE [ CUDA blocks ] in
+#: ``scheduler.tracing.records``). A graph traced for a CUDA target counts its storages in it.
+CUDA_BLOCK = 512
 #: ``meta`` key: how the CLI built the model (``{"model": NAME, "options": {...}}``), so that
 #: ``ckpt apply PLAN`` rebuilds it without retyping; provenance, not part of the fingerprint.
 BUILD_META = "build"
@@ -113,3 +116,11 @@ def is_count(v: Any) -> bool:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         return False
     return 0 <= v < MAX_COUNT and v == int(v)
+
+
+def storage_unit(meta: Mapping[str, Any]) -> int:
+    """What a graph with this ``meta`` counts each storage up to a multiple of: :data:`CUDA_BLOCK` when it was traced
+    for a CUDA target (``meta[TARGET_META]["kind"] == "cuda"``), 1 otherwise. A tensor a plan makes that the trace
+    did not (a chunk's share of a call, ``solvers.model.chunks``) is rounded so too."""
+    target = meta.get(TARGET_META)
+    return CUDA_BLOCK if isinstance(target, Mapping) and target.get("kind") == "cuda" else 1

@@ -59,3 +59,27 @@ def test_the_random_modules_part_runs_on_the_cpu_and_its_table_counts_requested_
     assert len(listed) == 3 and "regions b" in listed[2] and "(requested 1,010)" in listed[2]
     assert failures(rows[:1]) == ["Every pair ran, requested at or under its prediction and matched the unplanned "
                                   "step."]
+
+
+def test_a_plan_is_carried_to_another_trace_of_its_model_by_module_paths():
+    """The page's "meta trace's plan predicted by the card's trace": a chunked plan with regions,
+    from a ``meta`` trace onto the CPU's (which has forward holds the meta trace has not: other positions)."""
+    import scheduler
+    from solvers.model.chunks import expand
+
+    (case,) = [c for c in cuda.cases(tiny=True) if c.name == "llama"]
+    torch.manual_seed(0)
+    model = case.build().train()
+    args, kwargs = case.inputs(torch.device("cpu"))
+    graph = scheduler.trace(model, args, kwargs, loss=case.loss, target="H100")
+    mgraph = cuda._meta_graph(case, torch.device("cpu"), "H100")
+    least = cuda._least(mgraph, True)
+    plan = scheduler.solve(mgraph, int(least * 1.05), "ilp", time_limit_s=10, **cuda._menus(mgraph, True))
+    assert plan.chunks and plan.regions, plan
+    moved = cuda.carry_plan(plan, mgraph, graph)
+    assert moved.modules == plan.modules and moved.chunk_modules == plan.chunk_modules
+    work, theirs = expand(mgraph, plan.chunks), expand(graph, moved.chunks)
+    assert [work.nodes[i].name for i in plan.saved] == [theirs.nodes[i].name for i in moved.saved]
+    assert cuda._on_card(plan, mgraph, graph) == scheduler.simulate(graph, moved).peak_bytes
+    back = cuda.carry_plan(moved, graph, mgraph)
+    assert back.regions == plan.regions and back.saved == plan.saved and back.chunks == plan.chunks

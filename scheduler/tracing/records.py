@@ -11,6 +11,8 @@ from typing import Any, Iterator
 
 import torch
 
+from graphs import CUDA_BLOCK
+
 __all__ = ["OpRecord", "storage_key", "storage_bytes", "fake_copy"]
 
 
@@ -128,8 +130,6 @@ def storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
-#: The CUDA caching allocator's unit: every block it hands out is a multiple of it (NOTE [ CUDA blocks ]).
-CUDA_BLOCK = 512
 
 
 _FOR_CUDA: list[bool] = []  # traces in progress: for a CUDA target? (their fake tensors may be on meta or the CPU)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -32,3 +33,56 @@ def test_a_trace_for_a_gpu_counts_whole_allocator_blocks():
     for a, b in zip(gpu.nodes, cpu.nodes):
         assert a.out_bytes == -(-b.out_bytes // CUDA_BLOCK) * CUDA_BLOCK, (a, b)
     assert scheduler.simulate(gpu).peak_bytes > scheduler.simulate(cpu).peak_bytes
+
+
+class _MLP(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 3 * width), nn.Linear(3 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+class _Net(nn.Module):
+    def __init__(self, width: int = 10, vocab: int = 13) -> None:
+        super().__init__()
+        self.stem, self.mlp, self.head = nn.Linear(5, width), _MLP(width), nn.Linear(width, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        return self.head(h + self.mlp(h))
+
+
+@pytest.mark.parametrize("k,checkpointed", [(3, False), (3, True), (4, True)])
+def test_each_chunk_of_a_plan_for_a_gpu_is_counted_in_whole_blocks(k, checkpointed):
+    """A chunk's tensors are blocks of their own: 18 rows of 40 B are 720 B (two blocks) as one tensor, and three
+    chunks of 240 B take a block each, where a share of the whole call's two blocks is 352 B. Measured on the CPU
+    with every storage counted as the card's allocator counts it (the storage meter inside ``cuda_blocks``)."""
+    from graphs import storage_unit
+    from scheduler.measuring.steps import measure_step_peak
+    from scheduler.tracing.records import cuda_blocks
+    from solvers import Plan
+    from solvers.model.chunks import expand, find_calls, parse_chunk_module
+
+    torch.manual_seed(0)
+    model = _Net().train()
+    x, labels = torch.randn(2, 9, 5), torch.randint(0, 13, (18,))
+
+    def loss(out: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), labels)
+
+    graph = scheduler.trace(model, (x,), {}, loss=loss, target="H100")
+    assert storage_unit(graph.meta) == CUDA_BLOCK
+    (call,) = find_calls(graph)
+    chunks = ((call.first, call.last, k),)
+    work = expand(graph, chunks)
+    for nd in work.nodes:
+        assert nd.out_bytes % CUDA_BLOCK == 0 and nd.saved_bytes % CUDA_BLOCK == 0, nd
+    regions = [(sp.first, sp.last) for sp in work.spans if parse_chunk_module(sp.module)] if checkpointed else []
+    plan = Plan.from_regions(graph, regions, chunks=chunks)
+    predicted = scheduler.simulate(graph, plan).peak_bytes
+    scheduler.apply(model, plan)
+    with cuda_blocks(True):
+        measured = measure_step_peak(model, model, (x,), {}, loss)
+    assert measured <= predicted, f"{measured} B measured in blocks, {predicted} B predicted"
