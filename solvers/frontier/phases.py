@@ -97,22 +97,29 @@ def by_frontier(graph: Graph, budget_bytes: int, program: FrontierDP, deadline: 
                 bound=float(res.objective - calls), findings=findings)
 
 
-def frontier_heuristic(graph: Graph, budget_bytes: int, deadline: Deadline, max_work: int | None) -> Incumbent | None:
+def frontier_heuristic(graph: Graph, budget_bytes: int, deadline: Deadline, max_work: int | None,
+                       first: Deadline | None = None) -> Incumbent | None:
     """A plan for a graph too wide for the exact program: the program with at
     most ``k`` unheld open tensors per boundary (the rest counted as held, so
-    the plan fits), for ``k`` = 0, 2, 4, 8 while the time and the work last; the cheapest."""
+    the plan fits), for ``k`` = 0, 2, 4, 8 while the time and the work last; the cheapest.
+
+    ``first``: the deadline of the program's build and of its passes until one finds a plan (default
+    ``deadline``), which may be later than the others': that plan is often the only one a wide graph gets (NOTE
+    [ The heuristic's first pass ] in ``solvers.ilp``); the later passes only make it cheaper."""
+    first = deadline if first is None else first
     try:  # on a graph this wide the open sets alone are millions of entries: built only when there is time
-        program = FrontierDP(graph, max_width=None, blocks=False, deadline=deadline)
+        program = FrontierDP(graph, max_width=None, blocks=False, deadline=first)
     except (FrontierTimeout, MemoryError) as exc:
         log.info("ilp heuristic: %s", exc or type(exc).__name__)
         return None
     best: Incumbent | None = None
     spent = 0
     for k in (0, 2, 4, 8):
-        if deadline.expired():
+        now = first if best is None else deadline
+        if now.expired():
             break
         try:
-            res = program.solve(budget_bytes, max_free=k, deadline=deadline,
+            res = program.solve(budget_bytes, max_free=k, deadline=now,
                                 max_work=None if max_work is None else max_work - spent,
                                 upper=best.flops if best is not None else None)
         except (FrontierTimeout, MemoryError) as exc:
