@@ -61,7 +61,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch import nn
 
-from graphs import CALL_RETURNS_META, COSTS_META, FROZEN_META, LM_HEADS_META, LOOPS, SCALARS_META, TARGET_META, WORKSPACES_META, Graph
+from graphs import CALL_RETURNS_META, CkptError, COSTS_META, FROZEN_META, LM_HEADS_META, LOOPS, SCALARS_META, TARGET_META, WORKSPACES_META, Graph
 from solvers.model.overheads import OVERHEADS_KEY
 
 from .build import attribute_params, build_nodes, frozen_by_node, group_records, output_names
@@ -288,10 +288,22 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
     # NOTE [ Measured op classes ]: a CPU roofline times its mispriced classes where the probe runs
     timed = timed_classes() if costs == "roofline" and plan_for.kind == "cpu" and ws_device is not None \
         and ws_device.type in ("cpu", "meta") else ()
-    with cuda_blocks(plan_for.kind == "cuda"):  # NOTE [ CUDA blocks ]
-        records, totals = measure_ops(gm, flat, strip_module=strip, workspaces=ws_device, device=moved,
-                                      kernels=kernels, outputs=outputs or (), time_classes=timed,
-                                      target_kind=plan_for.kind)
+    try:
+        with cuda_blocks(plan_for.kind == "cuda"):  # NOTE [ CUDA blocks ]
+            records, totals = measure_ops(gm, flat, strip_module=strip, workspaces=ws_device, device=moved,
+                                          kernels=kernels, outputs=outputs or (), time_classes=timed,
+                                          target_kind=plan_for.kind)
+    except (RuntimeError, NotImplementedError) as exc:
+        if moved is None or isinstance(exc, CkptError):
+            raise
+        # The graph was captured on ``meta`` and runs on fake CPU tensors: a forward that branches on its device
+        # (transformers' MoE routing calls histc on ints unless the device is the CPU) took meta's branch
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TraceError(
+            f"{type(model).__name__} built on meta could not be traced for {plan_for.describe()}: an op of the graph "
+            f"captured on meta fails on the CPU ({first}). Its forward may take another branch on meta than on the "
+            "CPU (it reads the device). Build the model on the CPU to trace it for the CPU, or trace the meta model "
+            "for the GPU you plan for (target='H100')") from exc
     totals["rng_state_bytes"] = rng_state_bytes(plan_for)  # type: ignore[assignment]
     if not records:
         raise TraceError(f"{type(model).__name__} traced to a graph without operations; nothing to plan")
