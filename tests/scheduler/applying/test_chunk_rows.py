@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 import scheduler
@@ -19,29 +18,12 @@ from graphs import Graph
 from solvers import Plan
 from solvers.model.chunks import chunk_rows, expand, find_calls, parse_chunk_module
 
-
-class _MLP(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
-
-
-class _Net(nn.Module):
-    def __init__(self, width: int = 4, vocab: int = 7) -> None:
-        super().__init__()
-        self.stem, self.mlp, self.head = nn.Linear(5, width), _MLP(width), nn.Linear(width, vocab)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.stem(x)
-        return self.head(h + self.mlp(h))
+from row_nets import RowNet
 
 
 def _case(batch: int, tokens: int):
     torch.manual_seed(0)
-    model = _Net()
+    model = RowNet()
     x = torch.randn(batch, tokens, 5)
     labels = torch.randint(0, 7, (batch * tokens,))
 

@@ -10,6 +10,8 @@ from torch import nn
 import scheduler
 from scheduler.tracing.records import CUDA_BLOCK, block_bytes
 
+from row_nets import RowNet
+
 
 def _model() -> nn.Module:
     torch.manual_seed(0)
@@ -35,25 +37,6 @@ def test_a_trace_for_a_gpu_counts_whole_allocator_blocks():
     assert scheduler.simulate(gpu).peak_bytes > scheduler.simulate(cpu).peak_bytes
 
 
-class _MLP(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.up, self.down = nn.Linear(width, 3 * width), nn.Linear(3 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.relu(self.up(x)))
-
-
-class _Net(nn.Module):
-    def __init__(self, width: int = 10, vocab: int = 13) -> None:
-        super().__init__()
-        self.stem, self.mlp, self.head = nn.Linear(5, width), _MLP(width), nn.Linear(width, vocab)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.stem(x)
-        return self.head(h + self.mlp(h))
-
-
 @pytest.mark.parametrize("k,checkpointed", [(3, False), (3, True), (4, True)])
 def test_each_chunk_of_a_plan_for_a_gpu_is_counted_in_whole_blocks(k, checkpointed):
     """A chunk's tensors are blocks of their own: 18 rows of 40 B are 720 B (two blocks) as one tensor, and three
@@ -66,7 +49,7 @@ def test_each_chunk_of_a_plan_for_a_gpu_is_counted_in_whole_blocks(k, checkpoint
     from solvers.model.chunks import expand, find_calls, parse_chunk_module
 
     torch.manual_seed(0)
-    model = _Net().train()
+    model = RowNet(width=10, vocab=13).train()
     x, labels = torch.randn(2, 9, 5), torch.randint(0, 13, (18,))
 
     def loss(out: torch.Tensor) -> torch.Tensor:
