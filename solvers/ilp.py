@@ -41,20 +41,6 @@ NOTE [ One plan space ]
     and on in ``dp`` and ``compare``: ``ckpt solve`` wrote ``ilp``'s plan,
     labelled optimal, at 22.1 % recompute where ``dp`` found 11.1 %.
 
-NOTE [ The heuristic's first pass ]
-    On a graph too wide for the exact program where no fast solver's plan
-    fits, CP-SAT starts from nothing, and on random-dag 300 at 0.6 it finds
-    no plan in 50 s by itself; it finds one when hinted with the bounded-width
-    program's plan (``frontier_heuristic``, max_free 0: 1.6 s idle). That
-    heuristic once had only what was left of the first tenth of the limit
-    (:data:`HEURISTIC_SHARE`) after the warm starts: about 2 s of 60 idle,
-    nothing on a busy machine (``benchmarks/results/solvers.md`` then read
-    "no plan" where it had read 23.18 %), and at a 14 s limit nothing even
-    idle. Its passes until one finds a plan (max_free 0, or 2 on random-dag
-    100 at 0.6) may now run until half of the time left
-    (:data:`FIRST_PASS_KEEP`) or to the end of that tenth, whichever is
-    later; the passes after, which only make the plan cheaper, keep the tenth.
-
 NOTE [ An exact model of simulate ]
     Decisions: ``x[k]`` (node ``k`` is in a region) and ``y[k]`` (a region
     starts at ``k``); ``cont[k] = x[k] and not y[k]`` (``k`` continues the
@@ -320,7 +306,8 @@ def _by_cp_sat(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_limi
     inc, bound = warm.plain, None if kept else warm.bound
     if heuristic and warm_start and inc is None and not deadline.expired():
         # Too wide (or slow) to be exact, and no fast solver found a plan: CP-SAT would start from
-        # nothing. The program's bounded-width form gives it one (NOTE [ The heuristic's first pass ]).
+        # nothing. The program's bounded-width form gives it one (NOTE [ The heuristic's first pass ] in
+        # solvers/frontier/phases.py).
         keep = (1 - HEURISTIC_SHARE) * deadline.limit_s
         inc = frontier_heuristic(graph, budget_bytes, deadline.before(keep),
                                  None if max_work is None else int(HEURISTIC_SHARE * max_work),

@@ -61,7 +61,7 @@ from graphs import TARGET_META, CkptError
 from .calibration import cpu_peaks
 from .roofline import DEFAULT_DEVICE, DEVICES, DevicePeaks, lookup_device
 
-__all__ = ["Target", "TargetError", "CAPABILITY", "TARGET_META", "resolve_target", "target_peaks", "fake_device",
+__all__ = ["Target", "TargetError", "CAPABILITY", "TARGET_META", "resolve_target", "target_peaks", "fake_device", "meta_branch_message",
            "TargetKernels", "describe_targets", "check_target_for_costs", "rng_state_bytes"]
 
 log = logging.getLogger(__name__)
@@ -174,6 +174,17 @@ def fake_device(target: Target, device: torch.device) -> torch.device | None:
     if target.kind == "cpu" and device.type == "meta":
         return torch.device("cpu")
     return None
+
+
+def meta_branch_message(model: Any, target: Target, exc: BaseException) -> str:
+    """Why a ``meta`` model traced for the CPU failed where its graph runs on fake CPU tensors (:func:`fake_device`):
+    the graph was captured on ``meta``, so a forward that reads its device took meta's branch (transformers' MoE
+    routing calls ``histc`` on ints unless the device is the CPU, which the CPU's kernel refuses)."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return (f"{type(model).__name__} built on meta could not be traced for {target.describe()}: an op of the graph "
+            f"captured on meta fails on the CPU ({first}). Its forward may take another branch on meta than on the "
+            "CPU (it reads the device). Build the model on the CPU to trace it for the CPU, or trace the meta model "
+            "for the GPU you plan for (target='H100')")
 
 
 class TargetKernels(TorchFunctionMode):

@@ -78,8 +78,8 @@ from .opclasses import timed_classes
 from .outputs import capture_exposed, returned_nodes
 from .overheads import target_overheads
 from .roofline import model_dtype, roofline_records
-from .target import (Target, TargetError, TargetKernels, check_target_for_costs, fake_device, resolve_target,
-                             rng_state_bytes, target_peaks)
+from .target import (Target, TargetError, TargetKernels, check_target_for_costs, fake_device, meta_branch_message,
+                     resolve_target, rng_state_bytes, target_peaks)
 from .timing import COST_MODELS, measure_node_times, time_records
 
 __all__ = ["Traced", "capture", "capture_for_plan", "trace", "TraceError", "TraceMismatch", "EvalModeWarning",
@@ -296,14 +296,7 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
     except (RuntimeError, NotImplementedError) as exc:
         if moved is None or isinstance(exc, CkptError):
             raise
-        # The graph was captured on ``meta`` and runs on fake CPU tensors: a forward that branches on its device
-        # (transformers' MoE routing calls histc on ints unless the device is the CPU) took meta's branch
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise TraceError(
-            f"{type(model).__name__} built on meta could not be traced for {plan_for.describe()}: an op of the graph "
-            f"captured on meta fails on the CPU ({first}). Its forward may take another branch on meta than on the "
-            "CPU (it reads the device). Build the model on the CPU to trace it for the CPU, or trace the meta model "
-            "for the GPU you plan for (target='H100')") from exc
+        raise TraceError(meta_branch_message(model, plan_for, exc)) from exc
     totals["rng_state_bytes"] = rng_state_bytes(plan_for)  # type: ignore[assignment]
     if not records:
         raise TraceError(f"{type(model).__name__} traced to a graph without operations; nothing to plan")

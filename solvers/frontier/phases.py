@@ -1,5 +1,20 @@
 """``ilp``'s frontier-program phases: the exact program (with and without kept nodes) and its bounded-width
-heuristic for wide graphs (NOTE [ The frontier DP ] in ``solvers.frontier.program``)."""
+heuristic for wide graphs (NOTE [ The frontier DP ] in ``solvers.frontier.program``).
+
+NOTE [ The heuristic's first pass ]
+    On a graph too wide for the exact program where no fast solver's plan
+    fits, CP-SAT starts from nothing, and on random-dag 300 at 0.6 it finds
+    no plan in 50 s by itself; it finds one when hinted with the bounded-width
+    program's plan (``frontier_heuristic``, max_free 0: 1.6 s idle). That
+    heuristic once had only what was left of the first tenth of the limit
+    (``HEURISTIC_SHARE`` in ``solvers.ilp``) after the warm starts: about 2 s
+    of 60 idle, nothing on a busy machine (``benchmarks/results/solvers.md`` then read
+    "no plan" where it had read 23.18 %), and at a 14 s limit nothing even
+    idle. Its passes until one finds a plan (max_free 0, or 2 on random-dag
+    100 at 0.6) may now run until half of the time left
+    (``FIRST_PASS_KEEP`` there) or to the end of that tenth, whichever is
+    later; the passes after, which only make the plan cheaper, keep the tenth.
+"""
 
 from __future__ import annotations
 
@@ -105,7 +120,7 @@ def frontier_heuristic(graph: Graph, budget_bytes: int, deadline: Deadline, max_
 
     ``first``: the deadline of the program's build and of its passes until one finds a plan (default
     ``deadline``), which may be later than the others': that plan is often the only one a wide graph gets (NOTE
-    [ The heuristic's first pass ] in ``solvers.ilp``); the later passes only make it cheaper."""
+    [ The heuristic's first pass ]); the later passes only make it cheaper."""
     first = deadline if first is None else first
     try:  # on a graph this wide the open sets alone are millions of entries: built only when there is time
         program = FrontierDP(graph, max_width=None, blocks=False, deadline=first)

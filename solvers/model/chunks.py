@@ -118,13 +118,13 @@ NOTE [ Which heads run in chunks ]
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from graphs import CALL_RETURNS_META, HOLDS_OP, LM_HEADS_META, Graph, Node, Span, storage_unit
 
 from ..errors import PlanError, SolverInputError
+from .rows import chunk_rows, token_rows
 
 __all__ = ["CHUNK_MENU", "ROWWISE_OPS", "LOSS_SUFFIX", "ChunkError", "Tail", "find_tail", "find_calls", "chunk_entries", "chunked_graph", "expand",
            "chunk_module", "parse_chunk_module", "token_rows", "max_chunks", "call_rows", "chunk_rows"]
@@ -296,20 +296,6 @@ def _find_calls(graph: Graph) -> tuple[Span, ...]:
     return tuple(found)
 
 
-def token_rows(meta: Mapping[str, Any], *, integers: bool = False) -> int | None:
-    """A bound on the rows a call of a traced step computes, from the inputs its graph's meta records (NOTE
-    [ Chunk counts and rows ]): the most elements of an input (of an integer input with ``integers``: the labels
-    a cross-entropy reads, batch x sequence); None when no such input is recorded."""
-    rows = None
-    for spec in meta.get("inputs") or ():
-        if not isinstance(spec, Mapping) or integers and not str(spec.get("dtype", "")).startswith(("int", "uint")):
-            continue
-        shape = spec.get("shape")
-        if isinstance(shape, (list, tuple)) and all(isinstance(d, int) and d >= 0 for d in shape):
-            rows = max(rows or 0, math.prod(shape))
-    return rows
-
-
 def call_rows(graph: Graph, first: int, last: int) -> int | None:
     """The token rows the call ``first..last`` of ``graph`` splits into chunks (NOTE [ Chunk counts and rows ]):
     those its first node computes (``Node.rows``, recorded by the trace), or, on a graph that does not record
@@ -318,15 +304,6 @@ def call_rows(graph: Graph, first: int, last: int) -> int | None:
     if rows:
         return rows
     return token_rows(graph.meta, integers=True) if last == len(graph) - 1 else None
-
-
-def chunk_rows(rows: int, k: int) -> list[int]:
-    """The rows of each chunk the runtime makes of ``rows`` rows in ``k`` chunks (``scheduler.applying.chunked``):
-    chunks of ``ceil(rows / k)`` rows, the last one shorter, and fewer than ``k`` chunks when fewer fill the rows
-    (10 rows in 4: 3, 3, 3, 1; 6 rows in 4: 2, 2, 2)."""
-    size = max(-(-rows // k), 1)
-    count = max(1, min(k, -(-rows // size)))
-    return [size] * (count - 1) + [rows - size * (count - 1)]
 
 
 def max_chunks(graph: Graph, first: int, last: int) -> int:
@@ -392,10 +369,12 @@ def parse_chunk_module(path: str) -> tuple[str, int, int] | None:
     return (head, int(c), int(k)) if c.isdigit() and k.isdigit() else None
 
 
-def _part(value: int, rows: int, part: int) -> int:
+def _part(value: int, rows: int, part: int, unit: int = 1) -> int:
     """The share of ``value`` (bytes or FLOPs of a node over ``rows`` rows) of a chunk of ``part`` rows: what scales
-    with the rows, and the remainder whole (NOTE [ Chunked head ]: a 4-byte loss, a scalar's saved total)."""
-    return value // rows * part + value % rows
+    with the rows, and the remainder whole (NOTE [ Chunked head ]: a 4-byte loss, a scalar's saved total); bytes
+    rounded up to a multiple of ``unit`` (``graphs.storage_unit``: a chunk's storages are blocks of their own)."""
+    share = value // rows * part + value % rows
+    return -(-share // unit) * unit
 
 
 def chunk_entries(graph: Graph, head_k: int, call_k: int = 1) -> tuple[tuple[int, int, int], ...]:
@@ -460,12 +439,7 @@ def _build(graph: Graph, first: int, last: int, k: int, path: str, *, loss: bool
     out: list[Node] = list(nodes[:first]) + [nodes[i] for i in shared]
     spans: list[Span] = []
     copies = []
-    unit = storage_unit(graph.meta)  # each chunk's storages are blocks of their own on a card
-
-    def share(value: int, part: int) -> int:
-        b = _part(value, total, part)
-        return -(-b // unit) * unit
-
+    unit = storage_unit(graph.meta)
     for c, part in enumerate(sizes):
         rename = {nodes[i].name: f"{nodes[i].name}@{c}" for i in chunked}
         start = len(out)
@@ -476,15 +450,15 @@ def _build(graph: Graph, first: int, last: int, k: int, path: str, *, loss: bool
             out.append(dataclasses.replace(
                 nd, name=rename[nd.name], inputs=tuple(rename.get(x, x) for x in nd.inputs),
                 saves_inputs=tuple(rename.get(x, x) for x in nd.saves_inputs),
-                out_bytes=nd.out_bytes if whole else share(nd.out_bytes, part),
-                saved_bytes=share(nd.saved_bytes, part),
-                workspace_bytes=share(nd.workspace_bytes, part) + extra,
+                out_bytes=nd.out_bytes if whole else _part(nd.out_bytes, total, part, unit),
+                saved_bytes=_part(nd.saved_bytes, total, part, unit),
+                workspace_bytes=_part(nd.workspace_bytes, total, part, unit) + extra,
                 param_bytes=nd.param_bytes if c == m - 1 else 0, fwd_flops=_part(nd.fwd_flops, total, part),
                 bwd_flops=_part(nd.bwd_flops, total, part), fwd_cost=_part(nd.fwd_cost, total, part), members=(),
                 sac_op=-1, rows=part if nd.rows == rows else nd.rows))
         spans.append(Span(start, len(out) - 1, chunk_module(path, c, k)))
         copies.append(out[-1].name)
-    out.extend(dataclasses.replace(nodes[i], workspace_bytes=share(nodes[i].workspace_bytes, sizes[-1]))
+    out.extend(dataclasses.replace(nodes[i], workspace_bytes=_part(nodes[i].workspace_bytes, total, sizes[-1], unit))
                for i in range(first, last + 1) if i not in chunked and i not in shared)  # holds: the last chunk's step
     end = nodes[last]
     join = f"{end.name}@{'sum' if loss else 'cat'}"
