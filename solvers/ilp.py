@@ -97,7 +97,7 @@ from .errors import InfeasibleBudget, SolverBug
 from .frontier.program import MAX_WIDTH, WORK_PER_S, FrontierTimeout, TooWide
 from .cpsat.solver import (CP_SAT_OPTIONS, DEFAULT_WORK_LIMIT, WARM_SOLVERS, IlpSolver, IlpTimeout, Incumbent,
                            checkpoint_model, cp_sat_may_start, solve_within as cp_sat_within)
-from .frontier.phases import by_frontier, frontier_heuristic, frontier_program, keepable
+from .frontier.phases import by_frontier, frontier_program, heuristic_start, keepable
 from .options import Option
 from .model.plan import Plan, Status
 from .registry import register
@@ -114,10 +114,6 @@ log = logging.getLogger(__name__)
 METHODS = ("auto", "frontier", "cp-sat")
 #: The share of the time limit ``auto`` keeps for the warm starts and CP-SAT when the frontier program runs first.
 CP_SAT_SHARE = 0.2
-#: The share of the time limit (and of the work limit) the bounded-width heuristic may take (wide graphs).
-HEURISTIC_SHARE = 0.1
-#: The share of the time left that the heuristic's passes keep for CP-SAT until one finds a plan (where that is less).
-FIRST_PASS_KEEP = 0.5
 #: What the graph's fingerprint costs in passes over it (a JSON dump: about two simulations), and the passes
 #: before any plan is checked: the fingerprint and one plan's simulation.
 FINGERPRINT_PASSES = 2.0
@@ -297,23 +293,18 @@ def _by_cp_sat(graph: Graph, budget_bytes: int, deadline: Deadline, *, work_limi
     best = warm.best
     if best is not None and (best.flops == 0 or (warm.bound is not None and best.flops <= warm.bound)):
         return _proven(_warm_plan(best, Status.OPTIMAL), over)  # dp's bound is over the plans asked for
+    # Too wide (or slow) to be exact, and no fast solver found a plan: CP-SAT would start from nothing. The
+    # program's bounded-width form gives it one, once (NOTE [ The heuristic's first pass ] in solvers/frontier/phases.py)
+    start = heuristic and warm_start and warm.plain is None and not deadline.expired()
+    heur = heuristic_start(graph, budget_bytes, deadline, max_work) if start and (kept or best is None) else None
     if kept and cp_sat_may_start(deadline, len(graph)):  # NOTE [ Kept nodes in the CP-SAT model ]
+        best = best or heur
         plan = kept_solver()(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers, seed=seed,
                              gap_limit=gap_limit, warm_start_=False, incumbent=best)
         if plan is not None:
             return _proven(plan, KEPT) if plan.status == Status.OPTIMAL else plan
         why = f"{why}, and there are too many (region, menu entry) choices for CP-SAT's kept-node model"
-    inc, bound = warm.plain, None if kept else warm.bound
-    if heuristic and warm_start and inc is None and not deadline.expired():
-        # Too wide (or slow) to be exact, and no fast solver found a plan: CP-SAT would start from
-        # nothing. The program's bounded-width form gives it one (NOTE [ The heuristic's first pass ] in
-        # solvers/frontier/phases.py).
-        keep = (1 - HEURISTIC_SHARE) * deadline.limit_s
-        inc = frontier_heuristic(graph, budget_bytes, deadline.before(keep),
-                                 None if max_work is None else int(HEURISTIC_SHARE * max_work),
-                                 first=deadline.before(min(keep, FIRST_PASS_KEEP * deadline.left())))
-        if inc is not None:
-            log.info("ilp warm start: %s, %d FLOPs", inc.source, inc.flops)
+    inc, bound = warm.plain or heur, None if kept else warm.bound
     try:
         plan = cp_sat_within(graph, budget_bytes, deadline, work_limit=work_limit, workers=workers, seed=seed,
                              gap_limit=gap_limit, warm_start_=False, incumbent=inc, bound=bound,

@@ -7,13 +7,18 @@ NOTE [ The heuristic's first pass ]
     no plan in 50 s by itself; it finds one when hinted with the bounded-width
     program's plan (``frontier_heuristic``, max_free 0: 1.6 s idle). That
     heuristic once had only what was left of the first tenth of the limit
-    (``HEURISTIC_SHARE`` in ``solvers.ilp``) after the warm starts: about 2 s
+    (:data:`HEURISTIC_SHARE`) after the warm starts: about 2 s
     of 60 idle, nothing on a busy machine (``benchmarks/results/solvers.md`` then read
     "no plan" where it had read 23.18 %), and at a 14 s limit nothing even
     idle. Its passes until one finds a plan (max_free 0, or 2 on random-dag
     100 at 0.6) may now run until half of the time left
-    (``FIRST_PASS_KEEP`` there) or to the end of that tenth, whichever is
+    (:data:`FIRST_PASS_KEEP`) or to the end of that tenth, whichever is
     later; the passes after, which only make the plan cheaper, keep the tenth.
+    The search with kept nodes starts from that plan too
+    (:func:`heuristic_start`): a stock T5 at its least budget, where no fast
+    solver's plan fits, once answered "no plan found" at 20 s on a busy
+    machine, its kept-node search having found none by itself, where the
+    heuristic finds one in 0.2 s.
 """
 
 from __future__ import annotations
@@ -31,9 +36,15 @@ from ..model.plan import Plan, Status
 from ..model.simulate import simulate
 from ..warm import Incumbent, simple_peaks
 
-__all__ = ["frontier_program", "keepable", "by_frontier", "frontier_heuristic"]
+__all__ = ["frontier_program", "keepable", "by_frontier", "frontier_heuristic", "heuristic_start", "HEURISTIC_SHARE",
+           "FIRST_PASS_KEEP"]
 
 log = logging.getLogger(__name__)
+
+#: The share of the time limit (and of the work limit) the bounded-width heuristic may take (wide graphs).
+HEURISTIC_SHARE = 0.1
+#: The share of the time left that the heuristic's passes keep for CP-SAT until one finds a plan (where that is less).
+FIRST_PASS_KEEP = 0.5
 
 _PROGRAMS: dict[tuple[int, int | None, bool, bool, bool], tuple[Any, FrontierDP]] = {}
 
@@ -149,3 +160,15 @@ def frontier_heuristic(graph: Graph, budget_bytes: int, deadline: Deadline, max_
         if sim.peak_bytes <= budget_bytes and (best is None or sim.recompute_cost < best.flops):
             best = Incumbent(res.regions, int(sim.recompute_cost), f"frontier (max_free {k})")
     return best
+
+
+def heuristic_start(graph: Graph, budget_bytes: int, deadline: Deadline, max_work: int | None) -> Incumbent | None:
+    """:func:`frontier_heuristic` within ``ilp``'s limits: a plan for CP-SAT to start from where no fast solver's
+    fits (NOTE [ The heuristic's first pass ]); ``max_work``: the program's work limit, or None."""
+    keep = (1 - HEURISTIC_SHARE) * deadline.limit_s
+    inc = frontier_heuristic(graph, budget_bytes, deadline.before(keep),
+                             None if max_work is None else int(HEURISTIC_SHARE * max_work),
+                             first=deadline.before(min(keep, FIRST_PASS_KEEP * deadline.left())))
+    if inc is not None:
+        log.info("ilp warm start: %s, %d FLOPs", inc.source, inc.flops)
+    return inc

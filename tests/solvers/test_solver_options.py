@@ -165,7 +165,7 @@ def _counting_candidates(monkeypatch, clock: FakeClock, step_s: float) -> list[s
 def test_phases_stop_at_the_deadline(monkeypatch):
     clock = FakeClock()
     started = _counting_candidates(monkeypatch, clock, 1.0)
-    monkeypatch.setattr(ilp_mod, "frontier_heuristic", lambda *a: pytest.fail("heuristic run past the deadline"))
+    monkeypatch.setattr(ilp_mod, "heuristic_start", lambda *a: pytest.fail("heuristic run past the deadline"))
     model = ilp_cpsat.checkpoint_model()
     monkeypatch.setattr(model, "solve", lambda *a, **k: pytest.fail("CP-SAT started past the deadline"))
     budget = activation_budget_bytes(WIDE, 0.8)
@@ -218,6 +218,32 @@ def test_a_wide_graph_nothing_fast_fits_gets_the_heuristics_plan_though_the_warm
     assert plan.findings["incumbent"].startswith("frontier (max_free")
     assert plan.status == "feasible" and plan.regions
     assert solvers.simulate(g, plan).peak_bytes <= budget
+
+
+def test_the_kept_node_search_starts_from_the_heuristics_plan_where_nothing_fast_fits(monkeypatch):
+    """NOTE [ The heuristic's first pass ]: a stock T5 at its least budget once got "no plan found" from a busy
+    machine's kept-node search, which had no plan to start from. The bounded-width program's plan is now its
+    incumbent (here the search itself finds nothing and returns what it was given)."""
+    import dataclasses
+
+    from solvers import Plan
+
+    g = synthetic.make("random-dag", 100)  # too wide to be exact; dp and chen find no plan at 0.6
+    g = dataclasses.replace(g, nodes=tuple(dataclasses.replace(nd, sac_op=0) for nd in g.nodes))  # keepable
+    budget = activation_budget_bytes(g, 0.6)
+    given = []
+
+    def kept_search(graph, budget_bytes, deadline, *, incumbent=None, **_):
+        given.append(incumbent)
+        if incumbent is None:
+            raise IlpTimeout("no plan found (the kept-node search, from nothing)")
+        return Plan(regions=incumbent.regions, saved=incumbent.saved, status="feasible",
+                    findings={"incumbent": incumbent.source})
+
+    monkeypatch.setattr(ilp_mod, "kept_solver", lambda: kept_search)
+    plan = solvers.solve(g, budget, solver="ilp", time_limit_s=30)
+    assert given and given[0] is not None and given[0].source.startswith("frontier (max_free")
+    assert plan.regions and solvers.simulate(g, plan).peak_bytes <= budget
 
 
 def test_a_short_time_limit_is_kept_on_the_wall_clock():
