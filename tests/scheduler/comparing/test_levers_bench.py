@@ -22,6 +22,11 @@ def test_max_relative_difference():
     assert abs(levers._max_relative(_step(1.0, g + torch.tensor([0.004, 0.0])), _step(1.0, g)) - 1e-3) < 1e-6
     assert levers._max_relative(_step(1.0, g), _step(1.0, None)) == float("inf")  # a gradient missing on one side
     assert levers._max_relative(_step(1.0, g), _step(1.0, g, g)) == float("inf")  # a different number of gradients
+    # a gradient zero in exact arithmetic (an attention key's bias) differs by rounding: against the step's largest
+    # gradient, not its own size (diffusers' UNet read 1.8 where the difference was 1e-10)
+    tiny = torch.tensor([6e-11, -2e-11])
+    assert levers._max_relative(_step(1.0, g, tiny + 1e-10), _step(1.0, g, tiny)) < 1e-9
+    assert abs(levers._max_relative(_step(1.0, g, tiny + 0.004), _step(1.0, g, tiny)) - 1e-3) < 1e-6
 
 
 class _MLP(nn.Module):
