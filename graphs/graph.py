@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from .errors import GraphError
 from .node import Node, toposort
 from .reading import poll, poll_every
-from .schema import (BUILD_META, CALL_RETURNS_META, COSTS_META, FORMAT_VERSION, FROZEN_META, GRAPH_KEYS, HOLDS_OP, LM_HEADS_META, LOOPS, MAX_COUNT, SCALARS_META,
+from .schema import (BUILD_META, CALL_RETURNS_META, COSTS_META, FORMAT_VERSION, FROZEN_META, FUSED_HEADS_META, GRAPH_KEYS, HOLDS_OP, LM_HEADS_META, LOOPS, MAX_COUNT, SCALARS_META,
                      TARGET_META, WORKSPACES_META, short_repr, count, is_count, reject_unknown)
 
 __all__ = ["Span", "Graph", "graph_from_dict"]
@@ -347,6 +347,7 @@ class Graph:
         d["meta"].pop(SCALARS_META, None)
         d["meta"].pop(FROZEN_META, None)
         d["meta"].pop(LM_HEADS_META, None)
+        d["meta"].pop(FUSED_HEADS_META, None)
         d["meta"].pop(CALL_RETURNS_META, None)
         for nd in d["nodes"]:
             del nd["fwd_flops"], nd["bwd_flops"], nd["fwd_cost"], nd["workspace_bytes"]

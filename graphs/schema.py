@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 from .errors import CkptError, GraphError
 
 __all__ = ["FORMAT_VERSION", "COSTS_META", "MAX_COUNT", "WORKSPACES_META", "TARGET_META", "BUILD_META", "SCALARS_META",
-           "FROZEN_META", "LM_HEADS_META", "CALL_RETURNS_META", "LOOPS", "HOLDS_OP", "CUDA_BLOCK", "storage_unit", "GRAPH_KEYS", "count", "is_count", "reject_unknown", "short_repr"]
+           "FROZEN_META", "LM_HEADS_META", "FUSED_HEADS_META", "CALL_RETURNS_META", "LOOPS", "HOLDS_OP", "CUDA_BLOCK", "storage_unit", "GRAPH_KEYS", "count", "is_count", "reject_unknown", "short_repr"]
 
 #: Version of the JSON format written by :meth:`Graph.to_dict`.
 FORMAT_VERSION = 1
@@ -58,6 +58,10 @@ FROZEN_META = "frozen_params"
 #: knows (NOTE [ Which heads run in chunks ] in ``solvers/model/chunks.py``); which plans a menu may make, not what
 #: a plan does: not part of the fingerprint.
 LM_HEADS_META = "lm_heads"
+#: ``meta`` key: the module paths of the LM heads that run fused with their loss (a plain ``nn.Linear`` with no
+#: hooks, the output layer of a model ``LM_HEADS_META`` names: NOTE [ Fused head ] in ``solvers/model/fused.py``).
+#: Absent in graphs traced before it; not part of the fingerprint (plans made before it still load).
+FUSED_HEADS_META = "fused_heads"
 #: ``meta`` key: ``{module path: type name}``, the span calls whose eager run returned something other than one
 #: tensor (a body returning ``(hidden, caches)``): no row-wise call a chunk menu may offer (NOTE [ Chunked head ] in
 #: ``solvers/model/chunks.py``). Absent when no call did, or when the trace ran no eager pass (a ``meta`` model);

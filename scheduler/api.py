@@ -154,7 +154,7 @@ def solve(graph: Graph, budget: BudgetSpec, solver: str = "ilp", *, optimizer: s
     try:
         if chunks or mlp_chunks:
             return solve_chunked(graph, budget_bytes, solve_graph, chunks or (1,), mlp_chunks or (1,),
-                                 deadline=deadline)
+                                 deadline=deadline, fused_whole=any(k > 1 for k in chunks or ()))
         return solve_graph(graph, budget_bytes)
     except InfeasibleBudget as exc:
         if exc.floor:

@@ -44,8 +44,9 @@ from torch import nn
 from graphs import CkptError
 from solvers import Plan
 from solvers.model.chunks import LOSS_SUFFIX, parse_chunk_module
+from solvers.model.fused import fused_heads
 
-from ..tracing.chunk_loop import IGNORE_INDEX, chunked_head_loss, over_chunks
+from ..tracing.chunk_loop import IGNORE_INDEX, chunked_head_loss, fusable, fused_head_loss, over_chunks
 from ..tracing.spans import lm_heads
 from .regions import run_region
 
@@ -55,9 +56,10 @@ class ChunkedHeadError(CkptError, RuntimeError):
     """A chunked head could not be installed or run on this model (the message says why)."""
 
 
-def split_chunks(plan: Plan) -> tuple[Plan, list[tuple[str, int, frozenset[int], bool]]]:
-    """``plan`` without its chunk regions, and per chunked call ``(path, k, checkpointed chunks, is the tail)``
-    (the checkpointed chunks: the indices of those the plan runs as regions)."""
+def split_chunks(plan: Plan) -> tuple[Plan, list[tuple[str, int, frozenset[int], bool, bool | None]]]:
+    """``plan`` without its chunk regions, and per chunked call ``(path, k, checkpointed chunks, is the tail,
+    fused)`` (the checkpointed chunks: the indices of those the plan runs as regions; fused: whether the plan's
+    model runs the tail fused, NOTE [ Fused head ] in ``solvers.model.fused``, None for a plan from before it)."""
     if len(plan.chunk_modules) != len(plan.chunks):
         raise ChunkedHeadError("this plan runs calls in chunks but names none of their modules (chunk_modules); "
                                "solve it again with scheduler.solve(..., chunks=...)")
@@ -85,7 +87,9 @@ def split_chunks(plan: Plan) -> tuple[Plan, list[tuple[str, int, frozenset[int],
     rest = dataclasses.replace(plan, regions=regions, modules=pick(plan.modules), stochastic=pick(plan.stochastic),
                                save_ops=pick(plan.save_ops), save_op_calls=pick(plan.save_op_calls), saved=saved,
                                node_names=pick(plan.node_names), chunks=(), chunk_modules=())
-    entries = [(path.removesuffix(LOSS_SUFFIX), k, frozenset(flags[path]), path.endswith(LOSS_SUFFIX))
+    fused = fused_heads(plan.graph_meta or {})
+    entries = [(path.removesuffix(LOSS_SUFFIX), k, frozenset(flags[path]), path.endswith(LOSS_SUFFIX),
+                None if fused is None else path.removesuffix(LOSS_SUFFIX) in fused)
                for path, (_, _, k) in zip(plan.chunk_modules, plan.chunks)]
     return rest, entries
 
@@ -103,10 +107,10 @@ def _loss_kind(model: nn.Module, head: str) -> str:
                            f"{type(model).__name__} is neither. Solve without chunks")
 
 
-def install(model: nn.Module, entries: Sequence[tuple[str, int, frozenset[int], bool]]) -> None:
+def install(model: nn.Module, entries: Sequence[tuple]) -> None:
     """Install each chunked call of :func:`split_chunks` on ``model`` in place (NOTE [ Chunked head (applying) ]):
     a :class:`ChunkedCall` as the call's ``forward``, a :class:`ChunkedHead` as the model's for the tail."""
-    for path, k, checkpointed, tail in entries:
+    for path, k, checkpointed, tail, *rest in entries:
         try:
             module = model.get_submodule(path)
         except AttributeError:
@@ -114,7 +118,7 @@ def install(model: nn.Module, entries: Sequence[tuple[str, int, frozenset[int], 
                                    "trace and solve this model") from None
         if tail:
             model.forward = ChunkedHead(model, path, k, checkpointed, kind=_loss_kind(model, path),
-                                        previous=model.__dict__.get("forward"))
+                                        previous=model.__dict__.get("forward"), fused=rest[0] if rest else None)
         else:
             module.forward = ChunkedCall(module, path, k, checkpointed, previous=module.__dict__.get("forward"))
 
@@ -197,9 +201,9 @@ class ChunkedHead(_Chunks):
     """
 
     def __init__(self, model: nn.Module, head: str, k: int, checkpointed: Iterable[int], *, kind: str,
-                 previous: Any = None) -> None:
+                 previous: Any = None, fused: bool | None = None) -> None:
         super().__init__(model, head, k, checkpointed, previous)
-        self.kind = kind
+        self.kind, self.fused = kind, fused
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         labels = kwargs.get("labels")
@@ -241,7 +245,15 @@ class ChunkedHead(_Chunks):
         return result
 
     def loss(self, head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, num_items: Any) -> torch.Tensor:
-        """The loss of ``head`` over ``hidden``, summed over k chunks of the token rows."""
+        """The loss of ``head`` over ``hidden``, summed over k chunks of the token rows (fused where the plan's
+        model says, NOTE [ Fused head ] in ``solvers.model.fused``; a plan from before it: where the head can)."""
+        fused = self.fused if self.fused is not None else fusable(head) and not self.checkpointed
+        if fused:
+            if not fusable(head):
+                raise ChunkedHeadError(f"the plan runs the head {self.path!r} fused with its loss, as traced, but it "
+                                       f"is no longer a plain nn.Linear without hooks ({type(head).__name__}); trace "
+                                       "and solve the model as it is now")
+            return fused_head_loss(head, hidden, labels, self.kind, self.k, num_items)
         return chunked_head_loss(head, hidden, labels, self.kind, self.k, num_items, run=self._runner(head))
 
     def __repr__(self) -> str:

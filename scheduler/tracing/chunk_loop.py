@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-__all__ = ["IGNORE_INDEX", "over_chunks", "chunked_head_loss"]
+__all__ = ["IGNORE_INDEX", "over_chunks", "chunked_head_loss", "fusable", "fused_head_loss"]
 
 #: Labels that take no part in the loss (transformers' and torch's default ``ignore_index``).
 IGNORE_INDEX = -100
@@ -56,3 +56,97 @@ def chunked_head_loss(head: nn.Module, hidden: torch.Tensor, labels: torch.Tenso
 
     losses = over_chunks(chunk_loss, rows, labels, k=k, run=run)
     return sum(losses[1:], losses[0])
+
+
+def fusable(head: nn.Module) -> bool:
+    """Whether ``head`` runs fused with its loss (NOTE [ Fused head ] in ``solvers.model.fused``): a plain
+    ``nn.Linear`` (not a subclass: an adapter's or FSDP's layer is one) with no hooks of its own or global, and no
+    parametrization, whose forward is therefore ``F.linear`` of its weight and bias."""
+    from torch.nn.modules import module as _module
+
+    if type(head) is not nn.Linear or "forward" in head.__dict__:
+        return False
+    hooks = (head._forward_hooks, head._forward_pre_hooks, head._backward_hooks, head._backward_pre_hooks,
+             _module._global_forward_hooks, _module._global_forward_pre_hooks, _module._global_backward_hooks,
+             _module._global_backward_pre_hooks)
+    return not any(hooks) and not getattr(head, "parametrizations", None)
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """The loss of ``linear(x, weight, bias)`` over ``labels`` and its gradients, computed in the forward over
+    row chunks (NOTE [ Fused head ] in ``solvers.model.fused``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                count: Any, k: int, upcast: bool) -> torch.Tensor:
+        counted = isinstance(count, torch.Tensor)  # saved, so that it goes with the graph's saved tensors
+        ctx.save_for_backward(x, weight, bias, labels, *((count,) if counted else ()))
+        ctx.count, ctx.upcast = None if counted else count, upcast
+        gx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        gw = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        gb = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
+        total = torch.zeros((), dtype=torch.float32, device=x.device)
+        size = max(-(-x.shape[0] // k), 1)
+        for start in range(0, x.shape[0], size):
+            xc, y = x[start:start + size], labels[start:start + size]
+            logits = nn.functional.linear(xc, weight, bias)
+            dtype = logits.dtype
+            lsm = torch.log_softmax(logits.float() if upcast else logits, -1)
+            del logits
+            valid = y != IGNORE_INDEX
+            yc = torch.where(valid, y, 0)[:, None]
+            total -= torch.where(valid, lsm.gather(1, yc).squeeze(1), 0).sum()
+            g = lsm.exp_().scatter_add_(1, yc, torch.full_like(yc, -1, dtype=lsm.dtype)).to(dtype)
+            del lsm
+            scale = (valid.to(dtype) / count)[:, None]  # ignored rows take no part; the mean over the count
+            if gx is not None:
+                gx[start:start + size] = (g @ weight.to(dtype)) * scale
+            if gw is not None:
+                xs = xc.to(dtype) * scale
+                if gw.dtype == dtype:
+                    gw.addmm_(g.t(), xs)
+                else:  # autocast: the product in its dtype, added into the parameter's as autograd does
+                    gw.add_(g.t() @ xs)
+            if gb is not None:
+                gb.add_((g.t() @ scale).squeeze(1))
+            del g  # before the next chunk's logits: one chunk's transients at a time
+        ctx.grads = (gx, gw, gb)
+        return total / count
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        grads, ctx.grads = ctx.grads, None
+        graph = torch.is_grad_enabled()  # create_graph: a gradient penalty differentiates these gradients
+        if grads is None or graph:  # or a second backward (retain_graph): the head again, in autograd
+            x, weight, bias, labels, *count = ctx.saved_tensors
+            with torch.enable_grad():
+                inputs = [t for t, need in zip((x, weight, bias), ctx.needs_input_grad) if need]
+                loss = _plain_loss(x, weight, bias, labels, count[0] if count else ctx.count, ctx.upcast)
+                got = iter(torch.autograd.grad(loss, inputs, grad, create_graph=graph))
+            return (*(next(got) if need else None for need in ctx.needs_input_grad[:3]), None, None, None, None)
+        if grad.device.type != "cpu" or grad.item() != 1.0:  # loss.backward() hands 1: nothing to scale
+            for t in grads:
+                if t is not None:
+                    t.mul_(grad)
+        return (*grads, None, None, None, None)
+
+
+def _plain_loss(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, count: Any,
+                upcast: bool) -> torch.Tensor:
+    logits = nn.functional.linear(x, weight, bias)
+    logits = logits.float() if upcast else logits
+    return nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum") / count
+
+
+def fused_head_loss(head: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor, kind: str, k: int,
+                    num_items: Any = None) -> torch.Tensor:
+    """:func:`chunked_head_loss` of a :func:`fusable` head, fused (NOTE [ Fused head ] in ``solvers.model.fused``):
+    the same loss, its gradients computed chunk by chunk in the forward, so no chunk's logits outlive it."""
+    if kind == "causal":
+        labels = nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].contiguous()
+    labels = labels.reshape(-1).to(hidden.device)
+    count = num_items if num_items is not None else (labels != IGNORE_INDEX).sum()
+    if isinstance(count, torch.Tensor):
+        count = count.to(hidden.device)
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    return _FusedLinearCrossEntropy.apply(rows, head.weight, head.bias, labels, count, k, kind == "causal")

@@ -19,7 +19,8 @@ NOTE [ Chunk loops timed at their shapes ]
     vocabulary), forward and backward, whole (the head and transformers'
     loss; the call) and in each of :data:`COUNTS` chunks that its rows allow,
     through the loop the applier runs (``scheduler.tracing.chunk_loop``,
-    shared with ``scheduler.applying.chunked``; no chunk checkpointed). The
+    shared with ``scheduler.applying.chunked``; no chunk checkpointed; a
+    fused head's fused loop, NOTE [ Fused head ] in ``solvers.model.fused``). The
     caches are flushed before each run (in a step the head's weight comes
     from memory, not from the last run); two warm-up passes over the counts
     (the first grows the heap: its runs fault pages in), then up to
@@ -73,10 +74,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from graphs import COSTS_META, LM_HEADS_META, Graph
 from solvers.model.chunks import LOSS_SUFFIX, ChunkError, find_calls, find_tail, max_chunks
+from solvers.model.fused import is_fused
 from solvers.model.overheads import CHUNK_TIMES_KEY
 
 from .calibration import cache_dir
-from .chunk_loop import chunked_head_loss, over_chunks
+from .chunk_loop import chunked_head_loss, fusable, fused_head_loss, over_chunks
 from .opclasses import CacheFlush
 
 __all__ = ["COUNTS", "ROUNDS", "MIN_ROUNDS", "FAULTS", "MAX_PASS_S", "BUDGET_S", "TOTAL_S", "MAX_RUN_S", "run_clock", "times_chunk_loops", "time_chunk_loops", "with_chunk_times"]
@@ -266,6 +268,7 @@ def time_chunk_loops(model: Any, graph: Graph, members: Sequence[Sequence[str]],
             x = torch.randn(tuple(value.shape), dtype=value.dtype).requires_grad_()
             if is_tail:
                 labels = torch.randint(0, vocab, tuple(value.shape[:-1]))
+                fused = is_fused(graph, path) and fusable(module)
 
                 def run(k: int) -> None:
                     for p in params:
@@ -277,6 +280,8 @@ def time_chunk_loops(model: Any, graph: Graph, members: Sequence[Sequence[str]],
                         if kind == "causal":
                             logits, y = logits[..., :-1, :], labels[..., 1:]
                         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
+                    elif fused:  # NOTE [ Fused head ] in solvers.model.fused: the loop the plan runs
+                        loss = fused_head_loss(module, x, labels, kind, k)
                     else:
                         loss = chunked_head_loss(module, x, labels, kind, k)
                     loss.backward()

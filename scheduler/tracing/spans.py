@@ -100,6 +100,21 @@ def lm_heads(model: nn.Module) -> dict[str, str]:
     return found
 
 
+def fused_heads(model: nn.Module) -> list[str]:
+    """The module paths of the output layers of ``model``'s LMs (:func:`lm_heads`) that run fused with their loss
+    (``scheduler.tracing.chunk_loop.fusable``: NOTE [ Fused head ] in ``solvers.model.fused``)."""
+    from .chunk_loop import fusable
+
+    paths = {id(m): p for p, m in model.named_modules()}
+    found = []
+    for path in lm_heads(model):
+        getter = getattr(model.get_submodule(path), "get_output_embeddings", None)
+        head = getter() if callable(getter) else None
+        if isinstance(head, nn.Module) and id(head) in paths and fusable(head):
+            found.append(paths[id(head)])
+    return sorted(set(found))
+
+
 _RUN = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
 
 

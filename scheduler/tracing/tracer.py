@@ -61,11 +61,11 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch import nn
 
-from graphs import CALL_RETURNS_META, CkptError, COSTS_META, FROZEN_META, LM_HEADS_META, LOOPS, SCALARS_META, TARGET_META, WORKSPACES_META, Graph
+from graphs import CALL_RETURNS_META, CkptError, COSTS_META, FROZEN_META, FUSED_HEADS_META, LM_HEADS_META, LOOPS, SCALARS_META, TARGET_META, WORKSPACES_META, Graph
 from solvers.model.overheads import OVERHEADS_KEY
 
 from .build import attribute_params, build_nodes, frozen_by_node, group_records, output_names
-from .spans import MODULES_META, TREE_META, lm_heads, module_spans, module_tree, sequential_children
+from .spans import MODULES_META, TREE_META, fused_heads, lm_heads, module_spans, module_tree, sequential_children
 from ..distributed.tensor_parallel import TP_META, tp_sizes
 from .held_arguments import add_held_arguments
 from .forward_holds import add_forward_holds, eager_holds
@@ -496,4 +496,5 @@ def _describe(model: nn.Module, name: str, args: tuple, kwargs: Mapping[str, Any
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     return {"model": name, "inputs": inputs, "dtype": ",".join(dtypes), "tracer": method,
             "training": bool(model.training), "parameters": sum(p.numel() for p in model.parameters()),
-            TREE_META: module_tree(model), TP_META: tp_sizes(model), LM_HEADS_META: lm_heads(model)}
+            TREE_META: module_tree(model), TP_META: tp_sizes(model), LM_HEADS_META: lm_heads(model),
+            FUSED_HEADS_META: fused_heads(model)}

@@ -179,7 +179,7 @@ def _label(best: Any, outcomes: dict[tuple[int, int], Any]) -> Any:
 
 def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[..., Any],
                   menu: Sequence[int] = CHUNK_MENU, call_menu: Sequence[int] = (1,),
-                  deadline: Deadline | None = None) -> Any:
+                  deadline: Deadline | None = None, fused_whole: bool = True) -> Any:
     """The cheapest plan over the chunk counts of ``menu`` (the tail) and ``call_menu`` (every row-wise call).
 
     ``solve_one(g, budget_bytes)`` solves one graph (a registered solver
@@ -198,6 +198,10 @@ def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[..., Any]
     head in one piece, at a budget only more chunks reach, searched for
     15 s and the head in 4 chunks, which fits, had 0.3 s: "no plan found".
 
+    ``fused_whole``: a head count of 1 runs a fusable head fused, whole (NOTE [ Fused head ] in
+    ``solvers.model.fused``); off where the caller asked for no head menu (``mlp_chunks=`` alone), whose
+    head stays as traced.
+
     Raises:
         ChunkError: a count is not an integer >= 1, no menu that asks for chunks has a call for them, or all its
             counts are above the rows of their calls (:func:`read_menus`).
@@ -208,7 +212,7 @@ def solve_chunked(graph: Graph, budget_bytes: int, solve_one: Callable[..., Any]
     outcomes: dict[tuple[int, int], Any] = {}
     pairs = [(kh, kc) for kc in calls for kh in heads]
     for done, (kh, kc) in enumerate(pairs):
-        chunks = chunk_entries(graph, kh, kc)
+        chunks = chunk_entries(graph, kh, kc, fused_whole)
         try:
             g = expand(graph, chunks)
             plan = solve_one(g, budget_bytes) if deadline is None else \

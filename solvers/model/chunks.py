@@ -124,7 +124,8 @@ from typing import Any, Mapping, Sequence
 from graphs import CALL_RETURNS_META, HOLDS_OP, LM_HEADS_META, Graph, Node, Span, storage_unit
 
 from ..errors import PlanError, SolverInputError
-from .rows import chunk_rows, token_rows
+from .fused import fuse, is_fused
+from .rows import _MATMUL_OPS, _base, _products, call_rows, chunk_rows, token_rows
 
 __all__ = ["CHUNK_MENU", "ROWWISE_OPS", "LOSS_SUFFIX", "ChunkError", "Tail", "find_tail", "find_calls", "chunk_entries", "chunked_graph", "expand",
            "chunk_module", "parse_chunk_module", "token_rows", "max_chunks", "call_rows", "chunk_rows"]
@@ -133,8 +134,6 @@ __all__ = ["CHUNK_MENU", "ROWWISE_OPS", "LOSS_SUFFIX", "ChunkError", "Tail", "fi
 #: The chunk counts the solvers try (1: the call as traced).
 CHUNK_MENU = (1, 2, 4, 8, 16)
 
-#: Matrix products: row-wise when they read one tensor of the call (the other operand a parameter).
-_MATMUL_OPS = frozenset({"aten.linear.default", "aten.addmm.default", "aten.mm.default", "aten.matmul.default"})
 #: ATen ops that compute each token row from that row alone (with parameters and label rows).
 ROWWISE_OPS = _MATMUL_OPS | frozenset({
     "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.alias.default",
@@ -169,13 +168,6 @@ class Tail:
     head: str
 
 
-def _base(graph: Graph, j: int) -> int:
-    """The tensor ``j`` is a view of (through zero-byte nodes), or ``j``."""
-    while graph.nodes[j].out_bytes == 0 and graph.preds[j]:
-        j = graph.preds[j][0]
-    return j
-
-
 def _ops(nd: Any) -> frozenset[str]:
     """The ATen ops node ``nd`` runs, as the row-wise check reads them: its own op, or, for a node that groups
     several fx nodes (op ``"2 ops"``: torch.export's ``_assert_tensor_metadata`` with the ``.to`` it checks),
@@ -187,12 +179,6 @@ def _ops(nd: Any) -> frozenset[str]:
     if ops & _MATMUL_OPS:  # a linear's lowering transposes its weight (a parameter, not the rows)
         ops -= {"aten.t.default"}
     return ops
-
-
-def _products(nd: Any) -> int:
-    """How many matrix products node ``nd`` runs: one for a product's own node, or those its dispatch lists (a node
-    grouping an MLP's ops at a coarse granularity runs all of its products; NOTE [ Chunked head ])."""
-    return max(int(nd.op in _MATMUL_OPS), sum(op in _MATMUL_OPS for op in nd.dispatch))
 
 
 def _split(graph: Graph, first: int, last: int, *, what: str, loss: bool) -> tuple[list[int], list[int]]:
@@ -296,16 +282,6 @@ def _find_calls(graph: Graph) -> tuple[Span, ...]:
     return tuple(found)
 
 
-def call_rows(graph: Graph, first: int, last: int) -> int | None:
-    """The token rows the call ``first..last`` of ``graph`` splits into chunks (NOTE [ Chunk counts and rows ]):
-    those its first node computes (``Node.rows``, recorded by the trace), or, on a graph that does not record
-    them, the tail's labels (the most elements of an integer input); None when neither is known."""
-    rows = graph.nodes[first].rows
-    if rows:
-        return rows
-    return token_rows(graph.meta, integers=True) if last == len(graph) - 1 else None
-
-
 def max_chunks(graph: Graph, first: int, last: int) -> int:
     """The most chunks the call ``first..last`` of ``graph`` runs in, its rows or a bound on them (NOTE [ Chunk
     counts and rows ]): the rows the trace recorded (:func:`call_rows`); else for the tail the most elements of an
@@ -321,7 +297,8 @@ def max_chunks(graph: Graph, first: int, last: int) -> int:
 
 
 def normalise_chunks(chunks: Any, meta: Mapping[str, Any] | None = None) -> tuple[tuple[int, int, int], ...]:
-    """``Plan.chunks`` sorted and checked: disjoint ``(first, last, k >= 2)`` triples of integers, ``k`` no more
+    """``Plan.chunks`` sorted and checked: disjoint ``(first, last, k >= 1)`` triples of integers (k = 1: a fused
+    head, which ``expand`` checks), ``k`` no more
     than the elements of the largest input ``meta`` (the plan's ``graph_meta``) records (NOTE [ Chunk counts and
     rows ]).
 
@@ -332,8 +309,8 @@ def normalise_chunks(chunks: Any, meta: Mapping[str, Any] | None = None) -> tupl
     rows = token_rows(meta or {})
     for c in out:
         if len(c) != 3 or any(isinstance(v, bool) or not isinstance(v, int) for v in c) or not 0 <= c[0] <= c[1] \
-                or c[2] < 2:
-            raise PlanError(f"a chunked call is a (first node, last node, k >= 2 chunks) triple of integers, got {c!r}")
+                or c[2] < 1:
+            raise PlanError(f"a chunked call is a (first node, last node, k >= 1 chunks) triple of integers, got {c!r}")
         if rows is not None and c[2] > rows:
             raise PlanError(f"the chunked call ({c[0]}, {c[1]}) runs in {_count(c[2])} chunks, more than the {rows} "
                             f"rows its step was traced with can have: at most {rows} (an edited plan? solve again)")
@@ -377,12 +354,21 @@ def _part(value: int, rows: int, part: int, unit: int = 1) -> int:
     return -(-share // unit) * unit
 
 
-def chunk_entries(graph: Graph, head_k: int, call_k: int = 1) -> tuple[tuple[int, int, int], ...]:
-    """``Plan.chunks`` for the tail in ``head_k`` chunks and every row-wise call in ``call_k`` (1: unchunked)."""
+def chunk_entries(graph: Graph, head_k: int, call_k: int = 1, fused_whole: bool = False
+                  ) -> tuple[tuple[int, int, int], ...]:
+    """``Plan.chunks`` for the tail in ``head_k`` chunks and every row-wise call in ``call_k`` (1: unchunked;
+    ``fused_whole``: a fusable tail in 1 chunk runs fused, NOTE [ Fused head ] in ``solvers.model.fused``)."""
     out = [(sp.first, sp.last, call_k) for sp in find_calls(graph)] if call_k > 1 else []
-    if head_k > 1:
+    if head_k > 1 or fused_whole and head_k == 1 and _fused_tail(graph):
         out.append((find_tail(graph).first, len(graph) - 1, head_k))
     return tuple(out)
+
+
+def _fused_tail(graph: Graph) -> bool:
+    try:
+        return is_fused(graph, find_tail(graph).head)
+    except ChunkError:
+        return False
 
 
 def chunked_graph(graph: Graph, head_k: int, call_k: int = 1) -> Graph:
@@ -407,8 +393,9 @@ def _expand(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
     n = len(graph)
     out = graph
     for first, last, k in reversed(chunks):  # from the end, so earlier positions stay where they are
-        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-            raise ChunkError(f"a chunked call runs in k >= 2 chunks, got k={k!r}")
+        fused = last == n - 1 and is_fused(graph, find_tail(graph).head)  # NOTE [ Fused head ] in solvers.model.fused
+        if isinstance(k, bool) or not isinstance(k, int) or k < (1 if fused else 2):
+            raise ChunkError(f"a chunked call runs in k >= 2 chunks (a fused head: k >= 1), got k={k!r}")
         if last == n - 1:
             tail = find_tail(graph)
             if first != tail.first:
@@ -423,7 +410,10 @@ def _expand(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
         if k > (most := max_chunks(graph, first, last)):  # NOTE [ Chunk counts and rows ]: before any copy is made
             raise ChunkError(f"{path!r} runs in {_count(k)} chunks, more than the rows it computes: at most {most}; "
                              "solve again")
-        out = _build(out, first, last, k, path, loss=loss)
+        if fused:
+            out = fuse(out, first, last, k, *_split(graph, first, last, what=path, loss=True))
+        else:
+            out = _build(out, first, last, k, path, loss=loss)
     meta = {**graph.meta, "chunks": [list(c) for c in chunks]}
     return dataclasses.replace(out, meta=meta)
 

@@ -69,6 +69,7 @@ from typing import Any, Mapping, Sequence
 from graphs import COSTS_META, Graph
 
 from .chunks import LOSS_SUFFIX, ChunkError, _products, expand, find_tail, max_chunks
+from .fused import is_fused
 from ..errors import SolverInputError
 from .terms import region_rng_bytes
 
@@ -258,7 +259,8 @@ def overhead_seconds(graph: Graph, regions: Sequence[tuple[int, int]], saved: Se
         nodes = graph.nodes[first:last + 1]
         out["chunk_loop"] += o.chunk_s * extra
         out["chunk_launches"] += o.op_s * extra * len(nodes)
-        if bandwidth:
+        fused = last == len(graph) - 1 and is_fused(graph, find_tail(graph).head)  # adds into one buffer in place
+        if bandwidth and not fused:
             out["chunk_accumulation"] += extra * 3 * sum(nd.param_bytes for nd in nodes) / bandwidth
         flops = sum(nd.fwd_flops + nd.bwd_flops for nd in nodes if _products(nd))
         rows = max_chunks(graph, first, last)

@@ -151,8 +151,10 @@ def test_chunked_call_graph_joins_the_chunks_with_a_cat():
 
 def test_bad_chunk_entries_are_refused():
     g = lm_graph(blocks=2)
-    with pytest.raises(solvers.PlanError, match="k >= 2 chunks"):
-        Plan.from_dict({"regions": [], "chunks": [[4, 5, 1]]})
+    with pytest.raises(solvers.PlanError, match="k >= 1 chunks"):
+        Plan.from_dict({"regions": [], "chunks": [[4, 5, 0]]})
+    with pytest.raises(solvers.PlanError, match=r"k >= 2 chunks \(a fused head: k >= 1\)"):  # no fused head here
+        Plan(regions=(), chunks=((find_tail(g).first, len(g) - 1, 1),)).validate(g)
     with pytest.raises(solvers.PlanError, match="overlap"):
         Plan(regions=(), chunks=((1, 3, 2), (3, 6, 2)))
     with pytest.raises(solvers.PlanError, match="no call of this graph that chunks can run"):

@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # Trainer needs it
 
 import scheduler  # noqa: E402
+from graphs import FUSED_HEADS_META  # noqa: E402
 from scheduler.report import plan_summary  # noqa: E402
 from solvers import Plan  # noqa: E402
 from solvers.model.chunks import chunk_entries, chunked_graph, find_calls  # noqa: E402
@@ -44,10 +45,14 @@ def _chunked_plan(graph, k: int) -> Plan:
                                graph_meta=graph.meta).labelled(graph)
 
 
-def _planned_pair(dropout: bool = False, k: int = 4):
+def _planned_pair(dropout: bool = False, k: int = 4, fused: bool = True):
+    """A planned GPT-2 and its twin; ``fused``: its plain linear head fused with the loss (NOTE [ Fused head ]),
+    else autograd's chunk loop with every chunk a region."""
     model, kwargs = _gpt2(dropout)
     twin = copy.deepcopy(model)
     graph = scheduler.trace(model, (), kwargs, loss=_loss)
+    if not fused:
+        graph = dataclasses.replace(graph, meta={**graph.meta, FUSED_HEADS_META: []})
     scheduler.apply(model, _chunked_plan(graph, k))
     return model, twin, kwargs
 
@@ -160,7 +165,7 @@ def test_a_coarse_trace_of_llama_chunks_its_mlps():
 
 def test_a_batch_with_fewer_rows_than_chunks_runs_one_chunk_per_row():
     """NOTE [ Chunk counts and rows ]: a plan's k above a smaller batch's rows runs no empty chunks."""
-    model, twin, kwargs = _planned_pair(k=16)
+    model, twin, kwargs = _planned_pair(k=16, fused=False)
     short = {key: value[:1, :4] for key, value in kwargs.items()}  # 4 token rows
     out, plain = model(**short), twin(**short)
     assert model.__dict__["forward"].recomputes == 0 and _close(out.loss, plain.loss)

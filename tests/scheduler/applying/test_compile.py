@@ -338,6 +338,7 @@ def test_a_chunked_head_compiles_equal_to_the_compiled_twin():
     model = transformers.GPT2LMHeadModel(cfg).train()
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
     graph = capture(model, (), {"input_ids": ids, "labels": ids}, loss=lambda out: out.loss).graph
+    graph = dataclasses.replace(graph, meta={**graph.meta, "fused_heads": []})  # autograd's loop, chunks as regions
     k = 4
     chunked = chunked_graph(graph, k, 1)
     regions = [(sp.first, sp.last) for sp in chunked.spans if "@chunk" in sp.module or sp.module == "transformer.h.0"]
@@ -356,6 +357,31 @@ def test_a_chunked_head_compiles_equal_to_the_compiled_twin():
     wrappers = [m.__dict__["forward"] for m in planned.modules() if "forward" in m.__dict__]
     assert any(type(w).__name__ == "ChunkedHead" for w in wrappers)
     assert all(w.recomputes == 0 for w in wrappers), "the compiled graph recomputes, not Python"
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_fused_head_compiles_equal_to_the_compiled_twin(k):
+    """A fused head and loss (NOTE [ Fused head ]), compiled: no more breaks than the unplanned model's, the loss
+    and gradients of the compiled twin to rounding, gradients computed in the forward as in eager."""
+    transformers = pytest.importorskip("transformers")
+    import scheduler
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256, n_positions=16, use_cache=False,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    graph = capture(model, (), {"input_ids": ids, "labels": ids}, loss=lambda out: out.loss).graph
+    plan = scheduler.solve(graph, 10 ** 12, chunks=(k, 2 * k) if k == 1 else (k,))
+    assert plan.chunks[-1][2] == k and graph.meta["fused_heads"] == ["lm_head"]
+    planned, twin = planned_and_twin(model, plan)
+    base = compiled_step(LMLoss(twin), (ids,))
+    ours = compiled_step(LMLoss(planned), (ids,))
+    assert ours[3] <= base[3]
+    torch.testing.assert_close(ours[0], base[0], rtol=1e-6, atol=0)
+    assert ours[1].keys() == base[1].keys()
+    for name, g in base[1].items():
+        assert float((ours[1][name] - g).abs().max()) <= 1e-5 * float(g.abs().max()), name
 
 
 # ------------------------------------------------------------------ state and randomness

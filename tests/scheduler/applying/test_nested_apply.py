@@ -4,12 +4,15 @@ model; with a chunked head, nesting plans below the least one-level plan and the
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
 import scheduler  # noqa: E402
+from graphs import FUSED_HEADS_META  # noqa: E402
 import solvers  # noqa: E402
 from scheduler.applying.modules import region_wrappers  # noqa: E402
 from scheduler.measuring.steps import allocator_step_peak  # noqa: E402
@@ -71,7 +74,8 @@ def test_blocks_nested_keep_the_step_bitwise_and_fit_their_prediction(kind):
 
 def test_nesting_goes_below_the_least_one_level_plan_with_a_chunked_head():
     model, kwargs, _ = _model("gpt2")
-    graph = scheduler.trace(model, (), kwargs, loss=_loss)
+    graph = scheduler.trace(model, (), kwargs, loss=_loss)  # autograd's chunk loop (NOTE [ Fused head ]: not fused)
+    graph = dataclasses.replace(graph, meta={**graph.meta, FUSED_HEADS_META: []})
     plain_out, plain = _step(model, kwargs)
     with pytest.raises(InfeasibleBudget) as info:  # the least one-level plan (ilp: exact), head in 8 chunks
         solvers.solve(chunked_graph(graph, 8), 1, solver="ilp")
