@@ -30,6 +30,8 @@ NOTE [ Chunked head (applying) ]
     columns the forward names, and a ``(*args, **kwargs)`` one lost them all
     (``KeyError: 'input_ids'``). A batch with fewer token rows than k runs
     one chunk per row (NOTE [ Chunk counts and rows ] in ``solvers.model.chunks``).
+    Where the plan's graph ran the head fused (NOTE [ Fused head ] in
+    ``solvers.model.fused``) the chunks run fused, in 1 chunk or more.
 """
 
 from __future__ import annotations

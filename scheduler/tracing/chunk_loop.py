@@ -117,13 +117,11 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         grads, ctx.grads = ctx.grads, None
         graph = torch.is_grad_enabled()  # create_graph: a gradient penalty differentiates these gradients
-        if grads is None or graph:  # or a second backward (retain_graph): the head again, in autograd
+        if grads is None or graph:  # or a second backward (retain_graph): the gradients again, as expressions
             x, weight, bias, labels, *count = ctx.saved_tensors
-            with torch.enable_grad():
-                inputs = [t for t, need in zip((x, weight, bias), ctx.needs_input_grad) if need]
-                loss = _plain_loss(x, weight, bias, labels, count[0] if count else ctx.count, ctx.upcast)
-                got = iter(torch.autograd.grad(loss, inputs, grad, create_graph=graph))
-            return (*(next(got) if need else None for need in ctx.needs_input_grad[:3]), None, None, None, None)
+            with torch.set_grad_enabled(graph):
+                got = _gradients(x, weight, bias, labels, count[0] if count else ctx.count, ctx.upcast, grad)
+            return (*(g if need else None for g, need in zip(got, ctx.needs_input_grad)), None, None, None, None)
         if grad.device.type != "cpu" or grad.item() != 1.0:  # loss.backward() hands 1: nothing to scale
             for t in grads:
                 if t is not None:
@@ -131,11 +129,19 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return (*grads, None, None, None, None)
 
 
-def _plain_loss(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, count: Any,
-                upcast: bool) -> torch.Tensor:
+def _gradients(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, count: Any,
+               upcast: bool, grad: torch.Tensor) -> tuple:
+    """The loss's gradients for ``x``, ``weight`` and ``bias`` written out in torch ops, so that under grad mode they
+    are functions of them (a gradient penalty differentiates them; ``autograd.grad`` of a recomputed loss would also
+    follow ``x``'s history back to a weight the head shares with the embedding, and free what it saved)."""
     logits = nn.functional.linear(x, weight, bias)
-    logits = logits.float() if upcast else logits
-    return nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum") / count
+    dtype = logits.dtype
+    probs = torch.softmax(logits.float() if upcast else logits, -1)
+    valid = labels != IGNORE_INDEX
+    target = nn.functional.one_hot(torch.where(valid, labels, 0), probs.shape[-1]).to(probs.dtype)
+    g = ((probs - target) * (valid.to(probs.dtype) / count)[:, None] * grad).to(dtype)
+    return g @ weight.to(dtype), (g.t() @ x.to(dtype)).to(weight.dtype), \
+        None if bias is None else g.sum(0).to(bias.dtype)
 
 
 def fused_head_loss(head: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor, kind: str, k: int,

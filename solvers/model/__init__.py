@@ -12,7 +12,8 @@ solver lives here.
   terms it derives once, ``gradients`` the gradient rules every plan shares, ``overheads`` what a
   plan adds besides its recompute (NOTE [ Plan overheads ]);
 * ``chunks``: what a chunked plan is: the calls that can run in chunks and the graph a plan's chunks
-  expand to (NOTE [ Chunked head ]), ``rows`` how a call's rows split into chunks; ``nested``: what a nested plan is and the inner regions a region
+  expand to (NOTE [ Chunked head ]), ``rows`` how a call's rows split into chunks, ``fused`` the fused head
+  (NOTE [ Fused head ]); ``nested``: what a nested plan is and the inner regions a region
   may nest (NOTE [ Nested regions ], NOTE [ The menu of inner regions ]);
 * ``spans``: module-aligned regions; ``selective``: the kept sets a region may
   use; ``stages``: the chain structure (articulation cuts) the chain solvers cut at.

@@ -72,6 +72,10 @@ NOTE [ Chunked head ]
     charged it too (an over-estimate there only). Spans around the call grow
     to hold the copies; spans inside it are replaced by the chunks'.
 
+    A tail whose head is a plain linear layer runs fused instead (NOTE
+    [ Fused head ] in ``solvers.model.fused``): ``expand`` then replaces it
+    by the fused nodes, no copies, and k = 1 is a plan of its own.
+
     Plans are solved on the expanded graph with every solver unchanged;
     ``Plan.chunks`` lists the ``(first, last, k)`` and the plan's regions and
     kept nodes are positions of the expanded graph, which ``simulate``,
