@@ -323,6 +323,16 @@ def test_transformers_llama_with_decoder_layer_regions_compiles_whole():
     assert all(w.recomputes == 0 for w in region_wrappers(planned)), "the compiled graph recomputes, not Python"
 
 
+def _tiny_gpt2(transformers: Any) -> tuple[nn.Module, torch.Tensor, Any]:
+    """A one-layer GPT-2 in training mode, a batch of ids, and its traced graph (its loss from the ids)."""
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256, n_positions=16, use_cache=False,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    return model, ids, capture(model, (), {"input_ids": ids, "labels": ids}, loss=lambda out: out.loss).graph
+
+
 def test_a_chunked_head_compiles_equal_to_the_compiled_twin():
     """A chunked head and loss (NOTE [ Chunked head (applying) ]) beside a block region, compiled: no more
     breaks than the unplanned model's, the loss and gradients of the compiled twin (the loss sum is
@@ -332,12 +342,7 @@ def test_a_chunked_head_compiles_equal_to_the_compiled_twin():
 
     from solvers.model.chunks import chunk_entries, chunked_graph
 
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256, n_positions=16, use_cache=False,
-                                  bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(cfg).train()
-    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
-    graph = capture(model, (), {"input_ids": ids, "labels": ids}, loss=lambda out: out.loss).graph
+    model, ids, graph = _tiny_gpt2(transformers)
     graph = dataclasses.replace(graph, meta={**graph.meta, "fused_heads": []})  # autograd's loop, chunks as regions
     k = 4
     chunked = chunked_graph(graph, k, 1)
@@ -366,12 +371,7 @@ def test_a_fused_head_compiles_equal_to_the_compiled_twin(k):
     transformers = pytest.importorskip("transformers")
     import scheduler
 
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256, n_positions=16, use_cache=False,
-                                  bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(cfg).train()
-    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
-    graph = capture(model, (), {"input_ids": ids, "labels": ids}, loss=lambda out: out.loss).graph
+    model, ids, graph = _tiny_gpt2(transformers)
     plan = scheduler.solve(graph, 10 ** 12, chunks=(k, 2 * k) if k == 1 else (k,))
     assert plan.chunks[-1][2] == k and graph.meta["fused_heads"] == ["lm_head"]
     planned, twin = planned_and_twin(model, plan)
