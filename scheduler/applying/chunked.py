@@ -46,9 +46,9 @@ from torch import nn
 from graphs import CkptError
 from solvers import Plan
 from solvers.model.chunks import LOSS_SUFFIX, parse_chunk_module
-from solvers.model.fused import fused_heads
+from solvers.model.fused import fused_heads, fused_layer
 
-from ..tracing.chunk_loop import IGNORE_INDEX, chunked_head_loss, fusable, fused_head_loss, over_chunks
+from ..tracing.chunk_loop import IGNORE_INDEX, chunked_head_loss, fused_head_loss, output_layer, over_chunks
 from ..tracing.spans import lm_heads
 from .regions import run_region
 
@@ -91,7 +91,7 @@ def split_chunks(plan: Plan) -> tuple[Plan, list[tuple[str, int, frozenset[int],
                                node_names=pick(plan.node_names), chunks=(), chunk_modules=())
     fused = fused_heads(plan.graph_meta or {})
     entries = [(path.removesuffix(LOSS_SUFFIX), k, frozenset(flags[path]), path.endswith(LOSS_SUFFIX),
-                None if fused is None else path.removesuffix(LOSS_SUFFIX) in fused)
+                None if fused is None else fused_layer(fused, path.removesuffix(LOSS_SUFFIX)) is not None)
                for path, (_, _, k) in zip(plan.chunk_modules, plan.chunks)]
     return rest, entries
 
@@ -249,13 +249,18 @@ class ChunkedHead(_Chunks):
     def loss(self, head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, num_items: Any) -> torch.Tensor:
         """The loss of ``head`` over ``hidden``, summed over k chunks of the token rows (fused where the plan's
         model says, NOTE [ Fused head ] in ``solvers.model.fused``; a plan from before it: where the head can)."""
-        fused = self.fused if self.fused is not None else fusable(head) and not self.checkpointed
+        layer = output_layer(head, self.module)
+        fused = self.fused if self.fused is not None else layer is not None and not self.checkpointed
         if fused:
-            if not fusable(head):
-                raise ChunkedHeadError(f"the plan runs the head {self.path!r} fused with its loss, as traced, but it "
-                                       f"is no longer a plain nn.Linear without hooks ({type(head).__name__}); trace "
-                                       "and solve the model as it is now")
-            return fused_head_loss(head, hidden, labels, self.kind, self.k, num_items)
+            if layer is None:
+                raise ChunkedHeadError(f"the plan runs the output layer of the head {self.path!r} fused with its "
+                                       "loss, as traced, but it is no longer a plain nn.Linear without hooks inside "
+                                       "the head; trace and solve the model as it is now")
+            try:
+                return fused_head_loss(head, hidden, labels, self.kind, self.k, num_items, layer=layer)
+            except ValueError as exc:
+                raise ChunkedHeadError(f"{type(self.module).__name__}: {exc}, so its loss cannot be fused with it. "
+                                       "Solve without chunks") from None
         return chunked_head_loss(head, hidden, labels, self.kind, self.k, num_items, run=self._runner(head))
 
     def __repr__(self) -> str:

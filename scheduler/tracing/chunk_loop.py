@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-__all__ = ["IGNORE_INDEX", "over_chunks", "chunked_head_loss", "fusable", "fused_head_loss"]
+__all__ = ["IGNORE_INDEX", "over_chunks", "chunked_head_loss", "fusable", "output_layer", "fused_head_loss"]
 
 #: Labels that take no part in the loss (transformers' and torch's default ``ignore_index``).
 IGNORE_INDEX = -100
@@ -72,6 +72,18 @@ def fusable(head: nn.Module) -> bool:
     return not any(hooks) and not getattr(head, "parametrizations", None)
 
 
+def output_layer(head: nn.Module, model: nn.Module | None = None) -> str | None:
+    """The path below ``head`` ("" for the head itself) of the layer that runs fused with the loss: ``model``'s
+    output embeddings (transformers' ``get_output_embeddings``; without ``model``, ``head`` itself) when it is
+    ``head`` or inside it and :func:`fusable`; None otherwise (BERT's head ``cls``: its decoder, after a dense
+    layer, GELU and layer norm that run as written)."""
+    getter = getattr(model, "get_output_embeddings", None) if model is not None else None
+    layer = getter() if callable(getter) else head
+    if not isinstance(layer, nn.Module) or not fusable(layer):
+        return None
+    return next((path for path, m in head.named_modules() if m is layer), None)
+
+
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     """The loss of ``linear(x, weight, bias)`` over ``labels`` and its gradients, computed in the forward over
     row chunks (NOTE [ Fused head ] in ``solvers.model.fused``)."""
@@ -87,14 +99,19 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         gb = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
         total = torch.zeros((), dtype=torch.float32, device=x.device)
         size = max(-(-x.shape[0] // k), 1)
+        ctx.loss_dtype = torch.float32
         for start in range(0, x.shape[0], size):
             xc, y = x[start:start + size], labels[start:start + size]
             logits = nn.functional.linear(xc, weight, bias)
             dtype = logits.dtype
-            lsm = torch.log_softmax(logits.float() if upcast else logits, -1)
-            del logits
             valid = y != IGNORE_INDEX
             yc = torch.where(valid, y, 0)[:, None]
+            if start == 0:  # the dtype the plain loss computes in: fp32 for a causal LM (transformers upcasts);
+                # else cross_entropy's own (under CPU autocast fp32 from bf16 logits; a bf16 model's bf16)
+                ctx.loss_dtype = torch.float32 if upcast else \
+                    nn.functional.cross_entropy(logits[:1], yc[:1, 0], reduction="sum").dtype
+            lsm = torch.log_softmax(logits.to(ctx.loss_dtype), -1)
+            del logits
             total -= torch.where(valid, lsm.gather(1, yc).squeeze(1), 0).sum()
             g = lsm.exp_().scatter_add_(1, yc, torch.full_like(yc, -1, dtype=lsm.dtype)).to(dtype)
             del lsm
@@ -111,7 +128,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 gb.add_((g.t() @ scale).squeeze(1))
             del g  # before the next chunk's logits: one chunk's transients at a time
         ctx.grads = (gx, gw, gb)
-        return total / count
+        return (total / count).to(ctx.loss_dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
@@ -120,7 +137,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         if grads is None or graph:  # or a second backward (retain_graph): the gradients again, as expressions
             x, weight, bias, labels, *count = ctx.saved_tensors
             with torch.set_grad_enabled(graph):
-                got = _gradients(x, weight, bias, labels, count[0] if count else ctx.count, ctx.upcast, grad)
+                got = _gradients(x, weight, bias, labels, count[0] if count else ctx.count, ctx.loss_dtype, grad)
             return (*(g if need else None for g, need in zip(got, ctx.needs_input_grad)), None, None, None, None)
         if grad.device.type != "cpu" or grad.item() != 1.0:  # loss.backward() hands 1: nothing to scale
             for t in grads:
@@ -130,13 +147,13 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
 
 def _gradients(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, count: Any,
-               upcast: bool, grad: torch.Tensor) -> tuple:
+               loss_dtype: torch.dtype, grad: torch.Tensor) -> tuple:
     """The loss's gradients for ``x``, ``weight`` and ``bias`` written out in torch ops, so that under grad mode they
     are functions of them (a gradient penalty differentiates them; ``autograd.grad`` of a recomputed loss would also
     follow ``x``'s history back to a weight the head shares with the embedding, and free what it saved)."""
     logits = nn.functional.linear(x, weight, bias)
     dtype = logits.dtype
-    probs = torch.softmax(logits.float() if upcast else logits, -1)
+    probs = torch.softmax(logits.to(loss_dtype), -1)
     valid = labels != IGNORE_INDEX
     target = nn.functional.one_hot(torch.where(valid, labels, 0), probs.shape[-1]).to(probs.dtype)
     g = ((probs - target) * (valid.to(probs.dtype) / count)[:, None] * grad).to(dtype)
@@ -144,10 +161,28 @@ def _gradients(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         None if bias is None else g.sum(0).to(bias.dtype)
 
 
-def fused_head_loss(head: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor, kind: str, k: int,
-                    num_items: Any = None) -> torch.Tensor:
-    """:func:`chunked_head_loss` of a :func:`fusable` head, fused (NOTE [ Fused head ] in ``solvers.model.fused``):
-    the same loss, its gradients computed chunk by chunk in the forward, so no chunk's logits outlive it."""
+def fused_head_loss(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, kind: str, k: int,
+                    num_items: Any = None, layer: str = "") -> torch.Tensor:
+    """:func:`chunked_head_loss` with the head's output layer (``layer`` below ``head``, :func:`output_layer`)
+    fused with the loss (NOTE [ Fused head ] in ``solvers.model.fused``): the same loss, its gradients computed
+    chunk by chunk in the forward, so no chunk's logits outlive it. What the head runs before that layer runs
+    as written, whole; the head must return that layer's output unchanged (else ``ValueError``)."""
+    if layer:
+        out_layer = head.get_submodule(layer)
+        seen: list[torch.Tensor] = []
+
+        def hand_on(x: torch.Tensor, *_a: Any, **_k: Any) -> torch.Tensor:
+            seen.append(x)
+            return x
+
+        out_layer.forward = hand_on
+        try:
+            out = head(hidden)
+        finally:
+            del out_layer.__dict__["forward"]
+        if len(seen) != 1 or out is not seen[0]:
+            raise ValueError(f"the head changes the output of its layer {layer!r} (or calls it {len(seen)} times)")
+        return fused_head_loss(out_layer, seen[0], labels, kind, k, num_items)
     if kind == "causal":
         labels = nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].contiguous()
     labels = labels.reshape(-1).to(hidden.device)

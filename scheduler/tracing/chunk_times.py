@@ -74,7 +74,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from graphs import COSTS_META, LM_HEADS_META, Graph
 from solvers.model.chunks import LOSS_SUFFIX, ChunkError, find_calls, find_tail, max_chunks
-from solvers.model.fused import is_fused
+from solvers.model.fused import fused_heads, fused_layer, is_fused
 from solvers.model.overheads import CHUNK_TIMES_KEY
 
 from .calibration import cache_dir
@@ -268,7 +268,9 @@ def time_chunk_loops(model: Any, graph: Graph, members: Sequence[Sequence[str]],
             x = torch.randn(tuple(value.shape), dtype=value.dtype).requires_grad_()
             if is_tail:
                 labels = torch.randint(0, vocab, tuple(value.shape[:-1]))
-                fused = is_fused(graph, path) and fusable(module)
+                full = fused_layer(fused_heads(graph.meta), path) if is_fused(graph, path) else None
+                fused = full is not None and fusable(model.get_submodule(full))
+                layer = full[len(path) + 1:] if fused and full != path else ""
 
                 def run(k: int) -> None:
                     for p in params:
@@ -281,7 +283,7 @@ def time_chunk_loops(model: Any, graph: Graph, members: Sequence[Sequence[str]],
                             logits, y = logits[..., :-1, :], labels[..., 1:]
                         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
                     elif fused:  # NOTE [ Fused head ] in solvers.model.fused: the loop the plan runs
-                        loss = fused_head_loss(module, x, labels, kind, k)
+                        loss = fused_head_loss(module, x, labels, kind, k, layer=layer)
                     else:
                         loss = chunked_head_loss(module, x, labels, kind, k)
                     loss.backward()

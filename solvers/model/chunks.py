@@ -128,7 +128,7 @@ from typing import Any, Mapping, Sequence
 from graphs import CALL_RETURNS_META, HOLDS_OP, LM_HEADS_META, Graph, Node, Span, storage_unit
 
 from ..errors import PlanError, SolverInputError
-from .fused import fuse, is_fused
+from .fused import fuse, fused_start, is_fused
 from .rows import _MATMUL_OPS, _base, _products, call_rows, chunk_rows, token_rows
 
 __all__ = ["CHUNK_MENU", "ROWWISE_OPS", "LOSS_SUFFIX", "ChunkError", "Tail", "find_tail", "find_calls", "chunk_entries", "chunked_graph", "expand",
@@ -414,8 +414,9 @@ def _expand(graph: Graph, chunks: Sequence[tuple[int, int, int]]) -> Graph:
         if k > (most := max_chunks(graph, first, last)):  # NOTE [ Chunk counts and rows ]: before any copy is made
             raise ChunkError(f"{path!r} runs in {_count(k)} chunks, more than the rows it computes: at most {most}; "
                              "solve again")
-        if fused:
-            out = fuse(out, first, last, k, *_split(graph, first, last, what=path, loss=True))
+        if fused:  # from the output layer's call on (the head's layers before it run whole)
+            start = fused_start(graph, find_tail(graph).head, first)
+            out = fuse(out, start, last, k, *_split(graph, start, last, what=path, loss=True))
         else:
             out = _build(out, first, last, k, path, loss=loss)
     meta = {**graph.meta, "chunks": [list(c) for c in chunks]}

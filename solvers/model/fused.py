@@ -27,8 +27,15 @@ NOTE [ Fused head ]
     fp32, as chunking's do), and k = 1 is a plan of its own: the head whole,
     fused, its memory below the plain step's and its time no more.
 
-    The model: :func:`fuse` replaces the tail's nodes that read the hidden
-    states by two. The first, the fused forward, has no backward (a node's
+    Where the head call ends in the output layer but runs more before it (a
+    masked LM's head: BERT's ``cls`` runs a dense layer, GELU and a layer
+    norm before its decoder), that part runs as written, whole, and only the
+    output layer is fused with the loss: the runtime hands the head's call
+    the layer's input back (the layer's forward handing its input on) and
+    checks that the head returns the layer's output unchanged.
+
+    The model: :func:`fuse` replaces the nodes of the output layer's call and
+    the loss that read the layer's input by two. The first, the fused forward, has no backward (a node's
     workspace is charged in its backward too, and this one's backward is a
     multiplication): its workspace is the head parameters' gradient, the
     input's, and the largest chunk's transients (the logits, the
@@ -57,7 +64,7 @@ from graphs import FUSED_HEADS_META, HOLDS_OP, Graph, Node, Span, storage_unit
 
 from .rows import _base, _products, call_rows, chunk_rows
 
-__all__ = ["FUSED_OP", "fused_heads", "is_fused", "fuse"]
+__all__ = ["FUSED_OP", "fused_heads", "fused_layer", "fused_start", "is_fused", "fuse"]
 
 #: The op of the node that stands for a fused head and loss.
 FUSED_OP = "fused_linear_cross_entropy"
@@ -70,9 +77,25 @@ def fused_heads(meta: Mapping[str, Any]) -> frozenset[str] | None:
     return None if heads is None else frozenset(str(h) for h in heads)
 
 
+def fused_layer(heads: frozenset[str] | None, head: str) -> str | None:
+    """The fusable layer (of ``heads``, :func:`fused_heads`) the head call at ``head`` ends in: the head itself, or
+    an output layer inside it (BERT's ``cls.predictions.decoder``); None when there is none."""
+    return next((h for h in sorted(heads or ()) if h == head or h.startswith(head + ".") or not head), None)
+
+
+def fused_start(graph: Graph, head: str, first: int) -> int | None:
+    """Where the fused part of the tail whose head call at ``head`` starts at node ``first`` begins: the first node
+    of its fusable layer's call (``first`` itself when the head is that layer); None when it does not run fused."""
+    layer = fused_layer(fused_heads(graph.meta), head)
+    if layer is None:
+        return None
+    return next((sp.first for sp in graph.spans if sp.module == layer and sp.first >= first), None)
+
+
 def is_fused(graph: Graph, head: str) -> bool:
     """Whether the tail of ``graph`` with head ``head`` runs fused (NOTE [ Fused head ])."""
-    return head in (fused_heads(graph.meta) or ())
+    layer = fused_layer(fused_heads(graph.meta), head)
+    return layer is not None and any(sp.module == layer for sp in graph.spans)
 
 
 def _part(value: int, rows: int, part: int, unit: int) -> int:
@@ -97,10 +120,13 @@ def fuse(graph: Graph, first: int, last: int, k: int, chunked: list[int], shared
     logits = max((nodes[_base(graph, i)].out_bytes for i in products), default=0)
     loss_in = [j for j in preds[last] if j in inside]
     read = nodes[_base(graph, loss_in[0])].out_bytes if loss_in else logits
-    upcast = bool(loss_in) and all(_base(graph, loss_in[0]) != _base(graph, i) for i in products)
+    # the log-softmax, in the dtype the loss computes in: the cross-entropy's saved buffer (fp32 under autocast
+    # from bf16 logits, which the loss reads as they are); twice the logits' bytes or more: an fp32 copy too
+    lsm = max(read, nodes[last].saved_bytes)
+    upcast = lsm >= 2 * logits > 0
     params = sum(nodes[i].param_bytes for i in chunked)
     part = sizes[0]
-    transient = _part(logits, total, part, unit) + _part(read, total, part, unit) * (2 if upcast else 1) \
+    transient = _part(logits, total, part, unit) + _part(lsm, total, part, unit) * (2 if upcast else 1) \
         + 3 * _part(hidden, total, part, unit) + (params if upcast else 0)
     end = nodes[last]
     saved = -(-hidden // unit) * unit
