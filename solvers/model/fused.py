@@ -21,8 +21,11 @@ NOTE [ Fused head ]
     logits are freed before the next; the backward multiplies the kept
     gradients by the loss's gradient (nothing when it is 1, as
     ``loss.backward()`` hands). A second backward, or one with
-    ``create_graph`` (a gradient penalty), runs the head and loss again in
-    autograd from the saved input, so gradients of gradients are exact. The
+    ``create_graph`` (a gradient penalty), computes the gradients again from
+    the saved input, written out in torch ops, so gradients of gradients are
+    exact (``autograd.grad`` of a recomputed loss would follow the input's
+    history back to a weight the head shares with the embedding, GPT-2's,
+    and free the saved tensors of the layers on the way). The
     gradients agree with the plain step to rounding (about 1e-7 relative in
     fp32, as chunking's do), and k = 1 is a plan of its own: the head whole,
     fused, its memory below the plain step's and its time no more.
@@ -34,25 +37,30 @@ NOTE [ Fused head ]
     the layer's input back (the layer's forward handing its input on) and
     checks that the head returns the layer's output unchanged.
 
-    The model: :func:`fuse` replaces the nodes of the output layer's call and
-    the loss that read the layer's input by two. The first, the fused forward, has no backward (a node's
-    workspace is charged in its backward too, and this one's backward is a
-    multiplication): its workspace is the head parameters' gradient, the
-    input's, and the largest chunk's transients (the logits, the
-    log-softmax, and the fp32 copy the loss reads where it differs from the
-    logits, a bf16 head, which then also makes a bf16 copy of the weight's
-    gradient; three row-sized buffers). The second is the loss autograd
-    sees: it saves its input (the hidden states, as the head did) and the
-    label count (an int64 scalar), and owns the input's gradient (``saved_bytes``: allocated in the forward, handed
-    on in the backward, where the walk counts it once more). The head's
-    parameters are no node's (``param_bytes`` 0): their gradients are alive
-    from the fused node's forward, which is the step's last, so the walk's
-    unattributed gradients, allocated at the start of the backward, are them.
-    Neither node is ever in a region (no plan recomputes them). The trace
-    records which heads can run so (``graphs.FUSED_HEADS_META``); the applier
-    runs the tail fused exactly when the plan's graph did, and refuses a plan
-    whose head has since changed (a hook added): run unfused, its memory
-    would not be the plan's.
+    The model: :func:`fuse` replaces the nodes of the output layer's call
+    and the loss that read the layer's input by two. The first, the fused
+    forward, has no backward (a node's workspace is charged in its backward
+    too, and this one's backward is a multiplication): its workspace is the
+    head parameters' gradient, the input's, and the largest chunk's
+    transients: the logits, the log-softmax in the dtype the loss computes
+    in (sized by the cross-entropy's saved buffer), an fp32 copy where that
+    is twice the logits' size (bf16 logits: then also a bf16 copy of the
+    weight's gradient), and three row-sized buffers. The second is the loss
+    autograd sees: it saves its input (the hidden states, as the head did)
+    and the label count (an int64 scalar), and owns the input's gradient
+    (``saved_bytes``: allocated in the forward, handed on in the backward,
+    where the walk counts it once more). The head's parameters are no node's
+    (``param_bytes`` 0): their gradients are alive from the fused forward,
+    the step's last node but one, so the walk's unattributed gradients,
+    allocated at the start of the backward, are them. A weight the head
+    shares with the embedding (GPT-2, BERT) keeps the embedding's measured
+    backward, which added two gradients out of place where the fused step
+    adds one in place: over by up to the weight's size. Neither node is ever
+    in a region (no plan recomputes them). The trace records which output
+    layers can run so (``graphs.FUSED_HEADS_META``); the applier runs the
+    tail fused exactly when the plan's graph did, and refuses a plan whose
+    layer has since changed (a hook added): run unfused, its memory would
+    not be the plan's.
 """
 
 from __future__ import annotations
