@@ -478,7 +478,7 @@ def main(quick: bool = False) -> None:
         f"{LAYERS} layers, `use_cache=False` (as transformers' checkpointing sets it). Theirs: "
         "`gradient_checkpointing_enable(use_reentrant=False)`, peak by the allocator "
         f"(profiler memory events, one real step). Ours: `{LM_SOLVER}` over the head menu "
-        f"{CHUNK_MENU} and the MLP menu {MLP_MENU} (k head/MLP in the table; 1 = as traced), the plan applied "
+        f"{CHUNK_MENU} and the MLP menu {MLP_MENU} (k head/MLP in the table; 1 = as traced, a head whose output layer is a plain linear layer: whole, fused with its loss, NOTE [ Fused head ]), the plan applied "
         "onto the same model and measured the same way, at our least budget and at their peak. Longest "
         f"sequence: doubling from {seq} up to {longest_to}, the longest whose least plan is at most their peak at "
         f"{seq}. Nesting allowed: the least budget of `scheduler.solve(..., nested=True)` with the same menus "
