@@ -25,6 +25,11 @@ NOTE [ Chunked head ]
       anything else (``meta["call_returns"]``; not on ``meta`` models), and
       :func:`find_calls` offers the calls inside them instead.
 
+    Between the head call and the loss only views and casts may run (the
+    loss's own upcast): a model that changes its logits after the head
+    (Gemma 2's soft-capping: div, tanh, mul) has no tail, so a menu skips its
+    head and says why; ``apply`` refused such a plan at its first step.
+
     Row independence is read from the traced graph: every op is one of
     :data:`ROWWISE_OPS` (views are taken to keep the token dimension leading,
     as the calls transformers writes do), none draws random numbers or
@@ -148,6 +153,10 @@ ROWWISE_OPS = _MATMUL_OPS | frozenset({
     "aten.pow.Tensor_Scalar", "aten.neg.default", "aten.exp.default", "aten.rsqrt.default",
     "aten.dropout.default", "aten.cross_entropy_loss.default",
 })
+#: What the loss may do to the head's logits before the cross-entropy: views and casts (transformers' upcast).
+_LOSS_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+                         "aten.alias.default", "aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy.default",
+                         "aten.contiguous.default", "aten._assert_tensor_metadata.default", "holds"})
 #: The losses a chunked tail may end in (the sum over chunks is the loss of the whole).
 LOSS_OPS = frozenset({"aten.cross_entropy_loss.default"})
 _CHUNK_TAG = "@chunk"
@@ -250,7 +259,13 @@ def _find_tail(graph: Graph) -> Tail:
         raise ChunkError(f"the head {head.module!r} computes a loss only transformers causal-LM and masked-LM models "
                          f"have a chunked form of, and {graph.meta.get('model', 'the traced model')} is neither "
                          "(NOTE [ Which heads run in chunks ])")
-    _split(graph, head.first, n - 1, what=f"the head {head.module!r} and its loss", loss=True)
+    chunked, _ = _split(graph, head.first, n - 1, what=f"the head {head.module!r} and its loss", loss=True)
+    changed = [i for i in chunked if head.last < i < n - 1 and not _ops(nodes[i]) <= _LOSS_VIEWS]
+    if changed:  # soft-capping (Gemma 2: div, tanh, mul): the applier cannot hand the loss the head's own output
+        nd = nodes[changed[0]]
+        raise ChunkError(f"{graph.meta.get('model', 'the model')} changes the logits after its head {head.module!r} "
+                         f"(node {nd.name!r}, {nd.op}: soft-capping or scaling), so the loss cannot run in chunks of "
+                         "the head's output")
     return Tail(first=head.first, head=head.module)
 
 

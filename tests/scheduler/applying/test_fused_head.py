@@ -163,3 +163,21 @@ def test_a_head_with_a_hook_is_not_fused_and_a_fused_plan_then_refuses_it():
     scheduler.apply(twin, plan)
     with pytest.raises(ChunkedHeadError, match="no longer a plain nn.Linear without hooks"):
         twin(**kwargs)
+
+
+def test_a_model_that_soft_caps_its_logits_is_refused_when_solved_not_at_its_first_step():
+    """Gemma 2 divides, tanh's and multiplies its logits after its head: a menu offered its head (fused whole at
+    a menu's 1), and ``apply`` refused the plan at step one (ChunkedHeadError). The tail is refused instead."""
+    from solvers.model.chunks import ChunkError, find_tail
+
+    torch.manual_seed(0)
+    cfg = transformers.Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=1, head_dim=16, vocab_size=VOCAB)
+    model = transformers.Gemma2ForCausalLM(cfg).train()
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    graph = scheduler.trace(model, (), {"input_ids": ids, "labels": ids}, loss=_loss)
+    with pytest.raises(ChunkError, match="changes the logits after its head 'lm_head'.*soft-capping"):
+        find_tail(graph)
+    with pytest.raises(ChunkError, match="the head is not chunked"):
+        scheduler.solve(graph, 10 ** 12, chunks=(1, 2))
+    assert not scheduler.solve(graph, 10 ** 12).chunks  # without a menu: as before
