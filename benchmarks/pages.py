@@ -94,6 +94,8 @@ SUITES: tuple[Suite, ...] = (
     Suite("zoo", ("zoo.md",), _STEP),
     Suite("loop", ("loop.md",), _STEP),
     Suite("chunked", ("chunked.md",), _STEP + ("solvers/model/chunks.py", "scheduler/applying/chunked.py")),
+    Suite("fused_lms", ("fused_lms.md",), _STEP + ("solvers/model/chunks.py", "solvers/model/fused.py",
+                                                 "scheduler/applying/chunked.py")),
     Suite("generated", ("generated.md",), _STEP + ("benchmarks/random_modules.py", "benchmarks/random_plans.py")),
     Suite("distributed", ("distributed.md",), _STEP + ("scheduler/distributed/", "scheduler/measuring/distributed.py",
                                                      "scheduler/models/staged.py")),
