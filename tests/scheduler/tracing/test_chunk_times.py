@@ -12,7 +12,7 @@ import torch
 
 import scheduler
 from chunk_graphs import lm_graph
-from graphs import COSTS_META
+from graphs import COSTS_META, FUSED_HEADS_META
 from solvers import Plan, simulate
 from solvers.model.chunks import LOSS_SUFFIX, chunk_entries, find_tail
 from solvers.model.overheads import CHUNK_TIMES_KEY, chunk_times, timed_extra, with_overheads
@@ -68,9 +68,27 @@ def test_a_timed_loop_prices_the_plan_in_place_of_the_formula_terms():
 
 
 def test_a_malformed_table_is_not_read():
-    g = _graph({"lm+loss": {"2": "fast"}, "other": {"1": 0.5}, "neg": {"2": -1.0}, "ok": {"4": 0.02}})
-    assert chunk_times(g) == {"ok": {4: 0.02}}
+    g = _graph({"lm+loss": {"2": "fast"}, "zero": {"0": 0.5}, "nan": {"2": float("nan")}, "ok": {"4": 0.02},
+                "fused": {"1": -0.003, "2": 0.01}})
+    assert chunk_times(g) == {"ok": {4: 0.02}, "fused": {1: -0.003, 2: 0.01}}
     assert chunk_times(_graph("not a table")) == {}
+
+
+def test_a_fused_head_timed_whole_prices_its_saving():
+    table = {1: -0.004, 2: 0.006, 4: 0.030}
+    assert timed_extra(table, 1) == -0.004  # the fused head whole saves time
+    assert timed_extra(table, 3) == pytest.approx(0.018)
+    assert timed_extra({1: -0.004, 2: -0.003}, 8) == pytest.approx(0.003)  # the line through 1 and 2
+    assert timed_extra({1: -0.004, 2: -0.003, 4: -0.010}, 16) == pytest.approx(-0.010)  # never below the least
+    def fused(g):
+        return dataclasses.replace(g, meta={**g.meta, FUSED_HEADS_META: [find_tail(g).head]})
+
+    g = fused(_graph())
+    head = find_tail(g).head + LOSS_SUFFIX
+    timed = fused(_graph({head: {"1": -0.004, "2": 0.006}}))
+    whole = Plan(regions=(), chunks=((find_tail(g).first, len(g) - 1, 1),))
+    assert simulate(timed, whole).overhead_s["chunk_timed"] == pytest.approx(-0.004)
+    assert simulate(g, whole).overhead_s.get("chunk_timed", 0.0) == 0.0  # untimed: as the head as traced
 
 
 def test_the_estimator_keeps_each_counts_least_time_over_alternating_rounds():
@@ -203,6 +221,37 @@ def test_the_trace_times_the_head_and_loss_as_the_applier_runs_them(monkeypatch,
     assert capture(model, (), kwargs, loss=loss, target="H100").graph.meta["costs"].get(CHUNK_TIMES_KEY) is None
     plan = scheduler.solve(g, simulate(g).peak_bytes, "ilp", chunks=(4,))
     assert plan.chunks and plan.findings["extra_chunk_timed_s"] == pytest.approx(0.019)
+
+
+def test_a_fused_head_is_timed_whole_against_the_head_as_traced(monkeypatch):
+    model, kwargs = _gpt2()
+    traced = capture(model, (), kwargs, loss=lambda out: out.loss)
+    ran = []
+    fused = ct.fused_head_loss
+
+    def counted(head, x, labels, kind, k, *a, **kw):
+        ran.append(k)
+        return fused(head, x, labels, kind, k, *a, **kw)
+
+    monkeypatch.setattr(ct, "fused_head_loss", counted)
+    now = [0.0]
+
+    def clock():  # the head as traced 3 ms a run, fused whole 2, in 2 chunks 5, in 4 chunks 9 (each reading 0)
+        return now[0]
+
+    def timed(k):  # run k's time, by the counts the runs see in turn (0: the head as traced)
+        now[0] += {0: 3e-3, 1: 2e-3, 2: 5e-3, 4: 9e-3}[k]
+
+    original = ct._seconds
+
+    def seconds(run, counts, *a, **kw):
+        assert counts == (0, 1, 2, 4)
+        return original(lambda k: (run(k), timed(k)), counts, *a, **kw)
+
+    monkeypatch.setattr(ct, "_seconds", seconds)
+    got = ct.time_chunk_loops(model, traced.graph, traced.members, traced.gm, clock=clock, counts=(2, 4), rounds=2)
+    assert got["lm_head+loss"] == pytest.approx({"1": -1e-3, "2": 2e-3, "4": 6e-3})
+    assert sorted(set(ran)) == [1, 2, 4]  # the fused loops the plan runs, the whole one too
 
 
 def test_the_switch_is_read_from_the_calibration_folder(tmp_path):
