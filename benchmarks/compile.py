@@ -49,7 +49,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from scheduler.sizing.compiled import Fit, Search, plan_key
+from scheduler.sizing.compiled import Fit, Search, graph_of, plan_key, unfused_twin
 from benchmarks.pages import out_dir, write_page
 from benchmarks.steady import steady_allocator
 
@@ -258,14 +258,23 @@ def searcher(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int], 
         side = made[plan_key(plan)] = compiled("ours", planned, args)
         return side.peak(args)
 
+    twin = unfused_twin(graph, chunks)  # the head unfused, where the menu fuses it (NOTE [ Compile-aware budget ])
+
     def cost(plan: Any) -> float:  # simulated: a plan of no solver (the coarse one) carries no solver's figure
-        sim = scheduler.simulate(graph, plan)
+        sim = scheduler.simulate(graph_of(plan, graph, twin), plan)
         return (sim.recompute_time_s or 0.0) + sum((sim.overhead_s or {}).values())
 
-    return Search(solve, measure, lambda plan: scheduler.simulate(graph, plan).peak_bytes, key=plan_key,
-                  cost=cost, plain=plain,
+    def unfused() -> Any:
+        try:
+            return scheduler.solve(twin, budget=1, solver=SOLVER, chunks=chunks, **SOLVER_OPTIONS)
+        except InfeasibleBudget as exc:
+            return scheduler.solve(twin, budget=exc.min_feasible_bytes, solver=SOLVER, chunks=chunks, **SOLVER_OPTIONS)
+
+    return Search(solve, measure, lambda plan: scheduler.simulate(graph_of(plan, graph, twin), plan).peak_bytes,
+                  key=plan_key, cost=cost, plain=plain,
                   others=[("floor plan", least(s, **o)) for s, o in OTHER_SOLVERS]
                   + [("floor plan", least(SOLVER, (k,), **SOLVER_OPTIONS)) for k in chunks or ()]
+                  + ([("floor plan, head unfused", unfused)] if twin is not None else [])
                   + [("coarse plan", lambda: coarse_plan(graph))])
 
 

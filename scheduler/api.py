@@ -231,7 +231,8 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
     a plan measures at or under ``budget``: a few compiles (``compiles`` at
     most, beside the unplanned step's), ``solves`` solves at most. Where the
     least-peak plan measures over, a few more plans are compiled once each:
-    the least-peak plan at each count of a ``chunks=`` menu alone, and a
+    the least-peak plan at each count of a ``chunks=`` menu alone, the
+    least-peak plan with the head unfused where the menu fuses it, and a
     coarse plan (every child module a region).
 
     Args:
@@ -252,7 +253,7 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
     """
     from .measuring.compiled import compiled_step_peak
     from .sizing.budget import parse_size
-    from .sizing.compiled import Fit, Point, Search, plan_key
+    from .sizing.compiled import Fit, Point, Search, graph_of, plan_key, unfused_twin
 
     if compiles < 1 or solves < 1:
         raise SolverOptionError(f"compiles={compiles}, solves={solves}: each must be at least 1")
@@ -275,17 +276,25 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
         point = Point(budget=predicted, predicted=predicted, measured=plain, key=plan_key(none), plan=none)
         return Fit(target=target, point=point, reached=True, tries=[point])
 
+    # NOTE [ Compile-aware budget ]: where the floor measures over, so does the floor at each head chunk count,
+    # and the floor with the head unfused (solved, predicted and costed on that twin of the graph)
+    menu = tuple(dict.fromkeys(options.get("chunks") or ()))
+    twin = unfused_twin(graph, menu)
+
+    def simulated(plan: Plan) -> Simulation:
+        return solvers.simulate(graph_of(plan, graph, twin), plan, record=False)
+
     def cost(plan: Plan) -> float:
-        sim = solvers.simulate(graph, plan, record=False)
+        sim = simulated(plan)
         return (sim.recompute_time_s or 0.0) + sum((sim.overhead_s or {}).values())
 
-    # NOTE [ Compile-aware budget ]: where the floor measures over, so does the floor at each head chunk count
-    menu = tuple(dict.fromkeys(options.get("chunks") or ()))
     floors = [("floor plan", _least_plan(graph, solver, {**options, "chunks": (k,)})) for k in menu] \
         if len(menu) > 1 else []
-    search = Search(lambda b: solve(graph, b, solver, **options), measure,
-                    lambda plan: solvers.simulate(graph, plan, record=False).peak_bytes, key=plan_key, cost=cost,
-                    plain=(predicted, plain), others=floors + [("coarse plan", lambda: _coarse_plan(graph))])
+    if twin is not None:
+        floors.append(("floor plan, head unfused", _least_plan(twin, solver, options)))
+    search = Search(lambda b: solve(graph, b, solver, **options), measure, lambda plan: simulated(plan).peak_bytes,
+                    key=plan_key, cost=cost, plain=(predicted, plain),
+                    others=floors + [("coarse plan", lambda: _coarse_plan(graph))])
     return search.fit(target, compiles=compiles, solves=solves)
 
 

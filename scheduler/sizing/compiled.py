@@ -36,7 +36,12 @@ NOTE [ Compile-aware budget ]
     ilp's, predicted 0.8 MiB lower, measured 14.41), so is the floor at each
     head chunk count of a ``chunks=`` menu alone (GPT-2's floor with its head
     in 4 chunks, 13.08 MiB predicted, measured 14.16, over compile's least
-    14.13; with 2 chunks, 13.45), and so is a coarse plan
+    14.13; with 2 chunks, 13.45), where the head runs fused (NOTE [ Fused
+    head ] in ``solvers.model.fused``) so is the floor with it unfused
+    (:func:`unfused_twin`: autograd's chunk loop, whose chunks a region can
+    hold; GPT-2's fused floor, 8 regions, measured 14.16 MiB compiled, the
+    unfused one, 9 regions with one inside the head's chunks, 13.51, both
+    predicted 13.08), and so is a coarse plan
     that no solver of ours chooses, every child of the model a region
     (ResNet-18: predicted 95.26 MiB, over the floor's 93.76, measured 116.17
     against the floor plan's 120.44: inductor's channels-last copies are
@@ -52,14 +57,34 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
+from graphs import FUSED_HEADS_META
+
 log = logging.getLogger(__name__)
 
-__all__ = ["Point", "Fit", "Search", "plan_key"]
+__all__ = ["Point", "Fit", "Search", "plan_key", "unfused_twin", "graph_of"]
 
 
 def plan_key(plan: Any) -> tuple:
-    """What makes two plans the same plan to compile (regions, kept calls, nesting, chunks)."""
-    return (tuple(plan.modules), tuple(plan.save_ops), tuple(plan.inner), tuple(plan.chunks))
+    """What makes two plans the same plan to compile (regions, kept calls, nesting, chunks, a fused head or not)."""
+    fused = (getattr(plan, "graph_meta", None) or {}).get(FUSED_HEADS_META)
+    return (tuple(plan.modules), tuple(plan.save_ops), tuple(plan.inner), tuple(plan.chunks),
+            None if fused is None else tuple(fused))
+
+
+def unfused_twin(graph: Any, chunks: Sequence[int] | None) -> Any:
+    """``graph`` with its head unfused (no ``FUSED_HEADS_META`` layers: autograd's chunk loop, NOTE [ Fused
+    head ] in ``solvers.model.fused``), where a ``chunks`` menu would run it fused (a count above 1); else None."""
+    import dataclasses
+
+    if not graph.meta.get(FUSED_HEADS_META) or not any(k > 1 for k in chunks or ()):
+        return None
+    return dataclasses.replace(graph, meta={**graph.meta, FUSED_HEADS_META: []})
+
+
+def graph_of(plan: Any, graph: Any, twin: Any) -> Any:
+    """The graph ``plan`` was solved on: ``twin`` (:func:`unfused_twin`) for a plan solved there, else ``graph``."""
+    meta = getattr(plan, "graph_meta", None) or {}
+    return twin if twin is not None and meta.get(FUSED_HEADS_META) == [] else graph
 
 
 @dataclass(frozen=True)
