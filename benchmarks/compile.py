@@ -264,17 +264,20 @@ def searcher(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int], 
         sim = scheduler.simulate(graph_of(plan, graph, twin), plan)
         return (sim.recompute_time_s or 0.0) + sum((sim.overhead_s or {}).values())
 
-    def unfused() -> Any:
-        try:
-            return scheduler.solve(twin, budget=1, solver=SOLVER, chunks=chunks, **SOLVER_OPTIONS)
-        except InfeasibleBudget as exc:
-            return scheduler.solve(twin, budget=exc.min_feasible_bytes, solver=SOLVER, chunks=chunks, **SOLVER_OPTIONS)
+    def unfused(k: int) -> Callable[[], Any]:  # the floor with the head unfused, at one chunk count
+        def plan() -> Any:
+            try:
+                return scheduler.solve(twin, budget=1, solver=SOLVER, chunks=(k,), **SOLVER_OPTIONS)
+            except InfeasibleBudget as exc:
+                return scheduler.solve(twin, budget=exc.min_feasible_bytes, solver=SOLVER, chunks=(k,),
+                                       **SOLVER_OPTIONS)
+        return plan
 
     return Search(solve, measure, lambda plan: scheduler.simulate(graph_of(plan, graph, twin), plan).peak_bytes,
                   key=plan_key, cost=cost, plain=plain,
                   others=[("floor plan", least(s, **o)) for s, o in OTHER_SOLVERS]
                   + [("floor plan", least(SOLVER, (k,), **SOLVER_OPTIONS)) for k in chunks or ()]
-                  + ([("floor plan, head unfused", unfused)] if twin is not None else [])
+                  + [("floor plan, head unfused", unfused(k)) for k in (chunks or ()) if twin is not None and k > 1]
                   + [("coarse plan", lambda: coarse_plan(graph))])
 
 

@@ -290,8 +290,9 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
 
     floors = [("floor plan", _least_plan(graph, solver, {**options, "chunks": (k,)})) for k in menu] \
         if len(menu) > 1 else []
-    if twin is not None:
-        floors.append(("floor plan, head unfused", _least_plan(twin, solver, options)))
+    if twin is not None:  # at each count alone: a region may hold a part of an unfused head's chunk
+        floors += [("floor plan, head unfused", _least_plan(twin, solver, {**options, "chunks": (k,)}))
+                   for k in menu if k > 1]
     search = Search(lambda b: solve(graph, b, solver, **options), measure, lambda plan: simulated(plan).peak_bytes,
                     key=plan_key, cost=cost, plain=(predicted, plain),
                     others=floors + [("coarse plan", lambda: _coarse_plan(graph))])

@@ -37,11 +37,12 @@ NOTE [ Compile-aware budget ]
     head chunk count of a ``chunks=`` menu alone (GPT-2's floor with its head
     in 4 chunks, 13.08 MiB predicted, measured 14.16, over compile's least
     14.13; with 2 chunks, 13.45), where the head runs fused (NOTE [ Fused
-    head ] in ``solvers.model.fused``) so is the floor with it unfused
-    (:func:`unfused_twin`: autograd's chunk loop, whose chunks a region can
-    hold; GPT-2's fused floor, 8 regions, measured 14.16 MiB compiled, the
-    unfused one, 9 regions with one inside the head's chunks, 13.51, both
-    predicted 13.08), and so is a coarse plan
+    head ] in ``solvers.model.fused``) so is the floor with it unfused at
+    each count alone (:func:`unfused_twin`: autograd's chunk loop, whose
+    chunks a region can hold; GPT-2's fused floor in 2 chunks, 8 regions,
+    measured 14.16 MiB compiled, the unfused one, 9 regions with one inside
+    the head's chunks, 13.51, both predicted 13.08; the same plan measures
+    the same fused or not: inductor sees the regions), and so is a coarse plan
     that no solver of ours chooses, every child of the model a region
     (ResNet-18: predicted 95.26 MiB, over the floor's 93.76, measured 116.17
     against the floor plan's 120.44: inductor's channels-last copies are
