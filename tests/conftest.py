@@ -38,9 +38,9 @@ def _pin_cpu_peaks() -> None:
     with open(os.path.join(folder, "plan_overheads.json"), "w", encoding="utf-8") as fh:
         json.dump({key: zero for key in entries}, fh)
     # NOTE [ Measured op classes ]: no class timed (a clock), the plain roofline; NOTE [ Chunk loops timed at
-    # their shapes ]: no chunk loop timed either
+    # their shapes ]: no chunk loop timed either; NOTE [ Recompute timed in the step ]: nor the blocks' recompute
     with open(os.path.join(folder, "op_classes.json"), "w", encoding="utf-8") as fh:
-        json.dump({"classes": [], "chunk_loops": False}, fh)
+        json.dump({"classes": [], "chunk_loops": False, "recompute_scale": False}, fh)
     os.environ[CACHE_ENV] = folder
 
 

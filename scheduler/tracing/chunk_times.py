@@ -110,16 +110,17 @@ MAX_RUN_S = 0.75
 _FILE = "op_classes.json"
 
 
-def times_chunk_loops(cache: str | os.PathLike | None = None) -> bool:
-    """Whether a CPU trace times its chunk loops: ``op_classes.json``'s ``chunk_loops`` (absent: yes)."""
+def times_chunk_loops(cache: str | os.PathLike | None = None, key: str = "chunk_loops") -> bool:
+    """Whether a CPU trace times its chunk loops: ``op_classes.json``'s ``chunk_loops`` (absent: yes); another
+    ``key`` says so of another timing (``recompute_scale``: NOTE [ Recompute timed in the step ])."""
     path = os.path.join(cache_dir(cache), _FILE)
     if not os.path.exists(path):
         return True
     try:
         with open(path, encoding="utf-8") as fh:
-            return bool(json.load(fh).get("chunk_loops", True))
+            return bool(json.load(fh).get(key, True))
     except (OSError, ValueError, AttributeError) as exc:
-        log.warning("op classes file %s is unreadable (%s); timing chunk loops", path, exc)
+        log.warning("op classes file %s is unreadable (%s); timing as by default (%s)", path, exc, key)
         return True
 
 

@@ -6,8 +6,7 @@ Example:
     >>> from scheduler.tracing.tracer import capture
     >>> traced = capture(model, (tokens,), {"targets": targets})   # the fx graph as well
 
-The module is named ``tracer`` so that the package attribute
-``scheduler.trace`` stays the function whatever was imported before.
+The module is named ``tracer`` so that ``scheduler.trace`` stays the function whatever was imported before.
 
 How: the model (with the loss, when ``loss=`` is given) is traced with
 ``torch.fx.symbolic_trace``, or with ``torch.export.export`` (training IR) when
@@ -19,9 +18,8 @@ priced for the device it will run on (NOTE [ Roofline costs ] in
 
 Models on the ``meta`` device: build the model under ``torch.device("meta")``
 (e.g. ``with torch.device("meta"): model = LlamaForCausalLM(config)``) and
-pass example inputs on ``meta`` too. Nothing is allocated: the graph module is
-traced symbolically and measured on fake tensors; the eager check compares
-shapes and dtypes only.
+pass example inputs on ``meta`` too. Nothing is allocated: the graph module is traced
+symbolically and measured on fake tensors; the eager check compares shapes and dtypes only.
 
 NOTE [ Traced contract ]
     :func:`capture` returns a :class:`Traced`; ``scheduler.apply`` builds on it.
@@ -74,6 +72,7 @@ from .capture import LossWrapper, TraceError, TraceMismatch, capture_graph_modul
 from .costs import OpRecord, measure_ops
 from .records import cuda_blocks
 from .chunk_times import time_chunk_loops, times_chunk_loops, with_chunk_times
+from .recompute_scale import recompute_scale
 from .opclasses import timed_classes
 from .outputs import capture_exposed, returned_nodes
 from .overheads import target_overheads
@@ -331,11 +330,12 @@ def capture(model: nn.Module, args: Sequence[Any] | Any = (), kwargs: Mapping[st
             meta[CALL_RETURNS_META] = dict(sorted(returns.items()))
         graph, members, gran = _assemble(records, granularity, totals, name, meta, sequentials, extras, loop, held,
                                          holds)
-    if costs == "roofline" and plan_for.kind == "cpu" and device.type == "cpu" and times_chunk_loops():
+    if costs == "roofline" and plan_for.kind == "cpu" and device.type == "cpu":
         # NOTE [ Chunk loops timed at their shapes ]: the loop as a plan runs it, on the model's own modules
-        loops = time_chunk_loops(model, graph, members, gm)
-        if loops:
-            graph = with_chunk_times(graph, loops)
+        loops = time_chunk_loops(model, graph, members, gm) if times_chunk_loops() else None
+        graph = with_chunk_times(graph, loops) if loops else graph
+        if times_chunk_loops(key="recompute_scale"):  # NOTE [ Recompute timed in the step ]
+            graph = recompute_scale(model, graph, args, kwargs, loss)
     placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     log.info("traced %s with %s for %s: %d fx nodes -> %d cost nodes (granularity %s)", name, used,
              plan_for.describe(), len(records), len(graph), gran)

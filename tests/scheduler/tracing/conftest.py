@@ -23,7 +23,7 @@ def fake_cpu(monkeypatch, tmp_path):
         "op_s": 0.0, "region_s": 0.0, "random_region_s": 0.0, "selective_op_s": 0.0, "kept_call_s": 0.0,
         "chunk_s": 0.0, "recompute_op_s": 0.0, "gemm_rows": []})
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    # nor times op classes (NOTE [ Measured op classes ]) or chunk loops: none, as every test's
+    # nor times op classes (NOTE [ Measured op classes ]), chunk loops or recompute: none, as every test's
     (tmp_path / "cache").mkdir(exist_ok=True)
-    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": [], "chunk_loops": false}', encoding="utf-8")
+    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": [], "chunk_loops": false, "recompute_scale": false}', encoding="utf-8")
     return calls

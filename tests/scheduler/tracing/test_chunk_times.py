@@ -212,7 +212,7 @@ def test_the_trace_times_the_head_and_loss_as_the_applier_runs_them(monkeypatch,
     assert torch.equal(torch.get_rng_state(), rng)
     # switched on in the calibration folder's file, a CPU trace stores what it timed and plans are priced on it
     monkeypatch.setattr(ct, "time_chunk_loops", lambda *a, **k: {"lm_head+loss": {"2": 0.004, "4": 0.019}})
-    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": []}', encoding="utf-8")  # fake_cpu's folder
+    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": [], "recompute_scale": false}', encoding="utf-8")  # fake_cpu's
     import scheduler.tracing.tracer as tracer_mod
 
     monkeypatch.setattr(tracer_mod, "time_chunk_loops", ct.time_chunk_loops)

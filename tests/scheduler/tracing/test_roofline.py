@@ -283,13 +283,13 @@ def test_a_cpu_trace_prices_its_convolutions_at_their_timed_shapes(fake_cpu, mon
     x = torch.randn(2, 3, 16, 16)
     plain = capture(model, (x,)).graph  # fake_cpu pins no class: the roofline
     ticks = _stand_in_clock(monkeypatch, 2e-3)
-    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": ["convolution", "max_pool"]}')
+    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": ["convolution", "max_pool"], "recompute_scale": false}')
     timed = capture(model, (x,)).graph
     rate = timed.meta["costs"]["flops_per_s"]
     conv, relu, pool = ((nd.fwd_cost, p.fwd_cost) for nd, p in zip(timed.nodes, plain.nodes))  # one node a module
     assert conv[0] == round(2e-3 * rate) != conv[1] and pool[0] == round(2e-3 * rate) != pool[1]
     assert relu[0] == relu[1]  # not a timed class
-    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": ["max_pool"]}')  # only the pooling
+    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": ["max_pool"], "recompute_scale": false}')  # only the pooling
     again = [nd.fwd_cost for nd in capture(model, (x,)).graph.nodes]
     assert again[0] == conv[1] and again[2] == round(2e-3 * rate)
     before = next(ticks)
@@ -331,7 +331,7 @@ def test_a_cpu_trace_prices_its_matrix_products_at_their_timed_shapes(fake_cpu, 
     x = torch.randn(16, 32)
     plain = capture(model, (x,)).graph
     _stand_in_clock(monkeypatch, 3e-3)
-    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": ["matmul"], "chunk_loops": false}')
+    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": ["matmul"], "chunk_loops": false, "recompute_scale": false}')
     timed = capture(model, (x,)).graph
     rate = timed.meta["costs"]["flops_per_s"]
     (a, a0), (r, r0), (b, b0) = ((nd.fwd_cost, p.fwd_cost) for nd, p in zip(timed.nodes, plain.nodes))

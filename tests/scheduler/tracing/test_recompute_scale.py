@@ -1,0 +1,151 @@
+"""A trace measures what its blocks' recompute costs in the step and scales the recompute costs by it (NOTE [
+Recompute timed in the step ] in scheduler.tracing.recompute_scale). Every clock here is injected."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import scheduler
+from solvers import simulate
+
+from scheduler.tracing import recompute_scale as rs
+from scheduler.tracing.tracer import capture
+
+RUNS = [0]  # the blocks' forward calls so far: the tests' clock
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.norm = nn.Linear(16, 16), nn.BatchNorm1d(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        RUNS[0] += 1
+        return torch.tanh(self.norm(self.fc(x)))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return nn.functional.cross_entropy(self.head(x), y)
+
+
+def _net():
+    torch.manual_seed(0)
+    return Net().train(), (torch.randn(8, 16), torch.randint(0, 4, (8,)))
+
+
+def test_the_blocks_recompute_measured_in_the_step_scales_every_recompute_cost():
+    model, args = _net()
+    g = capture(model, args).graph  # the tests' pinned files: nothing timed
+    assert rs.SCALE_KEY not in g.meta["costs"]
+    plan = rs.block_plan(g)
+    assert plan.modules == ("blocks.0", "blocks.1", "blocks.2")
+    predicted = simulate(g, plan).recompute_time_s
+    unit = 1.7 * predicted / 3  # a block's forward, by the clock: the planned step runs each twice
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 7.0)
+    buffers = [b.clone() for b in model.buffers()]
+    rng = torch.get_rng_state()
+    before = RUNS[0]
+    scaled = rs.recompute_scale(model, g, args, {}, None, clock=lambda: RUNS[0] * unit, rounds=2)
+    # 2 warm-up passes and 2 rounds, each the plain step (3 block calls) and the planned one (3, and 3 recomputed)
+    assert RUNS[0] - before == 4 * (3 + 6)
+    found = scaled.meta["costs"][rs.SCALE_KEY]
+    assert found["scale"] == pytest.approx(1.7) and found["measured_s"] == pytest.approx(3 * unit)
+    assert found["predicted_s"] == pytest.approx(predicted) and found["blocks"] == 3
+    assert [nd.fwd_cost for nd in scaled.nodes] == [round(nd.fwd_cost * found["scale"]) for nd in g.nodes]
+    assert simulate(scaled, plan).recompute_time_s == pytest.approx(1.7 * predicted, rel=1e-3)
+    assert scaled.fingerprint() == g.fingerprint()  # the same model: its plans apply as before
+    # the model as it was: gradients, BatchNorm statistics, the RNG
+    assert all(torch.equal(p.grad, torch.full_like(p, 7.0)) for p in model.parameters())
+    assert all(torch.equal(b, s) for b, s in zip(model.buffers(), buffers))
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def _steps(plain_s, planned_s):
+    now = [0.0]
+
+    def run(s):
+        def go():
+            now[0] += s
+        return go
+    return (lambda: now[0]), run(plain_s), run(planned_s)
+
+
+@pytest.mark.parametrize("extra, want", [(0.0, rs.MIN_SCALE), (1.0, rs.MAX_SCALE)])
+def test_a_scale_beyond_its_bounds_is_kept_at_them(extra, want):
+    model, args = _net()
+    g = capture(model, args).graph
+    plan = rs.block_plan(g)
+    clock, plain, planned = _steps(0.010, 0.010 + extra)
+    found = rs.measure_scale(g, plain, planned, plan, clock=clock, rounds=2)
+    assert found["scale"] == want and found["measured_s"] == pytest.approx(extra)
+
+
+def test_region_overheads_are_taken_from_what_the_blocks_add():
+    from solvers.model.overheads import with_overheads
+
+    model, args = _net()
+    g = with_overheads(capture(model, args).graph, {"region_s": 1e-4})
+    plan = rs.block_plan(g)
+    predicted = simulate(g, plan).recompute_time_s
+    clock, plain, planned = _steps(0.010, 0.010 + 3e-4 + 1.5 * predicted)
+    found = rs.measure_scale(g, plain, planned, plan, clock=clock, rounds=2)
+    assert found["overheads_s"] == pytest.approx(3e-4) and found["scale"] == pytest.approx(1.5)
+
+
+def test_no_blocks_a_planned_model_or_a_long_step_leave_the_roofline_as_it_is(monkeypatch):
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2)).train()
+    x = torch.randn(4, 8)
+    g = capture(seq, (x,), loss=lambda out: out.sum()).graph
+    assert rs.block_plan(g) is None
+    assert rs.recompute_scale(seq, g, (x,), {}, lambda out: out.sum(), clock=lambda: 0.0) is g
+    model, args = _net()
+    g = capture(model, args).graph
+    never = lambda: pytest.fail("no step is timed")  # noqa: E731
+    scheduler.apply(model, rs.block_plan(g))
+    assert rs.recompute_scale(model, g, args, {}, None, clock=never) is g
+    scheduler.remove(model)
+    monkeypatch.setattr(rs, "MAX_STEP_S", 0.0)
+    assert rs.recompute_scale(model, g, args, {}, None, clock=never) is g
+
+
+def test_a_step_that_fails_leaves_the_roofline_and_the_model_as_they_were():
+    model, args = _net()
+    g = capture(model, args).graph
+    buffers = [b.clone() for b in model.buffers()]
+    bad = (args[0], torch.full((8,), 9))  # a label out of range: cross_entropy raises
+    assert rs.recompute_scale(model, g, bad, {}, None, clock=lambda: 0.0) is g
+    assert all(torch.equal(b, s) for b, s in zip(model.buffers(), buffers))
+
+
+def test_a_cpu_trace_measures_it_where_the_calibration_folder_says(monkeypatch, tmp_path, fake_cpu):
+    import scheduler.tracing.tracer as tracer_mod
+
+    model, args = _net()
+    seen = []
+
+    def spy(model, graph, *a, **k):
+        seen.append(graph.name)
+        return rs.with_recompute_scale(graph, {"scale": 2.0, "measured_s": 0.0, "predicted_s": 0.0,
+                                               "overheads_s": 0.0, "blocks": 3.0})
+
+    monkeypatch.setattr(tracer_mod, "recompute_scale", spy)
+    plain = capture(model, args).graph  # fake_cpu's file says no
+    assert not seen and rs.SCALE_KEY not in plain.meta["costs"]
+    (tmp_path / "cache" / "op_classes.json").write_text('{"classes": [], "chunk_loops": false}', encoding="utf-8")
+    g = capture(model, args).graph
+    assert len(seen) == 1 and g.meta["costs"][rs.SCALE_KEY]["scale"] == 2.0
+    assert [nd.fwd_cost for nd in g.nodes] == [2 * nd.fwd_cost for nd in plain.nodes]
+    capture(model, args, target="H100")  # a GPU's roofline: not this CPU's step
+    assert len(seen) == 1
