@@ -328,6 +328,7 @@ def run_model(name: str, head_pairs: int, pairs: int) -> dict:
     plain, their = alternate(step, _PLAIN, theirs, pairs, timed=TIMED)
     their_extra = least(their, 1) - least(plain, 1)
     return dict(overheads=(graph.meta.get("costs") or {}).get("overheads"),
+                scale=((graph.meta.get("costs") or {}).get("recompute_scale") or {}).get("scale"),
                 plain_s=least(plain, 1), their_extra=their_extra,
                 our_extra=pick["measured"], model=name, their_peak=their_peak, our_peak=our_peak, floor=floor,
                 pick=pick, rows=rows,
@@ -412,9 +413,11 @@ def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float, allocat
             "Error: (predicted - measured) / measured on the candidate with the median measured extra time. "
             "Rounds: the first to third quartile of that candidate's round-by-round differences (its step less "
             "the plain step of the same round): how far one measurement moves on this machine, beside which an "
-            "error is to be read.", "",
-            "| model | candidates | tau | regret | median plan | predicted ms | measured ms | error | rounds ms |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "error is to be read. Scale: the trace's recompute scale, what its blocks' recompute measured in the "
+            "step over the roofline's figure (NOTE [ Recompute timed in the step ] in "
+            "`scheduler/tracing/recompute_scale.py`; - where not measured).", "",
+            "| model | candidates | tau | regret | median plan | predicted ms | measured ms | error | rounds ms | "
+            "scale |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         s = summarise(r)
         m = s["median"]
@@ -422,7 +425,8 @@ def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float, allocat
         regret = "-" if s["regret"] is None else f"{100 * s['regret']:.1f} %"
         err = "-" if s["err"] is None else f"{100 * s['err']:+.0f} %"
         out.append(f"| {r['model']} | {len(r['rows'])} | {tau} | {regret} | {'-' if m is None else m['label']} | "
-                   f"{_ms(m and m['predicted'])} | {_ms(m and m['measured'])} | {err} | {_spread(m)} |")
+                   f"{_ms(m and m['predicted'])} | {_ms(m and m['measured'])} | {err} | {_spread(m)} | "
+                f"{'-' if r.get('scale') is None else format(r['scale'], '.2f')} |")
     for r in results:
         out += ["", f"### {r['model']}", "",
                 "| budget | candidate | plan | predicted ms (recompute) | measured ms CPU (wall; median of rounds) | "
