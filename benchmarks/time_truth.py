@@ -327,8 +327,10 @@ def run_model(name: str, head_pairs: int, pairs: int) -> dict:
     t_ours, t_theirs = alternate(step, ours, theirs, head_pairs)
     plain, their = alternate(step, _PLAIN, theirs, pairs, timed=TIMED)
     their_extra = least(their, 1) - least(plain, 1)
-    return dict(overheads=(graph.meta.get("costs") or {}).get("overheads"),
-                scale=((graph.meta.get("costs") or {}).get("recompute_scale") or {}).get("scale"),
+    costs, found = graph.meta.get("costs") or {}, (graph.meta.get("costs") or {}).get("recompute_scale") or {}
+    calibrated = {"selective_op_s": found["calibrated_selective_op_s"]} if "calibrated_selective_op_s" in found else {}
+    return dict(overheads=costs.get("overheads") and {**costs["overheads"], **calibrated},
+                scale=found.get("scale"), policy=found.get("selective_op_s"),
                 plain_s=least(plain, 1), their_extra=their_extra,
                 our_extra=pick["measured"], model=name, their_peak=their_peak, our_peak=our_peak, floor=floor,
                 pick=pick, rows=rows,
@@ -415,9 +417,10 @@ def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float, allocat
             "the plain step of the same round): how far one measurement moves on this machine, beside which an "
             "error is to be read. Scale: the trace's recompute scale, what its blocks' recompute measured in the "
             "step over the roofline's figure (NOTE [ Recompute timed in the step ] in "
-            "`scheduler/tracing/recompute_scale.py`; - where not measured).", "",
+            "`scheduler/tracing/recompute_scale.py`; - where not measured); policy: the selective policy's cost "
+            "per ATen call its regions run, measured in the same step (the calibration's is below).", "",
             "| model | candidates | tau | regret | median plan | predicted ms | measured ms | error | rounds ms | "
-            "scale |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "scale | policy us |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         s = summarise(r)
         m = s["median"]
@@ -426,7 +429,8 @@ def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float, allocat
         err = "-" if s["err"] is None else f"{100 * s['err']:+.0f} %"
         out.append(f"| {r['model']} | {len(r['rows'])} | {tau} | {regret} | {'-' if m is None else m['label']} | "
                    f"{_ms(m and m['predicted'])} | {_ms(m and m['measured'])} | {err} | {_spread(m)} | "
-                f"{'-' if r.get('scale') is None else format(r['scale'], '.2f')} |")
+                f"{'-' if r.get('scale') is None else format(r['scale'], '.2f')} | "
+                f"{'-' if r.get('policy') is None else format(1e6 * r['policy'], '.1f')} |")
     for r in results:
         out += ["", f"### {r['model']}", "",
                 "| budget | candidate | plan | predicted ms (recompute) | measured ms CPU (wall; median of rounds) | "
@@ -438,7 +442,8 @@ def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float, allocat
                        f"{_ms(c['plain'])} |")
     figures = next((r["overheads"] for r in results if r.get("overheads")), None)
     if figures:
-        out += ["", "Overhead figures the plans were priced with (NOTE [ Overhead calibration ] in "
+        out += ["", "Overhead figures as calibrated (each model's selective_op_s is the step's where measured: policy, above; "
+                "NOTE [ Overhead calibration ] in "
                 f"`scheduler/tracing/overheads.py`; {figures.get('source', '')}): "
                 + ", ".join(f"{k} {1e6 * float(figures[k]):.1f} us" for k in
                             ("region_s", "random_region_s", "selective_op_s", "kept_call_s", "chunk_s", "op_s")

@@ -34,6 +34,21 @@ NOTE [ Recompute timed in the step ]
     (``scale``, ``measured_s``, ``predicted_s``, ``overheads_s``,
     ``blocks``).
 
+    Kept nodes are measured in the same rounds, where the graph has overhead
+    figures: a third step runs the blocks' plan keeping in each block the
+    node its menu ranks first (``solvers.model.selective.variants``). What
+    it adds beyond the blocks' plan, plus the recompute it saves (at the
+    scale) less its store entries (``kept_call_s``), over the ATen calls its
+    regions run twice through the policy's dispatch modes, is the step's
+    ``selective_op_s``, which replaces the calibrated one in the graph's
+    figures (``[0, MAX_SELECTIVE_S]``; stored as ``selective_op_s`` beside
+    ``calibrated_selective_op_s``). The calibration's small ops measured 11
+    us a call; in the step, keeping one node per block added 6.7 ms to
+    ResNet's 8 blocks and 7.1 to ConvNeXt's 4, 33-39 us a call, where it
+    was to save time: the time page's plans with kept ops had measured 2-3
+    ms slower than those without, predicted 0.2-1 ms faster. ViT's came out
+    at 5.5 us, Llama's at 0-2.5.
+
     Not measured (the roofline as it is): a graph without repeated blocks
     (DenseNet's ``denselayer1``), a step estimated (FLOPs at the graph's
     rate) over :data:`MAX_STEP_S`, or whose pass (plain and planned) takes
@@ -54,9 +69,9 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from graphs import COSTS_META, CkptError, Graph
-from solvers.model.overheads import overhead_seconds
+from solvers.model.overheads import graph_overheads, overhead_seconds, with_overheads
 
-from .chunk_times import run_clock
+from .chunk_times import FAULTS, _page_faults, run_clock
 
 __all__ = ["SCALE_KEY", "MIN_SCALE", "MAX_SCALE", "MAX_STEP_S", "MAX_PASS_S", "BUDGET_S", "ROUNDS", "MIN_ROUNDS", "block_plan", "measure_scale",
            "with_recompute_scale", "recompute_scale"]
@@ -71,86 +86,128 @@ MIN_SCALE, MAX_SCALE = 0.5, 3.0
 MAX_STEP_S = 1.5
 #: The seconds the timed rounds may take, at the warm-up's pace; the most rounds and the fewest.
 BUDGET_S, ROUNDS, MIN_ROUNDS = 6.0, 9, 5
-#: The most seconds a pass (the plain step and the planned one) may take to be timed.
-MAX_PASS_S = 3.0
+#: The most seconds a pass (the plain step and the planned ones) may take to be timed.
+MAX_PASS_S = 4.0
+#: The most a measured ``selective_op_s`` may be (seconds per call; the calibration measured 11 us).
+MAX_SELECTIVE_S = 1e-4
 
 
-def block_plan(graph: Graph) -> Any:
-    """The plan checkpointing each repeated block of ``graph`` (``per-module``'s), or None without blocks."""
+def block_plan(graph: Graph, kept: bool = False) -> Any:
+    """The plan checkpointing each repeated block of ``graph`` (``per-module``'s), or None without blocks; with
+    ``kept``, keeping in each block the node its menu ranks first (``solvers.model.selective.variants``), or None
+    where no block has one."""
     from solvers import Plan
     from solvers.baselines import NoModulePaths, block_spans
+    from solvers.model.selective import variants
 
     try:
         regions = block_spans(graph)
-        return Plan.from_regions(graph, regions) if regions else None
+        if not regions:
+            return None
+        if not kept:
+            return Plan.from_regions(graph, regions)
+        saved = sorted(k for a, b in regions for k in (variants(graph, a, b) + [()])[1][:1])
+        return Plan.from_regions(graph, regions, saved=tuple(saved)) if saved else None
     except (NoModulePaths, CkptError):
         return None
 
 
 def measure_scale(graph: Graph, plain: Callable[[], Any], planned: Callable[[], Any], plan: Any, *,
+                  kept: Callable[[], Any] | None = None, kept_plan: Any = None,
                   clock: Callable[[], float] | None = None, rounds: int = ROUNDS, budget_s: float = BUDGET_S
                   ) -> dict[str, float] | None:
     """The recompute scale (NOTE [ Recompute timed in the step ]) from ``plain()`` and ``planned()`` (one step
-    each), ``plan`` the planned step's plan on ``graph``; None where the steps are too slow to time or ``plan``
-    recomputes nothing by the graph. ``clock`` times the runs and the budgets (default: :func:`run_clock` for the
-    runs, the wall clock for the budgets)."""
+    each), ``plan`` the planned step's plan on ``graph``; with ``kept()``, the step of ``kept_plan`` (``plan``
+    keeping nodes), the per-call cost of the selective policy too (``selective_op_s``, where ``graph`` has
+    overhead figures). None where the steps are too slow to time or ``plan`` recomputes nothing by the graph.
+    ``clock`` times the runs and the budgets (default: :func:`run_clock` for the runs, the wall clock for the
+    budgets)."""
     from solvers import simulate
 
     wall = clock or time.perf_counter
     clock = clock or run_clock()
-    sim = simulate(graph, plan, record=False)
-    predicted = sim.recompute_time_s
+    predicted = simulate(graph, plan, record=False).recompute_time_s
     if not predicted or predicted <= 0:
         return None
-    measured = _paired(plain, planned, clock, wall, rounds, budget_s)
-    if measured is None:
+    figures = graph_overheads(graph)
+    sides = [plain, planned] + ([kept] if kept is not None and kept_plan is not None and figures else [])
+    times = _rounds(sides, clock, wall, rounds, budget_s)
+    if times is None:
         return None
+    measured = statistics.median(t[1] - t[0] for t in times)
     overheads = sum(overhead_seconds(graph, plan.regions).values())
-    raw = (measured - overheads) / predicted
-    return {"scale": min(MAX_SCALE, max(MIN_SCALE, raw)), "measured_s": measured, "predicted_s": predicted,
-            "overheads_s": overheads, "blocks": float(len(plan.regions))}
+    scale = min(MAX_SCALE, max(MIN_SCALE, (measured - overheads) / predicted))
+    out = {"scale": scale, "measured_s": measured, "predicted_s": predicted, "overheads_s": overheads,
+           "blocks": float(len(plan.regions))}
+    if len(sides) == 3:
+        # what keeping adds beyond the blocks' plan, less its recompute saved (at the scale) and its store entries,
+        # per call its selective regions run twice (NOTE [ Plan overheads ])
+        added = statistics.median(t[2] - t[1] for t in times)
+        saved = scale * (predicted - simulate(graph, kept_plan, record=False).recompute_time_s)
+        calls = _selective_calls(graph, kept_plan)
+        if calls > 0:
+            per_call = (added + saved - figures.kept_call_s * len(kept_plan.saved)) / (2 * calls)
+            out.update(selective_op_s=min(MAX_SELECTIVE_S, max(0.0, per_call)), kept=float(len(kept_plan.saved)),
+                       kept_added_s=added, calibrated_selective_op_s=figures.selective_op_s)
+    return out
 
 
-def _paired(plain: Callable[[], Any], planned: Callable[[], Any], clock: Callable[[], float],
-            wall: Callable[[], float], rounds: int, budget_s: float) -> float | None:
-    """The median over rounds of ``planned()``'s time less ``plain()``'s, the two run in turn (ABBA) by ``clock``:
-    after two warm-up passes, as many rounds as ``budget_s`` holds at the second pass's pace by ``wall``
-    (:data:`MIN_ROUNDS` to ``rounds``), none started once three budgets are spent (two at least). A round's two
-    steps share its stretch of the machine's load (a GPT-2 step of 200 ms, 2 blocks, beside a busy core: 26-28 ms
-    in three measurements; the least times' difference 25-30). None where a pass takes over :data:`MAX_PASS_S`
-    by ``clock``."""
+def _selective_calls(graph: Graph, plan: Any) -> int:
+    """The ATen calls of ``plan``'s regions that keep a node, those the policy's dispatch modes see in the forward
+    and again in the recompute (the count ``overhead_seconds`` prices; NOTE [ Plan overheads ])."""
+    return sum(max(1, len(graph.nodes[i].dispatch)) for a, b in plan.regions
+               if any(a <= k <= b for k in plan.saved) for i in range(a, b + 1))
+
+
+def _rounds(sides: Sequence[Callable[[], Any]], clock: Callable[[], float], wall: Callable[[], float], rounds: int,
+            budget_s: float, faults: Callable[[], int] = _page_faults) -> list[tuple[float, ...]] | None:
+    """Each round's times of ``sides`` (one step each), run in turn (ABC CBA...) by ``clock``: after two warm-up
+    passes, as many rounds as ``budget_s`` holds at the second pass's pace by ``wall`` (:data:`MIN_ROUNDS` to
+    ``rounds``), none started once three budgets are spent (two at least). A round's steps share its stretch of
+    the machine's load, so the median of their differences is the figure (a GPT-2 step of 200 ms, 2 blocks,
+    beside a busy core: 26-28 ms in three measurements; the least times' difference 25-30). A round with a step
+    that faulted pages in (more than ``FAULTS``, as NOTE [ Chunk loops timed at their shapes ] says) counts only
+    where every round had one: with glibc's defaults a GPT-2 step's plain run once measured 29 ms more than its
+    planned one. None where a pass takes over :data:`MAX_PASS_S` by ``clock``."""
     started = wall()
     pace = 0.0
     for p in range(2):
         t0, c0 = wall(), clock()
-        plain()
-        planned()
+        for run in sides:
+            run()
         pace = wall() - t0
         if clock() - c0 > MAX_PASS_S * (2 - p):
             return None
     rounds = max(min(MIN_ROUNDS, rounds), min(rounds, int(budget_s / pace) if pace > 0 else rounds))
-    diffs = []
+    clean, faulted = [], []
     for r in range(rounds):
         if r >= 2 and wall() - started > 3 * budget_s:
             break
-        took = {}
-        for side, run in ((0, plain), (1, planned)) if r % 2 == 0 else ((1, planned), (0, plain)):
-            c0 = clock()
-            run()
-            took[side] = clock() - c0
-        diffs.append(took[1] - took[0])
-    return statistics.median(diffs)
+        took = [0.0] * len(sides)
+        pages = 0
+        for i in (range(len(sides)) if r % 2 == 0 else reversed(range(len(sides)))):
+            f0, c0 = faults(), clock()
+            sides[i]()
+            took[i] = clock() - c0
+            pages = max(pages, faults() - f0)
+        (faulted if pages > FAULTS else clean).append(tuple(took))
+    return clean or faulted
 
 
 def with_recompute_scale(graph: Graph, found: Mapping[str, float]) -> Graph:
-    """``graph`` with every node's ``fwd_cost`` times ``found["scale"]``, and ``found`` in its costs' meta."""
+    """``graph`` with every node's ``fwd_cost`` times ``found["scale"]``, its ``selective_op_s`` figure
+    ``found["selective_op_s"]`` where measured, and ``found`` in its costs' meta."""
     import dataclasses
 
     scale = float(found["scale"])
     costs = dict(graph.meta.get(COSTS_META) or {})
     costs[SCALE_KEY] = {k: float(v) for k, v in found.items()}
     nodes = [dataclasses.replace(nd, fwd_cost=int(round(nd.fwd_cost * scale))) for nd in graph.nodes]
-    return graph.with_nodes(nodes, meta={**graph.meta, COSTS_META: costs})
+    out = graph.with_nodes(nodes, meta={**graph.meta, COSTS_META: costs})
+    figures = graph_overheads(graph)
+    if figures is not None and "selective_op_s" in found:  # the policy's per-call cost as measured in the step
+        out = with_overheads(out, dataclasses.replace(figures, selective_op_s=float(found["selective_op_s"])))
+    return out
 
 
 def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mapping[str, Any],
@@ -177,7 +234,7 @@ def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mappi
     buffers = list(model.buffers())
     saved = [b.detach().clone() for b in buffers]
     args, kwargs, loop = tuple(args), dict(kwargs), graph.loop
-    run = planned(model, plan)
+    kept_plan = block_plan(graph, kept=True)
 
     def step(module: Any) -> Callable[[], None]:
         def go() -> None:
@@ -187,7 +244,9 @@ def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mappi
 
     try:
         with torch.random.fork_rng(devices=[]):
-            found = measure_scale(graph, step(model), step(run), plan, clock=clock, rounds=rounds, budget_s=budget_s)
+            found = measure_scale(graph, step(model), step(planned(model, plan)), plan, clock=clock, rounds=rounds,
+                                  budget_s=budget_s, kept_plan=kept_plan,
+                                  kept=step(planned(model, kept_plan)) if kept_plan is not None else None)
     except Exception as exc:  # noqa: BLE001  (a step that does not run so: the roofline as it is)
         log.info("could not time the recompute of %s's blocks (%s: %s); the roofline prices it", graph.name,
                  type(exc).__name__, exc)
@@ -204,4 +263,8 @@ def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mappi
     log.info("timed the recompute of %d blocks in the step: +%.1f ms measured, %.1f ms predicted, %.1f ms "
              "overheads: recompute scale %.2f", len(plan.regions), 1e3 * found["measured_s"],
              1e3 * found["predicted_s"], 1e3 * found["overheads_s"], found["scale"])
+    if "selective_op_s" in found:
+        log.info("keeping %d nodes in them added %.1f ms: %.1f us per call of a selective region (calibrated %.1f)",
+                 found["kept"], 1e3 * found["kept_added_s"], 1e6 * found["selective_op_s"],
+                 1e6 * found["calibrated_selective_op_s"])
     return with_recompute_scale(graph, found)

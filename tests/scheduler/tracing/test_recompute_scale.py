@@ -149,3 +149,42 @@ def test_a_cpu_trace_measures_it_where_the_calibration_folder_says(monkeypatch, 
     assert [nd.fwd_cost for nd in g.nodes] == [2 * nd.fwd_cost for nd in plain.nodes]
     capture(model, args, target="H100")  # a GPU's roofline: not this CPU's step
     assert len(seen) == 1
+
+
+def test_what_keeping_a_node_per_block_adds_prices_the_selective_policy_per_call():
+    from solvers.model.overheads import graph_overheads, overhead_seconds, with_overheads
+
+    model, args = _net()
+    g = with_overheads(capture(model, args).graph, {"selective_op_s": 1e-5, "kept_call_s": 2e-6})
+    plan, kept_plan = rs.block_plan(g), rs.block_plan(g, kept=True)
+    assert kept_plan.regions == plan.regions and len(kept_plan.saved) == 3  # one node of each block
+    assert all(any(a <= k <= b for k in kept_plan.saved) for a, b in plan.regions)
+    predicted = simulate(g, plan).recompute_time_s
+    saved = predicted - simulate(g, kept_plan).recompute_time_s
+    assert saved > 0
+    # the calls the selective term prices: 2 * 1e-5 per call, and 2e-6 per kept node
+    calls = (overhead_seconds(g, kept_plan.regions, kept_plan.saved)["selective"] - 3 * 2e-6) / 2e-5
+    assert calls == pytest.approx(rs._selective_calls(g, kept_plan))
+    added = 0.0005  # what the kept plan's step took beyond the blocks' plan's
+    now = [0.0]
+
+    def run(s):
+        def go():
+            now[0] += s
+        return go
+
+    found = rs.measure_scale(g, run(0.010), run(0.010 + 1.2 * predicted), plan, kept=run(0.010 + 1.2 * predicted + added),
+                             kept_plan=kept_plan, clock=lambda: now[0], rounds=2)
+    assert found["scale"] == pytest.approx(1.2)
+    want = (added + 1.2 * saved - 3 * 2e-6) / (2 * calls)
+    assert found["selective_op_s"] == pytest.approx(want) and found["kept_added_s"] == pytest.approx(added)
+    scaled = rs.with_recompute_scale(g, found)
+    assert graph_overheads(scaled).selective_op_s == pytest.approx(want)
+    assert graph_overheads(scaled).kept_call_s == 2e-6  # the other figures as calibrated
+    # a kept plan that runs faster than its recompute saved says the policy costs nothing, not less
+    found = rs.measure_scale(g, run(0.010), run(0.010 + predicted), plan, kept=run(0.010), kept_plan=kept_plan,
+                             clock=lambda: now[0], rounds=2)
+    assert found["selective_op_s"] == 0.0
+    found = rs.measure_scale(g, run(0.010), run(0.010 + predicted), plan, kept=run(1.0), kept_plan=kept_plan,
+                             clock=lambda: now[0], rounds=2)
+    assert found["selective_op_s"] == rs.MAX_SELECTIVE_S  # no more than that per call: noise or another effect
