@@ -66,6 +66,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 from graphs import COSTS_META, CkptError, Graph
@@ -234,7 +235,7 @@ def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mappi
     buffers = list(model.buffers())
     saved = [b.detach().clone() for b in buffers]
     args, kwargs, loop = tuple(args), dict(kwargs), graph.loop
-    kept_plan = block_plan(graph, kept=True)
+    kept_plan = block_plan(graph, kept=True) if graph_overheads(graph) is not None else None  # priced by a figure
 
     def step(module: Any) -> Callable[[], None]:
         def go() -> None:
@@ -242,16 +243,26 @@ def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mappi
             training_step(module, args, kwargs, loss, loop=loop)
         return go
 
+    applier = logging.getLogger("scheduler.applying")
+    level = applier.level
+    applier.setLevel(max(logging.WARNING, applier.getEffectiveLevel()))  # a line per step applied: not the user's
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the applier's, about plans of this measurement only
+            kept = step(planned(model, kept_plan)) if kept_plan is not None else None
+            try:
+                kept and kept()
+            except Exception as exc:  # noqa: BLE001  (a policy that does not run so: the calibrated figure)
+                log.info("could not time %s's blocks with kept nodes (%s: %s)", graph.name, type(exc).__name__, exc)
+                kept = None
             found = measure_scale(graph, step(model), step(planned(model, plan)), plan, clock=clock, rounds=rounds,
-                                  budget_s=budget_s, kept_plan=kept_plan,
-                                  kept=step(planned(model, kept_plan)) if kept_plan is not None else None)
+                                  budget_s=budget_s, kept_plan=kept_plan, kept=kept)
     except Exception as exc:  # noqa: BLE001  (a step that does not run so: the roofline as it is)
         log.info("could not time the recompute of %s's blocks (%s: %s); the roofline prices it", graph.name,
                  type(exc).__name__, exc)
         return graph
     finally:
+        applier.setLevel(level)
         for p, g in zip(params, grads):
             p.grad = g
         with torch.no_grad():

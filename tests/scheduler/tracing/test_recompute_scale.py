@@ -188,3 +188,22 @@ def test_what_keeping_a_node_per_block_adds_prices_the_selective_policy_per_call
     found = rs.measure_scale(g, run(0.010), run(0.010 + predicted), plan, kept=run(1.0), kept_plan=kept_plan,
                              clock=lambda: now[0], rounds=2)
     assert found["selective_op_s"] == rs.MAX_SELECTIVE_S  # no more than that per call: noise or another effect
+
+
+def test_a_kept_plan_that_does_not_run_leaves_the_calibrated_policy_figure(monkeypatch):
+    import scheduler.applying as applying
+    from solvers.model.overheads import graph_overheads, with_overheads
+
+    model, args = _net()
+    g = with_overheads(capture(model, args).graph, {"selective_op_s": 1e-5})
+    real = applying.planned
+
+    def refused(*a, **k):
+        raise RuntimeError("this policy does not run here")
+
+    monkeypatch.setattr(applying, "planned", lambda m, plan: refused if plan.saved else real(m, plan))
+    unit = 1.5 * simulate(g, rs.block_plan(g)).recompute_time_s / 3
+    scaled = rs.recompute_scale(model, g, args, {}, None, clock=lambda: RUNS[0] * unit, rounds=2)
+    found = scaled.meta["costs"][rs.SCALE_KEY]
+    assert found["scale"] == pytest.approx(1.5) and "selective_op_s" not in found
+    assert graph_overheads(scaled).selective_op_s == 1e-5
