@@ -24,6 +24,9 @@ from solvers import Plan
 from .modules import ApplyError, RegionForward, SequentialRuns, applied_plan, planned, region_wrappers, remove
 from .modules import apply as apply_modules
 from .selective import KeptOpsDropped, RegionPolicy
+from ..tracing.recompute_scale import register_applier
+
+register_applier(planned, applied_plan)  # NOTE [ Recompute timed in the step ]: a trace measures plans as they run
 
 __all__ = ["apply", "remove", "applied_plan", "planned", "region_wrappers", "ApplyError", "RegionForward", "SequentialRuns",
            "RegionPolicy", "KeptOpsDropped", "LOWERINGS"]

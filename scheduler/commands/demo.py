@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from ..api import solve
     from ..sizing.floor import explain_floor
     from ..models import build
+    from .. import applying  # noqa: F401  (NOTE [ Recompute timed in the step ])
     from ..tracing.tracer import capture
     from ..measuring.verification import verify
 

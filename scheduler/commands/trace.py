@@ -49,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..models import build
     from ..progress import phase
+    from .. import applying  # noqa: F401  (NOTE [ Recompute timed in the step ])
     from ..tracing.tracer import capture
 
     check_outputs([("-o", args.output)], inputs=model_files(args.model))

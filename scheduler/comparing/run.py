@@ -195,6 +195,7 @@ def trace_graph(wl: Workload, costs: str = "roofline", workspaces: str = "auto")
     saved = [b.detach().clone() for b in buffers]
     try:
         with torch.random.fork_rng():
+            from .. import applying  # noqa: F401  (NOTE [ Recompute timed in the step ])
             from ..tracing.tracer import capture
 
             return capture(model, wl.args, dict(wl.kwargs), loss=wl.trace_loss, costs=costs,

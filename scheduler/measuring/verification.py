@@ -217,6 +217,7 @@ def verify(model: nn.Module, plan: Plan, args: Any, kwargs: dict | None = None, 
         count = len(applied.regions)
     else:
         if graph is None:
+            from .. import applying  # noqa: F401  (NOTE [ Recompute timed in the step ])
             from ..tracing.tracer import capture_for_plan
 
             graph = capture_for_plan(model, plan, args, kwargs, loss=loss, name=name).graph

@@ -102,6 +102,7 @@ def sized_model(spec: str, *, search: str = "batch", batch: int = 1, seq: int | 
             return ex.model, ex.args, ex.kwargs, ex.loss, {**options, **extra, **sizes}
 
     def graph_at(size: int) -> Graph:
+        from .. import applying  # noqa: F401  (NOTE [ Recompute timed in the step ]: a trace measures plans as they run)
         from ..tracing.tracer import trace
 
         b, s = (size, seq) if search == "batch" else (batch, size)

@@ -20,7 +20,8 @@ NOTE [ Recompute timed in the step ]
     checkpoints each repeated block (what ``gradient_checkpointing_enable()``
     checkpoints: ``solvers.baselines.block_spans``) applied by the applier
     (``scheduler.applying.planned``: its wrappers, RNG replay and caches as
-    any plan's), in alternating rounds (:data:`ROUNDS`, :data:`BUDGET_S`),
+    any plan's; the applier registers it when imported, which every verb
+    that traces does, and a trace without it keeps the roofline as it is), in alternating rounds (:data:`ROUNDS`, :data:`BUDGET_S`),
     by ``run_clock`` (CPU time on one thread, NOTE [ Chunk loops timed at
     their shapes ]). What the plan adds (the median of the rounds'
     differences), less its overheads (``overhead_seconds``: the
@@ -75,7 +76,7 @@ from solvers.model.overheads import graph_overheads, overhead_seconds, with_over
 from .chunk_times import FAULTS, _page_faults, run_clock
 
 __all__ = ["SCALE_KEY", "MIN_SCALE", "MAX_SCALE", "MAX_STEP_S", "MAX_PASS_S", "BUDGET_S", "ROUNDS", "MIN_ROUNDS", "block_plan", "measure_scale",
-           "with_recompute_scale", "recompute_scale"]
+           "with_recompute_scale", "recompute_scale", "register_applier"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,18 @@ BUDGET_S, ROUNDS, MIN_ROUNDS = 6.0, 9, 5
 MAX_PASS_S = 4.0
 #: The most a measured ``selective_op_s`` may be (seconds per call; the calibration measured 11 us).
 MAX_SELECTIVE_S = 1e-4
+
+
+#: ``(planned, applied_plan)`` of ``scheduler.applying``, which registers them when it is imported
+#: (:func:`register_applier`): the step is measured as the applier runs a plan, and tracing, a layer below the
+#: applier, imports nothing of it.
+_APPLIER: tuple[Callable[[Any, Any], Any], Callable[[Any], Any]] | None = None
+
+
+def register_applier(planned: Callable[[Any, Any], Any], applied_plan: Callable[[Any], Any]) -> None:
+    """Called by ``scheduler.applying`` on import: how a plan runs for one step, and the plan a model carries."""
+    global _APPLIER
+    _APPLIER = (planned, applied_plan)
 
 
 def block_plan(graph: Graph, kept: bool = False) -> Any:
@@ -218,11 +231,14 @@ def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mappi
     ``graph`` as it is where it is not measured."""
     import torch
 
-    from ..applying import applied_plan, planned
     from ..measuring.training import clear_grads, training_step
 
     rate = (graph.meta.get(COSTS_META) or {}).get("flops_per_s")
     plan = block_plan(graph)
+    if _APPLIER is None:
+        log.info("recompute scale: the applier is not loaded (import scheduler.applying); the roofline as it is")
+        return graph
+    planned, applied_plan = _APPLIER
     if plan is None or applied_plan(model) is not None or not isinstance(rate, (int, float)) or rate <= 0:
         return graph
     step_s = sum(nd.fwd_flops + nd.bwd_flops for nd in graph.nodes) / rate

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import scheduler
+import scheduler.applying  # noqa: F401  (registers how a plan runs for one step)
 from solvers import simulate
 
 from scheduler.tracing import recompute_scale as rs
@@ -118,6 +119,9 @@ def test_no_blocks_a_planned_model_or_a_long_step_leave_the_roofline_as_it_is(mo
     scheduler.remove(model)
     monkeypatch.setattr(rs, "MAX_STEP_S", 0.0)
     assert rs.recompute_scale(model, g, args, {}, None, clock=never) is g
+    monkeypatch.undo()
+    monkeypatch.setattr(rs, "_APPLIER", None)  # the applier not loaded: nothing to run a plan with
+    assert rs.recompute_scale(model, g, args, {}, None, clock=never) is g
 
 
 def test_a_step_that_fails_leaves_the_roofline_and_the_model_as_they_were():
@@ -201,7 +205,7 @@ def test_a_kept_plan_that_does_not_run_leaves_the_calibrated_policy_figure(monke
     def refused(*a, **k):
         raise RuntimeError("this policy does not run here")
 
-    monkeypatch.setattr(applying, "planned", lambda m, plan: refused if plan.saved else real(m, plan))
+    monkeypatch.setattr(rs, "_APPLIER", (lambda m, plan: refused if plan.saved else real(m, plan), applying.applied_plan))
     unit = 1.5 * simulate(g, rs.block_plan(g)).recompute_time_s / 3
     scaled = rs.recompute_scale(model, g, args, {}, None, clock=lambda: RUNS[0] * unit, rounds=2)
     found = scaled.meta["costs"][rs.SCALE_KEY]
