@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import scheduler
+import scheduler.applying  # noqa: F401  (NOTE [ Recompute timed in the step ]: traces measure their step)
 from scheduler.measuring.steps import allocator_step_peak
 from scheduler.tracing.tracer import capture
 from solvers import InfeasibleBudget, simulate
