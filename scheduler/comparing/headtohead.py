@@ -217,15 +217,27 @@ def head_to_head(wl: Workload, peer: str = "per-block", *, fraction: float | Non
 
             chosen: list[Plan] = []
 
+            floors: dict[str, int] = {}
+
             def run(budget: int, row: Row) -> Row:
                 plans = []
                 for name in solver_names:
                     try:
                         plans.append(solvers.solve(main, budget, solver=name, **opts.get(name, {})))
-                    except InfeasibleBudget:
-                        continue
+                    except InfeasibleBudget as exc:
+                        if exc.min_feasible_bytes is not None and budget not in floors.values():
+                            floors[name] = int(exc.min_feasible_bytes)
+                if not plans and floors and budget < min(floors.values()) and not chosen:
+                    # below our least predicted peak: the least plan, measured (the prediction may be over)
+                    least = min(floors.values())
+                    say(f"  infeasible at {budget / 2**20:.1f} MiB by the graph; our least plan "
+                        f"({least / 2**20:.1f} MiB predicted) measured")
+                    got = run(least, row)
+                    return replace(got, note=f"{got.note}; our least plan, predicted {least / 2**20:.1f} MiB") \
+                        if got.ran else got
                 if not plans:
-                    return replace(row, reason=f"infeasible at {budget / 2**20:.1f} MiB")
+                    return replace(row, reason=f"infeasible at {budget / 2**20:.1f} MiB"
+                                   + (" (our least plan measured above it)" if chosen else ""))
                 plan = min(plans, key=pick_key)
                 chosen[:] = [plan]
                 step = bench.step_of(_planned(wl.model, plan))
@@ -266,7 +278,7 @@ def head_to_head(wl: Workload, peer: str = "per-block", *, fraction: float | Non
                      note=prepared.note)
     ours_side = Side(plan.solver, row.measured_peak_bytes, med["ours"], med["ours"] - med["plain"], ours_diff, ours_pred,
                      ours_flops, budget_bytes=tries[-1], solves=len(tries), selective=bool(plan.saved),
-                     note=f"{plan.status}, {len(plan.regions)} regions" + (f", {len(plan.saved)} kept" if plan.saved else ""))
+                     note=f"{row.note}, {len(plan.regions)} regions" + (f", {len(plan.saved)} kept" if plan.saved else ""))
     out = HeadToHead(wl.name, peer_side, ours_side, med["plain"], repeats)
     say(f"{tag} vs {plan.solver}: time ours/{tag} {out.ratio:.3f}, peaks {peer_peak / 2**20:.1f} / "
         f"{row.measured_peak_bytes / 2**20:.1f} MiB, grad diffs {peer_diff:g} / {ours_diff:g}")

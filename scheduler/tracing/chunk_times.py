@@ -83,7 +83,7 @@ from solvers.model.overheads import CHUNK_TIMES_KEY
 
 from .calibration import cache_dir
 from .chunk_loop import chunked_head_loss, fusable, fused_head_loss, over_chunks
-from .opclasses import CacheFlush
+from .opclasses import CacheFlush, no_collection, run_clock
 
 __all__ = ["COUNTS", "ROUNDS", "MIN_ROUNDS", "FAULTS", "MAX_PASS_S", "BUDGET_S", "TOTAL_S", "MAX_RUN_S", "run_clock", "times_chunk_loops", "time_chunk_loops", "with_chunk_times"]
 
@@ -161,14 +161,6 @@ def _page_faults() -> int:
         return 0
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return int(usage.ru_minflt + usage.ru_majflt)
-
-
-def run_clock() -> Callable[[], float]:
-    """The clock a run is timed by: this thread's CPU time where torch computes on one thread (it does not move
-    while the machine's other work holds the core), else the wall clock."""
-    import torch
-
-    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
 
 
 def _seconds(run: Callable[[int], None], counts: Sequence[int], clock: Callable[[], float], rounds: int,
@@ -309,7 +301,8 @@ def time_chunk_loops(model: Any, graph: Graph, members: Sequence[Sequence[str]],
                         y = torch.cat(over_chunks(module, x.reshape(-1, x.shape[-1]), k=k), 0).view(g.shape)
                     y.backward(g)
             try:
-                seconds = _seconds(run, ks, clock, rounds, flush, wall=wall)
+                with no_collection():
+                    seconds = _seconds(run, ks, clock, rounds, flush, wall=wall)
             except Exception as exc:  # a call that does not run so: priced by the formula
                 log.info("could not time the chunk loop of %s (%s: %s); priced by its formula", name,
                          type(exc).__name__, exc)

@@ -14,7 +14,10 @@ NOTE [ Measured op classes ]
     workspace probe (NOTE [ Op workspaces ] in
     ``scheduler.tracing.workspaces``) already notes every such call by its
     signature and builds it on real tensors, so each distinct signature is
-    run :data:`REPEATS` more times and its least time kept; a node's kernels
+    run :data:`REPEATS` more times and its least time kept (by the thread's
+    CPU time at one torch thread, the cyclic collector held off: a Llama's
+    predicted block recompute came out at 15.3-22.1 ms over five traces by
+    the wall clock and three runs, 15.0-15.6 so); a node's kernels
     of a timed class are priced at the sum of its calls' times instead of
     their roofline (``OpRecord.class_times``). Other classes keep the
     roofline (memory-bound elementwise ops came out both above and below it,
@@ -43,23 +46,25 @@ NOTE [ Measured op classes ]
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import logging
 import math
 import os
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from .calibration import cache_dir
 from .roofline import OP_CLASSES, op_class
 
-__all__ = ["REPEATS", "CacheFlush", "timed_classes", "time_calls"]
+__all__ = ["REPEATS", "CacheFlush", "no_collection", "run_clock", "timed_classes", "time_calls"]
 
 log = logging.getLogger(__name__)
 
 _FILE = "op_classes.json"
 #: Timed runs of each distinct call after the probe's own two (the least is kept).
-REPEATS = 3
+REPEATS = 5
 
 
 def timed_classes(cache: str | os.PathLike | None = None) -> tuple[str, ...]:
@@ -109,13 +114,40 @@ class CacheFlush:
         self._junk.add_(1.0)
 
 
+def run_clock() -> Callable[[], float]:
+    """The clock a run is timed by: this thread's CPU time where torch computes on one thread (it does not move
+    while the machine's other work holds the core), else the wall clock."""
+    import torch
+
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """Python's cyclic collector run once and then held off while timed runs run (as it was after).
+
+    A collection set off inside a timed step walks every object the process holds (after a trace, the graphs):
+    a GPT-2 or Llama step of 200 ms at one thread, timed in the trace's rounds, measured 199-244 ms with it and
+    197-222 ms without, and the recompute its blocks add 7.8-16.9 ms over four traces against 16.7-19.0
+    (NOTE [ Recompute timed in the step ] in ``scheduler.tracing.recompute_scale``)."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def time_calls(probe: Any, sigs: Iterable[tuple], classes: Iterable[str], device: Any,
-               clock: Callable[[], float] = time.perf_counter, repeats: int = REPEATS,
+               clock: Callable[[], float] | None = None, repeats: int = REPEATS,
                flush: Callable[[], None] | None = None) -> dict[tuple, float]:
     """The least time of each distinct signature of ``classes`` among ``sigs``, built by ``probe``
     (a :class:`~scheduler.tracing.workspaces.WorkspaceProbe`) on ``device``; a call that cannot be built is
     left out (priced by the roofline). ``flush`` runs before each timed run (default: a :class:`CacheFlush` on the
-    CPU)."""
+    CPU); ``clock`` times them (default: this thread's CPU time where torch computes on one thread, else the
+    wall clock), with the collector held off (:func:`no_collection`)."""
     import torch
 
     wanted = set(classes)
@@ -125,7 +157,8 @@ def time_calls(probe: Any, sigs: Iterable[tuple], classes: Iterable[str], device
         return out
     if flush is None:
         flush = CacheFlush() if torch.device(device).type == "cpu" else (lambda: None)
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    clock = clock or run_clock()
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), no_collection():
         for sig in todo:
             call = probe._call(sig, device)  # built and run once (warm)
             if call is None:

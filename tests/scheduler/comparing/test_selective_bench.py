@@ -92,3 +92,34 @@ def test_benchmark_writes_a_table_and_its_checks(monkeypatch, tmp_path):
     assert "| gpt | per-block |" in text
     assert "roofline's prediction error" in text and "no slower than per-block" in text
     assert doc["models"][0]["pairs"][0]["errors"].keys() == {"roofline", "flops"}
+
+
+def test_a_peer_below_our_least_predicted_peak_is_met_by_our_least_plan_measured(monkeypatch):
+    """Where every solver finds the peer's peak below its least budget (dp's chains can: hf:gpt2's per-block
+    peak 452.3 MiB, dp's least 458.3 predicted, which measured 440.3), our least plan is solved and measured rather
+    than the row left out; where that plan measures above the peer, the row says so and no budget is tried twice."""
+    import solvers as solvers_mod
+    from solvers import InfeasibleBudget
+
+    torch.manual_seed(0)
+    wl = workload("gpt", options=TINY)
+    real = solvers_mod.solve
+    asked = []
+    floor = {}
+
+    def solve(graph, budget, **kw):
+        if not floor:  # our least plan: the per-block plan's predicted peak, which the tiny model measures under
+            floor["b"] = simulate(graph, block_plan(graph, wl.model), record=False).peak_bytes + 1
+        asked.append(budget)
+        if budget < floor["b"]:
+            raise InfeasibleBudget(budget, floor["b"], solver=kw.get("solver", ""))
+        return real(graph, budget, **kw)
+
+    monkeypatch.setattr(solvers_mod, "solve", solve)
+    h = head_to_head(wl, "per-block", repeats=1)
+    assert floor["b"] in asked and asked.count(floor["b"]) == 1
+    if h.reason is None:
+        assert h.ours.peak_bytes <= h.peer.peak_bytes and "our least plan" in h.ours.note
+        assert h.ours.grad_max_abs_diff == 0.0
+    else:
+        assert "our least plan measured above it" in h.reason

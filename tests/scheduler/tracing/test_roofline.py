@@ -364,3 +364,42 @@ def test_each_timed_run_starts_after_a_cache_flush():
     flush()
     assert flush._junk.numel() == 256 and torch.equal(flush._junk, torch.full((256,), 2.0))
     assert CacheFlush().nbytes >= 64 << 20
+
+
+def test_timed_runs_hold_the_collector_off_and_default_to_cpu_time_on_one_thread(monkeypatch):
+    """The collector runs before the timed runs and not during them (a collection walks the whole heap), and is
+    as it was after, also when a run fails; one torch thread is timed by its CPU time, several by the wall clock."""
+    import gc
+    import time
+
+    from scheduler.tracing.opclasses import no_collection, run_clock, time_calls
+    from scheduler.tracing.workspaces import WorkspaceProbe
+
+    probe = WorkspaceProbe()
+    sig = probe.note(torch.ops.aten.mm.default, (torch.randn(4, 8), torch.randn(8, 3)), {})
+    seen = []
+    time_calls(probe, [sig], ["matmul"], torch.device("cpu"), clock=lambda: seen.append(gc.isenabled()) or 0.0,
+               repeats=2, flush=lambda: None)
+    assert seen == [False] * 4 and gc.isenabled()
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)
+    with pytest.raises(RuntimeError):
+        with no_collection():
+            assert not gc.isenabled()
+            raise RuntimeError("a run that fails")
+    assert gc.isenabled() and collected == [1]
+    gc.disable()
+    try:
+        with no_collection():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert run_clock() is time.thread_time
+        torch.set_num_threads(2)
+        assert run_clock() is time.perf_counter
+    finally:
+        torch.set_num_threads(threads)
