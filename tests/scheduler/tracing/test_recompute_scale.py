@@ -211,3 +211,60 @@ def test_a_kept_plan_that_does_not_run_leaves_the_calibrated_policy_figure(monke
     found = scaled.meta["costs"][rs.SCALE_KEY]
     assert found["scale"] == pytest.approx(1.5) and "selective_op_s" not in found
     assert graph_overheads(scaled).selective_op_s == 1e-5
+
+
+
+def _gpt2():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=128, n_positions=16, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, 128, (2, 16))
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def test_the_heads_loop_measured_in_the_step_moves_its_timed_figures():
+    """Where the trace timed the head's chunk loop, the rounds time the step with the head in 2 chunks too; what
+    it adds beyond its figure moves every timed count of that loop (within MAX_HEAD_OFFSET of the plain step)."""
+    from scheduler.tracing.chunk_times import with_chunk_times
+    from solvers.model.overheads import chunk_times
+
+    model, kwargs = _gpt2()
+    loss = lambda out: out.loss  # noqa: E731
+    g0 = capture(model, (), kwargs, loss=loss).graph
+    assert rs.head_plan(g0) is None  # no loop timed: nothing to measure
+    g = with_chunk_times(g0, {"lm_head+loss": {"1": -0.001, "2": 0.003, "4": 0.010}})
+    name, hp = rs.head_plan(g)
+    assert name == "lm_head+loss" and hp.chunks[0][2] == rs.HEAD_CHUNKS and not hp.regions
+    sim = simulate(g, hp)
+    expected = sim.recompute_time_s + sum(sim.overhead_s.values())
+    assert expected >= 0.003  # priced by its figure
+    plan = rs.block_plan(g)
+    predicted = simulate(g, plan).recompute_time_s
+    now = [0.0]
+
+    def run(s):
+        def go():
+            now[0] += s
+        return go
+
+    found = rs.measure_scale(g, run(0.010), run(0.010 + predicted), plan, head=run(0.010 + expected + 0.0002),
+                             head_plan=hp, clock=lambda: now[0], rounds=2)
+    assert found["head_offset_s"] == pytest.approx(0.0002) and found["head_expected_s"] == pytest.approx(expected)
+    scaled = rs.with_recompute_scale(g, found, name)
+    assert chunk_times(scaled)[name] == pytest.approx({1: -0.0008, 2: 0.0032, 4: 0.0102})
+    sim = simulate(scaled, hp)
+    assert sim.recompute_time_s + sum(sim.overhead_s.values()) == pytest.approx(expected + 0.0002)
+    assert chunk_times(rs.with_recompute_scale(g, found))[name] == chunk_times(g)[name]  # no call named: as timed
+    found = rs.measure_scale(g, run(0.010), run(0.010 + predicted), plan, head=run(1.0), head_plan=hp,
+                             clock=lambda: now[0], rounds=2)
+    assert found["head_offset_s"] == pytest.approx(rs.MAX_HEAD_OFFSET * 0.010)  # noise or another effect
+    # through the trace's own measurement: the step with the head in chunks runs, its loss as the plain step's
+    losses = []
+    clock = iter(range(10**6))
+    scaled = rs.recompute_scale(model, g, (), kwargs, lambda out: losses.append(out.loss.item()) or out.loss,
+                                clock=lambda: 1e-3 * next(clock), rounds=2)
+    found = scaled.meta["costs"][rs.SCALE_KEY]
+    assert "head_offset_s" in found and len(losses) >= 4 * 3
+    assert max(losses) - min(losses) < 1e-4  # every step, the chunked one too, computes the same loss
