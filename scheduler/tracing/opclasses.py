@@ -55,6 +55,8 @@ import os
 import time
 from typing import Any, Callable, Iterable, Iterator
 
+from graphs.reading import no_collection as held_off
+
 from .calibration import cache_dir
 from .roofline import OP_CLASSES, op_class
 
@@ -130,14 +132,9 @@ def no_collection() -> Iterator[None]:
     a GPT-2 or Llama step of 200 ms at one thread, timed in the trace's rounds, measured 199-244 ms with it and
     197-222 ms without, and the recompute its blocks add 7.8-16.9 ms over four traces against 16.7-19.0
     (NOTE [ Recompute timed in the step ] in ``scheduler.tracing.recompute_scale``)."""
-    was = gc.isenabled()
     gc.collect()
-    gc.disable()
-    try:
+    with held_off():
         yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def time_calls(probe: Any, sigs: Iterable[tuple], classes: Iterable[str], device: Any,
