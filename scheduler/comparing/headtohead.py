@@ -218,6 +218,7 @@ def head_to_head(wl: Workload, peer: str = "per-block", *, fraction: float | Non
             chosen: list[Plan] = []
 
             floors: dict[str, int] = {}
+            solved: set[int] = set()
 
             def run(budget: int, row: Row) -> Row:
                 plans = []
@@ -225,9 +226,8 @@ def head_to_head(wl: Workload, peer: str = "per-block", *, fraction: float | Non
                     try:
                         plans.append(solvers.solve(main, budget, solver=name, **opts.get(name, {})))
                     except InfeasibleBudget as exc:
-                        if exc.min_feasible_bytes is not None and budget not in floors.values():
-                            floors[name] = int(exc.min_feasible_bytes)
-                if not plans and floors and budget < min(floors.values()) and not chosen:
+                        floors[name] = int(exc.min_feasible_bytes)
+                if not plans and floors and budget < min(floors.values()) and min(floors.values()) not in solved:
                     # below our least predicted peak: the least plan, measured (the prediction may be over)
                     least = min(floors.values())
                     say(f"  infeasible at {budget / 2**20:.1f} MiB by the graph; our least plan "
@@ -237,7 +237,9 @@ def head_to_head(wl: Workload, peer: str = "per-block", *, fraction: float | Non
                         if got.ran else got
                 if not plans:
                     return replace(row, reason=f"infeasible at {budget / 2**20:.1f} MiB"
-                                   + (" (our least plan measured above it)" if chosen else ""))
+                                   + (" (our least plan measured above it)"
+                                      if floors and min(floors.values()) in solved else ""))
+                solved.add(budget)
                 plan = min(plans, key=pick_key)
                 chosen[:] = [plan]
                 step = bench.step_of(_planned(wl.model, plan))

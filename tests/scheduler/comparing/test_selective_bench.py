@@ -118,6 +118,24 @@ def test_a_peer_below_our_least_predicted_peak_is_met_by_our_least_plan_measured
     monkeypatch.setattr(solvers_mod, "solve", solve)
     h = head_to_head(wl, "per-block", repeats=1)
     assert floor["b"] in asked and asked.count(floor["b"]) == 1
+    # a first plan solved above the floor that measures over the peer does not stand for our least plan
+    asked.clear()
+    floor["b"] = None
+    solved_at = []
+
+    def solve_high(graph, budget, **kw):
+        if floor["b"] is None:
+            floor["b"] = simulate(graph, block_plan(graph, wl.model), record=False).peak_bytes - 1
+        asked.append(budget)
+        if budget < floor["b"]:
+            raise InfeasibleBudget(budget, floor["b"], solver=kw.get("solver", ""))
+        solved_at.append(budget)
+        return real(graph, 1 << 40 if budget != floor["b"] else budget, **kw)  # above the floor: store-all
+
+    monkeypatch.setattr(solvers_mod, "solve", solve_high)
+    high = head_to_head(wl, "per-block", repeats=1)
+    assert solved_at[0] > floor["b"] and floor["b"] in solved_at  # the store-all plan measured over, then the least
+    assert high.reason is None or "our least plan measured above it" in high.reason
     if h.reason is None:
         assert h.ours.peak_bytes <= h.peer.peak_bytes and "our least plan" in h.ours.note
         assert h.ours.grad_max_abs_diff == 0.0
