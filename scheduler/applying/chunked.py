@@ -2,8 +2,16 @@
 
 NOTE [ Chunked head (applying) ]
     ``Plan.chunks`` (NOTE [ Chunked head ] in ``solvers.model.chunks``) is lowered
-    onto a transformers causal-LM or masked-LM model by replacing the model's
-    ``forward`` on the instance with a :class:`ChunkedHead`. When a call
+    onto a transformers causal-LM or masked-LM model by replacing its
+    ``forward`` on the instance with a :class:`ChunkedHead`: the LM's
+    nearest the head, the model itself or the LM a module wraps (peft's
+    ``PeftModel``; a module whose forward calls the LM with ``labels`` and
+    returns its loss, where one installed on the wrapper saw no labels and
+    ran the head whole: a small Llama's plan with its head in 8 chunks,
+    predicted at 10.8 MiB, measured 19.5).
+    A training call without labels (the loss computed outside the LM's
+    forward) runs the head whole, over the plan's peak, and warns once
+    (``ChunkedHeadWarning``). When a call
     trains (grad enabled) and passes ``labels``, it runs the model's own
     forward without ``labels`` and with the head's ``forward`` handing its
     input on unchanged (so the forward computes no logits and no loss), checks
@@ -38,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -52,10 +61,14 @@ from ..tracing.chunk_loop import IGNORE_INDEX, chunked_head_loss, fused_head_los
 from ..tracing.spans import lm_heads
 from .regions import run_region
 
-__all__ = ["ChunkedHead", "ChunkedCall", "ChunkedHeadError", "split_chunks", "install", "IGNORE_INDEX"]
+__all__ = ["ChunkedHead", "ChunkedCall", "ChunkedHeadError", "ChunkedHeadWarning", "split_chunks", "install", "IGNORE_INDEX"]
 
 class ChunkedHeadError(CkptError, RuntimeError):
     """A chunked head could not be installed or run on this model (the message says why)."""
+
+
+class ChunkedHeadWarning(UserWarning):
+    """A planned chunked head ran whole in a training call (no labels): the step is over the plan's peak."""
 
 
 def split_chunks(plan: Plan) -> tuple[Plan, list[tuple[str, int, frozenset[int], bool, bool | None]]]:
@@ -96,22 +109,25 @@ def split_chunks(plan: Plan) -> tuple[Plan, list[tuple[str, int, frozenset[int],
     return rest, entries
 
 
-def _loss_kind(model: nn.Module, head: str) -> str:
-    """``causal`` or ``masked``: how the labels line up with the logits, from the model's class, or from the
-    class of a module the head lies in when the model wraps one (peft's ``PeftModel`` around a causal LM)."""
+def _loss_owner(model: nn.Module, head: str) -> tuple[str, str]:
+    """``(path, kind)``: the transformers causal-LM or masked-LM model nearest above ``head`` (``model`` itself, or
+    a module the head lies in when the model wraps one: peft's ``PeftModel``, a module whose forward calls the LM
+    with ``labels`` and returns its loss), whose forward takes the labels and computes the loss; ``kind`` says how
+    the labels line up with the logits (NOTE [ Chunked head (applying) ])."""
     known = lm_heads(model)
     parts = head.split(".")
-    for depth in range(len(parts)):
-        kind = known.get(".".join(parts[:depth]))
-        if kind is not None:
-            return kind
+    for depth in reversed(range(len(parts))):
+        path = ".".join(parts[:depth])
+        if path in known:
+            return path, known[path]
     raise ChunkedHeadError(f"a chunked head runs on transformers causal-LM and masked-LM models (their loss is known); "
                            f"{type(model).__name__} is neither. Solve without chunks")
 
 
 def install(model: nn.Module, entries: Sequence[tuple]) -> None:
     """Install each chunked call of :func:`split_chunks` on ``model`` in place (NOTE [ Chunked head (applying) ]):
-    a :class:`ChunkedCall` as the call's ``forward``, a :class:`ChunkedHead` as the model's for the tail."""
+    a :class:`ChunkedCall` as the call's ``forward``, a :class:`ChunkedHead` as the forward of the LM that computes
+    the tail's loss (:func:`_loss_owner`)."""
     for path, k, checkpointed, tail, *rest in entries:
         try:
             module = model.get_submodule(path)
@@ -119,8 +135,11 @@ def install(model: nn.Module, entries: Sequence[tuple]) -> None:
             raise ChunkedHeadError(f"this plan runs {path!r} in chunks, which {type(model).__name__} does not have; "
                                    "trace and solve this model") from None
         if tail:
-            model.forward = ChunkedHead(model, path, k, checkpointed, kind=_loss_kind(model, path),
-                                        previous=model.__dict__.get("forward"), fused=rest[0] if rest else None)
+            at, kind = _loss_owner(model, path)
+            owner = model.get_submodule(at) if at else model
+            owner.forward = ChunkedHead(owner, path[len(at) + 1:] if at else path, k, checkpointed, kind=kind,
+                                        previous=owner.__dict__.get("forward"), fused=rest[0] if rest else None,
+                                        where=path)
         else:
             module.forward = ChunkedCall(module, path, k, checkpointed, previous=module.__dict__.get("forward"))
 
@@ -203,13 +222,15 @@ class ChunkedHead(_Chunks):
     """
 
     def __init__(self, model: nn.Module, head: str, k: int, checkpointed: Iterable[int], *, kind: str,
-                 previous: Any = None, fused: bool | None = None) -> None:
+                 previous: Any = None, fused: bool | None = None, where: str | None = None) -> None:
         super().__init__(model, head, k, checkpointed, previous)
-        self.kind, self.fused = kind, fused
+        self.kind, self.fused, self.where, self.unplanned_calls = kind, fused, where or head, 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         labels = kwargs.get("labels")
         if labels is None or not torch.is_grad_enabled() or not self.module.training:
+            if labels is None and torch.is_grad_enabled() and self.module.training:
+                self._whole_in_training()
             return self.original()(*args, **kwargs)  # NOTE [ Chunked head (applying) ]: eval returns the logits
         head = self.module.get_submodule(self.path)
         seen: list[torch.Tensor] = []
@@ -245,6 +266,17 @@ class ChunkedHead(_Chunks):
         if as_tuple:  # transformers' tuple form: (loss, logits, ...); no logits, so None keeps the positions
             return (loss, None, *result.to_tuple()[1:])
         return result
+
+    def _whole_in_training(self) -> None:
+        """A training call without ``labels``: the head runs whole, its logits whole, over the plan's peak (a model
+        wrapped so that its loss is computed outside the LM's forward). Warned once per model."""
+        self.unplanned_calls += 1
+        if self.unplanned_calls == 1:
+            warnings.warn(f"the plan runs the head {self.where!r} and its loss in {self.k} chunks, but "
+                          f"{type(self.module).__name__} was called to train without labels, so its head runs whole "
+                          "and the step's peak is over the plan's (the whole logits and their gradient). Pass labels "
+                          "to the model so that it computes its loss, or solve without chunks (chunks=(1,))",
+                          ChunkedHeadWarning, stacklevel=3)
 
     def loss(self, head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, num_items: Any) -> torch.Tensor:
         """The loss of ``head`` over ``hidden``, summed over k chunks of the token rows (fused where the plan's

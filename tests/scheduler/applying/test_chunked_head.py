@@ -5,6 +5,7 @@ peak at or below the prediction, remove() restores the model."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 import scheduler  # noqa: E402
 from graphs import FUSED_HEADS_META  # noqa: E402
-from scheduler.applying.chunked import ChunkedHeadError, _Chunks  # noqa: E402
+from scheduler.applying.chunked import ChunkedHeadError, ChunkedHeadWarning, _Chunks  # noqa: E402
 from scheduler.measuring.steps import allocator_step_peak, measure_step_peak  # noqa: E402
 from solvers import Plan, simulate  # noqa: E402
 from solvers.model.chunks import chunk_entries, chunked_graph, find_calls, find_tail  # noqa: E402
@@ -174,4 +175,48 @@ def test_a_wrapped_causal_lm_gets_its_loss_kind_from_the_model_its_head_is_in():
     for name, g in grads.items():
         ref = plain[name.removeprefix("base_model.")]
         assert ((g - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item() <= 1e-6, name
-    assert wrapped.__dict__["forward"].recomputes == 4
+    assert wrapped.base_model.__dict__["forward"].recomputes == 4  # installed on the LM, which gets the labels
+    assert "forward" not in wrapped.__dict__
+
+
+class _LossOf(torch.nn.Module):
+    """A module whose forward returns its LM's loss from the ids alone (the compile page's, a training script's)."""
+
+    def __init__(self, lm, own_loss: bool = False):
+        super().__init__()
+        self.m, self.own_loss = lm, own_loss
+
+    def forward(self, ids):
+        if not self.own_loss:
+            return self.m(input_ids=ids, labels=ids).loss
+        logits = self.m(input_ids=ids).logits  # its loss computed here, outside the LM's forward
+        return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+
+
+def test_a_chunked_head_runs_inside_a_module_that_calls_the_lm_with_labels():
+    """The chunked head goes on the LM the head lies in, which gets the labels: installed on the wrapper, which
+    gets none, the head ran whole and the step measured 19.5 MiB on a plan predicted at 10.8 (a small Llama, 8
+    chunks). A wrapper that computes the loss itself gets a warning (the head runs whole, over the plan)."""
+    lm, kwargs = _model("llama")
+    ids = kwargs["input_ids"]
+    model = _LossOf(lm)
+    graph = scheduler.trace(model, (ids,))
+    with pytest.raises(scheduler.InfeasibleBudget) as least:
+        scheduler.solve(graph, 1)
+    plan = scheduler.solve(graph, least.value.min_feasible_bytes, chunks=(8,))
+    assert plan.chunks and plan.chunks[-1][2] == 8
+    planned = scheduler.apply(_LossOf(lm), plan)
+    assert "forward" in planned.m.__dict__ and "forward" not in planned.__dict__
+    measured = allocator_step_peak(planned, planned, (ids,), {}, None)
+    assert measured <= plan.peak_bytes < least.value.min_feasible_bytes
+    scheduler.remove(planned)
+    unplanned = allocator_step_peak(planned, planned, (ids,), {}, None)
+    assert unplanned > least.value.min_feasible_bytes  # what the head runs whole costs
+
+    own = scheduler.apply(_LossOf(lm, own_loss=True), plan)
+    with pytest.warns(ChunkedHeadWarning, match="without labels"):
+        own(ids).backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per model
+        own(ids).backward()
+    assert own.m.__dict__["forward"].unplanned_calls == 2
