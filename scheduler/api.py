@@ -231,7 +231,11 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
     ``scheduler.sizing.compiled``). So each candidate is applied onto a copy of
     ``model``, compiled, run and measured, and the eager budget searched until
     a plan measures at or under ``budget``: a few compiles (``compiles`` at
-    most, beside the unplanned step's), ``solves`` solves at most. Where the
+    most, beside the unplanned step's), ``solves`` solves at most; with a
+    ``chunks=`` menu that has a count above 1 the eager budget is searched
+    so again without chunks (each search with its own ``compiles`` and
+    ``solves``, a plan compiled once), and the fastest plan that fits of
+    either kept. Where the
     least-peak plan measures over, a few more plans are compiled once each:
     the least-peak plan at each count of a ``chunks=`` menu alone, the
     least-peak plan with the head unfused where the menu fuses it, and a
@@ -255,7 +259,7 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
     """
     from .measuring.compiled import compiled_step_peak
     from .sizing.budget import parse_size
-    from .sizing.compiled import Fit, Point, Search, graph_of, plan_key, unfused_twin
+    from .sizing.compiled import Fit, Point, Search, best_fit, graph_of, plan_key, unfused_twin
 
     if compiles < 1 or solves < 1:
         raise SolverOptionError(f"compiles={compiles}, solves={solves}: each must be at least 1")
@@ -298,7 +302,13 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
     search = Search(lambda b: solve(graph, b, solver, **options), measure, lambda plan: simulated(plan).peak_bytes,
                     key=plan_key, cost=cost, plain=(predicted, plain),
                     others=floors + [("coarse plan", lambda: _coarse_plan(graph))])
-    return search.fit(target, compiles=compiles, solves=solves)
+    fits = [search.fit(target, compiles=compiles, solves=solves)]
+    if any(k > 1 for k in menu):  # and without chunks: inductor may measure regions alone under a chunked head
+        whole = {**options, "chunks": None}
+        fits.append(Search(lambda b: solve(graph, b, solver, **whole), measure,
+                           lambda plan: simulated(plan).peak_bytes, key=plan_key, cost=cost, plain=(predicted, plain),
+                           measured=search.measured).fit(target, compiles=compiles, solves=solves))
+    return best_fit(fits)
 
 
 def _least_plan(graph: Graph, solver: str, options: dict[str, Any]) -> Callable[[], Plan]:

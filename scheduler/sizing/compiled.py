@@ -31,25 +31,27 @@ NOTE [ Compile-aware budget ]
     it under the target. It stops after ``compiles`` new compiles, ``solves``
     solves, a bracket narrower than ``tolerance`` of the target, or the floor's
     plan over the target; then each other solver's least-peak plan is measured
-    once (ilp's and dp's least-peak plans differ, and inductor does not
-    rank them as our prediction does: on GPT-2 dp's measured 13.45 MiB where
-    ilp's, predicted 0.8 MiB lower, measured 14.41), so is the floor at each
-    head chunk count of a ``chunks=`` menu alone (GPT-2's floor with its head
-    in 4 chunks, 13.08 MiB predicted, measured 14.16, over compile's least
-    14.13; with 2 chunks, 13.45), where the head runs fused (NOTE [ Fused
-    head ] in ``solvers.model.fused``) so is the floor with it unfused at
-    each count alone (:func:`unfused_twin`: autograd's chunk loop, whose
-    chunks a region can hold; GPT-2's fused floor in 2 chunks, 8 regions,
-    measured 14.16 MiB compiled, the unfused one, 9 regions with one inside
-    the head's chunks, 13.51, both predicted 13.08; the same plan measures
-    the same fused or not: inductor sees the regions), and so is a coarse plan
-    that no solver of ours chooses, every child of the model a region
-    (ResNet-18: predicted 95.26 MiB, over the floor's 93.76, measured 116.17
-    against the floor plan's 120.44: inductor's channels-last copies are
-    made inside the regions it recomputes). The plan kept: of those
-    measured at or under the target, the least predicted recompute time (the
-    largest budget on a tie); none fitting, the least measured peak
-    (``reached`` False).
+    once (ilp's and dp's least-peak plans differ, and inductor does not rank
+    them as our prediction does), so is the floor at each head chunk count of
+    a ``chunks=`` menu alone, where the head runs fused (NOTE [ Fused head ]
+    in ``solvers.model.fused``) so is the floor with it unfused at each count
+    alone (:func:`unfused_twin`: autograd's chunk loop, whose chunks a region
+    can hold), and so is a coarse plan that no solver of ours chooses, every
+    child of the model a region (ResNet-18: predicted 95.26 MiB, over the
+    floor's 93.76, measured 116.17 against the floor plan's 119.19:
+    inductor's channels-last copies are made inside the regions it
+    recomputes).
+
+    A ``chunks=`` menu with a count above 1 is searched twice: as given, and
+    without chunks (:func:`best_fit` keeps the faster fit of the two; the
+    searches share what they compiled). Inductor and a chunked head do not
+    rank as in eager: a small Llama's least-peak plan, 8 regions and its head
+    in 8 chunks, predicted 10.83 MiB, measured 15.98 compiled, where 4
+    regions and no chunks, predicted 18.18, measured 12.61 (its unplanned
+    step 17.15), and the chunked search alone never solves at a budget that
+    gives such a plan. The plan kept: of those measured at or under the
+    target, the least predicted recompute time (the largest budget on a
+    tie); none fitting, the least measured peak (``reached`` False).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from graphs import FUSED_HEADS_META
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Point", "Fit", "Search", "plan_key", "unfused_twin", "graph_of"]
+__all__ = ["Point", "Fit", "Search", "best_fit", "plan_key", "unfused_twin", "graph_of"]
 
 
 def plan_key(plan: Any) -> tuple:
@@ -147,16 +149,19 @@ class Search:
         others: (label, plan) pairs: each returns another plan (another solver's least-peak plan: label
             "floor plan"), measured once when ``solve``'s floor plan is over a target (kept apart from the
             brackets: its budget is not ``solve``'s); the label names it in :attr:`Fit.label`.
+        measured: the plans measured so far by key, shared with the searches of the same model's other menus
+            (:func:`best_fit`): a plan one of them compiled is not compiled again.
     """
 
     def __init__(self, solve: Callable[[int], Any], measure: Callable[[Any], int], predict: Callable[[Any], int],
                  key: Callable[[Any], Hashable], cost: Callable[[Any], float],
-                 plain: tuple[int, int] | None = None, others: Sequence[tuple[str, Callable[[], Any]]] = ()) -> None:
+                 plain: tuple[int, int] | None = None, others: Sequence[tuple[str, Callable[[], Any]]] = (),
+                 measured: dict[Hashable, Point] | None = None) -> None:
         self._solve, self._measure, self._predict, self._key, self._cost = solve, measure, predict, key, cost
         self._others = list(others)
         self.points: list[Point] = []
         self.extra: list[Point] = []  # the other solvers' least-peak plans: kept apart from the brackets
-        self.measured: dict[Hashable, Point] = {}
+        self.measured: dict[Hashable, Point] = {} if measured is None else measured  # shared: compiled once
         self.floor: int | None = None
         self.floor_tried = False
         self.floor_keys: set[Hashable] = set()
@@ -265,3 +270,21 @@ class Search:
                  "none" if out.point is None else f"{out.point.measured / 2**20:.2f} MiB measured "
                  f"({out.point.predicted / 2**20:.2f} predicted)", out.solves, out.compiles)
         return out
+
+
+def best_fit(fits: Sequence[Fit]) -> Fit:
+    """One target's fits from the searches of a model's menus (the head in chunks, and not: NOTE [ Compile-aware
+    budget ]): the fastest (least predicted cost) of those that reached it, else the lowest measured; its counts and
+    tries are all of theirs."""
+    import dataclasses
+
+    found = [f for f in fits if f.point is not None]
+    reached = [f for f in found if f.reached]
+    if reached:
+        best = min(reached, key=lambda f: (f.point.cost, f.point.measured))
+    elif found:
+        best = min(found, key=lambda f: (f.point.measured, f.point.cost))
+    else:
+        best = fits[0]
+    return dataclasses.replace(best, solves=sum(f.solves for f in fits), compiles=sum(f.compiles for f in fits),
+                               tries=[p for f in fits for p in f.tries])

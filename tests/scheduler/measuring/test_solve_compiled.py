@@ -84,7 +84,7 @@ def test_a_budget_under_every_plan_returns_the_lowest_measured(case):
 
 def test_a_floor_over_the_budget_tries_each_head_chunk_count_alone(monkeypatch):
     """Inductor does not keep the eager order of peaks: at 1265a53 GPT-2's least-peak plan with its head in 4
-    chunks measured 14.16 MiB compiled, over compile's least 14.13, where the least-peak plan with 2 chunks measured
+    chunks (on the compile page's wrapper, whose head then ran whole: fixed at e416136) measured 14.16 MiB compiled, over compile's least 14.13, where the least-peak plan with 2 chunks measured
     13.45. Here "compiled" every plan but those running the head in 2 chunks measures 1.5x its prediction: the plan
     kept is the least-peak plan with 2 chunks, found though the full menu's floor prefers more."""
     from chunk_graphs import lm_graph
@@ -147,3 +147,42 @@ def test_a_fused_floor_over_the_budget_tries_the_head_unfused(monkeypatch):
 
     assert unfused_twin(g, None) is None and unfused_twin(g, (1,)) is None and unfused_twin(twin, (2,)) is None
     assert unfused_twin(g, (1, 2)).meta[FUSED_HEADS_META] == []
+
+
+def test_a_chunks_menu_is_searched_again_without_chunks(monkeypatch):
+    """NOTE [ Compile-aware budget ]: a small Llama's least-peak plan with its head in 8 chunks measured 15.98 MiB
+    under inductor, a plan of 4 regions without chunks 12.61 (predicted 10.83 and 18.18). Here "compiled" a plan
+    with a chunked head measures 1.5x its prediction (so does the coarse plan), one without 0.6x: the plan kept
+    runs no chunks, at a target under every chunked plan's measure, and no plan is compiled twice."""
+    from chunk_graphs import lm_graph
+    from scheduler.measuring import compiled
+    from scheduler.sizing.compiled import plan_key
+
+    g = lm_graph(blocks=2, vocab_x=16)
+    seen: list = []
+
+    def chunked(plan) -> bool:
+        return plan is not None and any(k > 1 for _, _, k in plan.chunks)
+
+    def fake_peak(model, plan, *args, **kwargs) -> int:
+        seen.append(None if plan is None else plan_key(plan))
+        predicted = scheduler.simulate(g, plan).peak_bytes
+        coarse = plan is not None and len(plan.regions) >= 4  # every child a region: not the point here
+        return int((1.5 if chunked(plan) or coarse else 0.6) * predicted)
+
+    monkeypatch.setattr(compiled, "compiled_step_peak", fake_peak)
+    try:
+        scheduler.solve(g, 1, "ilp")
+    except scheduler.InfeasibleBudget as exc:
+        whole = exc.min_feasible_bytes  # the least peak without chunks, over the chunked floor
+    try:
+        scheduler.solve(g, 1, "ilp", chunks=(2, 4))
+    except scheduler.InfeasibleBudget as exc:
+        assert 1.5 * exc.min_feasible_bytes > 0.6 * scheduler.simulate(g).peak_bytes
+    # under the unplanned step's measure (0.6x), over the least plan without chunks (0.6x), under any chunked one
+    target = int(0.3 * (scheduler.simulate(g).peak_bytes + whole))
+    fit = scheduler.solve_compiled(object(), (), graph=g, budget=target, chunks=(2, 4), compiles=3)
+    assert fit.reached and not chunked(fit.plan) and fit.measured <= target, fit.tries
+    assert any(chunked(p.plan) for p in fit.tries)  # the menu as given was searched too
+    keys = [k for k in seen if k is not None]
+    assert len(keys) == len(set(keys))  # a plan compiled once
