@@ -18,7 +18,9 @@ NOTE [ Recompute timed in the step ]
     at the traced inputs, once its graph is built: the training step (loss
     and backward, the trace's loop) plain, and with the plan that
     checkpoints each repeated block (what ``gradient_checkpointing_enable()``
-    checkpoints: ``solvers.baselines.block_spans``) applied by the applier
+    checkpoints: ``solvers.baselines.block_spans``; in a model without
+    indexed blocks, the most frequent family of numbered submodules, such as
+    torchvision DenseNet's ``denselayer1`` to ``denselayer24``) applied by the applier
     (``scheduler.applying.planned``: its wrappers, RNG replay and caches as
     any plan's; the applier registers it when imported, which every verb
     that traces does, and a trace without it keeps the roofline as it is), in alternating rounds (:data:`ROUNDS`, :data:`BUDGET_S`),
@@ -53,18 +55,24 @@ NOTE [ Recompute timed in the step ]
     at 5.5 us, Llama's at 0-2.5.
 
     Where the trace timed the head's chunk loop at its shape (NOTE [ Chunk
-    loops timed at their shapes ]), a fourth step runs the head and loss in
-    :data:`HEAD_CHUNKS` chunks and nothing else. The loop, timed alone,
+    loops timed at their shapes ]), the rounds also run, for each count it
+    timed (the fused head whole, 2 and 4 chunks), a step with the head and
+    loss in that many chunks and nothing else. The loop, timed alone,
     priced a GPT-2 head's 2 chunks at 5.7-6.5 ms where the step measured
     8.4-9.0 (its fused head -3.6 to -5.9 ms where the step measured -1.1 to
     -2.3): the step runs the model's own head and loss, not the traced
-    graph's, and the isolated loop starts with cold caches. What the step
-    adds beyond the loop's figure (``head_offset_s``, within
-    :data:`MAX_HEAD_OFFSET` of the plain step either way) is added to every
-    timed count of the loop, the fused head's too (``chunk_times``).
+    graph's, and the isolated loop starts with cold caches. And the gap is
+    not one figure for all counts: with it measured at 2 chunks only and
+    added to every count, a Llama head in 4 chunks was priced at 5.1 ms and
+    measured 18.9-21.5 in the step (``time.md`` at ``f42bc8e``; another
+    trace's isolated loop gave 9.3 for the same count). What each count adds
+    in the step beyond its figure (``head_offset_s@k``, within
+    :data:`MAX_HEAD_OFFSET` of the plain step either way) is added to that
+    count's figure (``chunk_times``); a count between or beyond them is read
+    off the line through the counts so corrected.
 
-    Not measured (the roofline as it is): a graph without repeated blocks
-    (DenseNet's ``denselayer1``), a step estimated (FLOPs at the graph's
+    Not measured (the roofline as it is): a graph without repeated or
+    numbered blocks, a step estimated (FLOPs at the graph's
     rate) over :data:`MAX_STEP_S`, or whose pass (plain and planned) takes
     over :data:`MAX_PASS_S`, a model with a plan applied, a step that fails
     (logged), a trace for a GPU or of a meta model. The step's buffers
@@ -89,8 +97,8 @@ from solvers.model.overheads import CHUNK_TIMES_KEY, graph_overheads, overhead_s
 from .chunk_times import FAULTS, _page_faults
 from .opclasses import no_collection, run_clock
 
-__all__ = ["SCALE_KEY", "MIN_SCALE", "MAX_SCALE", "MAX_STEP_S", "MAX_PASS_S", "BUDGET_S", "ROUNDS", "MIN_ROUNDS", "HEAD_CHUNKS", "MAX_HEAD_OFFSET",
-           "block_plan", "head_plan", "measure_scale",
+__all__ = ["SCALE_KEY", "MIN_SCALE", "MAX_SCALE", "MAX_STEP_S", "MAX_PASS_S", "BUDGET_S", "ROUNDS", "MIN_ROUNDS",
+           "MAX_HEAD_OFFSET", "block_plan", "head_plans", "measure_scale",
            "with_recompute_scale", "recompute_scale", "register_applier"]
 
 log = logging.getLogger(__name__)
@@ -107,10 +115,8 @@ BUDGET_S, ROUNDS, MIN_ROUNDS = 6.0, 9, 5
 MAX_PASS_S = 4.0
 #: The most a measured ``selective_op_s`` may be (seconds per call; the calibration measured 11 us).
 MAX_SELECTIVE_S = 1e-4
-#: The chunks the head's loop runs in for its step (a count its trace timed: ``chunk_times.COUNTS``).
-HEAD_CHUNKS = 2
 #: The most the head's loop may add in the step beyond its figure, either way, as a fraction of the plain step.
-MAX_HEAD_OFFSET = 0.05
+MAX_HEAD_OFFSET = 0.15
 
 
 #: ``(planned, applied_plan)`` of ``scheduler.applying``, which registers them when it is imported
@@ -134,7 +140,10 @@ def block_plan(graph: Graph, kept: bool = False) -> Any:
     from solvers.model.selective import variants
 
     try:
-        regions = block_spans(graph)
+        try:
+            regions = block_spans(graph)
+        except NoModulePaths:
+            regions = _numbered_spans(graph)
         if not regions:
             return None
         if not kept:
@@ -145,9 +154,35 @@ def block_plan(graph: Graph, kept: bool = False) -> Any:
         return None
 
 
-def head_plan(graph: Graph, k: int = HEAD_CHUNKS) -> tuple[str, Any] | None:
-    """``(call, plan)``: the plan running ``graph``'s head and loss in ``k`` chunks and nothing else, where the
-    trace timed that loop at its shape (``chunk_times``), else None."""
+def _numbered_spans(graph: Graph) -> list[tuple[int, int]]:
+    """The spans of the most frequent family of numbered submodules of one parent whose names do not end in an
+    index of their own (torchvision DenseNet's ``features.denseblock3.denselayer1`` to ``denselayer24``), the
+    recomputable ones, left to right without overlap; empty where no family has two."""
+    from collections import Counter
+
+    from solvers.model.spans import SpanIndex
+
+    def family(path: str) -> tuple[str, str] | None:
+        parent, _, leaf = path.rpartition(".")
+        stem = leaf.rstrip("0123456789")
+        return (parent, stem) if stem and stem != leaf and stem.isidentifier() else None
+
+    counts = Counter(f for f in (family(sp.module) for sp in graph.spans) if f is not None)
+    if not counts or counts.most_common(1)[0][1] < 2:
+        return []
+    best = counts.most_common(1)[0][0]
+    usable = set(SpanIndex(graph).spans)
+    regions: list[tuple[int, int]] = []
+    for sp in sorted(graph.spans, key=lambda sp: (sp.first, sp.last)):
+        if family(sp.module) == best and (sp.first, sp.last) in usable and (not regions or sp.first > regions[-1][1]):
+            regions.append((sp.first, sp.last))
+    return regions
+
+
+def head_plans(graph: Graph) -> tuple[str, dict[str, Any]] | None:
+    """``(call, {k: plan})``: for each count ``k`` of ``graph``'s head and loss that the trace timed at its shape
+    (``chunk_times``: 1 is a fused head whole), the plan running the head and loss in ``k`` chunks and nothing
+    else; None where no count was timed."""
     from solvers import Plan
     from solvers.model.chunks import LOSS_SUFFIX, ChunkError, find_tail
     from solvers.model.overheads import chunk_times
@@ -155,24 +190,27 @@ def head_plan(graph: Graph, k: int = HEAD_CHUNKS) -> tuple[str, Any] | None:
     try:
         tail = find_tail(graph)
         name = tail.head + LOSS_SUFFIX
-        if k not in chunk_times(graph).get(name, {}):
+        counts = sorted(chunk_times(graph).get(name, {}))
+        if not counts:
             return None
-        return name, Plan.from_regions(graph, [], chunks=((tail.first, len(graph) - 1, k),))
+        return name, {str(k): Plan.from_regions(graph, [], chunks=((tail.first, len(graph) - 1, k),))
+                      for k in counts}
     except (ChunkError, CkptError):
         return None
 
 
 def measure_scale(graph: Graph, plain: Callable[[], Any], planned: Callable[[], Any], plan: Any, *,
                   kept: Callable[[], Any] | None = None, kept_plan: Any = None,
-                  head: Callable[[], Any] | None = None, head_plan: Any = None,
+                  heads: Mapping[str, tuple[Callable[[], Any], Any]] | None = None,
                   clock: Callable[[], float] | None = None, rounds: int = ROUNDS, budget_s: float = BUDGET_S
                   ) -> dict[str, float] | None:
     """The recompute scale (NOTE [ Recompute timed in the step ]) from ``plain()`` and ``planned()`` (one step
     each), ``plan`` the planned step's plan on ``graph``; with ``kept()``, the step of ``kept_plan`` (``plan``
     keeping nodes), the per-call cost of the selective policy too (``selective_op_s``, where ``graph`` has
-    overhead figures); with ``head()``, the step of ``head_plan`` (the head's loop alone: :func:`head_plan`),
-    what that loop adds in the step beyond its prediction (``head_offset_s``). None where the steps are too slow to
-    time or ``plan`` recomputes nothing by the graph.
+    overhead figures); with ``heads``, ``{k: (step, plan)}`` for counts of the head's loop alone
+    (:func:`head_plans`), what each adds in the step beyond its prediction (``head_offset_s@k``, its prediction
+    ``head_expected_s@k``). None where the steps are too slow to time or ``plan`` recomputes nothing by the
+    graph.
     ``clock`` times the runs and the budgets (default: :func:`run_clock` for the runs, the wall clock for the
     budgets)."""
     from solvers import simulate
@@ -184,8 +222,9 @@ def measure_scale(graph: Graph, plain: Callable[[], Any], planned: Callable[[], 
         return None
     figures = graph_overheads(graph)
     sides = [plain, planned] + ([kept] if kept is not None and kept_plan is not None and figures else [])
-    at_head = len(sides) if head is not None and head_plan is not None else None
-    sides += [head] if at_head is not None else []
+    at_head = len(sides)
+    heads = dict(heads or {})
+    sides += [run for run, _ in heads.values()]
     with no_collection():
         times = _rounds(sides, clock, wall, rounds, budget_s)
     if times is None:
@@ -195,12 +234,12 @@ def measure_scale(graph: Graph, plain: Callable[[], Any], planned: Callable[[], 
     scale = min(MAX_SCALE, max(MIN_SCALE, (measured - overheads) / predicted))
     out = {"scale": scale, "measured_s": measured, "predicted_s": predicted, "overheads_s": overheads,
            "blocks": float(len(plan.regions))}
-    if at_head is not None:  # the head's loop in the step against its figure (at the scale, with its overheads)
-        sim = simulate(graph, head_plan, record=False)
+    bound = MAX_HEAD_OFFSET * statistics.median(t[0] for t in times)
+    for i, (k, (_, hp)) in enumerate(heads.items(), at_head):  # each count in the step against its figure
+        sim = simulate(graph, hp, record=False)  # at the scale, with its overheads (the loop's figure among them)
         expected = scale * (sim.recompute_time_s or 0.0) + sum((sim.overhead_s or {}).values())
-        bound = MAX_HEAD_OFFSET * statistics.median(t[0] for t in times)
-        offset = statistics.median(t[at_head] - t[0] for t in times) - expected
-        out.update(head_offset_s=min(bound, max(-bound, offset)), head_expected_s=expected)
+        offset = statistics.median(t[i] - t[0] for t in times) - expected
+        out.update({f"head_offset_s@{k}": min(bound, max(-bound, offset)), f"head_expected_s@{k}": expected})
     if kept is not None and kept_plan is not None and figures:
         # what keeping adds beyond the blocks' plan, less its recompute saved (at the scale) and its store entries,
         # per call its selective regions run twice (NOTE [ Plan overheads ])
@@ -258,17 +297,17 @@ def _rounds(sides: Sequence[Callable[[], Any]], clock: Callable[[], float], wall
 
 def with_recompute_scale(graph: Graph, found: Mapping[str, float], head_call: str | None = None) -> Graph:
     """``graph`` with every node's ``fwd_cost`` times ``found["scale"]``, its ``selective_op_s`` figure
-    ``found["selective_op_s"]`` where measured, every timed count of ``head_call``'s loop plus
-    ``found["head_offset_s"]`` where measured, and ``found`` in its costs' meta."""
+    ``found["selective_op_s"]`` where measured, each timed count ``k`` of ``head_call``'s loop plus
+    ``found["head_offset_s@k"]`` where measured, and ``found`` in its costs' meta."""
     import dataclasses
 
     scale = float(found["scale"])
     costs = dict(graph.meta.get(COSTS_META) or {})
     costs[SCALE_KEY] = {k: float(v) for k, v in found.items()}
     loops = costs.get(CHUNK_TIMES_KEY)
-    if head_call is not None and "head_offset_s" in found and isinstance(loops, Mapping) and head_call in loops:
-        offset = float(found["head_offset_s"])
-        costs[CHUNK_TIMES_KEY] = {**loops, head_call: {k: float(v) + offset for k, v in loops[head_call].items()}}
+    if head_call is not None and isinstance(loops, Mapping) and isinstance(loops.get(head_call), Mapping):
+        table = {str(k): float(v) + float(found.get(f"head_offset_s@{k}", 0.0)) for k, v in loops[head_call].items()}
+        costs[CHUNK_TIMES_KEY] = {**loops, head_call: table}
     nodes = [dataclasses.replace(nd, fwd_cost=int(round(nd.fwd_cost * scale))) for nd in graph.nodes]
     out = graph.with_nodes(nodes, meta={**graph.meta, COSTS_META: costs})
     figures = graph_overheads(graph)
@@ -324,16 +363,18 @@ def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mappi
             except Exception as exc:  # noqa: BLE001  (a policy that does not run so: the calibrated figure)
                 log.info("could not time %s's blocks with kept nodes (%s: %s)", graph.name, type(exc).__name__, exc)
                 kept = None
-            head_call, chunked = head_plan(graph) or (None, None)
-            head = step(planned(model, chunked)) if chunked is not None else None
-            try:
-                head and head()
-            except Exception as exc:  # noqa: BLE001  (a loop that does not run so: its figure as timed)
-                log.info("could not time %s's head in chunks in the step (%s: %s)", graph.name, type(exc).__name__,
-                         exc)
-                head = None
+            head_call, counts = head_plans(graph) or (None, {})
+            heads = {}
+            for k, hp in counts.items():
+                try:
+                    heads[k] = (step(planned(model, hp)), hp)
+                    heads[k][0]()
+                except Exception as exc:  # noqa: BLE001  (a loop that does not run so: its figure as timed)
+                    log.info("could not time %s's head in %s chunks in the step (%s: %s)", graph.name, k,
+                             type(exc).__name__, exc)
+                    heads.pop(k, None)
             found = measure_scale(graph, step(model), step(planned(model, plan)), plan, clock=clock, rounds=rounds,
-                                  budget_s=budget_s, kept_plan=kept_plan, kept=kept, head_plan=chunked, head=head)
+                                  budget_s=budget_s, kept_plan=kept_plan, kept=kept, heads=heads)
     except Exception as exc:  # noqa: BLE001  (a step that does not run so: the roofline as it is)
         log.info("could not time the recompute of %s's blocks (%s: %s); the roofline prices it", graph.name,
                  type(exc).__name__, exc)
@@ -355,7 +396,8 @@ def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mappi
         log.info("keeping %d nodes in them added %.1f ms: %.1f us per call of a selective region (calibrated %.1f)",
                  found["kept"], 1e3 * found["kept_added_s"], 1e6 * found["selective_op_s"],
                  1e6 * found["calibrated_selective_op_s"])
-    if "head_offset_s" in found:
-        log.info("its head in %d chunks added %.1f ms beyond its loop's figure (%.1f ms)", HEAD_CHUNKS,
-                 1e3 * found["head_offset_s"], 1e3 * found["head_expected_s"])
+    for key in sorted(k for k in found if k.startswith("head_offset_s@")):
+        k = key.split("@", 1)[1]
+        log.info("its head in %s chunk(s) added %+.1f ms in the step beyond its loop's figure (%.1f ms)", k,
+                 1e3 * found[key], 1e3 * found[f"head_expected_s@{k}"])
     return with_recompute_scale(graph, found, head_call)

@@ -224,22 +224,27 @@ def _gpt2():
     return model, {"input_ids": ids, "labels": ids}
 
 
-def test_the_heads_loop_measured_in_the_step_moves_its_timed_figures():
-    """Where the trace timed the head's chunk loop, the rounds time the step with the head in 2 chunks too; what
-    it adds beyond its figure moves every timed count of that loop (within MAX_HEAD_OFFSET of the plain step)."""
+def test_each_count_of_the_heads_loop_is_measured_in_the_step_and_moves_its_own_figure():
+    """Where the trace timed the head's chunk loop, the rounds time the step with the head in each timed count too;
+    what each adds beyond its figure moves that count's figure only (within MAX_HEAD_OFFSET of the plain step), and
+    a count not timed is read off the line through the corrected ones."""
     from scheduler.tracing.chunk_times import with_chunk_times
-    from solvers.model.overheads import chunk_times
+    from solvers.model.overheads import chunk_times, timed_extra
 
     model, kwargs = _gpt2()
     loss = lambda out: out.loss  # noqa: E731
     g0 = capture(model, (), kwargs, loss=loss).graph
-    assert rs.head_plan(g0) is None  # no loop timed: nothing to measure
+    assert rs.head_plans(g0) is None  # no loop timed: nothing to measure
     g = with_chunk_times(g0, {"lm_head+loss": {"1": -0.001, "2": 0.003, "4": 0.010}})
-    name, hp = rs.head_plan(g)
-    assert name == "lm_head+loss" and hp.chunks[0][2] == rs.HEAD_CHUNKS and not hp.regions
-    sim = simulate(g, hp)
-    expected = sim.recompute_time_s + sum(sim.overhead_s.values())
-    assert expected >= 0.003  # priced by its figure
+    name, plans = rs.head_plans(g)
+    assert name == "lm_head+loss" and sorted(plans) == ["1", "2", "4"]
+    assert all(hp.chunks[0][2] == int(k) and not hp.regions for k, hp in plans.items())
+
+    def expected(graph, hp):
+        sim = simulate(graph, hp)
+        return sim.recompute_time_s + sum(sim.overhead_s.values())
+
+    assert expected(g, plans["4"]) - expected(g, plans["2"]) == pytest.approx(0.007)  # priced by its figures
     plan = rs.block_plan(g)
     predicted = simulate(g, plan).recompute_time_s
     now = [0.0]
@@ -249,22 +254,78 @@ def test_the_heads_loop_measured_in_the_step_moves_its_timed_figures():
             now[0] += s
         return go
 
-    found = rs.measure_scale(g, run(0.010), run(0.010 + predicted), plan, head=run(0.010 + expected + 0.0002),
-                             head_plan=hp, clock=lambda: now[0], rounds=2)
-    assert found["head_offset_s"] == pytest.approx(0.0002) and found["head_expected_s"] == pytest.approx(expected)
+    added = {"1": 0.0002, "2": -0.0003, "4": 0.0011}  # what each count adds in the step beyond its figure
+    heads = {k: (run(0.010 + expected(g, hp) + added[k]), hp) for k, hp in plans.items()}
+    found = rs.measure_scale(g, run(0.010), run(0.010 + predicted), plan, heads=heads, clock=lambda: now[0],
+                             rounds=2)
+    for k, hp in plans.items():
+        assert found[f"head_offset_s@{k}"] == pytest.approx(added[k])
+        assert found[f"head_expected_s@{k}"] == pytest.approx(expected(g, hp))
     scaled = rs.with_recompute_scale(g, found, name)
-    assert chunk_times(scaled)[name] == pytest.approx({1: -0.0008, 2: 0.0032, 4: 0.0102})
-    sim = simulate(scaled, hp)
-    assert sim.recompute_time_s + sum(sim.overhead_s.values()) == pytest.approx(expected + 0.0002)
+    table = chunk_times(scaled)[name]
+    assert table == pytest.approx({1: -0.0008, 2: 0.0027, 4: 0.0111})
+    for k, hp in plans.items():  # each count now priced as the step measured it
+        assert expected(scaled, hp) == pytest.approx(expected(g, hp) + added[k])
+    assert timed_extra(table, 8) == pytest.approx(0.0111 + 2 * (0.0111 - 0.0027))  # through 2 and 4 as corrected
     assert chunk_times(rs.with_recompute_scale(g, found))[name] == chunk_times(g)[name]  # no call named: as timed
-    found = rs.measure_scale(g, run(0.010), run(0.010 + predicted), plan, head=run(1.0), head_plan=hp,
-                             clock=lambda: now[0], rounds=2)
-    assert found["head_offset_s"] == pytest.approx(rs.MAX_HEAD_OFFSET * 0.010)  # noise or another effect
-    # through the trace's own measurement: the step with the head in chunks runs, its loss as the plain step's
+    heads = {"4": (run(1.0), plans["4"])}  # a count alone, far off: noise or another effect
+    found = rs.measure_scale(g, run(0.010), run(0.010 + predicted), plan, heads=heads, clock=lambda: now[0],
+                             rounds=2)
+    assert found["head_offset_s@4"] == pytest.approx(rs.MAX_HEAD_OFFSET * 0.010) and "head_offset_s@2" not in found
+    assert chunk_times(rs.with_recompute_scale(g, found, name))[name][2] == 0.003  # not measured: as timed
+    # through the trace's own measurement: a step per count runs, each computing the plain step's loss
     losses = []
     clock = iter(range(10**6))
     scaled = rs.recompute_scale(model, g, (), kwargs, lambda out: losses.append(out.loss.item()) or out.loss,
                                 clock=lambda: 1e-3 * next(clock), rounds=2)
     found = scaled.meta["costs"][rs.SCALE_KEY]
-    assert "head_offset_s" in found and len(losses) >= 4 * 3
-    assert max(losses) - min(losses) < 1e-4  # every step, the chunked one too, computes the same loss
+    assert {k for k in found if k.startswith("head_offset_s@")} == {f"head_offset_s@{k}" for k in plans}
+    assert len(losses) >= 4 * (2 + len(plans))  # two passes of warm-up and two rounds over 5 steps
+    assert max(losses) - min(losses) < 1e-4  # every step, the chunked ones too, computes the same loss
+
+
+class Layer(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, torch.tanh(self.fc(x))], 1)
+
+
+class Dense(nn.Module):
+    """DenseNet's naming: numbered children (``layer1``, ``layer2`` ...) and no indexed blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 16)
+        for i in range(3):
+            self.add_module(f"layer{i + 1}", Layer(16 * (i + 1)))
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for i in range(3):
+            x = getattr(self, f"layer{i + 1}")(x)
+        return nn.functional.cross_entropy(self.head(x), y)
+
+
+def test_a_model_with_numbered_blocks_and_no_indexed_ones_has_its_scale_measured_on_them():
+    from solvers.baselines import NoModulePaths, block_spans
+
+    torch.manual_seed(0)
+    model, args = Dense().train(), (torch.randn(8, 8), torch.randint(0, 4, (8,)))
+    g = capture(model, args).graph
+    with pytest.raises(NoModulePaths):
+        block_spans(g)
+    plan = rs.block_plan(g)
+    assert plan.modules == ("layer1", "layer2", "layer3")
+    unit = 1e-3
+    calls = [0]
+
+    def clock():
+        calls[0] += 1
+        return calls[0] * unit
+
+    scaled = rs.recompute_scale(model, g, args, {}, None, clock=clock, rounds=2)
+    assert scaled.meta["costs"][rs.SCALE_KEY]["blocks"] == 3  # measured, where the roofline was kept before
