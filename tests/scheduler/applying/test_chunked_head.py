@@ -220,3 +220,45 @@ def test_a_chunked_head_runs_inside_a_module_that_calls_the_lm_with_labels():
         warnings.simplefilter("error")  # once per model
         own(ids).backward()
     assert own.m.__dict__["forward"].unplanned_calls == 2
+
+
+def test_a_chunked_head_inside_a_wrapper_keeps_a_gradient_penalty_and_autocast():
+    """The chunked head installed on the LM inside a wrapper, in two workflows a user's loop has: a gradient
+    penalty (a double backward through the chunks) equal to the unplanned step's, and CPU autocast in bfloat16
+    within bfloat16's rounding (the chunks' partial sums round apart)."""
+    import copy
+
+    lm, kwargs = _model("gpt2")
+    lm.config._attn_implementation = "eager"  # torch's CPU flash attention has no double backward
+    ids = kwargs["input_ids"]
+    graph = scheduler.trace(_LossOf(lm), (ids,))
+    with pytest.raises(scheduler.InfeasibleBudget) as least:
+        scheduler.solve(graph, 1)
+    plan = scheduler.solve(graph, least.value.min_feasible_bytes, chunks=(4,))
+    assert plan.chunks and plan.chunks[-1][2] == 4
+
+    def penalised(model):
+        model.zero_grad(set_to_none=True)
+        loss = model(ids)
+        params = [p for p in model.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+        (loss + 0.01 * sum((g ** 2).sum() for g in grads if g is not None)).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    def autocast(model):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(ids)
+        loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    for step, tol in ((penalised, 1e-5), (autocast, 4 * 2.0 ** -8)):
+        ref = step(_LossOf(copy.deepcopy(lm)))
+        planned = scheduler.apply(_LossOf(copy.deepcopy(lm)), plan)
+        calls = planned.m.__dict__["forward"]
+        got = step(planned)
+        assert calls.unplanned_calls == 0  # the head ran in its chunks
+        assert ref.keys() == got.keys()
+        for n in ref:
+            scale = ref[n].abs().max().item() or 1.0
+            assert (ref[n] - got[n]).abs().max().item() <= tol * scale, (step.__name__, n)
