@@ -15,8 +15,10 @@ project's ResNet, small; DenseNet-121 where torchvision imports), one thread:
   best of two timed steps), wall and CPU time, median with min-max;
 * candidates: several plans at their peak and at a lower budget (the pick,
   ``ilp`` without chunks or kept ops, ``dp``, ``chen-greedy``, forced chunk
-  counts), timed with the plain step in rounds over all of a budget's plans
-  (ABC CBA...): measured extra time (the least planned step less the least
+  counts), timed with the plain step in rounds over every distinct plan of
+  both budgets (ABC CBA...; a plan both budgets list is one side, timed
+  once: two budgets' rounds had measured the same plan 8 ms apart):
+  measured extra time (the least planned step less the least
   plain step over the rounds, each turn the best of two timed steps) beside
   the predicted one
   (``findings["extra_time_s"]``: recompute plus overheads), Kendall's tau of
@@ -60,7 +62,7 @@ log = logging.getLogger(__name__)
 
 VOCAB, HIDDEN, LAYERS, SEQ = 32000, 256, 2, 256
 TIME_LIMIT_S = 20.0
-HEAD_PAIRS, CANDIDATE_PAIRS = 9, 8
+HEAD_PAIRS, CANDIDATE_PAIRS = 9, 11
 #: Timed steps per turn of a candidate (the best is the turn's), after its warm-up step.
 TIMED = 2
 
@@ -317,17 +319,19 @@ def run_model(name: str, head_pairs: int, pairs: int) -> dict:
         log.warning("%s: least budget: %s", name, exc)
     low = their_peak if floor is None else floor + (their_peak - floor) // 2
     rows = []
-    for budget in dict.fromkeys((their_peak, low)):
-        cands = _candidates(graph, budget, lm)
-        turns = round_robin(step, [_PLAIN] + [_ours(model, plan) for _, plan in cands], pairs, timed=TIMED)
-        plain = turns[0]
-        for (label, plan), planned in zip(cands, turns[1:]):
-            rows.append(dict(budget=budget, label=label, plan=plan, predicted=plan.findings.get("extra_time_s"),
-                             recompute=plan.findings.get("extra_recompute_s"),
-                             measured=least(planned, 1) - least(plain, 1), wall=least(planned, 0) - least(plain, 0),
-                             median=statistics.median(p[1] - q[1] for p, q in zip(planned, plain)),
-                             spread=quartiles([p[1] - q[1] for p, q in zip(planned, plain)]),
-                             step=least(planned, 1), plain=least(plain, 1)))
+    cands = [(budget, label, plan) for budget in dict.fromkeys((their_peak, low))
+             for label, plan in _candidates(graph, budget, lm)]
+    sides = {_key(plan): plan for _, _, plan in cands}  # a plan both budgets list is timed once
+    turns = round_robin(step, [_PLAIN] + [_ours(model, plan) for plan in sides.values()], pairs, timed=TIMED)
+    plain, timed = turns[0], dict(zip(sides, turns[1:]))
+    for budget, label, plan in cands:
+        planned = timed[_key(plan)]
+        rows.append(dict(budget=budget, label=label, plan=plan, predicted=plan.findings.get("extra_time_s"),
+                         recompute=plan.findings.get("extra_recompute_s"),
+                         measured=least(planned, 1) - least(plain, 1), wall=least(planned, 0) - least(plain, 0),
+                         median=statistics.median(p[1] - q[1] for p, q in zip(planned, plain)),
+                         spread=quartiles([p[1] - q[1] for p, q in zip(planned, plain)]),
+                         step=least(planned, 1), plain=least(plain, 1)))
     pick = next(r for r in rows if r["budget"] == their_peak and r["label"].startswith("pick"))
     ours = _ours(model, pick["plan"])
     our_peak = allocator_step_peak_with(model, args, kwargs, ours)
@@ -370,10 +374,16 @@ def _what(plan: Any) -> str:
     return "; ".join(p for p in parts if p)
 
 
+def _key(plan: Any) -> tuple:
+    """What makes two candidates the same plan (the same step)."""
+    return (tuple(plan.regions), tuple(plan.saved), tuple(plan.chunks or ()))
+
+
 def summarise(res: dict) -> dict:
-    """Tau over the candidates, regret per budget, the median plan's prediction error."""
+    """Tau over the distinct candidate plans, regret per budget, the median plan's prediction error."""
     rows = [r for r in res["rows"] if r["predicted"] is not None]
-    tau = kendall_tau([r["predicted"] for r in rows], [r["measured"] for r in rows])
+    distinct = list({_key(r["plan"]): r for r in reversed(rows)}.values())[::-1]  # a plan both budgets list: once
+    tau = kendall_tau([r["predicted"] for r in distinct], [r["measured"] for r in distinct])
     regrets = []
     for budget in dict.fromkeys(r["budget"] for r in rows):
         at = [r for r in rows if r["budget"] == budget]
@@ -381,12 +391,12 @@ def summarise(res: dict) -> dict:
         if pick is not None:  # each candidate's step over the plain step of its rounds (one for the budget's plans)
             best = min(at, key=lambda r: r["step"] / r["plain"])
             regrets.append((pick["step"] / pick["plain"]) / (best["step"] / best["plain"]) - 1)
-    ordered = sorted(rows, key=lambda r: r["measured"])
+    ordered = sorted(distinct, key=lambda r: r["measured"])
     median = ordered[len(ordered) // 2] if ordered else None
     err = None
     if median is not None and abs(median["measured"]) > 1e-9:
         err = (median["predicted"] - median["measured"]) / abs(median["measured"])
-    return dict(tau=tau, regret=max(regrets) if regrets else None, median=median, err=err)
+    return dict(tau=tau, regret=max(regrets) if regrets else None, median=median, err=err, distinct=len(distinct))
 
 
 def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float, allocator: str = "") -> list[str]:
@@ -411,22 +421,23 @@ def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float, allocat
                    f"{r['pairs']} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |")
     out += ["", "## Predicted against measured extra time", "",
             "Extra time = the planned step less the plain step (no checkpointing), each the least over "
-            f"{CANDIDATE_PAIRS} rounds over the plain step and every candidate of the budget in turn (ABC CBA...), "
+            f"{CANDIDATE_PAIRS} rounds over the plain step and every distinct candidate plan of both budgets in turn "
+            "(ABC CBA...; a plan both budgets list is timed once and shown at both), "
             f"a turn the best of {TIMED} timed steps after a warm-up (interference on a shared machine only adds "
             "time; the median of the rounds' differences is beside it), in "
             "CPU time (the process's: on a shared machine it moves less with the load than wall time, which is "
             "shown beside it). "
-            "Tau: Kendall's tau-b of the candidates' predicted and measured orders. Regret: our pick's step over "
+            "Tau: Kendall's tau-b of the distinct candidates' predicted and measured orders. Regret: our pick's step over "
             "the plain step of its rounds, over the same for the fastest candidate measured at the same "
             "budget, less 1 (the worst of the two budgets). "
-            "Error: (predicted - measured) / measured on the candidate with the median measured extra time. "
+            "Error: (predicted - measured) / measured on the distinct candidate with the median measured extra time. "
             "Rounds: the first to third quartile of that candidate's round-by-round differences (its step less "
             "the plain step of the same round): how far one measurement moves on this machine, beside which an "
             "error is to be read. Scale: the trace's recompute scale, what its blocks' recompute measured in the "
             "step over the roofline's figure (NOTE [ Recompute timed in the step ] in "
             "`scheduler/tracing/recompute_scale.py`; - where not measured); policy: the selective policy's cost "
             "per ATen call its regions run, measured in the same step (the calibration's is below).", "",
-            "| model | candidates | tau | regret | median plan | predicted ms | measured ms | error | rounds ms | "
+            "| model | candidates (distinct plans) | tau | regret | median plan | predicted ms | measured ms | error | rounds ms | "
             "scale | policy us |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         s = summarise(r)
@@ -434,7 +445,7 @@ def page(results: Sequence[dict], skipped: Sequence[str], wall_s: float, allocat
         tau = "-" if s["tau"] is None else f"{s['tau']:.2f}"
         regret = "-" if s["regret"] is None else f"{100 * s['regret']:.1f} %"
         err = "-" if s["err"] is None else f"{100 * s['err']:+.0f} %"
-        out.append(f"| {r['model']} | {len(r['rows'])} | {tau} | {regret} | {'-' if m is None else m['label']} | "
+        out.append(f"| {r['model']} | {len(r['rows'])} ({s['distinct']}) | {tau} | {regret} | {'-' if m is None else m['label']} | "
                    f"{_ms(m and m['predicted'])} | {_ms(m and m['measured'])} | {err} | {_spread(m)} | "
                 f"{'-' if r.get('scale') is None else format(r['scale'], '.2f')} | "
                 f"{'-' if r.get('policy') is None else format(1e6 * r['policy'], '.1f')} |")

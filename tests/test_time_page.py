@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,8 +23,9 @@ def test_kendall_tau_of_agreeing_and_reversed_orders():
     assert time_truth.kendall_tau([1], [1]) is None
 
 
-def _row(label, predicted, measured, spread, step=1.1):
-    return dict(budget=1, label=label, plan=None, predicted=predicted, measured=measured, spread=spread,
+def _row(label, predicted, measured, spread, step=1.1, budget=1, plan=None):
+    plan = plan or SimpleNamespace(regions=((len(label), len(label)),), saved=(), chunks=(label,))
+    return dict(budget=budget, label=label, plan=plan, predicted=predicted, measured=measured, spread=spread,
                 step=step, plain=1.0)
 
 
@@ -48,3 +50,15 @@ def test_a_vision_model_is_judged_against_their_step():
     rows = [_row("pick: ilp", 0.010, 0.010, (0.009, 0.011))]
     assert "(goal < 1: NOT held)" in time_truth.goals([_result("convnext", rows, 1.01)])[0]
     assert "(goal < 1: held)" in time_truth.goals([_result("resnet", rows, 0.84)])[0]
+
+
+def test_a_plan_both_budgets_list_counts_once_in_tau_and_the_median():
+    same = SimpleNamespace(regions=((0, 3),), saved=(), chunks=())
+    rows = [_row("pick: ilp", 0.030, 0.030, (0.02, 0.04), budget=2, plan=same),
+            _row("dp", 0.020, 0.010, (0.0, 0.02), budget=2),
+            _row("pick: ilp", 0.030, 0.030, (0.02, 0.04), budget=1, plan=same),
+            _row("chen", 0.001, 0.002, (0.0, 0.004), budget=1)]
+    s = time_truth.summarise(_result("gpt2", rows, 0.9))
+    assert s["distinct"] == 3
+    assert s["median"]["label"] == "dp"  # of three plans, the middle; counted twice, the pick would be
+    assert s["tau"] == pytest.approx(1.0)
