@@ -15,6 +15,10 @@ the loss, on one torch thread, in one process:
   budget ] in ``scheduler/sizing/compiled.py``: at most ``SOLVES`` solves and ``COMPILES`` compiles a row);
 * our plan below compile's least peak (``BELOW`` of it), where ours reaches; under our least feasible
   eager budget, the floor's plan measured;
+* the model's ``FAMILIES`` largest families of module calls (its blocks, their MLPs...), each call a region,
+  measured as plans too, and so are plans solved with the recompute priced as inductor runs it
+  (``inductor_costs``: fused calls almost free) at ``SWEEP`` eager budgets from the floor up; of the plans measured at or under a target, the fastest
+  (each timed once compiled, ``SEARCH_REPEATS`` rounds alternated with the unplanned step) is kept;
 * where ours at its floor measures over a target, dp's least-peak plan, on a language model ours at
   each head chunk count alone, and a coarse plan of no solver's (every child of the model a region)
   are measured too;
@@ -49,7 +53,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from scheduler.sizing.compiled import Fit, Search, best_fit, graph_of, plan_key, unfused_twin
+from scheduler.sizing.compiled import (Fit, Search, best_fit, family_plans, graph_of, inductor_costs, plan_key,
+                                       sweep_plans, unfused_twin)
 from benchmarks.pages import out_dir, write_page
 from benchmarks.steady import steady_allocator
 
@@ -66,6 +71,13 @@ FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)
 #: Solves and new compiles of ours per row at most (NOTE [ Compile-aware budget ]).
 SOLVES = 6
 COMPILES = 3
+#: The model's largest families of module calls measured as plans (``scheduler.sizing.compiled.family_plans``).
+FAMILIES = 3
+#: Plans solved with the recompute priced as inductor runs it, at this many eager budgets from the floor up.
+SWEEP = 8
+#: Rounds that time each plan the search compiles, alternated with the unplanned step (the fastest that fits a
+#: target is kept; its time relative to the unplanned step's in the same rounds).
+SEARCH_REPEATS = 5
 #: Ours below compile's least peak: at this fraction of it.
 BELOW = 0.9
 SOLVER = "ilp"
@@ -232,7 +244,7 @@ def rounds(sides: list[Side], args: tuple, repeats: int) -> list[float]:
 
 # --------------------------------------------------------------------------- one model
 def searchers(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int], made: dict[tuple, Side],
-              chunks: tuple[int, ...] | None) -> list[Search]:
+              chunks: tuple[int, ...] | None, reference: Side) -> list[Search]:
     """The compile-aware searches of one model (NOTE [ Compile-aware budget ]): our solver at an eager budget,
     each new plan applied onto a copy of the model, compiled with inductor and measured; ``made`` keeps the
     compiled copies (by plan) for the rounds that time them. With a ``chunks`` menu, a second search without it
@@ -252,11 +264,14 @@ def searchers(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int],
                 return scheduler.solve(graph, budget=exc.min_feasible_bytes, solver=solver, chunks=menu, **options)
         return plan
 
-    def measure(plan: Any) -> int:
+    base = rounds([reference], args, SEARCH_REPEATS)[0]
+
+    def measure(plan: Any) -> tuple[int, float]:  # its peak, and its step timed (the plan kept is the fastest)
         planned = copy.deepcopy(model)
         scheduler.apply(planned, plan)
         side = made[plan_key(plan)] = compiled("ours", planned, args)
-        return side.peak(args)
+        ref, took = rounds([reference, side], args, SEARCH_REPEATS)  # beside the unplanned step: the machine's
+        return side.peak(args), base * took / ref  # pace at the time cancels
 
     twin = unfused_twin(graph, chunks)  # the head unfused, where the menu fuses it (NOTE [ Compile-aware budget ])
 
@@ -280,7 +295,10 @@ def searchers(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int],
                     others=[("floor plan", least(s, **o)) for s, o in OTHER_SOLVERS]
                     + [("floor plan", least(SOLVER, (k,), **SOLVER_OPTIONS)) for k in chunks or ()]
                     + [("floor plan, head unfused", unfused(k)) for k in (chunks or ()) if twin is not None and k > 1]
-                    + [("coarse plan", lambda: coarse_plan(graph))])
+                    + [("coarse plan", lambda: coarse_plan(graph))],
+                    candidates=family_plans(graph, FAMILIES)
+                    + sweep_plans(lambda g, b: scheduler.solve(g, budget=b, solver=SOLVER, **SOLVER_OPTIONS),
+                                  inductor_costs(graph), plain[0], SWEEP))  # the head whole (chunked: over, above)
     if not any(k > 1 for k in chunks or ()):
         return [search]
     whole = Search(lambda budget: scheduler.solve(graph, budget=budget, solver=SOLVER, **SOLVER_OPTIONS), measure,
@@ -292,7 +310,7 @@ def ours_row(fit: Fit, made: dict[tuple, Side]) -> tuple[Side | None, dict[str, 
     """Our plan for a measured peak of at most ``fit.target`` bytes, and its row (NOTE [ Compile-aware budget ])."""
     row: dict[str, Any] = {"target_bytes": fit.target, "solves": fit.solves, "compiles": fit.compiles,
                            "reached": fit.reached, "at_floor": fit.at_floor, "label": fit.label,
-                           "tries": [[p.budget, p.predicted, p.measured] for p in fit.tries]}
+                           "tries": [[p.budget, p.predicted, p.measured, p.time_s] for p in fit.tries]}
     if fit.floor is not None:
         row["floor_bytes"] = fit.floor
     if fit.point is None:
@@ -300,7 +318,8 @@ def ours_row(fit: Fit, made: dict[tuple, Side]) -> tuple[Side | None, dict[str, 
     plan, side = fit.point.plan, made[fit.point.key]
     row.update(budget_bytes=fit.point.budget, peak_bytes=fit.point.measured, predicted_bytes=fit.point.predicted,
                regions=len(plan.modules), kept=sum(len(r) for r in plan.save_ops),
-               chunks=max((k for _, _, k in plan.chunks), default=1), compile_s=side.compile_s)
+               chunks=max((k for _, _, k in plan.chunks), default=1), compile_s=side.compile_s,
+               search_time_s=fit.point.time_s)
     return side, row
 
 
@@ -364,7 +383,7 @@ def run_model(name: str, opts: dict[str, int], fractions: tuple[float, ...], rep
     made: dict[tuple, Side] = {}
     chunks = CHUNKS if isinstance(model, LmStep) else None  # the head and its loss in row chunks
     search = searchers(graph, model, args, (entry["plain"]["predicted_bytes"], entry["plain"]["peak_bytes"]), made,
-                       chunks)
+                       chunks, plain)
     theirs: list[tuple[Side, dict[str, Any]]] = []
     for f in fractions:
         side = compiled(f"compile@{f:g}", copy.deepcopy(model), args, fraction=f)
@@ -414,7 +433,7 @@ def run(quick: bool = False, done: Callable[[dict[str, Any]], None] | None = Non
     out: dict[str, Any] = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
                            "torch": torch.__version__, "python": sys.executable, "threads": THREADS,
                            "repeats": repeats, "timed": TIMED, "solver": SOLVER, "fractions": list(fractions), "solves": SOLVES,
-                           "compiles": COMPILES, "chunks": max(CHUNKS), "below": BELOW, "models": []}
+                           "compiles": COMPILES, "families": FAMILIES, "sweep": SWEEP, "search_repeats": SEARCH_REPEATS, "chunks": max(CHUNKS), "below": BELOW, "models": []}
     out["allocator"] = steady_allocator()
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)

@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
 
-__all__ = ["Header", "Suite", "SUITES", "RESULTS", "out_dir", "write_page", "read_header", "mark_start",
+__all__ = ["Header", "Suite", "SUITES", "COMPILE_ONLY", "RESULTS", "out_dir", "write_page", "read_header", "mark_start",
            "bench_suites", "seconds"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +49,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 _SOLVE = ("graphs/", "solvers/")
 _TRACE = _SOLVE + ("scheduler/tracing/", "scheduler/models/")
 _STEP = _TRACE + ("scheduler/applying/", "scheduler/measuring/", "scheduler/sizing/", "scheduler/api.py")
+#: What only ``scheduler.solve_compiled`` runs (the compile-aware search, its measure): under ``_STEP``'s folders,
+#: and no suite's pages but those that name them depend on them.
+COMPILE_ONLY = ("scheduler/sizing/compiled.py", "scheduler/sizing/solve_compiled.py",
+                "scheduler/measuring/compiled.py")
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,12 @@ class Suite:
     def paths(self) -> tuple[str, ...]:
         """Every path the suite's pages depend on: its own module and ``measures``."""
         return (f"benchmarks/{self.name}.py", *self.measures)
+
+    @property
+    def pathspecs(self) -> tuple[str, ...]:
+        """:attr:`paths` as ``git log`` reads them: without the files of :data:`COMPILE_ONLY` that the suite does
+        not name."""
+        return self.paths + tuple(f":(exclude){p}" for p in COMPILE_ONLY if p not in self.measures)
 
 
 #: Every suite that writes a results page, in ``make bench``'s run order.

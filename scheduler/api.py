@@ -10,7 +10,8 @@ neither torch, OR-Tools, matplotlib nor transformers:
 * ``apply`` / ``remove``: :func:`scheduler.applying.apply`, a plan onto the user's module, and its undo;
 * ``verify``: :func:`scheduler.measuring.verification.verify`, real steps with and without a plan;
 * ``compare``: :func:`scheduler.comparing.run.compare`, our plans beside the tools people use today;
-* ``solve_compiled``: written here, a plan whose step under ``torch.compile`` measures at or under a budget.
+* ``solve_compiled``: :func:`scheduler.sizing.solve_compiled.solve_compiled`, a plan whose step under ``torch.compile``
+  measures at or under a budget, and the fastest of those measured.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .sizing.budget import BudgetSpec
 from .sizing.memory import ReserveSpec, step_budget_bytes
 from .sizing.floor import explain_floor
 from .sizing.fit import fit
+from .sizing.solve_compiled import solve_compiled
 
 __all__ = ["trace", "solve", "simulate", "apply", "remove", "verify", "fit", "compare", "solve_compiled"]
 
@@ -218,134 +220,3 @@ def simulate(graph: Graph, plan: Plan | None = None, *, check: bool = True, reco
     if plan is not None:
         plan.check_graph(graph, check=check)
     return solvers.simulate(graph, plan, record=record)
-
-
-def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *, budget: BudgetSpec,
-                   loss: Any = None, graph: Graph | None = None, solver: str = "ilp", backend: Any = "inductor",
-                   compile_options: dict[str, Any] | None = None, loop: str = "held", compiles: int = 4,
-                   solves: int = 8, **options: Any) -> Any:
-    """A plan whose training step, compiled with ``torch.compile``, peaks at or under ``budget`` by the allocator.
-
-    ``solve``'s prediction is eager's; inductor fuses and partitions, and the
-    same plan measures another peak compiled (NOTE [ Compile-aware budget ] in
-    ``scheduler.sizing.compiled``). So each candidate is applied onto a copy of
-    ``model``, compiled, run and measured, and the eager budget searched until
-    a plan measures at or under ``budget``: a few compiles (``compiles`` at
-    most, beside the unplanned step's), ``solves`` solves at most; with a
-    ``chunks=`` menu that has a count above 1 the eager budget is searched
-    so again without chunks (each search with its own ``compiles`` and
-    ``solves``, a plan compiled once), and the fastest plan that fits of
-    either kept. Where the
-    least-peak plan measures over, a few more plans are compiled once each:
-    the least-peak plan at each count of a ``chunks=`` menu alone, the
-    least-peak plan with the head unfused where the menu fuses it, and a
-    coarse plan (every child module a region).
-
-    Args:
-        model, args, kwargs, loss, loop: the model and one training step, as
-            ``scheduler.trace`` takes them (``model`` is not changed).
-        budget: the compiled step's peak: ``"6GiB"``, bytes, or a fraction in
-            (0, 1] of the compiled unplanned step's measured peak.
-        graph: the model's trace (traced here when None).
-        solver, **options: as for :func:`solve` (``chunks=``, ``time_limit_s=``...).
-        backend, compile_options: ``torch.compile``'s backend and its other
-            keyword arguments (``mode``, ``fullgraph``, ``dynamic``...).
-
-    Returns:
-        A :class:`scheduler.sizing.compiled.Fit`: ``.plan`` (apply it, then
-        compile the model as measured), ``.measured`` and ``.predicted`` bytes,
-        ``.reached`` (False: nothing measured at or under the budget; ``.plan``
-        is then the lowest measured), ``.tries`` (every plan measured).
-    """
-    from .measuring.compiled import compiled_step_peak
-    from .sizing.budget import parse_size
-    from .sizing.compiled import Fit, Point, Search, best_fit, graph_of, plan_key, unfused_twin
-
-    if compiles < 1 or solves < 1:
-        raise SolverOptionError(f"compiles={compiles}, solves={solves}: each must be at least 1")
-    kwargs = dict(kwargs or {})
-    if graph is None:
-        from .tracing.tracer import trace
-
-        graph = trace(model, tuple(args), kwargs, loss=loss)
-    graph = graph.with_loop(loop)
-
-    def measure(plan: Plan | None) -> int:
-        return compiled_step_peak(model, plan, args, kwargs, loss, backend=backend, options=compile_options,
-                                  loop=loop)
-
-    plain = measure(None)
-    target = _compiled_target(budget, plain, parse_size)
-    predicted = solvers.simulate(graph, None).peak_bytes
-    if plain <= target:  # the unplanned step fits: no plan is the fastest
-        none = Plan.from_regions(graph, [])
-        point = Point(budget=predicted, predicted=predicted, measured=plain, key=plan_key(none), plan=none)
-        return Fit(target=target, point=point, reached=True, tries=[point])
-
-    # NOTE [ Compile-aware budget ]: where the floor measures over, so does the floor at each head chunk count,
-    # and the floor with the head unfused (solved, predicted and costed on that twin of the graph)
-    menu = tuple(dict.fromkeys(options.get("chunks") or ()))
-    twin = unfused_twin(graph, menu)
-
-    def simulated(plan: Plan) -> Simulation:
-        return solvers.simulate(graph_of(plan, graph, twin), plan, record=False)
-
-    def cost(plan: Plan) -> float:
-        sim = simulated(plan)
-        return (sim.recompute_time_s or 0.0) + sum((sim.overhead_s or {}).values())
-
-    floors = [("floor plan", _least_plan(graph, solver, {**options, "chunks": (k,)})) for k in menu] \
-        if len(menu) > 1 else []
-    if twin is not None:  # at each count alone: a region may hold a part of an unfused head's chunk
-        floors += [("floor plan, head unfused", _least_plan(twin, solver, {**options, "chunks": (k,)}))
-                   for k in menu if k > 1]
-    search = Search(lambda b: solve(graph, b, solver, **options), measure, lambda plan: simulated(plan).peak_bytes,
-                    key=plan_key, cost=cost, plain=(predicted, plain),
-                    others=floors + [("coarse plan", lambda: _coarse_plan(graph))])
-    fits = [search.fit(target, compiles=compiles, solves=solves)]
-    if any(k > 1 for k in menu):  # and without chunks: inductor may measure regions alone under a chunked head
-        whole = {**options, "chunks": None}
-        fits.append(Search(lambda b: solve(graph, b, solver, **whole), measure,
-                           lambda plan: simulated(plan).peak_bytes, key=plan_key, cost=cost, plain=(predicted, plain),
-                           measured=search.measured).fit(target, compiles=compiles, solves=solves))
-    return best_fit(fits)
-
-
-def _least_plan(graph: Graph, solver: str, options: dict[str, Any]) -> Callable[[], Plan]:
-    """The least-peak plan of ``solver`` with ``options``, made when called."""
-    def plan() -> Plan:
-        try:
-            return solve(graph, 1, solver, **options)
-        except InfeasibleBudget as exc:
-            return solve(graph, exc.min_feasible_bytes, solver, **options)
-    return plan
-
-
-def _coarse_plan(graph: Graph) -> Plan:
-    """Every outermost module call of the graph (the model's children, or a ``ModuleList``'s blocks) its own
-    region: a plan no solver of ours picks, measured when the least-peak plan is over a compiled budget (NOTE
-    [ Compile-aware budget ]: inductor's channels-last copies are made inside the regions it recomputes)."""
-    spans = sorted(((sp.first, sp.last) for sp in graph.spans if sp.module), key=lambda ab: (ab[0], -ab[1]))
-    regions: list[tuple[int, int]] = []
-    for a, b in spans:
-        if not regions or a > regions[-1][1]:
-            regions.append((a, b))
-    return Plan.from_regions(graph, regions)
-
-
-def _compiled_target(budget: BudgetSpec, plain: int, parse_size: Any) -> int:
-    """Bytes from a size, or a fraction of the compiled unplanned step's measured peak."""
-    from .sizing.budget import BudgetError
-
-    if isinstance(budget, bool):
-        raise BudgetError(f"budget={budget!r}: give a size such as '6GiB' or a fraction in (0, 1]")
-    if isinstance(budget, int):
-        return budget
-    try:
-        fraction = float(budget)
-    except (TypeError, ValueError):
-        return parse_size(str(budget))
-    if not 0 < fraction <= 1:
-        raise BudgetError(f"budget={budget!r}: a fraction is in (0, 1] (of the compiled unplanned step's peak, "
-                          f"{plain / 2**20:.2f} MiB here); give a size such as '6GiB' otherwise")
-    return int(fraction * plain)

@@ -64,7 +64,7 @@ def test_page_is_fresh(page):
     assert _git("merge-base", "--is-ancestor", head.commit, "HEAD").returncode == 0, (
         f"benchmarks/results/{page} names commit {head.commit}, which is not in this branch's history "
         f"(measured before a rebase?): {rerun}")
-    later = _git("log", "--format=%h %s", f"{head.commit}..HEAD", "--", *suite.paths).stdout.strip()
+    later = _git("log", "--format=%h %s", f"{head.commit}..HEAD", "--", *suite.pathspecs).stdout.strip()
     assert not later, (f"benchmarks/results/{page} (commit {head.commit}) is older than the code it measures; "
                        f"{rerun}. Changed since:\n{later}")
 
@@ -138,3 +138,18 @@ def test_every_page_is_listed_in_the_results_doc():
 def test_times_are_written_in_a_unit_that_fits():
     assert [pages.seconds(s) for s in (12.34, 0.00123, 4.5e-7, 0.0, None)] == ["12.3 s", "1.23 ms", "0.45 us", "0 us",
                                                                                "-"]
+
+
+@needs_git
+def test_the_compile_search_stales_the_compile_page_and_no_page_that_does_not_run_it():
+    """``pages.COMPILE_ONLY``: files under ``_STEP``'s folders that only ``solve_compiled`` and the compile page
+    run; git reads the exclusions (``git ls-files`` with a suite's pathspecs lists what its pages depend on)."""
+    def files(suite_name: str) -> set[str]:
+        suite = next(s for s in pages.SUITES if s.name == suite_name)
+        return set(_git("ls-files", "--", *suite.pathspecs).stdout.split())
+
+    step = files("apply_memory")
+    assert "scheduler/sizing/fit.py" in step and "scheduler/measuring/steps.py" in step
+    assert not step & set(pages.COMPILE_ONLY)
+    assert "scheduler/sizing/compiled.py" in files("compile")
+    assert all((ROOT / p).is_file() for p in pages.COMPILE_ONLY)

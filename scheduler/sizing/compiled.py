@@ -1,6 +1,6 @@
 """Our plan aimed at a peak measured under torch.compile: solve, compile, measure, solve again.
 
-``scheduler.solve_compiled`` runs it for a user's model; ``benchmarks/compile.py`` for the compile page.
+``scheduler.solve_compiled`` (``scheduler.sizing.solve_compiled``) runs it for a user's model; ``benchmarks/compile.py`` for the compile page.
 
 NOTE [ Compile-aware budget ]
     Our prediction (``simulate``) is eager's: what autograd saves, op by op.
@@ -49,9 +49,27 @@ NOTE [ Compile-aware budget ]
     in 8 chunks, predicted 10.83 MiB, measured 15.98 compiled, where 4
     regions and no chunks, predicted 18.18, measured 12.61 (its unplanned
     step 17.15), and the chunked search alone never solves at a budget that
-    gives such a plan. The plan kept: of those measured at or under the
-    target, the least predicted recompute time (the largest budget on a
-    tie); none fitting, the least measured peak (``reached`` False).
+    gives such a plan.
+
+    Every search runs again on the graph with the recompute priced as
+    inductor runs it (:func:`inductor_costs`): a call that is no GEMM,
+    convolution, attention or lookup is fused into the backward's kernels,
+    and recomputing it there costs little. On eager's costs ``ilp`` keeps
+    such calls and recomputes matmuls; on inductor's it chooses regions
+    that recompute norms and activations (a small Llama: 6 regions at
+    13.99 MiB, 21.6 ms compiled, against compile@0.7's 14.31 MiB at 21.3
+    and its unplanned step's 17.15 MiB at 19.5). Before the first target,
+    the model's largest families of repeated module calls
+    (:func:`module_families`: its blocks, their attention, their MLPs),
+    each call a region, are measured too.
+
+    The plan kept: of those measured at or under the target, the fastest
+    compiled step where every one was timed (``measure`` returns the peak
+    and the time; on eager's costs the least predicted recompute, at 0.7 of
+    that Llama's compiled peak a plan of 4 regions, ran at 25.6 ms where its
+    MLPs as regions, a plan no solve returned, ran at 22.8), else the least
+    predicted recompute time (the largest budget on a tie); none fitting,
+    the least measured peak (``reached`` False).
 """
 
 from __future__ import annotations
@@ -64,7 +82,8 @@ from graphs import FUSED_HEADS_META
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Point", "Fit", "Search", "best_fit", "plan_key", "unfused_twin", "graph_of"]
+__all__ = ["Point", "Fit", "Search", "best_fit", "speed", "plan_key", "unfused_twin", "graph_of", "module_families",
+           "family_plans", "sweep_plans", "inductor_costs", "KERNEL_OPS", "FUSED_RECOMPUTE"]
 
 
 def plan_key(plan: Any) -> tuple:
@@ -100,6 +119,7 @@ class Point:
     key: Hashable = None
     plan: Any = None
     cost: float = 0.0
+    time_s: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -141,7 +161,8 @@ class Search:
 
     Args:
         solve: the plan at an eager budget (bytes); raises ``solvers.errors.InfeasibleBudget`` under the floor.
-        measure: the peak of a plan compiled (bytes).
+        measure: the peak of a plan compiled (bytes), or ``(peak, step seconds)``: with the step timed, the plan
+            kept for a target is the fastest measured (:meth:`pick`).
         predict: the plan's eager prediction (bytes).
         key: what makes two plans the same (so one is compiled once).
         cost: the plan's predicted recompute time (lower is faster).
@@ -151,14 +172,18 @@ class Search:
             brackets: its budget is not ``solve``'s); the label names it in :attr:`Fit.label`.
         measured: the plans measured so far by key, shared with the searches of the same model's other menus
             (:func:`best_fit`): a plan one of them compiled is not compiled again.
+        candidates: (label, plan) pairs measured once, at the first target, whatever the brackets say (the
+            model's module families, :func:`family_plans`).
     """
 
     def __init__(self, solve: Callable[[int], Any], measure: Callable[[Any], int], predict: Callable[[Any], int],
                  key: Callable[[Any], Hashable], cost: Callable[[Any], float],
                  plain: tuple[int, int] | None = None, others: Sequence[tuple[str, Callable[[], Any]]] = (),
-                 measured: dict[Hashable, Point] | None = None) -> None:
+                 measured: dict[Hashable, Point] | None = None,
+                 candidates: Sequence[tuple[str, Callable[[], Any]]] = ()) -> None:
         self._solve, self._measure, self._predict, self._key, self._cost = solve, measure, predict, key, cost
         self._others = list(others)
+        self._candidates = list(candidates)
         self.points: list[Point] = []
         self.extra: list[Point] = []  # the other solvers' least-peak plans: kept apart from the brackets
         self.measured: dict[Hashable, Point] = {} if measured is None else measured  # shared: compiled once
@@ -196,11 +221,18 @@ class Search:
             if fit.compiles >= compiles:
                 return None
             fit.compiles += 1
-            known = Point(budget, self._predict(plan), self._measure(plan), key, plan, self._cost(plan))
-            self.measured[key] = known
-        point = Point(budget, known.predicted, known.measured, key, known.plan, known.cost)
+            known = self._new(budget, plan, key)
+        point = Point(budget, known.predicted, known.measured, key, known.plan, known.cost, known.time_s)
         self.points.append(point)
         fit.tries.append(point)
+        return point
+
+    def _new(self, budget: int, plan: Any, key: Hashable) -> Point:
+        """``plan`` compiled and measured (its peak, and its step's time where ``measure`` times it)."""
+        got = self._measure(plan)
+        peak, took = (got if isinstance(got, tuple) else (got, None))
+        point = Point(budget, self._predict(plan), int(peak), key, plan, self._cost(plan), took)
+        self.measured[key] = point
         return point
 
     def fit(self, target: int, *, compiles: int = 3, solves: int = 6, tolerance: float = 0.005) -> Fit:
@@ -208,6 +240,8 @@ class Search:
         from solvers.errors import InfeasibleBudget
 
         out = Fit(target=target, floor=self.floor)
+        self._measure_all(self._candidates, out)  # beside the search's own allowance of compiles and solves
+        compiles, solves = compiles + out.compiles, solves + out.solves
         while out.solves < solves:
             lo, hi = self._bracket(target)
             if lo is not None and hi is not None and hi.budget - lo.budget <= tolerance * target:
@@ -237,30 +271,40 @@ class Search:
 
     def _other_floors(self, out: Fit) -> None:
         """Each other solver's least-peak plan, measured once per search (one compile each, when new)."""
-        while self._others:
-            label, make = self._others.pop(0)
+        self._measure_all(self._others, out)
+
+    def _measure_all(self, plans: list[tuple[str, Callable[[], Any]]], out: Fit) -> None:
+        """Each labelled plan of ``plans`` (emptied), measured once (one compile each, when new), kept apart
+        from the brackets: its budget is not ``solve``'s."""
+        while plans:
+            label, make = plans.pop(0)
             plan = make()
+            if plan is None:
+                continue
             key = self._key(plan)
             self.labels.setdefault(key, label)
             if label == "floor plan":
                 self.floor_keys.add(key)
-            if key in self.measured:
+            known = self.measured.get(key)
+            if known is not None:  # measured already, by this search or by a search it shares its plans with
+                if not any(p.key == key for p in self.points + self.extra):
+                    self.extra.append(known)
                 continue
             out.solves, out.compiles = out.solves + 1, out.compiles + 1
-            point = Point(self.floor or 0, self._predict(plan), self._measure(plan), key, plan, self._cost(plan))
-            self.measured[key] = point
+            point = self._new(self.floor or 0, plan, key)
             self.extra.append(point)
             out.tries.append(point)
 
     def pick(self, out: Fit) -> Fit:
         """``out`` with the plan kept for its target among every point measured so far (a later target's
-        search may have measured a better one): the fastest at or under the target, else the lowest."""
+        search may have measured a better one): the fastest at or under the target (:func:`speed`), else the
+        lowest."""
         target = out.target
         out.floor = self.floor
         mine = [p for p in self.points + self.extra if p.plan is not None]
         fits = [p for p in mine if p.measured <= target]
         if fits:
-            out.point = min(fits, key=lambda p: (p.cost, -p.budget))
+            out.point = min(fits, key=speed(fits))
         elif mine:
             out.point = min(mine, key=lambda p: (p.measured, p.cost))
         out.reached = bool(fits)
@@ -272,19 +316,109 @@ class Search:
         return out
 
 
+#: ATen calls that inductor runs as their own kernels (GEMMs, convolutions, attention, lookups): a recompute of
+#: them costs what it costs in eager; every other call is fused into the backward's kernels
+#: (:func:`inductor_costs`).
+KERNEL_OPS = ("mm", "convolution", "scaled_dot_product", "embedding")
+#: What a recompute of a fused call (pointwise, a reduction, a view) costs under inductor, as a fraction of eager's.
+FUSED_RECOMPUTE = 0.05
+
+
+def inductor_costs(graph: Any, fraction: float = FUSED_RECOMPUTE) -> Any:
+    """``graph`` with the recompute of every node that runs none of :data:`KERNEL_OPS` priced at ``fraction`` of
+    its cost: inductor fuses such calls into the backward's kernels, where a recompute rereads the inputs that
+    the kernel reads anyway (NOTE [ Compile-aware budget ]; the same plans, the same fingerprint)."""
+    import dataclasses
+
+    def fused(nd: Any) -> bool:
+        return not any(op in call for call in nd.dispatch for op in KERNEL_OPS)
+
+    return graph.with_nodes([dataclasses.replace(nd, fwd_cost=int(nd.fwd_cost * fraction)) if fused(nd) else nd
+                             for nd in graph.nodes])
+
+
+def sweep_plans(solve: Callable[[Any, int], Any], graph: Any, top: int, count: int = 8
+                ) -> list[tuple[str, Callable[[], Any]]]:
+    """``(label, plan)`` for :class:`Search`'s ``candidates``: ``solve(graph, budget)`` at ``count`` eager budgets
+    evenly from ``graph``'s least feasible one up to (not at) ``top`` bytes (``graph`` is :func:`inductor_costs`'
+    in the compile-aware search: what inductor measures does not rise with the eager budget, so a grid, not a
+    bisection)."""
+    from solvers.errors import InfeasibleBudget
+
+    floor: list[int] = []
+
+    def at(i: int) -> Any:
+        if not floor:
+            try:
+                solve(graph, 1)
+                floor.append(1)
+            except InfeasibleBudget as exc:
+                floor.append(exc.min_feasible_bytes)
+        return solve(graph, int(floor[0] + (top - floor[0]) * i / count))
+
+    return [(f"inductor's costs, {i}/{count} up the budgets", lambda i=i: at(i)) for i in range(count)]
+
+
+def module_families(graph: Any, limit: int = 3) -> list[tuple[str, list[tuple[int, int]]]]:
+    """``(pattern, regions)`` for the ``limit`` families of repeated module calls of ``graph`` that cover the most
+    nodes: module paths alike but for their numbers (``model.layers.*.mlp``, torchvision ResNet's
+    ``layer*.*``), each call of the family a region (the recomputable ones, left to right without overlap; two at
+    least), no two families with the same regions."""
+    import re
+
+    from solvers.model.spans import SpanIndex
+
+    usable = set(SpanIndex(graph).spans)
+    groups: dict[str, set[tuple[int, int]]] = {}
+    for sp in graph.spans:
+        pattern = re.sub(r"\d+", "*", sp.module or "")
+        if pattern != (sp.module or "") and (sp.first, sp.last) in usable:
+            groups.setdefault(pattern, set()).add((sp.first, sp.last))
+    found: dict[tuple[tuple[int, int], ...], str] = {}
+    for pattern, spans in sorted(groups.items()):
+        regions: list[tuple[int, int]] = []
+        for a, b in sorted(spans):
+            if not regions or a > regions[-1][1]:
+                regions.append((a, b))
+        if len(regions) >= 2:
+            found.setdefault(tuple(regions), pattern)
+    ranked = sorted(found.items(), key=lambda kv: (-sum(b - a + 1 for a, b in kv[0]), kv[1]))
+    return [(pattern, list(regions)) for regions, pattern in ranked[:limit]]
+
+
+def family_plans(graph: Any, limit: int = 3) -> list[tuple[str, Callable[[], Any]]]:
+    """``(label, plan)`` for :class:`Search`'s ``candidates``: each of :func:`module_families` as a plan, every
+    call of the family a region (a small Llama's MLPs so measured 14.24 MiB compiled, at 22.8 ms, where
+    compile's own budget at 0.7 measured 14.31 MiB at 23.1 and our solver's plan at that peak 25.6 ms)."""
+    from solvers import Plan
+
+    return [(f"each {pattern}", lambda regions=regions: Plan.from_regions(graph, regions))
+            for pattern, regions in module_families(graph, limit)]
+
+
+def speed(points: Sequence[Point]) -> Callable[[Point], tuple]:
+    """The order of "faster" among ``points``: by the compiled step's measured time where every one of them was
+    timed (the least predicted cost, then the largest budget, on a tie), else by the predicted cost alone."""
+    if points and all(p.time_s is not None for p in points):
+        return lambda p: (p.time_s, p.cost, -p.budget)
+    return lambda p: (p.cost, -p.budget)
+
+
 def best_fit(fits: Sequence[Fit]) -> Fit:
     """One target's fits from the searches of a model's menus (the head in chunks, and not: NOTE [ Compile-aware
-    budget ]): the fastest (least predicted cost) of those that reached it, else the lowest measured; its counts and
+    budget ]): the fastest (:func:`speed`) of those that reached it, else the lowest measured; its counts and
     tries are all of theirs."""
     import dataclasses
 
     found = [f for f in fits if f.point is not None]
     reached = [f for f in found if f.reached]
     if reached:
-        best = min(reached, key=lambda f: (f.point.cost, f.point.measured))
+        fastest = speed([f.point for f in reached])
+        best = min(reached, key=lambda f: fastest(f.point))
     elif found:
         best = min(found, key=lambda f: (f.point.measured, f.point.cost))
     else:
         best = fits[0]
     return dataclasses.replace(best, solves=sum(f.solves for f in fits), compiles=sum(f.compiles for f in fits),
                                tries=[p for f in fits for p in f.tries])
+

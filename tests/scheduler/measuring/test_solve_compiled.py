@@ -44,7 +44,8 @@ def test_the_plan_measures_under_the_budget_compiled(case):
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     torch.manual_seed(5)
     rng = torch.get_rng_state()
-    fit = scheduler.solve_compiled(model, (x,), loss=loss, graph=graph, budget=0.7, backend="aot_eager", compiles=3)
+    fit = scheduler.solve_compiled(model, (x,), loss=loss, graph=graph, budget=0.7, backend="aot_eager", compiles=3,
+                                   families=0, sweep=0)
     plain = compiled_step_peak(model, None, (x,), {}, loss, backend="aot_eager")
     assert fit.target == int(0.7 * plain)
     assert fit.reached and fit.plan is not None and fit.plan.regions
@@ -56,6 +57,22 @@ def test_the_plan_measures_under_the_budget_compiled(case):
     assert all(torch.equal(p, before[n]) and p.grad is None for n, p in model.named_parameters())
     assert torch.equal(torch.get_rng_state(), rng)
     assert "_ckpt_plan" not in model.__dict__  # no plan was applied onto it
+
+
+def test_the_models_families_and_plans_at_inductors_costs_are_measured_and_the_fastest_that_fits_kept(case):
+    from scheduler.sizing.compiled import family_plans
+
+    model, x, loss, graph = case
+    fit = scheduler.solve_compiled(model, (x,), loss=loss, graph=graph, budget=0.7, backend="aot_eager", compiles=2,
+                                   families=2, sweep=3)
+    families = [make().modules for _, make in family_plans(graph, 2)]
+    assert families[0] == tuple(f"blocks.{i}" for i in range(4))
+    measured = [p.plan.modules for p in fit.tries]
+    assert all(f in measured for f in families)
+    assert 1 + len(families) <= fit.compiles <= 2 + len(families) + 3 and len(set(measured)) == len(measured)
+    # every plan measured was timed, and the one kept is the fastest of those that fit
+    assert all(p.time_s is not None and p.time_s > 0 for p in fit.tries)
+    assert fit.reached and fit.point.time_s == min(p.time_s for p in fit.tries if p.measured <= fit.target)
 
 
 def test_a_budget_over_the_unplanned_step_needs_no_plan(case):
@@ -74,12 +91,15 @@ def test_a_budget_that_is_not_one_says_so(case, budget, says):
 def test_a_budget_under_every_plan_returns_the_lowest_measured(case):
     model, x, loss, graph = case
     fit = scheduler.solve_compiled(model, (x,), loss=loss, graph=graph, budget="1MiB", backend="aot_eager",
-                                   compiles=2)
+                                   compiles=2, sweep=0)
     assert not fit.reached and fit.plan is not None
     assert fit.measured == min(p.measured for p in fit.tries) > fit.target
-    # the floor's plan was measured, and the coarse plan beside it: each block and the head a region
-    assert fit.floor is not None and fit.at_floor
-    assert sorted(len(p.plan.regions) for p in fit.tries)[-1] == 5, fit.tries
+    # the floor's plan was measured, the family of blocks (each a region) and the coarse plan beside it (each
+    # block and the head a region); the lowest of them kept, and named
+    assert fit.floor is not None and any(p.budget == fit.floor for p in fit.tries)
+    assert any(p.plan.modules == tuple(f"blocks.{i}" for i in range(4)) + ("head",) for p in fit.tries), fit.tries
+    assert [4] == [len(p.plan.regions) for p in fit.tries if p.plan.modules == tuple(f"blocks.{i}" for i in range(4))]
+    assert fit.at_floor or fit.label.startswith("each blocks.") or fit.label == "coarse plan", fit.label
 
 
 def test_a_floor_over_the_budget_tries_each_head_chunk_count_alone(monkeypatch):
@@ -99,12 +119,13 @@ def test_a_floor_over_the_budget_tries_each_head_chunk_count_alone(monkeypatch):
         predicted = scheduler.simulate(g, plan).peak_bytes
         return predicted if head_chunks(plan) == 2 else int(1.5 * predicted)
 
-    monkeypatch.setattr(compiled, "compiled_step_peak", fake_peak)
+    monkeypatch.setattr(compiled, "compiled_step", lambda *a, **k: (fake_peak(*a, **k), None))
     try:
         scheduler.solve(g, 1, "ilp", chunks=(2,))
     except scheduler.InfeasibleBudget as exc:
         floor2 = exc.min_feasible_bytes
-    fit = scheduler.solve_compiled(object(), (), graph=g, budget=floor2, chunks=(1, 2, 4, 8), compiles=3)
+    fit = scheduler.solve_compiled(object(), (), graph=g, budget=floor2, chunks=(1, 2, 4, 8), compiles=3,
+                                   families=0, sweep=0)
     assert fit.reached and head_chunks(fit.plan) == 2, fit.tries
     assert fit.measured <= floor2
     assert fit.at_floor and fit.label == "floor plan"
@@ -134,12 +155,13 @@ def test_a_fused_floor_over_the_budget_tries_the_head_unfused(monkeypatch):
         predicted = scheduler.simulate(twin if plan is not None and not fused(plan) else g, plan).peak_bytes
         return int(1.5 * predicted) if fused(plan) else predicted
 
-    monkeypatch.setattr(compiled, "compiled_step_peak", fake_peak)
+    monkeypatch.setattr(compiled, "compiled_step", lambda *a, **k: (fake_peak(*a, **k), None))
     try:
         scheduler.solve(twin, 1, "ilp", chunks=(2, 4))
     except scheduler.InfeasibleBudget as exc:
         floor = exc.min_feasible_bytes
-    fit = scheduler.solve_compiled(object(), (), graph=g, budget=floor, chunks=(2, 4), compiles=3)
+    fit = scheduler.solve_compiled(object(), (), graph=g, budget=floor, chunks=(2, 4), compiles=3, families=0,
+                                   sweep=0)
     assert fit.reached and not fused(fit.plan) and fit.label == "floor plan, head unfused", fit.tries
     assert fit.measured <= floor and fit.predicted == scheduler.simulate(twin, fit.plan).peak_bytes
     # no twin without a menu that runs the head fused, or for a graph whose head is not fused
@@ -170,7 +192,7 @@ def test_a_chunks_menu_is_searched_again_without_chunks(monkeypatch):
         coarse = plan is not None and len(plan.regions) >= 4  # every child a region: not the point here
         return int((1.5 if chunked(plan) or coarse else 0.6) * predicted)
 
-    monkeypatch.setattr(compiled, "compiled_step_peak", fake_peak)
+    monkeypatch.setattr(compiled, "compiled_step", lambda *a, **k: (fake_peak(*a, **k), None))
     try:
         scheduler.solve(g, 1, "ilp")
     except scheduler.InfeasibleBudget as exc:
@@ -181,7 +203,8 @@ def test_a_chunks_menu_is_searched_again_without_chunks(monkeypatch):
         assert 1.5 * exc.min_feasible_bytes > 0.6 * scheduler.simulate(g).peak_bytes
     # under the unplanned step's measure (0.6x), over the least plan without chunks (0.6x), under any chunked one
     target = int(0.3 * (scheduler.simulate(g).peak_bytes + whole))
-    fit = scheduler.solve_compiled(object(), (), graph=g, budget=target, chunks=(2, 4), compiles=3)
+    fit = scheduler.solve_compiled(object(), (), graph=g, budget=target, chunks=(2, 4), compiles=3, families=0,
+                                   sweep=0)
     assert fit.reached and not chunked(fit.plan) and fit.measured <= target, fit.tries
     assert any(chunked(p.plan) for p in fit.tries)  # the menu as given was searched too
     keys = [k for k in seen if k is not None]
