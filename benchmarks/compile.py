@@ -63,7 +63,7 @@ log = logging.getLogger("benchmarks.compile")
 #: torch intra-op threads while measuring (the machine is shared: one thread is steadier).
 THREADS = 1
 #: Alternated rounds per pair (median of each side's steps).
-REPEATS = 7
+REPEATS = 9
 #: Timed calls per side and round (its least is the round's: interference on a shared machine only adds time).
 TIMED = 2
 #: torch.compile's activation_memory_budget fractions.

@@ -51,17 +51,20 @@ NOTE [ Compile-aware budget ]
     step 17.15), and the chunked search alone never solves at a budget that
     gives such a plan.
 
-    Every search runs again on the graph with the recompute priced as
-    inductor runs it (:func:`inductor_costs`): a call that is no GEMM,
-    convolution, attention or lookup is fused into the backward's kernels,
-    and recomputing it there costs little. On eager's costs ``ilp`` keeps
-    such calls and recomputes matmuls; on inductor's it chooses regions
-    that recompute norms and activations (a small Llama: 6 regions at
-    13.99 MiB, 21.6 ms compiled, against compile@0.7's 14.31 MiB at 21.3
-    and its unplanned step's 17.15 MiB at 19.5). Before the first target,
+    Before the first target, more plans are measured, whatever the
+    brackets say (``candidates``). Plans solved on the graph with the
+    recompute priced as inductor runs it (:func:`inductor_costs`): a call
+    that is no GEMM, convolution, attention or lookup is fused into the
+    backward's kernels, and recomputing it there costs little. On eager's
+    costs ``ilp`` keeps such calls and recomputes matmuls; on inductor's it
+    chooses regions that recompute norms and activations (a small Llama: 6
+    regions at 13.99 MiB, 21.5 ms compiled, against compile@0.7's 14.31 MiB
+    at 22.0 and its unplanned step's 17.15 MiB at 19.5). What inductor
+    measures of them does not rise with the eager budget, so they are
+    solved on a grid of budgets (:func:`sweep_plans`), the head whole. And
     the model's largest families of repeated module calls
     (:func:`module_families`: its blocks, their attention, their MLPs),
-    each call a region, are measured too.
+    each call a region.
 
     The plan kept: of those measured at or under the target, the fastest
     compiled step where every one was timed (``measure`` returns the peak
