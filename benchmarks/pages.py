@@ -51,8 +51,7 @@ _TRACE = _SOLVE + ("scheduler/tracing/", "scheduler/models/")
 _STEP = _TRACE + ("scheduler/applying/", "scheduler/measuring/", "scheduler/sizing/", "scheduler/api.py")
 #: What only ``scheduler.solve_compiled`` runs (the compile-aware search, its measure): under ``_STEP``'s folders,
 #: and no suite's pages but those that name them depend on them.
-COMPILE_ONLY = ("scheduler/sizing/compiled.py", "scheduler/sizing/solve_compiled.py",
-                "scheduler/measuring/compiled.py")
+COMPILE_ONLY = ("scheduler/sizing/compiled.py", "scheduler/compiled.py", "scheduler/measuring/compiled.py")
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ neither torch, OR-Tools, matplotlib nor transformers:
 * ``apply`` / ``remove``: :func:`scheduler.applying.apply`, a plan onto the user's module, and its undo;
 * ``verify``: :func:`scheduler.measuring.verification.verify`, real steps with and without a plan;
 * ``compare``: :func:`scheduler.comparing.run.compare`, our plans beside the tools people use today;
-* ``solve_compiled``: :func:`scheduler.sizing.solve_compiled.solve_compiled`, a plan whose step under ``torch.compile``
-  measures at or under a budget, and the fastest of those measured.
+* ``solve_compiled``: :func:`scheduler.compiled.solve_compiled` with :func:`solve`, a plan whose step under
+  ``torch.compile`` measures at or under a budget, and the fastest of those measured.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from .sizing.budget import BudgetSpec
 from .sizing.memory import ReserveSpec, step_budget_bytes
 from .sizing.floor import explain_floor
 from .sizing.fit import fit
-from .sizing.solve_compiled import solve_compiled
 
 __all__ = ["trace", "solve", "simulate", "apply", "remove", "verify", "fit", "compare", "solve_compiled"]
 
@@ -220,3 +219,13 @@ def simulate(graph: Graph, plan: Plan | None = None, *, check: bool = True, reco
     if plan is not None:
         plan.check_graph(graph, check=check)
     return solvers.simulate(graph, plan, record=record)
+
+
+def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *, budget: BudgetSpec,
+                   **options: Any) -> Any:
+    """A plan whose training step, compiled with ``torch.compile``, peaks at or under ``budget`` by the allocator,
+    the fastest measured of those that do: :func:`scheduler.compiled.solve_compiled` (its arguments, and the
+    ``Fit`` it returns), each eager budget solved by :func:`solve`."""
+    from .compiled import solve_compiled as search
+
+    return search(model, args, kwargs, budget=budget, solve=solve, **options)

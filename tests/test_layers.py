@@ -44,7 +44,7 @@ LAYERS: dict[str, list[tuple[str, ...]]] = {
         ("scheduler.applying",),
         # what composes the verbs below: proving a plan, measuring ranks, fit's search (one card, a layout), compare
         ("scheduler.measuring.verification", "scheduler.measuring.distributed", "scheduler.measuring.compiled", "scheduler.sizing.sized",
-         "scheduler.sizing.search", "scheduler.sizing.fit", "scheduler.distributed.fit", "scheduler.comparing"),
+         "scheduler.sizing.search", "scheduler.sizing.fit", "scheduler.compiled", "scheduler.distributed.fit", "scheduler.comparing"),
         ("scheduler.api",),
         ("scheduler.commands", "scheduler.cli", "scheduler.launch", "scheduler.__main__"),
     ],

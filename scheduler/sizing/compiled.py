@@ -1,6 +1,6 @@
 """Our plan aimed at a peak measured under torch.compile: solve, compile, measure, solve again.
 
-``scheduler.solve_compiled`` (``scheduler.sizing.solve_compiled``) runs it for a user's model; ``benchmarks/compile.py`` for the compile page.
+``scheduler.solve_compiled`` (``scheduler.compiled``) runs it for a user's model; ``benchmarks/compile.py`` for the compile page.
 
 NOTE [ Compile-aware budget ]
     Our prediction (``simulate``) is eager's: what autograd saves, op by op.

@@ -2,21 +2,24 @@
 
 The search is :class:`scheduler.sizing.compiled.Search` (NOTE [ Compile-aware budget ]); each plan is measured
 by :func:`scheduler.measuring.compiled.compiled_step` (a copy of the model, planned, compiled, its peak by the
-allocator and its step timed).
+allocator and its step timed). ``scheduler.api.solve_compiled`` passes its ``solve`` in.
+
+May import ``graphs``, ``solvers``, ``scheduler.sizing``, the tracer and ``scheduler.measuring.compiled``
+(the layer of ``scheduler.sizing.fit``: ``tests/test_layers.py``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from .compiled import (Fit, Point, Search, best_fit, family_plans, graph_of, inductor_costs, plan_key, sweep_plans,
-                       unfused_twin)
+from .sizing.compiled import (Fit, Point, Search, best_fit, family_plans, graph_of, inductor_costs, plan_key,
+                              sweep_plans, unfused_twin)
 
 __all__ = ["solve_compiled", "least_plan", "coarse_plan"]
 
 
 def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *, budget: Any,
-                   loss: Any = None, graph: Any = None, solver: str = "ilp", backend: Any = "inductor",
+                   solve: Callable[..., Any], loss: Any = None, graph: Any = None, solver: str = "ilp", backend: Any = "inductor",
                    compile_options: dict[str, Any] | None = None, loop: str = "held", compiles: int = 4,
                    solves: int = 8, families: int = 3, sweep: int = 6, timed: int = 5, **options: Any) -> Fit:
     """A plan whose training step, compiled with ``torch.compile``, peaks at or under ``budget`` by the allocator,
@@ -47,6 +50,7 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
             ``scheduler.trace`` takes them (``model`` is not changed).
         budget: the compiled step's peak: ``"6GiB"``, bytes, or a fraction in
             (0, 1] of the compiled unplanned step's measured peak.
+        solve: ``scheduler.solve`` (``(graph, budget, solver, **options) -> Plan``).
         graph: the model's trace (traced here when None).
         solver, **options: as for ``scheduler.solve`` (``chunks=``, ``time_limit_s=``...).
         backend, compile_options: ``torch.compile``'s backend and its other
@@ -66,16 +70,15 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
     from solvers import Plan
     from solvers.errors import SolverOptionError
 
-    from ..api import solve
-    from ..measuring.compiled import compiled_step
-    from .budget import parse_size
+    from .measuring.compiled import compiled_step
+    from .sizing.budget import parse_size
 
     if compiles < 1 or solves < 1 or min(families, sweep, timed) < 0:
         raise SolverOptionError(f"compiles={compiles}, solves={solves}: each must be at least 1; families={families}"
                                 f", sweep={sweep}, timed={timed}: each at least 0")
     kwargs = dict(kwargs or {})
     if graph is None:
-        from ..tracing.tracer import trace
+        from .tracing.tracer import trace
 
         graph = trace(model, tuple(args), kwargs, loss=loss)
     graph = graph.with_loop(loop)
@@ -152,7 +155,7 @@ def coarse_plan(graph: Any) -> Any:
 
 def _compiled_target(budget: Any, plain: int, parse_size: Any) -> int:
     """Bytes from a size, or a fraction of the compiled unplanned step's measured peak."""
-    from .budget import BudgetError
+    from .sizing.budget import BudgetError
 
     if isinstance(budget, bool):
         raise BudgetError(f"budget={budget!r}: give a size such as '6GiB' or a fraction in (0, 1]")
