@@ -52,6 +52,9 @@ _STEP = _TRACE + ("scheduler/applying/", "scheduler/measuring/", "scheduler/sizi
 #: What only ``scheduler.solve_compiled`` runs (the compile-aware search, its measure): under ``_STEP``'s folders,
 #: and no suite's pages but those that name them depend on them.
 COMPILE_ONLY = ("scheduler/sizing/compiled.py", "scheduler/compiled.py", "scheduler/measuring/compiled.py")
+#: Where files of :data:`COMPILE_ONLY` were before (``solve_compiled`` in ``scheduler/sizing/`` from ``ba21d3e``
+#: to ``fc9e0c3``): excluded alike.
+COMPILE_ONLY_BEFORE = ("scheduler/sizing/solve_compiled.py",)
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ class Suite:
     def pathspecs(self) -> tuple[str, ...]:
         """:attr:`paths` as ``git log`` reads them: without the files of :data:`COMPILE_ONLY` that the suite does
         not name."""
-        return self.paths + tuple(f":(exclude){p}" for p in COMPILE_ONLY if p not in self.measures)
+        return self.paths + tuple(f":(exclude){p}" for p in COMPILE_ONLY + COMPILE_ONLY_BEFORE if p not in self.measures)
 
 
 #: Every suite that writes a results page, in ``make bench``'s run order.
