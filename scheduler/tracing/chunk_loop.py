@@ -139,7 +139,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             with torch.set_grad_enabled(graph):
                 got = _gradients(x, weight, bias, labels, count[0] if count else ctx.count, ctx.loss_dtype, grad)
             return (*(g if need else None for g, need in zip(got, ctx.needs_input_grad)), None, None, None, None)
-        if grad.device.type != "cpu" or grad.item() != 1.0:  # loss.backward() hands 1: nothing to scale
+        # loss.backward() hands 1: nothing to scale (compiled, no check: .item() would break Dynamo's graph)
+        if torch.compiler.is_compiling() or grad.device.type != "cpu" or grad.item() != 1.0:
             for t in grads:
                 if t is not None:
                     t.mul_(grad)
