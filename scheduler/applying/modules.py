@@ -354,7 +354,8 @@ def _resolve(model: nn.Module, plan: Plan, *, check: bool) -> list[tuple[str, nn
                 raise PlanMismatch(f"this plan was solved for another model: {lookup!r} is not an nn.Sequential with "
                                    f"{parsed[2] + 1} children or more, so the run {path!r} does not exist")
         if check and lookup in classes and classes[lookup]:
-            names = {c.__name__ for c in type(module).__mro__}
+            # the trace records a class's qualified name (``make.<locals>.Net``, ``Outer.Block``), older plans its name
+            names = {n for c in type(module).__mro__ for n in (c.__name__, c.__qualname__)}
             if classes[lookup] not in names:
                 raise PlanMismatch(
                     f"this plan was solved for another model: {lookup!r} was a {classes[lookup]} and is a "

@@ -328,6 +328,38 @@ def test_a_plan_for_another_model_names_the_first_missing_module(gpt2_setup):
         scheduler.apply(bigger, plan)
 
 
+def test_a_region_on_a_nested_or_local_class_applies_and_another_class_is_still_refused():
+    class Outer:
+        class Block(nn.Module):  # qualified name "...Outer.Block": the trace records it, apply compared the name
+            def __init__(self) -> None:
+                super().__init__()
+                self.a, self.b = nn.Linear(8, 32), nn.Linear(32, 8)
+
+            def forward(self, x):
+                return x + self.b(torch.tanh(self.a(x)))
+
+    class Other(Outer.Block):
+        pass
+
+    def net(block):
+        torch.manual_seed(0)
+        return nn.Sequential(block(), block(), nn.Linear(8, 2))
+
+    x = torch.randn(4, 8)
+    graph = scheduler.trace(net(Outer.Block), (x,))
+    assert "Outer.Block" in graph.meta["modules"]["0"]
+    plan = solvers.Plan.from_regions(graph, [(sp.first, sp.last) for sp in graph.spans if sp.module in ("0", "1")])
+    model, ref = net(Outer.Block), net(Outer.Block)
+    scheduler.apply(model, plan)
+    model(x).sum().backward()
+    ref(x).sum().backward()
+    assert len(region_wrappers(model)) == 2
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+    scheduler.apply(net(Other), plan)  # a subclass is that class still (FSDP2's wrapped classes pass so)
+    with pytest.raises(PlanMismatch, match=r"'0' was a .*Outer\.Block and is a Linear"):
+        scheduler.apply(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2)), plan)
+
+
 def test_a_plan_without_module_regions_says_to_use_the_graph_lowering(gpt2_setup):
     _, graph, _ = gpt2_setup
     plan = Plan.from_regions(graph.unaligned(), [(3, 4)])
