@@ -17,7 +17,9 @@ the loss, on one torch thread, in one process:
   eager budget, the floor's plan measured;
 * the model's ``FAMILIES`` largest families of module calls (its blocks, their MLPs...), each call a region,
   measured as plans too, and so are plans solved with the recompute priced as inductor runs it
-  (``inductor_costs``: fused calls almost free) at ``SWEEP`` eager budgets from the floor up; of the plans measured at or under a target, the fastest
+  (``inductor_costs``: fused calls almost free) at ``SWEEP`` eager budgets from the floor up, and plans that
+  keep what compile's partitioner keeps (``kernel_plans``: the outermost calls as regions, their GEMMs,
+  convolutions, attention and lookups kept, less the cheapest per byte); of the plans measured at or under a target, the fastest
   (each timed once compiled, ``SEARCH_REPEATS`` rounds alternated with the unplanned step) is kept;
 * where ours at its floor measures over a target, dp's least-peak plan, on a language model ours at
   each head chunk count alone, and a coarse plan of no solver's (every child of the model a region)
@@ -53,8 +55,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from scheduler.sizing.compiled import (Fit, Search, best_fit, family_plans, graph_of, inductor_costs, plan_key,
-                                       sweep_plans, unfused_twin)
+from scheduler.sizing.compiled import (Fit, Search, best_fit, family_plans, graph_of, inductor_costs, kernel_plans,
+                                       plan_key, sweep_plans, unfused_twin)
 from benchmarks.pages import out_dir, write_page
 from benchmarks.steady import steady_allocator
 
@@ -296,7 +298,7 @@ def searchers(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int],
                     + [("floor plan", least(SOLVER, (k,), **SOLVER_OPTIONS)) for k in chunks or ()]
                     + [("floor plan, head unfused", unfused(k)) for k in (chunks or ()) if twin is not None and k > 1]
                     + [("coarse plan", lambda: coarse_plan(graph))],
-                    candidates=family_plans(graph, FAMILIES)
+                    candidates=family_plans(graph, FAMILIES) + kernel_plans(graph)
                     + sweep_plans(lambda g, b: scheduler.solve(g, budget=b, solver=SOLVER, **SOLVER_OPTIONS),
                                   inductor_costs(graph), plain[0], SWEEP))  # the head whole (chunked: over, above)
     if not any(k > 1 for k in chunks or ()):

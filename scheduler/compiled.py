@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from .sizing.compiled import (Fit, Point, Search, best_fit, family_plans, graph_of, inductor_costs, plan_key,
-                              sweep_plans, unfused_twin)
+from .sizing.compiled import (KERNEL_DROPS, Fit, Point, Search, best_fit, family_plans, graph_of, inductor_costs,
+                              kernel_plans, plan_key, sweep_plans, unfused_twin)
 
 __all__ = ["solve_compiled", "least_plan", "coarse_plan"]
 
@@ -21,7 +21,8 @@ __all__ = ["solve_compiled", "least_plan", "coarse_plan"]
 def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *, budget: Any,
                    solve: Callable[..., Any], loss: Any = None, graph: Any = None, solver: str = "ilp", backend: Any = "inductor",
                    compile_options: dict[str, Any] | None = None, loop: str = "held", compiles: int = 4,
-                   solves: int = 8, families: int = 3, sweep: int = 6, timed: int = 5, **options: Any) -> Fit:
+                   solves: int = 8, families: int = 3, sweep: int = 6, kernels: int = len(KERNEL_DROPS), timed: int = 5,
+                   **options: Any) -> Fit:
     """A plan whose training step, compiled with ``torch.compile``, peaks at or under ``budget`` by the allocator,
     the fastest measured of those that do.
 
@@ -38,7 +39,11 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
     free) at ``sweep`` eager budgets from the floor up, the head whole, are
     measured too (:func:`sweep_plans`), and so are the model's ``families`` largest
     families of repeated module calls (:func:`module_families`: its blocks,
-    their MLPs...) are measured as plans too, each call a region. Where the
+    their MLPs...) are measured as plans too, each call a region, and so
+    are ``kernels`` plans that keep what compile's partitioner keeps
+    (:func:`kernel_plans`: the outermost calls as regions, their GEMMs,
+    convolutions, attention and lookups kept, less the cheapest to
+    recompute per byte; ResNet-18's fit 0.3 of its compiled peak). Where the
     least-peak plan measures over, a few more plans are compiled once each:
     the least-peak plan at each count of a ``chunks=`` menu alone, the
     least-peak plan with the head unfused where the menu fuses it, and a
@@ -57,6 +62,7 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
             keyword arguments (``mode``, ``fullgraph``, ``dynamic``...).
         families: how many families of module calls to measure as plans (0: none).
         sweep: how many plans solved at inductor's costs to measure (0: none).
+        kernels: how many plans of :func:`kernel_plans` to measure (0: none; at most ``len(KERNEL_DROPS)``).
         timed: compiled steps timed per plan (0: none; then the least predicted recompute is the fastest).
 
     Returns:
@@ -73,9 +79,9 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
     from .measuring.compiled import compiled_step
     from .sizing.budget import parse_size
 
-    if compiles < 1 or solves < 1 or min(families, sweep, timed) < 0:
+    if compiles < 1 or solves < 1 or min(families, sweep, timed, kernels) < 0:
         raise SolverOptionError(f"compiles={compiles}, solves={solves}: each must be at least 1; families={families}"
-                                f", sweep={sweep}, timed={timed}: each at least 0")
+                                f", sweep={sweep}, kernels={kernels}, timed={timed}: each at least 0")
     kwargs = dict(kwargs or {})
     if graph is None:
         from .tracing.tracer import trace
@@ -118,6 +124,7 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
                     key=plan_key, cost=cost, plain=(predicted, plain),
                     others=floors + [("coarse plan", lambda: coarse_plan(graph))],
                     candidates=(family_plans(graph, families) if families else [])
+                    + kernel_plans(graph, KERNEL_DROPS[:kernels])
                     + sweep_plans(lambda g, b: solve(g, b, solver, **{**options, "chunks": None}), inductor_costs(graph),
                                   predicted, sweep))
     fits = [search.fit(target, compiles=compiles, solves=solves)]

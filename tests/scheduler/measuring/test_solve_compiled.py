@@ -45,7 +45,7 @@ def test_the_plan_measures_under_the_budget_compiled(case):
     torch.manual_seed(5)
     rng = torch.get_rng_state()
     fit = scheduler.solve_compiled(model, (x,), loss=loss, graph=graph, budget=0.7, backend="aot_eager", compiles=3,
-                                   families=0, sweep=0)
+                                   families=0, sweep=0, kernels=0)
     plain = compiled_step_peak(model, None, (x,), {}, loss, backend="aot_eager")
     assert fit.target == int(0.7 * plain)
     assert fit.reached and fit.plan is not None and fit.plan.regions
@@ -60,16 +60,18 @@ def test_the_plan_measures_under_the_budget_compiled(case):
 
 
 def test_the_models_families_and_plans_at_inductors_costs_are_measured_and_the_fastest_that_fits_kept(case):
-    from scheduler.sizing.compiled import family_plans
+    from scheduler.sizing.compiled import KERNEL_DROPS, family_plans, kernel_plans, outer_regions
 
     model, x, loss, graph = case
     fit = scheduler.solve_compiled(model, (x,), loss=loss, graph=graph, budget=0.7, backend="aot_eager", compiles=2,
-                                   families=2, sweep=3)
+                                   families=2, sweep=3, kernels=2)
     families = [make().modules for _, make in family_plans(graph, 2)]
     assert families[0] == tuple(f"blocks.{i}" for i in range(4))
-    measured = [p.plan.modules for p in fit.tries]
-    assert all(f in measured for f in families)
-    assert 1 + len(families) <= fit.compiles <= 2 + len(families) + 3 and len(set(measured)) == len(measured)
+    kernels = [make() for _, make in kernel_plans(graph, KERNEL_DROPS[:2])]
+    assert [p.regions for p in kernels] == [tuple(outer_regions(graph))] * 2 and all(p.saved for p in kernels)
+    measured = [(p.plan.modules, p.plan.saved) for p in fit.tries]
+    assert all((f, ()) in measured for f in families) and all((p.modules, p.saved) in measured for p in kernels)
+    assert 1 + len(families) + 2 <= fit.compiles <= 2 + len(families) + 2 + 3 and len(set(measured)) == len(measured)
     # every plan measured was timed, and the one kept is the fastest of those that fit
     assert all(p.time_s is not None and p.time_s > 0 for p in fit.tries)
     assert fit.reached and fit.point.time_s == min(p.time_s for p in fit.tries if p.measured <= fit.target)

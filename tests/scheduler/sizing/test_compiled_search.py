@@ -242,3 +242,66 @@ def test_inductor_costs_price_the_recompute_of_fused_calls_only_and_keep_the_pla
             assert after.fwd_cost == int(before.fwd_cost * FUSED_RECOMPUTE), before
     assert kernels == 2  # the two linears' GEMMs
     assert sum(n.fwd_cost for n in fused.nodes) < sum(n.fwd_cost for n in graph.nodes)
+
+
+def test_kernel_plans_keep_the_kernels_of_the_outermost_calls_less_the_cheapest_per_byte():
+    import torch
+    from torch import nn
+
+    import scheduler
+    from scheduler.sizing.compiled import KERNEL_OPS, kernel_plans, outer_regions
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+            self.body = nn.Sequential(nn.Conv2d(16, 16, 1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                                      nn.Conv2d(32, 32, 3, padding=1), nn.Tanh())
+            self.head = nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.head(self.body(self.stem(x)).mean((2, 3)))
+
+    class Step(nn.Module):  # the model one call of the step, as the compile page wraps it
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = Net()
+
+        def forward(self, x):
+            return self.m(x).square().mean()
+
+    torch.manual_seed(0)
+    model, x = Step().train(), torch.randn(4, 3, 16, 16)
+    graph = scheduler.trace(model, (x,))
+    spans = {sp.module: (sp.first, sp.last) for sp in graph.spans}
+    assert outer_regions(graph) == [spans["m"]]
+    plans = [(label, make()) for label, make in kernel_plans(graph)]
+    assert [label for label, _ in plans] == [f"outermost calls, kernels kept less {p} of their bytes"
+                                             for p in ("0%", "25%", "50%")]
+    nodes = graph.nodes
+
+    def kernel(i):
+        return any(op in call for call in nodes[i].dispatch for op in KERNEL_OPS)
+
+    kept = [set(plan.saved) for _, plan in plans]
+    assert all(plan.regions == ((spans["m"]),) for _, plan in plans)
+    assert kept[0] and all(kernel(i) for i in kept[0])
+    assert kept[0] > kept[1] > kept[2]  # each leaves out more
+    per_byte = {i: nodes[i].fwd_cost / nodes[i].out_bytes for i in kept[0]}
+    for k in (1, 2):  # what is left out costs least to recompute per byte of what was kept
+        assert max(per_byte[i] for i in kept[0] - kept[k]) <= min(per_byte[i] for i in kept[k])
+    total = sum(nodes[i].out_bytes for i in kept[0])
+    assert sum(nodes[i].out_bytes for i in kept[0] - kept[2]) >= total / 2
+    # applied, each steps to the unplanned model's gradients and BatchNorm statistics
+    import copy
+
+    ref = copy.deepcopy(model)
+    ref(x).backward()
+    for _, plan in plans:
+        planned = copy.deepcopy(model)
+        scheduler.apply(planned, plan)
+        planned(x).backward()
+        for (n, p), q in zip(planned.named_parameters(), ref.parameters()):
+            assert torch.allclose(p.grad, q.grad, atol=1e-6), n
+        assert torch.equal(planned.m.stem[1].running_mean, ref.m.stem[1].running_mean)
+        assert int(planned.m.stem[1].num_batches_tracked) == 1
