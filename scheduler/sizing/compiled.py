@@ -394,8 +394,8 @@ def kernel_plans(graph: Any, drops: Sequence[float] = KERNEL_DROPS) -> list[tupl
             dropped += nodes[left.pop(0)].out_bytes
         return Plan.from_regions(graph, regions, saved=tuple(sorted(left)))
 
-    return [(f"outermost calls, kernels kept less {f:.0%} of their bytes", lambda f=f: plan(f))
-            for f in dict.fromkeys(drops)]
+    return [("outermost calls, kernels kept" + (f" less the cheapest {f:.0%} of their bytes" if f else ""),
+             lambda f=f: plan(f)) for f in dict.fromkeys(drops)]
 
 
 def sweep_plans(solve: Callable[[Any, int], Any], graph: Any, top: int, count: int = 8
