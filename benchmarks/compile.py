@@ -228,7 +228,18 @@ def grad_diff(side: Side, reference: dict[str, torch.Tensor]) -> float:
 
 
 def rounds(sides: list[Side], args: tuple, repeats: int) -> list[float]:
-    """Median step time of each side over ``repeats`` alternated rounds (the order rotates each round), a round's
+    """Median step time of each side over ``repeats`` alternated rounds (:func:`round_times`)."""
+    return [statistics.median(t) for t in round_times(sides, args, repeats)]
+
+
+def quartiles(values: list[float]) -> list[float]:
+    """The first quartile, median and third quartile of ``values``."""
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [q1, statistics.median(values), q3]
+
+
+def round_times(sides: list[Side], args: tuple, repeats: int) -> list[list[float]]:
+    """Each side's step time in each of ``repeats`` alternated rounds (the order rotates each round), a round's
     time the least of :data:`TIMED` calls."""
     times: list[list[float]] = [[] for _ in sides]
     for r in range(repeats):
@@ -241,7 +252,7 @@ def rounds(sides: list[Side], args: tuple, repeats: int) -> list[float]:
                 sides[i].call(args)
                 best = min(best, time.perf_counter() - t0)
             times[i].append(best)
-    return [statistics.median(t) for t in times]
+    return times
 
 
 # --------------------------------------------------------------------------- one model
@@ -406,10 +417,12 @@ def run_model(name: str, opts: dict[str, int], fractions: tuple[float, ...], rep
             ours["grad_diff"] = grad_diff(side, reference)
         rows.append((side, ours))
     for (theirs_side, their), (side, ours) in zip(theirs, rows):
-        times = rounds([plain, theirs_side] + ([side] if side is not None else []), args, repeats)
+        each = round_times([plain, theirs_side] + ([side] if side is not None else []), args, repeats)
+        times = [statistics.median(t) for t in each]
         their["time_s"] = times[1]
-        if len(times) > 2:
+        if len(times) > 2:  # ours over compile's round by round: how far one round's ratio moves
             ours["time_s"] = times[2]
+            ours["ratio_quartiles"] = quartiles([o / t for o, t in zip(each[2], each[1])])
         entry["rows"].append({"theirs": their, "ours": ours, "plain_time_s": times[0]})
         log.info("compile: %s @%g theirs %.1f MiB %.1f ms, ours %s", name, their["fraction"],
                  their["peak_bytes"] / 2**20, their["time_s"] * 1e3,

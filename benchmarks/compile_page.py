@@ -68,7 +68,8 @@ def report(doc: dict[str, Any]) -> str:
         f"{doc.get('chunks')} row chunks, and the eager budget searched again without chunks (each search with "
         "those limits; a plan compiled once), the faster plan of the two kept. Peaks: the allocator's (profiler memory events), whole step. Times: "
         f"median of {doc['repeats']} alternated rounds of the compiled unplanned step, compile's and ours "
-        f"(a round's time the least of {doc.get('timed', 1)} calls). "
+        f"(a round's time the least of {doc.get('timed', 1)} calls); where ours is slower, the quartiles of "
+        "ours over compile's round by round beside it. "
         "`pred`: our plan's `simulate` peak (an eager prediction). Gradients: the largest difference from the "
         "compiled unplanned step's over its largest gradient (0: bitwise). Dropout off.",
         "",
@@ -157,7 +158,13 @@ def claims(doc: dict[str, Any]) -> list[str]:
             why.append(f"ours {_mib(o['peak_bytes'])} MiB{plan} against {_mib(t['peak_bytes'])} after {o['solves']} "
                        f"solves{least}")
         if "time_s" in o and o["time_s"] > t["time_s"]:
-            why.append(f"ours {_ms(o['time_s'])} ms against {_ms(t['time_s'])} ({o['time_s'] / t['time_s']:.3f})")
+            q = o.get("ratio_quartiles")
+            spread = (f"; round by round {q[0]:.3f}-{q[2]:.3f}, quartiles" + (", 1 between them" if q[0] <= 1 <= q[2]
+                                                                              else "")) if q else ""
+            lower = (f", at {_mib(o['peak_bytes'])} MiB against {_mib(t['peak_bytes'])}"
+                     if o["peak_bytes"] < t["peak_bytes"] else "")
+            why.append(f"ours {_ms(o['time_s'])} ms against {_ms(t['time_s'])} ({o['time_s'] / t['time_s']:.3f}"
+                       f"{spread}){lower}")
         out.append(f"  - {n}@{t['fraction']:g}: " + "; ".join(why))
     out += [_model_line(m) for m in doc["models"] if "rows" in m]
     below = [(m["model"], m["below"], m["least_theirs_bytes"]) for m in doc["models"] if "below" in m]

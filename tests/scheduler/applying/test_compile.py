@@ -409,6 +409,27 @@ def test_batchnorm_and_dropout_under_aot_eager_equal_the_compiled_twin():
     assert ours[3] == base[3] == 0
 
 
+@pytest.mark.parametrize("drop", [0.0, 0.5])
+def test_kernel_plans_under_aot_eager_equal_the_compiled_twin(drop):
+    """What the compile-aware search measures beside its solves (``kernel_plans``: the outermost calls as regions,
+    their convolutions and GEMMs kept by a selective policy) with BatchNorm and dropout in the regions."""
+    from scheduler.sizing.compiled import kernel_plans
+
+    torch.manual_seed(0)
+    model = CNN().train()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    graph = capture(model, (x,), {}).graph
+    (label, make), = [(label, make) for label, make in kernel_plans(graph, (drop,))]
+    plan = make()
+    assert plan.modules == ("stem", "blocks.0", "blocks.1", "tail", "head") and plan.save_ops
+    planned, twin = planned_and_twin(model, plan)
+    base = compiled_step(twin, (x,))
+    ours = compiled_step(planned, (x,))
+    assert_equal_steps(base, ours)
+    assert all(int(b) == 1 for n, b in ours[2].items() if n.endswith("num_batches_tracked"))
+    assert ours[3] == base[3] == 0
+
+
 def test_a_region_dynamo_cannot_trace_runs_eagerly_with_statistics_updated_once():
     torch.manual_seed(0)
     model = CNN(block=BrokenBlock).train()

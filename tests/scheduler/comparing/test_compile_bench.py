@@ -23,7 +23,8 @@ def _doc() -> dict:
     model = {"model": "m", "options": {}, "graph_nodes": 10, "wall_s": 1.0, "least_theirs_bytes": 8 * MIB,
              "plain": {"peak_bytes": 12 * MIB, "compile_s": 1.0, "predicted_bytes": 13 * MIB},
              "rows": [row(0.1, 8.0, 20.0, ours(7.5, 18.0, 8.0, 8.0)),      # smaller and faster: a win
-                      row(0.5, 10.0, 12.0, ours(9.0, 15.0, 9.5, 10.0)),    # smaller, slower
+                      row(0.5, 10.0, 12.0, dict(ours(9.0, 15.0, 9.5, 10.0),  # smaller, slower
+                                                ratio_quartiles=[0.98, 1.25, 1.3])),
                       row(0.9, 11.0, 11.0, ours(11.5, 10.0, 11.0, 11.0)),  # faster, larger (and over its prediction)
                       row(0.3, 9.0, 15.0, {"target_bytes": 9 * MIB, "solves": 1, "reached": False,
                                            "floor_bytes": 9.5 * MIB})],
@@ -35,7 +36,9 @@ def _doc() -> dict:
 def test_the_headline_counts_wins_and_says_why_not_in_numbers():
     lines = bench.claims(_doc())
     assert lines[0] == "- ours at least as fast at no larger peak: 1 of 4 budgets (m@0.1)"
-    assert "  - m@0.5: ours 15.0 ms against 12.0 (1.250)" in lines
+    # slower: by how much, how far the ratio moved round by round, and at what peak
+    assert "  - m@0.5: ours 15.0 ms against 12.0 (1.250; round by round 0.980-1.300, quartiles, 1 between them), " \
+        "at 9.00 MiB against 10.00" in lines
     assert "  - m@0.9: ours 11.50 MiB against 11.00 after 1 solves" in lines
     assert "  - m@0.3: no plan of ours at 9.00 MiB (our least 9.50 MiB)" in lines
     assert "- m: ours at least as fast at no larger peak on 1 of 4 budgets (0.1); below compile's least peak: " \
