@@ -234,6 +234,8 @@ def rounds(sides: list[Side], args: tuple, repeats: int) -> list[float]:
 
 def quartiles(values: list[float]) -> list[float]:
     """The first quartile, median and third quartile of ``values``."""
+    if len(values) < 2:
+        return [values[0]] * 3
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return [q1, statistics.median(values), q3]
 
