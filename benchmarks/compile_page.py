@@ -32,6 +32,14 @@ def _wins(theirs: dict[str, Any], ours: dict[str, Any]) -> bool:
         ours.get("time_s", float("inf")) <= theirs["time_s"]
 
 
+def _ties(theirs: dict[str, Any], ours: dict[str, Any]) -> bool:
+    """Slower, at no larger peak, by less than one round moves: the first quartile of ours over compile's, round by
+    round, at or under 1."""
+    q = ours.get("ratio_quartiles")
+    return bool(ours.get("reached")) and ours["peak_bytes"] <= theirs["peak_bytes"] and "time_s" in ours and \
+        q is not None and q[0] <= 1.0
+
+
 def _ours_cell(o: dict[str, Any]) -> str:
     label = o.get("label", "floor plan" if o.get("at_floor") else "")
     notes = ([label] if label else []) + ([] if o.get("reached") else ["over"])
@@ -143,6 +151,11 @@ def claims(doc: dict[str, Any]) -> list[str]:
     wins = [(n, t) for n, t, o in pairs if _wins(t, o)]
     won = ", ".join(f"{n}@{t['fraction']:g}" for n, t in wins) or "none"
     out = [f"- ours at least as fast at no larger peak: {len(wins)} of {len(pairs)} budgets ({won})"]
+    ties = [(n, t) for n, t, o in pairs if not _wins(t, o) and _ties(t, o)]
+    if ties:
+        out.append(f"- and slower at no larger peak by less than the rounds move (ours over compile's round by round: "
+                   f"its first quartile at or under 1): {len(ties)} more ("
+                   + ", ".join(f"{n}@{t['fraction']:g}" for n, t in ties) + ")")
     for n, t, o in pairs:
         if _wins(t, o):
             continue

@@ -36,6 +36,11 @@ def _doc() -> dict:
 def test_the_headline_counts_wins_and_says_why_not_in_numbers():
     lines = bench.claims(_doc())
     assert lines[0] == "- ours at least as fast at no larger peak: 1 of 4 budgets (m@0.1)"
+    assert lines[1] == ("- and slower at no larger peak by less than the rounds move (ours over compile's round by "
+                        "round: its first quartile at or under 1): 1 more (m@0.5)")
+    slower = _doc()
+    slower["models"][0]["rows"][1]["ours"]["ratio_quartiles"] = [1.2, 1.25, 1.3]  # slower in most rounds: no tie
+    assert not any("slower at no larger peak" in x for x in bench.claims(slower))
     # slower: by how much, how far the ratio moved round by round, and at what peak
     assert "  - m@0.5: ours 15.0 ms against 12.0 (1.250; round by round 0.980-1.300, quartiles, 1 between them), " \
         "at 9.00 MiB against 10.00" in lines
