@@ -22,7 +22,7 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
                    solve: Callable[..., Any], loss: Any = None, graph: Any = None, solver: str = "ilp", backend: Any = "inductor",
                    compile_options: dict[str, Any] | None = None, loop: str = "held", compiles: int = 4,
                    solves: int = 8, families: int = 3, sweep: int = 6, kernels: int = len(KERNEL_DROPS), timed: int = 5,
-                   **options: Any) -> Fit:
+                   bound: bool = True, **options: Any) -> Fit:
     """A plan whose training step, compiled with ``torch.compile``, peaks at or under ``budget`` by the allocator,
     the fastest measured of those that do.
 
@@ -64,19 +64,24 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
         sweep: how many plans solved at inductor's costs to measure (0: none).
         kernels: how many plans of :func:`kernel_plans` to measure (0: none; at most ``len(KERNEL_DROPS)``).
         timed: compiled steps timed per plan (0: none; then the least predicted recompute is the fastest).
+        bound: read the plan kept's compiled peak bound (``.bound``; a fake compile, seconds).
 
     Returns:
         A :class:`Fit`: ``.plan`` (apply it, then compile the model as
         measured), ``.measured`` and ``.predicted`` bytes, ``.point.time_s``
         (its compiled step, seconds), ``.reached`` (False: nothing measured at
         or under the budget; ``.plan`` is then the lowest measured), ``.tries``
-        (every plan measured).
+        (every plan measured), ``.bound`` (a ``CompiledBound``: a bound on
+        the plan's compiled peak read from the graphs inductor's partitioner
+        makes, on fake tensors; NOTE [ Compiled peak bound ]; None with
+        another ``backend`` than inductor).
     """
     import solvers
     from solvers import Plan
     from solvers.errors import SolverOptionError
 
     from .measuring.compiled import compiled_step
+    from .measuring.inductor import compiled_bound
     from .sizing.budget import parse_size
 
     if compiles < 1 or solves < 1 or min(families, sweep, timed, kernels) < 0:
@@ -93,6 +98,11 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
         return compiled_step(model, plan, args, kwargs, loss, backend=backend, options=compile_options, loop=loop,
                              timed=timed)
 
+    def bounded(plan: Any) -> Any:  # inductor's partition read on fake tensors; another backend partitions otherwise
+        if not bound or backend != "inductor":
+            return None
+        return compiled_bound(model, plan, args, kwargs, loss, loop=loop, graph=graph)
+
     plain, plain_s = measure(None)
     target = _compiled_target(budget, plain, parse_size)
     predicted = solvers.simulate(graph, None).peak_bytes
@@ -100,7 +110,7 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
         none = Plan.from_regions(graph, [])
         point = Point(budget=predicted, predicted=predicted, measured=plain, key=plan_key(none), plan=none,
                       time_s=plain_s)
-        return Fit(target=target, point=point, reached=True, tries=[point])
+        return Fit(target=target, point=point, reached=True, tries=[point], bound=bounded(None))
 
     # NOTE [ Compile-aware budget ]: where the floor measures over, so does the floor at each head chunk count,
     # and the floor with the head unfused (solved, predicted and costed on that twin of the graph)
@@ -133,7 +143,10 @@ def solve_compiled(model: Any, args: Sequence[Any], kwargs: dict[str, Any] | Non
         fits.append(Search(lambda b: solve(graph, b, solver, **whole), measure,
                            lambda plan: simulated(plan).peak_bytes, key=plan_key, cost=cost, plain=(predicted, plain),
                            measured=search.measured).fit(target, compiles=compiles, solves=solves))
-    return best_fit(fits)
+    kept = best_fit(fits)
+    if kept.point is not None:
+        kept.bound = bounded(kept.plan)
+    return kept
 
 
 def least_plan(solve: Callable[..., Any], graph: Any, solver: str, options: dict[str, Any]) -> Any:

@@ -43,7 +43,8 @@ LAYERS: dict[str, list[tuple[str, ...]]] = {
         ("scheduler.models", "scheduler.tracing", "scheduler.measuring"),  # torch: build, trace, measure a step
         ("scheduler.applying",),
         # what composes the verbs below: proving a plan, measuring ranks, fit's search (one card, a layout), compare
-        ("scheduler.measuring.verification", "scheduler.measuring.distributed", "scheduler.measuring.compiled", "scheduler.sizing.sized",
+        ("scheduler.measuring.verification", "scheduler.measuring.distributed", "scheduler.measuring.compiled",
+         "scheduler.measuring.inductor", "scheduler.sizing.sized",
          "scheduler.sizing.search", "scheduler.sizing.fit", "scheduler.compiled", "scheduler.distributed.fit", "scheduler.comparing"),
         ("scheduler.api",),
         ("scheduler.commands", "scheduler.cli", "scheduler.launch", "scheduler.__main__"),

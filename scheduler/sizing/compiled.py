@@ -155,6 +155,7 @@ class Fit:
     solves: int = 0
     compiles: int = 0
     tries: list[Point] = field(default_factory=list)
+    bound: Any = None  # the plan's compiled peak bound (NOTE [ Compiled peak bound ]), where read
 
     @property
     def plan(self) -> Any:

@@ -126,7 +126,7 @@ def test_a_floor_over_the_budget_tries_each_head_chunk_count_alone(monkeypatch):
         scheduler.solve(g, 1, "ilp", chunks=(2,))
     except scheduler.InfeasibleBudget as exc:
         floor2 = exc.min_feasible_bytes
-    fit = scheduler.solve_compiled(object(), (), graph=g, budget=floor2, chunks=(1, 2, 4, 8), compiles=3,
+    fit = scheduler.solve_compiled(object(), (), graph=g, bound=False, budget=floor2, chunks=(1, 2, 4, 8), compiles=3,
                                    families=0, sweep=0)
     assert fit.reached and head_chunks(fit.plan) == 2, fit.tries
     assert fit.measured <= floor2
@@ -162,7 +162,7 @@ def test_a_fused_floor_over_the_budget_tries_the_head_unfused(monkeypatch):
         scheduler.solve(twin, 1, "ilp", chunks=(2, 4))
     except scheduler.InfeasibleBudget as exc:
         floor = exc.min_feasible_bytes
-    fit = scheduler.solve_compiled(object(), (), graph=g, budget=floor, chunks=(2, 4), compiles=3, families=0,
+    fit = scheduler.solve_compiled(object(), (), graph=g, bound=False, budget=floor, chunks=(2, 4), compiles=3, families=0,
                                    sweep=0)
     assert fit.reached and not fused(fit.plan) and fit.label == "floor plan, head unfused", fit.tries
     assert fit.measured <= floor and fit.predicted == scheduler.simulate(twin, fit.plan).peak_bytes
@@ -205,7 +205,7 @@ def test_a_chunks_menu_is_searched_again_without_chunks(monkeypatch):
         assert 1.5 * exc.min_feasible_bytes > 0.6 * scheduler.simulate(g).peak_bytes
     # under the unplanned step's measure (0.6x), over the least plan without chunks (0.6x), under any chunked one
     target = int(0.3 * (scheduler.simulate(g).peak_bytes + whole))
-    fit = scheduler.solve_compiled(object(), (), graph=g, budget=target, chunks=(2, 4), compiles=3, families=0,
+    fit = scheduler.solve_compiled(object(), (), graph=g, bound=False, budget=target, chunks=(2, 4), compiles=3, families=0,
                                    sweep=0)
     assert fit.reached and not chunked(fit.plan) and fit.measured <= target, fit.tries
     assert any(chunked(p.plan) for p in fit.tries)  # the menu as given was searched too
