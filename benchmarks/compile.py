@@ -218,6 +218,22 @@ def compiled(label: str, model: nn.Module, args: tuple, fraction: float = 1.0) -
     return side
 
 
+def bound_of(model: nn.Module, plan: Any, args: tuple, graph: Any, fraction: float = 1.0) -> dict[str, Any]:
+    """The compiled peak bound of ``model`` with ``plan`` under compile's ``fraction`` (NOTE [ Compiled peak
+    bound ]), read on fake tensors."""
+    from scheduler.measuring.inductor import compiled_bound
+
+    t0 = time.perf_counter()
+    try:
+        with torch._functorch.config.patch(activation_memory_budget=fraction):
+            b = compiled_bound(model, plan, args, graph=graph)
+    except Exception as exc:  # a finding for the page, not the end of the run
+        log.warning("compile: the bound failed", exc_info=True)
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    return {"bound_bytes": b.bound_bytes, "fused_bytes": b.fused_bytes, "layout_bytes": b.layout_bytes,
+            "graphs": b.graphs, "eager_nodes": b.eager_nodes, "read_s": time.perf_counter() - t0}
+
+
 def grad_diff(side: Side, reference: dict[str, torch.Tensor]) -> float:
     """Largest |g - ref| over the largest |ref| (0: bitwise)."""
     got = side.grads()
@@ -259,7 +275,7 @@ def round_times(sides: list[Side], args: tuple, repeats: int) -> list[list[float
 
 # --------------------------------------------------------------------------- one model
 def searchers(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int], made: dict[tuple, Side],
-              chunks: tuple[int, ...] | None, reference: Side) -> list[Search]:
+              chunks: tuple[int, ...] | None, reference: Side, bounds: dict[tuple, dict[str, Any]]) -> list[Search]:
     """The compile-aware searches of one model (NOTE [ Compile-aware budget ]): our solver at an eager budget,
     each new plan applied onto a copy of the model, compiled with inductor and measured; ``made`` keeps the
     compiled copies (by plan) for the rounds that time them. With a ``chunks`` menu, a second search without it
@@ -285,6 +301,7 @@ def searchers(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int],
         planned = copy.deepcopy(model)
         scheduler.apply(planned, plan)
         side = made[plan_key(plan)] = compiled("ours", planned, args)
+        bounds[plan_key(plan)] = bound_of(model, plan, args, graph_of(plan, graph, twin))  # its bound beside
         ref, took = rounds([reference, side], args, SEARCH_REPEATS)  # beside the unplanned step: the machine's
         return side.peak(args), base * took / ref  # pace at the time cancels
 
@@ -321,11 +338,13 @@ def searchers(graph: Any, model: nn.Module, args: tuple, plain: tuple[int, int],
     return [search, whole]
 
 
-def ours_row(fit: Fit, made: dict[tuple, Side]) -> tuple[Side | None, dict[str, Any]]:
+def ours_row(fit: Fit, made: dict[tuple, Side], bounds: dict[tuple, dict[str, Any]]
+             ) -> tuple[Side | None, dict[str, Any]]:
     """Our plan for a measured peak of at most ``fit.target`` bytes, and its row (NOTE [ Compile-aware budget ])."""
     row: dict[str, Any] = {"target_bytes": fit.target, "solves": fit.solves, "compiles": fit.compiles,
                            "reached": fit.reached, "at_floor": fit.at_floor, "label": fit.label,
-                           "tries": [[p.budget, p.predicted, p.measured, p.time_s] for p in fit.tries]}
+                           "tries": [[p.budget, p.predicted, p.measured, p.time_s,
+                                      bounds.get(p.key, {}).get("bound_bytes")] for p in fit.tries]}
     if fit.floor is not None:
         row["floor_bytes"] = fit.floor
     if fit.point is None:
@@ -334,7 +353,7 @@ def ours_row(fit: Fit, made: dict[tuple, Side]) -> tuple[Side | None, dict[str, 
     row.update(budget_bytes=fit.point.budget, peak_bytes=fit.point.measured, predicted_bytes=fit.point.predicted,
                regions=len(plan.modules), kept=sum(len(r) for r in plan.save_ops),
                chunks=max((k for _, _, k in plan.chunks), default=1), compile_s=side.compile_s,
-               search_time_s=fit.point.time_s)
+               search_time_s=fit.point.time_s, bound=bounds.get(fit.point.key))
     return side, row
 
 
@@ -389,20 +408,23 @@ def run_model(name: str, opts: dict[str, int], fractions: tuple[float, ...], rep
     reference = plain.grads()
     entry: dict[str, Any] = {"model": name, "options": opts, "graph_nodes": len(graph),
                              "plain": {"peak_bytes": plain.peak(args), "compile_s": plain.compile_s,
-                                       "predicted_bytes": scheduler.simulate(graph).peak_bytes},
+                                       "predicted_bytes": scheduler.simulate(graph).peak_bytes,
+                                       "bound": bound_of(model, None, args, graph)},
                              "rows": []}
     log.info("compile: %s plain %.1f MiB, compiled in %.0f s", name, entry["plain"]["peak_bytes"] / 2**20,
              plain.compile_s)
     if entry["plain"]["peak_bytes"] > entry["plain"]["predicted_bytes"]:
         entry["plain"]["flat"] = flat_layout(model, args, plain, repeats)
     made: dict[tuple, Side] = {}
+    bounds: dict[tuple, dict[str, Any]] = {}
     chunks = CHUNKS if isinstance(model, LmStep) else None  # the head and its loss in row chunks
     search = searchers(graph, model, args, (entry["plain"]["predicted_bytes"], entry["plain"]["peak_bytes"]), made,
-                       chunks, plain)
+                       chunks, plain, bounds)
     theirs: list[tuple[Side, dict[str, Any]]] = []
     for f in fractions:
         side = compiled(f"compile@{f:g}", copy.deepcopy(model), args, fraction=f)
-        their = {"fraction": f, "peak_bytes": side.peak(args), "compile_s": side.compile_s}
+        their = {"fraction": f, "peak_bytes": side.peak(args), "compile_s": side.compile_s,
+                 "bound": bound_of(model, None, args, graph, fraction=f)}
         side.call(args)
         their["grad_diff"] = grad_diff(side, reference)
         theirs.append((side, their))
@@ -413,7 +435,7 @@ def run_model(name: str, opts: dict[str, int], fractions: tuple[float, ...], rep
         if isinstance(fit, Exception):
             rows.append((None, {"solves": 0, "reached": False, "reason": f"{type(fit).__name__}: {fit}"[:200]}))
             continue
-        side, ours = ours_row(fit, made)
+        side, ours = ours_row(fit, made, bounds)
         if side is not None:
             side.call(args)
             ours["grad_diff"] = grad_diff(side, reference)

@@ -51,7 +51,8 @@ _TRACE = _SOLVE + ("scheduler/tracing/", "scheduler/models/")
 _STEP = _TRACE + ("scheduler/applying/", "scheduler/measuring/", "scheduler/sizing/", "scheduler/api.py")
 #: What only ``scheduler.solve_compiled`` runs (the compile-aware search, its measure): under ``_STEP``'s folders,
 #: and no suite's pages but those that name them depend on them.
-COMPILE_ONLY = ("scheduler/sizing/compiled.py", "scheduler/compiled.py", "scheduler/measuring/compiled.py")
+COMPILE_ONLY = ("scheduler/sizing/compiled.py", "scheduler/compiled.py", "scheduler/measuring/compiled.py",
+                "scheduler/measuring/inductor.py")
 #: Where files of :data:`COMPILE_ONLY` were before (``solve_compiled`` in ``scheduler/sizing/`` from ``ba21d3e``
 #: to ``fc9e0c3``): excluded alike.
 COMPILE_ONLY_BEFORE = ("scheduler/sizing/solve_compiled.py",)

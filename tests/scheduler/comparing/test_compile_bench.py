@@ -64,7 +64,7 @@ def test_the_page_gives_measured_over_predicted_of_every_plan_the_searches_measu
 
 def test_below_our_floor_the_row_names_the_floors_plan_it_measured():
     text = bench.report(_doc())
-    assert "| m | ours below 0.9 x 8.00 | | | | 7.60 (floor plan, over) | 7.40 | 1.027 | 21.0 |" in text
+    assert "| m | ours below 0.9 x 8.00 | | | | | | 7.60 (floor plan, over) | 7.40 | 1.027 | - | - | 21.0 |" in text
 
 
 def test_where_inductor_measures_over_our_prediction_the_page_says_by_how_much_and_why():
@@ -83,6 +83,32 @@ def test_where_inductor_measures_over_our_prediction_the_page_says_by_how_much_a
 def test_the_page_has_every_row_and_the_skipped_model():
     text = bench.report(_doc())
     assert text.count("| m | ") == 6  # plain, four budgets, below
-    assert "| vit | | | | | | | | | | | | skipped: no torchvision |" in text
-    assert "| m | 0.3 | 9.00 | 15.0 | 1.0e-07 | no plan (floor 9.50) |" in text
+    assert "| vit |" + " |" * 15 + " skipped: no torchvision |" in text
+    assert "| m | 0.3 | 9.00 | - | - | 15.0 | 1.0e-07 | no plan (floor 9.50) |" in text
+    # every row has the header's cells
+    header = next(x for x in text.splitlines() if x.startswith("| model |"))
+    assert all(x.count("|") == header.count("|") for x in text.splitlines() if x.startswith("| m |"))
+
+
+def test_the_page_counts_measured_peaks_at_or_under_the_compiled_bound_for_every_side():
+    doc = _doc()
+    m = doc["models"][0]
+    m["plain"]["bound"] = {"bound_bytes": 14 * MIB, "fused_bytes": 12 * MIB}
+    for r, bound in zip(m["rows"], (9.0, 11.0, 11.2, 10.0)):  # compile's 8, 10, 11, 9 MiB: all under
+        r["theirs"]["bound"] = {"bound_bytes": int(bound * MIB)}
+    m["rows"][0]["ours"]["bound"] = {"bound_bytes": 8 * MIB, "fused_bytes": int(7.4 * MIB)}  # 7.5 measured
+    m["rows"][1]["ours"]["bound"] = {"bound_bytes": int(8.5 * MIB), "fused_bytes": 8 * MIB}  # 9.0: over it
+    m["rows"][2]["ours"]["bound"] = {"error": "RuntimeError: no"}
+    m["rows"][0]["ours"]["tries"] = [[0, 8 * MIB, int(7.5 * MIB), 0.01, 8 * MIB],
+                                     [0, 9 * MIB, 9 * MIB, 0.01, int(8.5 * MIB)], [0, 9 * MIB, 9 * MIB, 0.01]]
+    lines = bench.claims(doc)
+    assert ("- measured at or under the compiled bound (NOTE [ Compiled peak bound ], read on fake tensors, nothing "
+            "run): ours kept 1 of 2 (measured/bound 0.938 to 1.059), 2 not read; every plan the searches measured "
+            "1 of 2 (measured/bound 0.938 to 1.059); compile's own rows 4 of 4 (measured/bound 0.889 to 0.982); "
+            "unplanned 1 of 1 (measured/bound 0.857 to 0.857)") in lines
+    assert "  - the fused estimate (pointwise chains not materialized; not a bound) on ours kept: within 10% on 1 of " \
+        "2, measured over it on 2" in lines
+    text = bench.report(doc)
+    assert "| m | plain (1.0) | 12.00 | 14.00 | 0.857 | 10.0 | 0 |" in text
+    assert "| 7.50 | 8.00 | 0.938 | 8.00 | 0.938 | 18.0 |" in text and "| RuntimeError: no | - |" in text
 
