@@ -30,6 +30,7 @@ _NAMES = {
     "solvers": ("InfeasibleBudget", "Plan", "PlanError", "PlanMismatch", "Simulation", "Status", "UnknownSolver",
                 "available_solvers", "load_plan"),
     "scheduler.api": ("fit", "simulate", "solve", "solve_compiled"),
+    "scheduler.measuring.inductor": ("compiled_bound",),  # torch, loaded on first use as the verbs of api.LAZY
     "scheduler.sizing.budget": ("BudgetError", "format_bytes", "parse_size"),
     "scheduler.sizing.memory": ("parse_budget",),
 }
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # what the names are, for readers and type checkers
 
     from . import api
     from .api import fit, simulate, solve, solve_compiled
+    from .measuring.inductor import compiled_bound
     from .sizing.budget import BudgetError, format_bytes, parse_size
     from .sizing.memory import parse_budget
 
@@ -51,7 +53,7 @@ __all__ = [
     "InfeasibleBudget", "Plan", "PlanError", "PlanMismatch", "Simulation", "Status", "UnknownSolver",
     "available_solvers", "load_plan",
     "BudgetError", "format_bytes", "parse_budget", "parse_size",
-    "trace", "solve", "simulate", "apply", "remove", "verify", "fit", "compare", "solve_compiled",
+    "trace", "solve", "simulate", "apply", "remove", "verify", "fit", "compare", "solve_compiled", "compiled_bound",
 ]
 
 

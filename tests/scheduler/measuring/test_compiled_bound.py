@@ -70,6 +70,10 @@ def case(name: str):
     return model, (x,), loss
 
 
+def test_it_is_a_verb_of_scheduler():
+    assert scheduler.compiled_bound is compiled_bound and "compiled_bound" in scheduler.__all__
+
+
 def block_plan(graph):
     spans = {sp.module: (sp.first, sp.last) for sp in graph.spans}
     return scheduler.Plan.from_regions(graph, [spans[f"blocks.{i}"] for i in range(3)])
