@@ -231,7 +231,8 @@ def bound_of(model: nn.Module, plan: Any, args: tuple, graph: Any, fraction: flo
         log.warning("compile: the bound failed", exc_info=True)
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
     return {"bound_bytes": b.bound_bytes, "fused_bytes": b.fused_bytes, "layout_bytes": b.layout_bytes,
-            "graphs": b.graphs, "eager_nodes": b.eager_nodes, "read_s": time.perf_counter() - t0}
+            "graphs": b.graphs, "eager_nodes": b.eager_nodes, "guaranteed": b.guaranteed,
+            "read_s": time.perf_counter() - t0}
 
 
 def grad_diff(side: Side, reference: dict[str, torch.Tensor]) -> float:
