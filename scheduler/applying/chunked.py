@@ -151,11 +151,12 @@ class _Chunks:
         self.module, self.path, self.k = module, path, int(k)
         self.checkpointed, self.previous = frozenset(checkpointed), previous
         self.recomputes = 0
+        self.forward_fn = type(module).forward  # read here (NOTE [ Regions under torch.compile ])
 
     def _own_forward(self, *args: Any, **kwargs: Any) -> Any:
         """The class's forward, called as a function (no bound method built per call: NOTE [ Regions under
         torch.compile ] in ``scheduler.applying.regions``)."""
-        return type(self.module).forward(self.module, *args, **kwargs)
+        return self.forward_fn(self.module, *args, **kwargs)
 
     def original(self) -> Any:
         if self.previous is not None:

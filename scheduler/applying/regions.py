@@ -16,7 +16,10 @@ NOTE [ Regions under torch.compile ]
     recomputes the region's ops in the backward): a plan adds no graph break,
     and ``fullgraph=True`` works wherever it works without the plan. For
     that, nothing Dynamo traces builds a bound method per call (the class's
-    forward is called as a function, ``RegionForward._own_forward``) and
+    forward is called as a function, ``RegionForward._own_forward``, read
+    off the class when the plan is applied: Dynamo cannot read an attribute
+    of a class that ``torch._dynamo.allow_in_graph`` marked, as diffusers
+    marks its ``Attention``, and ran every such region eagerly) and
     nothing inside the checkpoint's function changes Python state (Dynamo
     refuses side effects inside its checkpoint operator and would run the
     whole region eagerly): the ``gradient_checkpointing`` flags are set to
@@ -366,10 +369,11 @@ class RegionForward:
         self.policy = RegionPolicy(path, save_ops, save_op_calls) if save_ops else None
         self.marked: tuple[nn.Module, ...] = (module,)  # NOTE [ Regions under torch.compile ]; set by apply
         self.cache_slots = _cache_slots(type(module))
+        self.forward_fn = type(module).forward  # read here: Dynamo cannot read it off a class allowed in its graph
 
     def _own_forward(self, *args: Any, **kwargs: Any) -> Any:
         """The class's forward, called as a function (NOTE [ Regions under torch.compile ])."""
-        return type(self.module).forward(self.module, *args, **kwargs)
+        return self.forward_fn(self.module, *args, **kwargs)
 
     def original(self) -> Callable[..., Any]:
         if self.previous is not None:

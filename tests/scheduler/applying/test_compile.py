@@ -215,6 +215,30 @@ def test_a_plan_adds_no_graph_break_and_fullgraph_compiles():
     assert_equal_steps(base, ours)  # dropout in the regions: bitwise
 
 
+@torch._dynamo.allow_in_graph
+class InGraphAttention(Attention):
+    """A module class marked for Dynamo's graph, as diffusers marks its ``Attention``: Dynamo cannot read its
+    ``forward`` off the class while tracing (a region of it broke the graph and ran eagerly)."""
+
+
+class InGraphBlock(Block):
+    def __init__(self, width: int) -> None:
+        super().__init__(width)
+        self.attn = InGraphAttention(width)
+
+
+def test_a_region_on_a_class_allowed_in_dynamos_graph_adds_no_break():
+    torch.manual_seed(0)
+    model = Transformer().train()
+    model.blocks = nn.ModuleList(InGraphBlock(b.attn.qkv.in_features) for b in model.blocks)
+    ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
+    planned, twin = planned_and_twin(model, span_plan(model, (ids,), ["blocks.0.attn", "blocks.1", "blocks.2.attn"]))
+    base = compiled_step(twin, (ids,))
+    ours = compiled_step(planned, (ids,), fullgraph=True)  # 3 breaks, each region eager, before
+    assert ours[3] == base[3] == 0
+    assert_equal_steps(base, ours)
+
+
 def test_a_region_that_writes_python_state_compiles_whole_and_writes_it_once():
     """NOTE [ Python state written inside a region ]: 0 breaks with the plan as without, ``fullgraph=True``, the
     compiled twin's step bitwise, the state written once per forward (as the twin: the recompute does not write
