@@ -124,6 +124,11 @@ SUITES: tuple[Suite, ...] = (
                                                "benchmarks/compile_page.py", "benchmarks/steady.py"),
           how="PYTHONPATH=. VENV/bin/python -m benchmarks.compile, in the venv of thirdparty (torchvision; make bench "
               "runs the models it can and keeps the committed page when torchvision is missing)"),
+    Suite("compile_thirdparty", ("compile_thirdparty.md",), _STEP + ("scheduler/measuring/inductor.py",
+                                                                   "benchmarks/thirdparty.py",
+                                                                   "benchmarks/thirdparty_models.py"),
+          how="PYTHONPATH=. VENV/bin/python -m benchmarks.compile_thirdparty, in the venv of thirdparty (make bench "
+              "runs the models it can and keeps the committed page when a library is missing)"),
     Suite("cost_models", ("cost_models.md",), _TRACE),
     Suite("time_truth", ("time.md",), _STEP + ("scheduler/comparing/", "benchmarks/chunked.py",
                                                "benchmarks/steady.py")),

@@ -288,8 +288,9 @@ def report(rows: list[dict], skipped: list[str]) -> str:
 
 def run_suite(suite: str, run_case: Callable[[str, Case], dict], report: Callable[[list[dict], list[str]], str],
               title: str, json_key: str, quick: bool = False, names: list[str] | None = None,
-              command: str | None = None) -> list[dict]:
-    """Run ``run_case`` on the models in ``names`` (default: all, ``QUICK`` with ``quick``) and write the page.
+              command: str | None = None, cases: dict[str, Callable[[], Case]] = CASES) -> list[dict]:
+    """Run ``run_case`` on the models in ``names`` (default: all of ``cases``, ``QUICK`` with ``quick``) and write
+    the page.
 
     A model whose library is missing is skipped and named; a model that fails is a row with its error, not a
     crash. Only a run over every model (or the quick set) writes ``benchmarks/results/<suite>.md``: a part of
@@ -297,10 +298,10 @@ def run_suite(suite: str, run_case: Callable[[str, Case], dict], report: Callabl
     """
     torch.set_num_threads(2)
     how = next(s.how for s in SUITES if s.name == suite)
-    chosen = list(names or (QUICK if quick else CASES))
+    chosen = list(names or (QUICK if quick else cases))
     rows, skipped = [], []
     for name in chosen:
-        case = CASES[name]()
+        case = cases[name]()
         if importlib.util.find_spec(case.library) is None:
             skipped.append(f"{name}: skipped, {case.library} is not installed")
             print(skipped[-1], flush=True)
@@ -315,7 +316,7 @@ def run_suite(suite: str, run_case: Callable[[str, Case], dict], report: Callabl
     if skipped and not quick:
         log.warning("%s: %d of %d models skipped, %s not written; for the full page run %s", suite, len(skipped),
                     len(chosen), f"benchmarks/results/{suite}.md", how)
-    elif chosen == list(CASES) or quick:
+    elif chosen == list(cases) or quick:
         write_page(f"{suite}.md", title, text, quick=quick, command=command)
         (out_dir(quick) / f"{suite}.json").write_text(json.dumps({"skipped": skipped, json_key: rows}, indent=1) + "\n")
     print(text)

@@ -25,17 +25,21 @@ saves can be read before anything runs:
    into one kernel): the estimate, closer, not a bound.
 3. Around the graphs: the parameters, buffers and inputs (the base); the
    largest scratch a convolution allocates inside itself (``workspace_bytes``
-   of the eager trace, where given: oneDNN's on CPU); and, where the forward
-   has convolutions and ``torch._inductor.config.layout_optimization`` is on
-   (the default), a channels-last copy of each convolution's weight and of
-   each input it reads from outside the graph, all alive at once. That pass
-   rewrites layouts below the graphs, so there the bound is counted, not
-   proven (``guaranteed`` False): it held on ResNet-18 and torchvision's ViT
-   (``benchmarks/results/compile.md``) and on timm's ResNet-18, not on timm's
-   ViT-tiny (1.002 of it: 0.1 MiB over, on one thread) nor on torchvision's
-   MobileNetV3-small with a block as a region (1.41-1.43 of it, where the
-   unplanned step measures 0.67 of its own: the layout pass then adds about
-   12.8 MiB no graph shows). With it off, or without convolutions, it is a
+   of the eager trace, where given: oneDNN's on CPU); and, in each graph
+   where inductor's layout optimization is on (its own heuristic,
+   ``GraphLowering.decide_layout_opt``, read on the recorded graph: on CPU
+   any graph with a convolution forward), channels-last copies, all alive at
+   once: of each 4-d input of the graph (in a forward the convolutions'
+   weights and the batch; in a backward also the saved activations and
+   incoming gradients) and, in a backward, of each 4-d gradient it returns
+   (made channels-last, copied back to the parameter's layout). A backward
+   gets convolution forwards where a region recomputes one: torchvision's
+   MobileNetV3-small with one block as a region measured 24.64 MiB where
+   the unplanned step measured 11.81, whatever the block, 1.47 of a bound
+   that counted the forward's copies only. That pass rewrites layouts below
+   the graphs, so there the bound is counted, not proven (``guaranteed``
+   False; ``benchmarks/results/compile_thirdparty.md`` holds it against
+   third-party models). With it off, or without convolutions, it is a
    bound.
 4. Several graphs (a graph break): the largest graph's own peak plus what
    every other graph keeps (its outputs, saved tensors and gradients). A part
@@ -130,15 +134,17 @@ def _walk_graph(gm: torch.fx.GraphModule, live: dict[Any, int], fixed: set[Any],
         for a in n.all_input_nodes:
             last[a] = n
     holders: dict[Any, set[torch.fx.Node]] = {}
-    top = sum(live.values())
+    total = sum(live.values())  # kept as a running sum: a sum over ``live`` per node is quadratic in the graph
+    top = total
 
     def drop(a: torch.fx.Node) -> None:
+        nonlocal total
         k, _ = _key_bytes(a.meta.get("val"))
         if k is None or k in fixed or a in outs or k not in holders:
             return
         holders[k].discard(a)
-        if not holders[k]:
-            live.pop(k, None)
+        if not holders[k] and k in live:
+            total -= live.pop(k)
 
     for n in nodes:
         if n.op == "output":
@@ -149,8 +155,9 @@ def _walk_graph(gm: torch.fx.GraphModule, live: dict[Any, int], fixed: set[Any],
         if k is not None and not virtual:
             if k not in live:
                 live[k] = b
+                total += b
             holders.setdefault(k, set()).add(n)
-        top = max(top, sum(live.values()))
+        top = max(top, total)
         for a in n.all_input_nodes:
             if last.get(a) is n:
                 drop(a)
@@ -181,19 +188,29 @@ def _walk(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule | None, fused: bool
     return _Walk(peak=top - base, kept=sum(live.values()) - base + saved, saved=saved), base
 
 
-def _layout_bytes(fw: torch.fx.GraphModule) -> int:
-    """Channels-last copies inductor's layout optimization makes: each convolution's weight, and each input it
-    reads straight from the graph's inputs (the parameters and the batch), once."""
-    from torch._inductor import config
+def _layout_bytes(gm: torch.fx.GraphModule | None, inference: bool) -> int:
+    """Channels-last copies inductor's layout optimization makes in ``gm``, where inductor's own heuristic
+    (``GraphLowering.decide_layout_opt``) turns it on for that graph: each input a convolution (forward or
+    backward) reads from outside the graph (parameters, the batch, saved tensors, incoming gradients), once,
+    and in a backward each 4-d gradient it returns (made channels-last, copied back to the parameter's
+    layout)."""
+    from torch._inductor.graph import GraphLowering
 
-    if not config.layout_optimization:
+    if gm is None or not GraphLowering.decide_layout_opt(gm, is_inference=inference):
         return 0
-    copies: dict[torch.fx.Node, int] = {}
-    for n in fw.graph.nodes:
-        if n.target is torch.ops.aten.convolution.default:
-            for a in n.args[:2]:
-                if isinstance(a, torch.fx.Node) and a.op == "placeholder":
-                    copies[a] = _key_bytes(a.meta.get("val"))[1]
+    convs = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
+    copies: dict[Any, int] = {}
+    backward = False
+    for n in gm.graph.nodes:
+        backward |= n.target is convs[1]
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() >= 4:
+            k, b = _key_bytes(n.meta["val"])
+            copies[k] = b
+        elif n.op == "output" and backward:
+            for a in n.all_input_nodes:
+                v = a.meta.get("val")
+                if isinstance(v, torch.Tensor) and v.dim() >= 4:
+                    copies.setdefault(("out", _key_bytes(v)[0]), _key_bytes(v)[1])
     return sum(copies.values())
 
 
@@ -300,7 +317,7 @@ def compiled_bound(model: nn.Module, plan: Any, args: Sequence[Any], kwargs: Map
                             accumulated_recompile_limit=max(limits.accumulated_recompile_limit, 4096)):
         training_step(fn, fargs, fkwargs, probe, loop=loop)
     eager_nodes, loss_bytes = (eager + [0, 0])[:2]
-    layout = sum(_layout_bytes(fw) for fw, _ in pairs)
+    layout = sum(_layout_bytes(fw, bw is None) + _layout_bytes(bw, False) for fw, bw in pairs)
     scratch = 0 if graph is None else max(
         (n.workspace_bytes for n in graph.nodes if "aten.convolution.default" in n.dispatch), default=0)
     walks = {fused: [_walk(fw, bw, fused)[0] for fw, bw in pairs] for fused in (False, True)}
