@@ -104,10 +104,12 @@ class _Walk:
 def _key_bytes(value: Any) -> tuple[Any, int]:
     if not isinstance(value, torch.Tensor):
         return None, 0
+    from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw
     from torch.multiprocessing.reductions import StorageWeakRef
 
     storage = value.untyped_storage()
-    return StorageWeakRef(storage), storage.nbytes()
+    # a size Dynamo made dynamic (a frame compiled again at other sizes) is read at this step's own size, its hint
+    return StorageWeakRef(storage), int(guarding_hint_or_throw(storage.nbytes()))
 
 
 def _pointwise(node: torch.fx.Node) -> bool:

@@ -176,3 +176,47 @@ def test_a_region_run_eagerly_is_bounded_with_the_eager_prediction_and_without_a
     whole = compiled_bound(model, plan, (x,), graph=graph)
     assert whole.eager_nodes == 0 and whole.graphs == 1 and whole.saved_bytes > 0
     assert compiled_step_peak(model, plan, (x,), backend="inductor") <= whole.bound_bytes
+
+
+class Pyramid(nn.Module):
+    """The same block class at two resolutions, each call breaking Dynamo's graph: Dynamo compiles the block's
+    frame twice and the second time marks its sizes dynamic (a U-Net's blocks under ``torch.compile``)."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = torch.relu(self.conv(x))
+            torch._dynamo.graph_break()
+            return x * 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.blocks = nn.ModuleList(self.Block() for _ in range(3))
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks[0](self.stem(x))
+        x = self.blocks[1](F.max_pool2d(x, 2))
+        x = self.blocks[2](F.max_pool2d(x, 2))
+        return self.head(x.mean((2, 3)))
+
+
+def test_sizes_dynamo_made_dynamic_are_read_at_the_step_s_own_sizes():
+    """Symbolic sizes (automatic dynamic shapes) are read at their hints: the bound is a number of bytes, not a
+    symbolic expression that fails when compared (the third-party page crashed so on its report)."""
+    torch.manual_seed(0)
+    model, x = Pyramid().train(), torch.randn(2, 3, 32, 32)
+    labels = torch.randint(0, 10, (2,))
+
+    def loss(out):
+        return F.cross_entropy(out, labels)
+
+    graph = scheduler.trace(model, (x,), {}, loss=loss)
+    bound = compiled_bound(model, None, (x,), {}, loss, graph=graph)
+    assert type(bound.bound_bytes) is int and type(bound.fused_bytes) is int and type(bound.saved_bytes) is int
+    assert bound.graphs > 3  # the block's frame compiled again, dynamic
+    assert compiled_step_peak(model, None, (x,), {}, loss) <= bound.bound_bytes
