@@ -27,8 +27,9 @@ NOTE [ Recompute timed in the step ]
     by ``run_clock`` (CPU time on one thread, NOTE [ Chunk loops timed at
     their shapes ]), Python's collector held off (``no_collection``: with
     it, a Llama's blocks measured 7.8-16.9 ms over four traces; without,
-    15.5-16.1 in four of five). What the plan adds (the median of the rounds'
-    differences), less its overheads (``overhead_seconds``: the
+    15.5-16.1 in four of five). What the plan adds (the difference of
+    the two steps' least times over the rounds, below), less its
+    overheads (``overhead_seconds``: the
     region calls, RNG), over the recompute the graph predicts for it, is the
     graph's recompute scale: every node's ``fwd_cost`` is multiplied by it,
     so every solver weighs the recompute as measured. The blocks stand for
@@ -71,6 +72,21 @@ NOTE [ Recompute timed in the step ]
     count's figure (``chunk_times``); a count between or beyond them is read
     off the line through the counts so corrected.
 
+    Each figure is a difference of least times: every side's least time over
+    the clean rounds, less the plain step's. It was the median of the rounds'
+    differences, which moves with every round where the plain step alone
+    was slowed (each difference uses that round's plain run): on an
+    untied GPT-2 at hidden 256 (a 32,000-word head, 256 tokens, one thread)
+    four traces priced its fused head whole at -25.7 to -1.6 ms, 4 chunks
+    at -4.6 to 41.8, with recompute scales 0.60-1.75, where 21 alternated
+    rounds of the step measured -3.1, 27.1 and the head's neighbours alike.
+    From the same rounds, the least times gave, over four traces idle, the
+    fused head -4.4 to -3.6 ms (the median -6.1 to -1.8), 2 chunks -0.6 to
+    0.7 (-1.1 to 5.4), 4 chunks 21.7-24.0 (20.7-26.9); beside a busy core
+    -6.9 to -4.5 (-11.5 to -4.5), -4.7 to -0.3 (-5.7 to 3.0). On a shared
+    machine interference only adds time, so a side's least run is its own
+    time; ``benchmarks/time_truth.py`` measures a plan's extra time so.
+
     Not measured (the roofline as it is): a graph without repeated or
     numbered blocks, a step estimated (FLOPs at the graph's
     rate) over :data:`MAX_STEP_S`, or whose pass (plain and planned) takes
@@ -86,7 +102,6 @@ NOTE [ Recompute timed in the step ]
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 import warnings
 from typing import Any, Callable, Mapping, Sequence
@@ -229,21 +244,22 @@ def measure_scale(graph: Graph, plain: Callable[[], Any], planned: Callable[[], 
         times = _rounds(sides, clock, wall, rounds, budget_s)
     if times is None:
         return None
-    measured = statistics.median(t[1] - t[0] for t in times)
+    least = [min(t[i] for t in times) for i in range(len(sides))]  # least times (NOTE [ Recompute timed in the step ])
+    measured = least[1] - least[0]
     overheads = sum(overhead_seconds(graph, plan.regions).values())
     scale = min(MAX_SCALE, max(MIN_SCALE, (measured - overheads) / predicted))
     out = {"scale": scale, "measured_s": measured, "predicted_s": predicted, "overheads_s": overheads,
            "blocks": float(len(plan.regions))}
-    bound = MAX_HEAD_OFFSET * statistics.median(t[0] for t in times)
+    bound = MAX_HEAD_OFFSET * least[0]
     for i, (k, (_, hp)) in enumerate(heads.items(), at_head):  # each count in the step against its figure
         sim = simulate(graph, hp, record=False)  # at the scale, with its overheads (the loop's figure among them)
         expected = scale * (sim.recompute_time_s or 0.0) + sum((sim.overhead_s or {}).values())
-        offset = statistics.median(t[i] - t[0] for t in times) - expected
+        offset = least[i] - least[0] - expected
         out.update({f"head_offset_s@{k}": min(bound, max(-bound, offset)), f"head_expected_s@{k}": expected})
     if kept is not None and kept_plan is not None and figures:
         # what keeping adds beyond the blocks' plan, less its recompute saved (at the scale) and its store entries,
         # per call its selective regions run twice (NOTE [ Plan overheads ])
-        added = statistics.median(t[2] - t[1] for t in times)
+        added = least[2] - least[1]
         saved = scale * (predicted - simulate(graph, kept_plan, record=False).recompute_time_s)
         calls = _selective_calls(graph, kept_plan)
         if calls > 0:
@@ -265,8 +281,8 @@ def _rounds(sides: Sequence[Callable[[], Any]], clock: Callable[[], float], wall
     """Each round's times of ``sides`` (one step each), run in turn (ABC CBA...) by ``clock``: after two warm-up
     passes, as many rounds as ``budget_s`` holds at the second pass's pace by ``wall`` (:data:`MIN_ROUNDS` to
     ``rounds``), none started once three budgets are spent (two at least). A round's steps share its stretch of
-    the machine's load, so the median of their differences is the figure (a GPT-2 step of 200 ms, 2 blocks,
-    beside a busy core: 26-28 ms in three measurements; the least times' difference 25-30). A round with a step
+    the machine's load; each side's least time over the rounds is its figure (NOTE [ Recompute timed in the
+    step ]: the median of the rounds' differences moved with every slow plain run). A round with a step
     that faulted pages in (more than ``FAULTS``, as NOTE [ Chunk loops timed at their shapes ] says) counts only
     where every round had one: with glibc's defaults a GPT-2 step's plain run once measured 29 ms more than its
     planned one. None where a pass takes over :data:`MAX_PASS_S` by ``clock``."""

@@ -92,6 +92,38 @@ def test_a_scale_beyond_its_bounds_is_kept_at_them(extra, want):
     assert found["scale"] == want and found["measured_s"] == pytest.approx(extra)
 
 
+def test_a_plain_step_slowed_in_most_rounds_moves_no_figure():
+    """Interference only adds time: each side's least time over the rounds is its own, so a plain step slowed in
+    three rounds of five (each difference of those rounds smaller) moves neither the scale nor a head's offset
+    (the median of the rounds' differences had moved both: NOTE [ Recompute timed in the step ])."""
+    from scheduler.tracing.chunk_times import with_chunk_times
+
+    model, kwargs = _gpt2()
+    g = with_chunk_times(capture(model, (), kwargs, loss=lambda out: out.loss).graph, {"lm_head+loss": {"2": 0.003}})
+    plan = rs.block_plan(g)
+    predicted = simulate(g, plan).recompute_time_s
+    name, plans = rs.head_plans(g)
+    sim = simulate(g, plans["2"])
+    expected = sim.recompute_time_s + sum(sim.overhead_s.values())
+    now, calls = [0.0], [0]
+
+    def run(s):
+        def go():
+            now[0] += s
+        return go
+
+    def plain():  # two warm-up passes, then five rounds: slowed by 5 ms in the second to fourth
+        calls[0] += 1
+        now[0] += 0.010 + (0.005 if calls[0] in (4, 5, 6) else 0.0)
+
+    heads = {"2": (run(0.010 + expected + 0.001), plans["2"])}
+    found = rs.measure_scale(g, plain, run(0.010 + 1.5 * predicted), plan, heads=heads, clock=lambda: now[0],
+                             rounds=5)
+    assert calls[0] == 2 + 5
+    assert found["measured_s"] == pytest.approx(1.5 * predicted) and found["scale"] == pytest.approx(1.5)
+    assert found["head_offset_s@2"] == pytest.approx(0.001)
+
+
 def test_region_overheads_are_taken_from_what_the_blocks_add():
     from solvers.model.overheads import with_overheads
 
