@@ -6,6 +6,11 @@ import tempfile
 # (pytest-xdist, PYTEST_XDIST_WORKER_COUNT), each with its share of the cores; alone, two threads.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 os.environ.setdefault("OMP_NUM_THREADS", str(max(1, min(2, (os.cpu_count() or 2) // _WORKERS))))
+# Inductor's kernels in a folder of this run's own (set before xdist starts its workers, which inherit it): in the
+# shared /tmp/torchinductor_<user>, a benchmark compiling beside `make test` left a kernel's .so half written when a
+# test loaded it ("file too short").
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="ckpt-test-inductor-"))
 
 #: The CPU peaks every test's trace is priced with (NOTE [ CPU calibration ]): fixed, so that a plan a test
 #: solves is the same on every machine and at any load. Measured on this project's development machines
