@@ -1,5 +1,7 @@
+import atexit
 import json
 import os
+import shutil
 import tempfile
 
 # Keep torch and BLAS from fighting over the cores: `make test` runs the suite in one process per core
@@ -9,8 +11,10 @@ os.environ.setdefault("OMP_NUM_THREADS", str(max(1, min(2, (os.cpu_count() or 2)
 # Inductor's kernels in a folder of this run's own (set before xdist starts its workers, which inherit it): in the
 # shared /tmp/torchinductor_<user>, a benchmark compiling beside `make test` left a kernel's .so half written when a
 # test loaded it ("file too short").
-if "PYTEST_XDIST_WORKER" not in os.environ:
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="ckpt-test-inductor-"))
+# Removed when the process that made it exits (the controller outlives its workers).
+if "PYTEST_XDIST_WORKER" not in os.environ and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="ckpt-test-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 #: The CPU peaks every test's trace is priced with (NOTE [ CPU calibration ]): fixed, so that a plan a test
 #: solves is the same on every machine and at any load. Measured on this project's development machines
@@ -29,6 +33,7 @@ def _pin_cpu_peaks() -> None:
     from scheduler.tracing.calibration import CACHE_ENV, cache_key
 
     folder = tempfile.mkdtemp(prefix="ckpt-test-peaks-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     entry = {"figures": TEST_CPU_PEAKS, "measured": TEST_CPU_PEAKS, "one_thread": TEST_CPU_PEAKS,
              "contended": [], "rounds": 1, "measured_at": "fixed for the tests (tests/conftest.py)",
              "pinned": True}  # never spot-checked against this machine
