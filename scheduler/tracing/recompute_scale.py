@@ -55,6 +55,33 @@ NOTE [ Recompute timed in the step ]
     ms slower than those without, predicted 0.2-1 ms faster. ViT's came out
     at 5.5 us, Llama's at 0-2.5.
 
+    A region's call is measured in the same rounds too: a step with one
+    region over the shortest span around the blocks (``cover_plan`` in
+    ``scheduler.tracing.step_plans``: torchvision DenseNet's
+    ``features.denseblock3`` around its 24 layers, a ResNet's stages around
+    its blocks) recomputes what the blocks' plan does, or a little more, in
+    one call. With ``y`` what a plan adds less its overheads other than the
+    regions' calls, the blocks' ``y = s P + n r`` and the cover's
+    ``y = s P' + r`` give the scale ``s`` and a region's call ``r``, which
+    replaces the calibrated ``region_s`` in the graph's figures (stored as
+    ``region_s`` beside ``calibrated_region_s``). Where ``s`` falls outside
+    its bounds, ``r`` outside ``[0, MAX_REGION_S]``, or the cover recomputes
+    over ``MAX_COVER`` times what the blocks do, the scale is the blocks'
+    alone, as before, and where there are fewer than ``MIN_COVERED`` blocks
+    (the call is read off the difference of ``n`` calls and one, so a
+    step's noise reaches it over ``n - 1``: ConvNeXt's 4 blocks read 0.7
+    and 2.6 ms a call in two traces). The calibration times a region over one small op: 0.15
+    ms a call. In DenseNet-121's step (torch 2.14, one thread, batch 4 at 64
+    px) its 24 ``denseblock3`` layers as 24 regions added 66-67 ms, as one
+    region 37-45, for the same 36-38 ms of roofline recompute: 1.0-1.3 ms a
+    region (each layer's list of inputs through the checkpoint's pytree, its
+    hooks, kernels that run slower when each recompute is interleaved with
+    the backward); a ResNet's 8 blocks 1.7 ms a region. A
+    scale alone put all of it on the FLOPs: DenseNet's came out 1.4-2.4
+    over traces, and plans over ``denseblock1``, whose layers cost 3-5 times
+    more each, were priced 74 % over their measured time (``time.md`` at
+    ``4fbb4c0``).
+
     Where the trace timed the head's chunk loop at its shape (NOTE [ Chunk
     loops timed at their shapes ]), the rounds also run, for each count it
     timed (the fused head whole, 2 and 4 chunks), a step with the head and
@@ -106,15 +133,16 @@ import time
 import warnings
 from typing import Any, Callable, Mapping, Sequence
 
-from graphs import COSTS_META, CkptError, Graph
+from graphs import COSTS_META, Graph
 from solvers.model.overheads import CHUNK_TIMES_KEY, graph_overheads, overhead_seconds, with_overheads
 
 from .chunk_times import FAULTS, _page_faults
 from .opclasses import no_collection, run_clock
+from .step_plans import MAX_COVER, MIN_COVERED, block_plan, cover_plan, head_plans
 
 __all__ = ["SCALE_KEY", "MIN_SCALE", "MAX_SCALE", "MAX_STEP_S", "MAX_PASS_S", "BUDGET_S", "ROUNDS", "MIN_ROUNDS",
-           "MAX_HEAD_OFFSET", "block_plan", "head_plans", "measure_scale",
-           "with_recompute_scale", "recompute_scale", "register_applier"]
+           "MAX_HEAD_OFFSET", "MAX_REGION_S", "MAX_COVER", "MIN_COVERED", "block_plan", "cover_plan", "head_plans",
+           "measure_scale", "with_recompute_scale", "recompute_scale", "register_applier"]
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +160,8 @@ MAX_PASS_S = 4.0
 MAX_SELECTIVE_S = 1e-4
 #: The most the head's loop may add in the step beyond its figure, either way, as a fraction of the plain step.
 MAX_HEAD_OFFSET = 0.15
+#: The most a region's call may cost as measured in the step (seconds; the calibration's is about 0.15 ms).
+MAX_REGION_S = 5e-3
 
 
 #: ``(planned, applied_plan)`` of ``scheduler.applying``, which registers them when it is imported
@@ -146,86 +176,20 @@ def register_applier(planned: Callable[[Any, Any], Any], applied_plan: Callable[
     _APPLIER = (planned, applied_plan)
 
 
-def block_plan(graph: Graph, kept: bool = False) -> Any:
-    """The plan checkpointing each repeated block of ``graph`` (``per-module``'s), or None without blocks; with
-    ``kept``, keeping in each block the node its menu ranks first (``solvers.model.selective.variants``), or None
-    where no block has one."""
-    from solvers import Plan
-    from solvers.baselines import NoModulePaths, block_spans
-    from solvers.model.selective import variants
-
-    try:
-        try:
-            regions = block_spans(graph)
-        except NoModulePaths:
-            regions = _numbered_spans(graph)
-        if not regions:
-            return None
-        if not kept:
-            return Plan.from_regions(graph, regions)
-        saved = sorted(k for a, b in regions for k in (variants(graph, a, b) + [()])[1][:1])
-        return Plan.from_regions(graph, regions, saved=tuple(saved)) if saved else None
-    except (NoModulePaths, CkptError):
-        return None
-
-
-def _numbered_spans(graph: Graph) -> list[tuple[int, int]]:
-    """The spans of the most frequent family of numbered submodules of one parent whose names do not end in an
-    index of their own (torchvision DenseNet's ``features.denseblock3.denselayer1`` to ``denselayer24``), the
-    recomputable ones, left to right without overlap; empty where no family has two."""
-    from collections import Counter
-
-    from solvers.model.spans import SpanIndex
-
-    def family(path: str) -> tuple[str, str] | None:
-        parent, _, leaf = path.rpartition(".")
-        stem = leaf.rstrip("0123456789")
-        return (parent, stem) if stem and stem != leaf and stem.isidentifier() else None
-
-    counts = Counter(f for f in (family(sp.module) for sp in graph.spans) if f is not None)
-    if not counts or counts.most_common(1)[0][1] < 2:
-        return []
-    best = counts.most_common(1)[0][0]
-    usable = set(SpanIndex(graph).spans)
-    regions: list[tuple[int, int]] = []
-    for sp in sorted(graph.spans, key=lambda sp: (sp.first, sp.last)):
-        if family(sp.module) == best and (sp.first, sp.last) in usable and (not regions or sp.first > regions[-1][1]):
-            regions.append((sp.first, sp.last))
-    return regions
-
-
-def head_plans(graph: Graph) -> tuple[str, dict[str, Any]] | None:
-    """``(call, {k: plan})``: for each count ``k`` of ``graph``'s head and loss that the trace timed at its shape
-    (``chunk_times``: 1 is a fused head whole), the plan running the head and loss in ``k`` chunks and nothing
-    else; None where no count was timed."""
-    from solvers import Plan
-    from solvers.model.chunks import LOSS_SUFFIX, ChunkError, find_tail
-    from solvers.model.overheads import chunk_times
-
-    try:
-        tail = find_tail(graph)
-        name = tail.head + LOSS_SUFFIX
-        counts = sorted(chunk_times(graph).get(name, {}))
-        if not counts:
-            return None
-        return name, {str(k): Plan.from_regions(graph, [], chunks=((tail.first, len(graph) - 1, k),))
-                      for k in counts}
-    except (ChunkError, CkptError):
-        return None
-
-
 def measure_scale(graph: Graph, plain: Callable[[], Any], planned: Callable[[], Any], plan: Any, *,
                   kept: Callable[[], Any] | None = None, kept_plan: Any = None,
+                  whole: Callable[[], Any] | None = None, whole_plan: Any = None,
                   heads: Mapping[str, tuple[Callable[[], Any], Any]] | None = None,
                   clock: Callable[[], float] | None = None, rounds: int = ROUNDS, budget_s: float = BUDGET_S
                   ) -> dict[str, float] | None:
     """The recompute scale (NOTE [ Recompute timed in the step ]) from ``plain()`` and ``planned()`` (one step
-    each), ``plan`` the planned step's plan on ``graph``; with ``kept()``, the step of ``kept_plan`` (``plan``
-    keeping nodes), the per-call cost of the selective policy too (``selective_op_s``, where ``graph`` has
-    overhead figures); with ``heads``, ``{k: (step, plan)}`` for counts of the head's loop alone
-    (:func:`head_plans`), what each adds in the step beyond its prediction (``head_offset_s@k``, its prediction
-    ``head_expected_s@k``). None where the steps are too slow to time or ``plan`` recomputes nothing by the
-    graph.
+    each), ``plan`` the planned step's plan on ``graph``; with ``whole()``, the step of ``whole_plan``
+    (:func:`cover_plan`), a region's call too (``region_s``, where ``graph`` has overhead figures); with
+    ``kept()``, the step of ``kept_plan`` (``plan`` keeping nodes), the per-call cost of the
+    selective policy (``selective_op_s``, where ``graph`` has overhead figures); with ``heads``,
+    ``{k: (step, plan)}`` for counts of the head's loop alone (:func:`head_plans`), what each adds in the step
+    beyond its prediction (``head_offset_s@k``, its prediction ``head_expected_s@k``). None where the steps are
+    too slow to time or ``plan`` recomputes nothing by the graph.
     ``clock`` times the runs and the budgets (default: :func:`run_clock` for the runs, the wall clock for the
     budgets)."""
     from solvers import simulate
@@ -236,7 +200,11 @@ def measure_scale(graph: Graph, plain: Callable[[], Any], planned: Callable[[], 
     if not predicted or predicted <= 0:
         return None
     figures = graph_overheads(graph)
-    sides = [plain, planned] + ([kept] if kept is not None and kept_plan is not None and figures else [])
+    sides, at = [plain, planned], {}
+    for name, run, p in (("whole", whole, whole_plan), ("kept", kept, kept_plan)):
+        if run is not None and p is not None and figures is not None:
+            at[name] = len(sides)
+            sides.append(run)
     at_head = len(sides)
     heads = dict(heads or {})
     sides += [run for run, _ in heads.values()]
@@ -250,16 +218,20 @@ def measure_scale(graph: Graph, plain: Callable[[], Any], planned: Callable[[], 
     scale = min(MAX_SCALE, max(MIN_SCALE, (measured - overheads) / predicted))
     out = {"scale": scale, "measured_s": measured, "predicted_s": predicted, "overheads_s": overheads,
            "blocks": float(len(plan.regions))}
+    if "whole" in at:
+        fit = _region_call(graph, plan, measured, predicted, whole_plan, least[at["whole"]] - least[0])
+        out.update(fit)
+        scale = out["scale"]
     bound = MAX_HEAD_OFFSET * least[0]
     for i, (k, (_, hp)) in enumerate(heads.items(), at_head):  # each count in the step against its figure
-        sim = simulate(graph, hp, record=False)  # at the scale, with its overheads (the loop's figure among them)
+        sim = simulate(_priced(graph, out), hp, record=False)  # at the scale, with its overheads (the loop's among them)
         expected = scale * (sim.recompute_time_s or 0.0) + sum((sim.overhead_s or {}).values())
         offset = least[i] - least[0] - expected
         out.update({f"head_offset_s@{k}": min(bound, max(-bound, offset)), f"head_expected_s@{k}": expected})
-    if kept is not None and kept_plan is not None and figures:
+    if "kept" in at:
         # what keeping adds beyond the blocks' plan, less its recompute saved (at the scale) and its store entries,
         # per call its selective regions run twice (NOTE [ Plan overheads ])
-        added = least[2] - least[1]
+        added = least[at["kept"]] - least[1]
         saved = scale * (predicted - simulate(graph, kept_plan, record=False).recompute_time_s)
         calls = _selective_calls(graph, kept_plan)
         if calls > 0:
@@ -267,6 +239,42 @@ def measure_scale(graph: Graph, plain: Callable[[], Any], planned: Callable[[], 
             out.update(selective_op_s=min(MAX_SELECTIVE_S, max(0.0, per_call)), kept=float(len(kept_plan.saved)),
                        kept_added_s=added, calibrated_selective_op_s=figures.selective_op_s)
     return out
+
+
+def _region_call(graph: Graph, plan: Any, measured: float, predicted: float, whole_plan: Any, whole_measured: float
+                 ) -> dict[str, float]:
+    """The scale and a region's call fitted to the blocks' plan (``measured`` beyond the plain step, ``predicted``
+    recompute) and the cover's (NOTE [ Recompute timed in the step ]); the cover's figures alone where the fit
+    falls outside the bounds (the scale from the blocks stands)."""
+    from solvers import simulate
+
+    def rest(p: Any) -> float:  # the plan's overheads but its regions' calls
+        terms = overhead_seconds(graph, p.regions)
+        return sum(terms.values()) - terms["regions"]
+
+    n, wp = len(plan.regions), simulate(graph, whole_plan, record=False).recompute_time_s or 0.0
+    yb, yw = measured - rest(plan), whole_measured - rest(whole_plan)
+    out = {"whole_measured_s": whole_measured, "whole_predicted_s": wp}
+    if n < 2 or wp <= 0 or predicted - n * wp >= 0:
+        return out
+    s = (yb - n * yw) / (predicted - n * wp)  # yb = s P + n r, yw = s P' + r
+    r = yw - s * wp
+    r = 0.0 if -1e-6 < r < 0.0 else r  # a microsecond under 0 is 0: no clock here reads finer
+    if MIN_SCALE <= s <= MAX_SCALE and 0.0 <= r <= MAX_REGION_S:
+        figures = graph_overheads(graph)
+        out.update(scale=s, region_s=r, calibrated_region_s=figures.region_s if figures else 0.0,
+                   overheads_s=rest(plan) + n * r)
+    return out
+
+
+def _priced(graph: Graph, found: Mapping[str, float]) -> Graph:
+    """``graph`` with its ``region_s`` figure ``found["region_s"]`` where measured."""
+    import dataclasses
+
+    figures = graph_overheads(graph)
+    if figures is None or "region_s" not in found:
+        return graph
+    return with_overheads(graph, dataclasses.replace(figures, region_s=float(found["region_s"])))
 
 
 def _selective_calls(graph: Graph, plan: Any) -> int:
@@ -312,8 +320,8 @@ def _rounds(sides: Sequence[Callable[[], Any]], clock: Callable[[], float], wall
 
 
 def with_recompute_scale(graph: Graph, found: Mapping[str, float], head_call: str | None = None) -> Graph:
-    """``graph`` with every node's ``fwd_cost`` times ``found["scale"]``, its ``selective_op_s`` figure
-    ``found["selective_op_s"]`` where measured, each timed count ``k`` of ``head_call``'s loop plus
+    """``graph`` with every node's ``fwd_cost`` times ``found["scale"]``, its ``selective_op_s`` and
+    ``region_s`` figures ``found``'s where measured, each timed count ``k`` of ``head_call``'s loop plus
     ``found["head_offset_s@k"]`` where measured, and ``found`` in its costs' meta."""
     import dataclasses
 
@@ -327,8 +335,9 @@ def with_recompute_scale(graph: Graph, found: Mapping[str, float], head_call: st
     nodes = [dataclasses.replace(nd, fwd_cost=int(round(nd.fwd_cost * scale))) for nd in graph.nodes]
     out = graph.with_nodes(nodes, meta={**graph.meta, COSTS_META: costs})
     figures = graph_overheads(graph)
-    if figures is not None and "selective_op_s" in found:  # the policy's per-call cost as measured in the step
-        out = with_overheads(out, dataclasses.replace(figures, selective_op_s=float(found["selective_op_s"])))
+    measured = {k: float(found[k]) for k in ("selective_op_s", "region_s") if k in found}
+    if figures is not None and measured:  # the policy's per-call cost and a region's call as measured in the step
+        out = with_overheads(out, dataclasses.replace(figures, **measured))
     return out
 
 
@@ -359,7 +368,9 @@ def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mappi
     buffers = list(model.buffers())
     saved = [b.detach().clone() for b in buffers]
     args, kwargs, loop = tuple(args), dict(kwargs), graph.loop
-    kept_plan = block_plan(graph, kept=True) if graph_overheads(graph) is not None else None  # priced by a figure
+    priced = graph_overheads(graph) is not None  # figures a measurement can replace
+    whole_plan = cover_plan(graph, plan) if priced else None
+    kept_plan = block_plan(graph, kept=True) if priced else None
 
     def step(module: Any) -> Callable[[], None]:
         def go() -> None:
@@ -373,6 +384,12 @@ def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mappi
     try:
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the applier's, about plans of this measurement only
+            whole = step(planned(model, whole_plan)) if whole_plan is not None else None
+            try:
+                whole and whole()
+            except Exception as exc:  # noqa: BLE001  (a cover that does not run so: the calibrated region figure)
+                log.info("could not time %s's blocks as one region (%s: %s)", graph.name, type(exc).__name__, exc)
+                whole = None
             kept = step(planned(model, kept_plan)) if kept_plan is not None else None
             try:
                 kept and kept()
@@ -390,7 +407,8 @@ def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mappi
                              type(exc).__name__, exc)
                     heads.pop(k, None)
             found = measure_scale(graph, step(model), step(planned(model, plan)), plan, clock=clock, rounds=rounds,
-                                  budget_s=budget_s, kept_plan=kept_plan, kept=kept, heads=heads)
+                                  budget_s=budget_s, kept_plan=kept_plan, kept=kept, whole=whole,
+                                  whole_plan=whole_plan, heads=heads)
     except Exception as exc:  # noqa: BLE001  (a step that does not run so: the roofline as it is)
         log.info("could not time the recompute of %s's blocks (%s: %s); the roofline prices it", graph.name,
                  type(exc).__name__, exc)
@@ -408,6 +426,10 @@ def recompute_scale(model: Any, graph: Graph, args: Sequence[Any], kwargs: Mappi
     log.info("timed the recompute of %d blocks in the step: +%.1f ms measured, %.1f ms predicted, %.1f ms "
              "overheads: recompute scale %.2f", len(plan.regions), 1e3 * found["measured_s"],
              1e3 * found["predicted_s"], 1e3 * found["overheads_s"], found["scale"])
+    if "region_s" in found:
+        log.info("as one region they added %.1f ms: %.2f ms per region's call (calibrated %.2f), recompute scale %.2f",
+                 1e3 * found["whole_measured_s"], 1e3 * found["region_s"], 1e3 * found["calibrated_region_s"],
+                 found["scale"])
     if "selective_op_s" in found:
         log.info("keeping %d nodes in them added %.1f ms: %.1f us per call of a selective region (calibrated %.1f)",
                  found["kept"], 1e3 * found["kept_added_s"], 1e6 * found["selective_op_s"],

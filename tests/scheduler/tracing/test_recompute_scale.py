@@ -361,3 +361,100 @@ def test_a_model_with_numbered_blocks_and_no_indexed_ones_has_its_scale_measured
 
     scaled = rs.recompute_scale(model, g, args, {}, None, clock=clock, rounds=2)
     assert scaled.meta["costs"][rs.SCALE_KEY]["blocks"] == 3  # measured, where the roofline was kept before
+
+
+N = rs.MIN_COVERED  # blocks enough to time one region around them
+
+
+class Stacked(nn.Module):
+    """Blocks inside an ``nn.Sequential``: one region over them (its span) recomputes what the blocks do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(*(Block() for _ in range(N)))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.head(self.body(x)), y)
+
+
+def _stacked(figures=None):
+    from solvers.model.overheads import with_overheads
+
+    torch.manual_seed(0)
+    model, args = Stacked().train(), (torch.randn(8, 16), torch.randint(0, 4, (8,)))
+    g = with_overheads(capture(model, args).graph, figures or {"region_s": 1e-4, "selective_op_s": 1e-5,
+                                                                 "kept_call_s": 2e-6})
+    return model, args, g
+
+
+def solvers_plan(g, regions):
+    from solvers import Plan
+
+    return Plan.from_regions(g, regions)
+
+
+def _run(now, s):
+    def go():
+        now[0] += s
+    return go
+
+
+def test_a_regions_call_is_fitted_from_the_blocks_and_one_region_over_them():
+    """The blocks' plan adds s P + N r, one region over them s P' + r: both are read back, and the measured call
+    replaces the calibrated one in the graph's figures (NOTE [ Recompute timed in the step ])."""
+    from solvers.model.overheads import graph_overheads
+
+    model, args, g = _stacked()
+    plan, whole = rs.block_plan(g), rs.cover_plan(g, rs.block_plan(g))
+    assert plan.modules == tuple(f"body.{i}" for i in range(N)) and whole.modules == ("body",)
+    p, pw = simulate(g, plan).recompute_time_s, simulate(g, whole).recompute_time_s
+    assert pw >= p > 0
+    now, r = [0.0], 2e-3
+    found = rs.measure_scale(g, _run(now, 0.010), _run(now, 0.010 + 1.3 * p + N * r), plan,
+                             whole=_run(now, 0.010 + 1.3 * pw + r), whole_plan=whole, clock=lambda: now[0], rounds=2)
+    assert found["scale"] == pytest.approx(1.3) and found["region_s"] == pytest.approx(r)
+    assert found["calibrated_region_s"] == 1e-4 and found["overheads_s"] == pytest.approx(N * r)
+    scaled = rs.with_recompute_scale(g, found)
+    assert graph_overheads(scaled).region_s == pytest.approx(r)
+    assert graph_overheads(scaled).selective_op_s == 1e-5  # the other figures as calibrated
+    # the scale alone, the calibrated call charged, would have put the calls on the FLOPs
+    alone = rs.measure_scale(g, _run(now, 0.010), _run(now, 0.010 + 1.3 * p + N * r), plan, clock=lambda: now[0],
+                             rounds=2)
+    assert alone["scale"] == pytest.approx(min(rs.MAX_SCALE, 1.3 + N * (r - 1e-4) / p))
+    assert "region_s" not in alone
+    # fewer blocks than that: no region over them is timed
+    fewer = solvers_plan(g, plan.regions[:N - 1])
+    assert rs.cover_plan(g, fewer) is None
+
+
+def test_a_region_over_the_blocks_slower_than_the_blocks_leaves_the_calibrated_call():
+    """One region costing more than N (a negative call by the fit: noise or another effect) moves nothing but
+    what is recorded: the scale is the blocks' alone, the call as calibrated."""
+    model, args, g = _stacked()
+    plan = rs.block_plan(g)
+    whole = rs.cover_plan(g, plan)
+    p = simulate(g, plan).recompute_time_s
+    now = [0.0]
+    found = rs.measure_scale(g, _run(now, 0.010), _run(now, 0.010 + 1.5 * p + N * 1e-4), plan,
+                             whole=_run(now, 0.010 + N * (1.5 * p + 1e-4)), whole_plan=whole, clock=lambda: now[0], rounds=2)
+    assert found["scale"] == pytest.approx(1.5) and "region_s" not in found
+    assert found["whole_measured_s"] == pytest.approx(N * (1.5 * p + 1e-4))
+
+
+def test_the_trace_times_the_region_over_the_blocks_in_the_step():
+    """End to end on the model: the cover's step runs in every round, and the graph carries the call measured."""
+    from solvers.model.overheads import graph_overheads
+
+    model, args, g = _stacked({"region_s": 1e-4})
+    unit = 1.4 * simulate(g, rs.block_plan(g)).recompute_time_s / N
+    before = RUNS[0]
+    scaled = rs.recompute_scale(model, g, args, {}, None, clock=lambda: RUNS[0] * unit, rounds=2)
+    # 2 warm-up passes and 2 rounds: the plain step (N block calls), the blocks' plan (N + N), the cover's (N + N),
+    # the blocks keeping a node each (N + N); the cover's and the kept step once more before them, to see they run
+    assert RUNS[0] - before == 2 * N + 2 * N + 4 * 7 * N
+    found = scaled.meta["costs"][rs.SCALE_KEY]
+    assert found["whole_measured_s"] == pytest.approx(N * unit) and found["measured_s"] == pytest.approx(N * unit)
+    # the clock charges block calls only, not a region's: the fit reads a call of 0 and the scale of the blocks
+    assert found["region_s"] == pytest.approx(0.0, abs=1e-12) and found["scale"] == pytest.approx(1.4)
+    assert graph_overheads(scaled).region_s == pytest.approx(0.0, abs=1e-12)
