@@ -160,8 +160,10 @@ MAX_PASS_S = 4.0
 MAX_SELECTIVE_S = 1e-4
 #: The most the head's loop may add in the step beyond its figure, either way, as a fraction of the plain step.
 MAX_HEAD_OFFSET = 0.15
-#: The most a region's call may cost as measured in the step (seconds; the calibration's is about 0.15 ms).
-MAX_REGION_S = 5e-3
+#: The most a region's call may cost as measured in the step (seconds; the calibration's is about 0.15 ms,
+#: DenseNet's and ResNet's blocks read 1.0-1.7 ms; an 8-layer GPT-2 read 8.8 in a step whose cover ran 56 ms under
+#: its blocks with glibc's allocator and 26 ms over them with the steady one: another effect than the call).
+MAX_REGION_S = 2.5e-3
 
 
 #: ``(planned, applied_plan)`` of ``scheduler.applying``, which registers them when it is imported
