@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import weakref
 from typing import Any, Sequence
 
@@ -76,6 +77,32 @@ def _printable(node: torch.fx.Node) -> str:
     return getattr(t, "__name__", str(t))
 
 
+#: A slice of a ``ModuleList`` in an export path: ``layers.slice(None, 2, None).0``.
+_SLICE = re.compile(r"\.slice\((None|\d+), (None|\d+), (None|\d+)\)((?:\.slice\((?:None|\d+), (?:None|\d+), "
+                    r"(?:None|\d+)\))*)\.(\d+)(?=\.|$)")
+
+
+def _unsliced(path: str) -> str:
+    """``path`` with each ``ModuleList`` slice resolved to the index it names.
+
+    ``torch.export`` names a module reached through a sliced container
+    (transformers' ``for layer in self.layers[: n]``, in some call paths:
+    a peft prefix-tuning wrapper) by the slice, ``layers.slice(None, 2,
+    None).0``, a path the model does not have, so a plan naming it could
+    not be applied. Slices with no negative bounds resolve without the
+    container's length (``range`` does the arithmetic); others are left.
+    """
+    def resolve(m: re.Match) -> str:
+        slices = [m.group(0)[1:].split(".")[0]] + re.findall(r"slice\([^)]*\)", m.group(4))
+        r: range = range(1 << 62)
+        for text in slices:
+            start, stop, step = (None if v == "None" else int(v) for v in text[6:-1].split(", "))
+            r = r[slice(start, stop, step)]
+        index = int(m.group(5))
+        return f".{r[index]}" if index < len(r) else m.group(0)
+    return _SLICE.sub(resolve, path) if "slice(" in path else path
+
+
 def module_path(node: torch.fx.Node, strip: str = "") -> str:
     """The innermost module a node belongs to, as a dotted path."""
     path = ""
@@ -84,7 +111,7 @@ def module_path(node: torch.fx.Node, strip: str = "") -> str:
     else:
         stack = node.meta.get("nn_module_stack")
         if stack:
-            path = str(list(stack.values())[-1][0])
+            path = _unsliced(str(list(stack.values())[-1][0]))
     if strip and (path == strip.rstrip(".") or path.startswith(strip)):
         path = path[len(strip):] if path.startswith(strip) else ""
     return path
@@ -101,7 +128,7 @@ def module_calls(node: torch.fx.Node, strip: str = "") -> tuple[tuple[str, str],
     out = []
     for key, value in (node.meta.get("nn_module_stack") or {}).items():
         path, cls = value[0], value[1] if len(value) > 1 else ""
-        path = str(path)
+        path = _unsliced(str(path))
         if strip:
             if path == strip.rstrip(".") or not path:
                 continue
