@@ -107,7 +107,21 @@ def capture_graph_module(module: nn.Module, args: tuple, kwargs: Mapping[str, An
         f"could not trace {type(module).__name__}: {msgs}. What to try: make the failing code traceable "
         "(no data-dependent Python control flow, no .item()/.tolist() on tensors, no printing of tensors), "
         "or pass inputs for which it takes one branch; torch.export is usually the more tolerant tracer"
+        + _data_dependent_hint(errors, kwargs)
     ) from errors[-1][1]
+
+
+def _data_dependent_hint(errors: list[tuple[str, BaseException]], kwargs: Mapping[str, Any]) -> str:
+    """What usually branches on a value in a library's model, where export says a guard was data-dependent."""
+    if not any("data-dependent" in str(exc) or "DataDependent" in type(exc).__name__ for _, exc in errors):
+        return ""
+    hint = (". The line named branches on a tensor's value: a random skip of layers in training (transformers' "
+            "LayerDrop: set config.layerdrop=0.0 to trace, each step would run other layers anyway)")
+    if "labels" in kwargs:
+        hint += (", or a loss the model computes from labels= that selects the labelled rows (nonzero(), "
+                 "masked_select: DeBERTa, Wav2Vec2's CTC): trace without labels= and pass loss=, computing the "
+                 "same loss from the outputs (loss=lambda out: F.cross_entropy(out.logits, labels))")
+    return hint
 
 
 #: torch's own modules that torch.fx's default tracer keeps as one leaf node but that hold a whole

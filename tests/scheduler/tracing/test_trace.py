@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
@@ -219,6 +220,34 @@ def test_untraceable_model_error_names_the_module_and_what_to_try():
         capture(_Branchy(), (torch.randn(3, 4),))
     msg = str(info.value)
     assert "inner" in msg and "_DataDependent" in msg and "What to try" in msg
+
+
+class _LabelledLoss(nn.Module):
+    """A classifier computing its own loss as transformers' DeBERTa does: only the rows with a label."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x, labels=None):
+        logits = self.fc(x)
+        if labels is None:
+            return logits
+        rows = (labels >= 0).nonzero()
+        if rows.size(0) > 0:
+            return F.cross_entropy(logits[rows[:, 0]], labels[rows[:, 0]])
+        return logits.sum() * 0
+
+
+def test_a_loss_from_labels_that_cannot_trace_says_to_trace_without_labels():
+    model, x, labels = _LabelledLoss(), torch.randn(4, 8), torch.tensor([0, 2, -1, 1])
+    with pytest.raises(TraceError, match=r"trace without labels= and pass loss=") as info:
+        capture(model, (x,), {"labels": labels})
+    assert "LayerDrop" in str(info.value)
+    with pytest.raises(TraceError) as info:  # no labels given: only what every data-dependent branch gets
+        capture(_Branchy(), (torch.randn(3, 4),))
+    assert "trace without labels=" not in str(info.value)
+    capture(model, (x,), loss=lambda out: F.cross_entropy(out, labels, ignore_index=-1))  # as it says: traces
 
 
 def test_graph_that_differs_from_eager_is_refused():
