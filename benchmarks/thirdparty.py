@@ -1,10 +1,10 @@
 """Third-party models as their libraries ship them, planned with ckpt and trained in the user's own loop (issue 23).
 
 Each model is built by its own library from a small config with random weights
-(offline): transformers GPT-2, Llama, BERT, T5 and ViT, timm ViT-S, ResNet-50
-and ConvNeXt, torchvision ResNet, a diffusers ``UNet2DModel``, a peft LoRA
-adapter on GPT-2, monai's ``BasicUNet`` and a segmentation_models_pytorch
-U-Net, each with dropout or stochastic depth on where the model has it
+(offline): transformers GPT-2, Llama, BERT, T5, ViT and Whisper, timm ViT-S,
+ResNet-50 and ConvNeXt, torchvision ResNet, a diffusers ``UNet2DModel``, a peft
+LoRA adapter on GPT-2 and peft's prefix tuning on Llama, monai's ``BasicUNet``
+and a segmentation_models_pytorch U-Net, each with dropout or stochastic depth on where the model has it
 (``benchmarks/thirdparty_models.py``). For each model:
 
 * the plan is solved (``ilp``) at half its store-all activations (or at the

@@ -159,6 +159,38 @@ def _peft() -> Case:
     return Case("peft", build, batch, _model_loss, reload)
 
 
+_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=500, max_position_embeddings=SEQ * 4)
+
+
+def _peft_prefix() -> Case:
+    """peft's prefix tuning on Llama: every decoder layer gets a key/value cache filled with the trained prefix
+    (NOTE [ Filled caches replayed ] in ``scheduler.applying.caches``), the base frozen."""
+    def config() -> Any:
+        from peft import PrefixTuningConfig
+        return PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=8)
+
+    def build() -> nn.Module:
+        import transformers
+        from peft import get_peft_model
+        return get_peft_model(transformers.LlamaForCausalLM(transformers.LlamaConfig(**_LLAMA)), config())
+
+    def reload(model: nn.Module, folder: Path) -> nn.Module:
+        import transformers
+        from peft import get_peft_model
+        transformers.LlamaForCausalLM(transformers.LlamaConfig(**_LLAMA)).save_pretrained(folder)
+        return get_peft_model(transformers.LlamaForCausalLM.from_pretrained(folder), config())
+
+    def batch() -> tuple[tuple, dict, Any]:
+        return (), _causal(types.SimpleNamespace(**_LLAMA)), None
+    return Case("peft", build, batch, _model_loss, reload)
+
+
+def _speech(cfg: Any) -> dict:
+    return {"input_features": torch.randn(BATCH, cfg.num_mel_bins, 2 * cfg.max_source_positions),
+            "labels": torch.randint(3, cfg.vocab_size, (BATCH, SEQ // 2))}
+
+
 def _monai() -> Case:
     def build() -> nn.Module:
         from monai.networks.nets import BasicUNet
@@ -201,7 +233,13 @@ CASES: dict[str, Callable[[], Case]] = {
     "timm-efficientnet": lambda: _timm("efficientnet_b0", SIDE * 2, BATCH, drop_path_rate=0.1),
     "tv-resnet18": _torchvision,
     "diffusers-unet": _diffusers,
+    "whisper": lambda: _hf("WhisperConfig", "WhisperForConditionalGeneration", _speech, vocab_size=500, d_model=64,
+                           encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                           encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=SEQ,
+                           max_target_positions=SEQ, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                           decoder_start_token_id=1, suppress_tokens=[], begin_suppress_tokens=[]),
     "peft-lora": _peft,
+    "peft-prefix": _peft_prefix,
     "monai-basicunet": _monai,
     "smp-unet": _smp,
 }

@@ -79,7 +79,10 @@ NOTE [ Caches under recompute ]
     shown once per region by Python's default filter, where transformers
     logs its own once); without grad (evaluation,
     ``generate``) nothing is checkpointed and the call runs as written. A
-    cache the model returns then holds only the calls outside regions.
+    cache the model returns then holds only the calls outside regions. A
+    cache that already holds the call's keys (peft's prefix tuning) is kept,
+    and the recompute sees it as the forward did (NOTE [ Filled caches
+    replayed ] in ``scheduler.applying.caches``).
     ``apply`` also marks the region modules so that libraries that check
     for checkpointing see it (NOTE [ Visible to gradient-checkpointing
     checks ] in ``scheduler.applying.visible``): peft refuses prefix tuning

@@ -82,15 +82,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import logging
-import warnings
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .caches import (CacheDropped, CacheReplay, CacheState, cache_slots, filled_in, slotted, without_cache,
+                     without_cache_traced)
 from .fast import hook_outputs, region_state, split_args
 from .rng import RngWatch, calls_of, warn_random_region
 from .selective import RegionPolicy, selective_contexts
@@ -99,14 +99,6 @@ from .visible import as_before, flags_as_before, restore_flag
 __all__ = ["RegionForward", "SequentialRuns", "run_region", "CacheDropped"]
 
 log = logging.getLogger(__name__)
-
-_CACHE_ARGS = ("cache", "layer_past", "past_key_value", "past_key_values")
-
-
-class CacheDropped(UserWarning):
-    """A key/value cache (or ``use_cache=True``) reached a checkpointed call that trains; the call runs
-    without it (NOTE [ Caches under recompute ] in ``scheduler.applying.modules``)."""
-
 
 # ---------------------------------------------------------------------------- the region
 class _Probe:
@@ -142,12 +134,15 @@ def _is_fsdp(module: nn.Module) -> bool:
 
 
 def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Sequence[nn.Module], path: str,
-               stochastic: bool, counter: "RegionForward | SequentialRuns", policy: RegionPolicy | None = None) -> Any:
+               stochastic: bool, counter: "RegionForward | SequentialRuns", policy: RegionPolicy | None = None,
+               caches: Sequence[Any] = ()) -> Any:
     """``fn(*args, **kwargs)`` as one checkpoint region (the NOTEs of this module), under
     ``policy`` when the region keeps some op outputs (NOTE [ Selective checkpoint policies ]).
 
     ``stochastic`` is what the plan says of the region's randomness; whether the recompute replays
-    the generator state is decided here, as it runs (NOTE [ RNG replay decided at run time ])."""
+    the generator state is decided here, as it runs (NOTE [ RNG replay decided at run time ]). ``caches``: the
+    filled key/value caches the call keeps, which its recompute sees as they were (NOTE [ Filled caches replayed ]
+    in ``scheduler.applying.caches``)."""
     if torch.compiler.is_compiling():  # NOTE [ Regions under torch.compile ]
         return traced_region(fn, args, kwargs, modules=modules, policy=policy)
     # A stochastic module the region holds but does not call (torchvision's EfficientNet keeps a
@@ -169,8 +164,12 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
     #     whose MLP took its input by keyword). So every tensor leaf of the arguments is passed to checkpoint
     #     as a positional input, and the call is rebuilt from them in both runs; the closure keeps only the
     #     non-tensor leaves and the structure.
+    live = list(caches)  # the filled caches, held for the forward's call only (NOTE [ Filled caches replayed ])
+    replays: list[CacheReplay] = []
+    if caches:
+        args, kwargs = slotted(args, kwargs, caches)
     tensors, rebuild = split_args(args, kwargs)
-    del args, kwargs
+    del args, kwargs, caches
     probes: list[_Probe | None] = []
     use_probe = not any(_is_fsdp(m) for m in modules)
     calls = 0
@@ -187,17 +186,33 @@ def run_region(fn: Callable[..., Any], args: tuple, kwargs: dict, *, modules: Se
             probe = _Probe() if use_probe else None  # the region's first saved tensor, in both runs
         if calls == 1:
             probes.append(probe)
-            if stochastic:
-                return fn(*a, **kw)
-            watch = RngWatch(values)
-            with calls_of(drawing) if drawing else contextlib.nullcontext([]) as called:
-                result = fn(*a, **kw)
-            if watch.drew():
-                watched[0] = watch
-                counter.saw_random(path, f"{called[0]} called in training mode" if called
-                                   else "a generator advanced during its forward")
-            return result
+            if not live:
+                return first(a, kw, values)
+            a, kw = filled_in(a, kw, live)
+            before = [CacheState([c]) for c in live]
+            try:
+                return first(a, kw, values)
+            finally:
+                replays.extend(CacheReplay(c, b, CacheState([c])) for c, b in zip(live, before))
+                live.clear()
         counter.recomputes += 1
+        if replays:
+            a, kw = filled_in(a, kw, [r.build() for r in replays])
+        return again(a, kw)
+
+    def first(a: tuple, kw: dict, values: tuple) -> Any:
+        if stochastic:
+            return fn(*a, **kw)
+        watch = RngWatch(values)
+        with calls_of(drawing) if drawing else contextlib.nullcontext([]) as called:
+            result = fn(*a, **kw)
+        if watch.drew():
+            watched[0] = watch
+            counter.saw_random(path, f"{called[0]} called in training mode" if called
+                               else "a generator advanced during its forward")
+        return result
+
+    def again(a: tuple, kw: dict) -> Any:
         replay = watched[0].replay() if watched[0] is not None else contextlib.nullcontext()
         if not stats or policy is not None:
             with replay:
@@ -264,85 +279,6 @@ def _put_back(changed: list) -> None:
         restore_flag(module, present, value)
 
 
-@functools.lru_cache(maxsize=None)
-def _cache_params(cls: type) -> tuple[inspect.Signature | None, tuple[str, ...]]:
-    try:
-        sig = inspect.signature(cls.forward)
-    except (TypeError, ValueError):
-        return None, ()
-    names = tuple(n for n in sig.parameters if n in _CACHE_ARGS or n == "use_cache")
-    return (sig if names else None), names
-
-
-@functools.lru_cache(maxsize=None)
-def _cache_slots(cls: type) -> tuple[tuple[str, int], ...]:
-    """Per cache argument of ``cls.forward``: its name and its position among the positional arguments after
-    ``self`` (-1: keyword only). Dynamo reads these constants (NOTE [ Regions under torch.compile ])."""
-    sig, names = _cache_params(cls)
-    if sig is None:
-        return ()
-    params = list(sig.parameters.values())[1:]
-    slots = []
-    for name in names:
-        index = -1
-        for i, p in enumerate(params):
-            if p.kind is p.VAR_POSITIONAL or p.kind is p.KEYWORD_ONLY:
-                break
-            if p.name == name:
-                index = i
-                break
-        slots.append((name, index))
-    return tuple(slots)
-
-
-def _without_cache_traced(slots: tuple[tuple[str, int], ...], args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """NOTE [ Caches under recompute ] while Dynamo traces: as :func:`_without_cache`, no warning."""
-    if not slots:
-        return args, kwargs
-    args, kwargs = list(args), dict(kwargs)
-    for name, index in slots:
-        if name in kwargs:
-            kwargs[name] = _no_cache(name, kwargs[name])
-        elif 0 <= index < len(args):
-            args[index] = _no_cache(name, args[index])
-    return tuple(args), kwargs
-
-
-def _no_cache(name: str, value: Any) -> Any:
-    if name == "use_cache":
-        return False if value else value
-    return None if value is not None and not isinstance(value, torch.Tensor) else value
-
-
-def _without_cache(module: nn.Module, args: tuple, kwargs: dict, where: str = "") -> tuple[tuple, dict]:
-    """NOTE [ Caches under recompute ]: no cache argument and ``use_cache=False`` for a training call,
-    with a :class:`CacheDropped` warning (once per region: Python's default filter shows a message once)."""
-    sig, names = _cache_params(type(module))
-    if sig is None or not any(n in kwargs or 0 <= i < len(args) for n, i in _cache_slots(type(module))):
-        return args, kwargs  # no cache argument given: nothing to bind (NOTE [ Region call overhead ])
-    try:
-        bound = sig.bind(module, *args, **kwargs)
-    except TypeError:
-        return args, kwargs
-    changed: list[str] = []
-    for name in names:
-        if name in bound.arguments:
-            value = bound.arguments[name]
-            if name == "use_cache" and value:
-                bound.arguments[name] = False
-                changed.append("use_cache=False")
-            elif name != "use_cache" and value is not None and not isinstance(value, torch.Tensor):
-                bound.arguments[name] = None
-                changed.append(f"{name}=None")
-    if not changed:
-        return args, kwargs
-    warnings.warn(f"{type(module).__name__} ({where or 'a checkpointed call'}): a key/value cache is incompatible with "
-                  f"checkpointing (the recompute would write it twice), so the call runs with {', '.join(changed)}, "
-                  "as transformers does under gradient checkpointing; pass use_cache=False when training with a plan",
-                  CacheDropped, stacklevel=2)
-    return tuple(bound.args[1:]), dict(bound.kwargs)
-
-
 class RegionForward:
     """Installed as ``module.forward``: the module's call is one checkpoint region.
 
@@ -368,7 +304,7 @@ class RegionForward:
         self.recomputes = 0
         self.policy = RegionPolicy(path, save_ops, save_op_calls) if save_ops else None
         self.marked: tuple[nn.Module, ...] = (module,)  # NOTE [ Regions under torch.compile ]; set by apply
-        self.cache_slots = _cache_slots(type(module))
+        self.cache_slots = cache_slots(type(module))
         self.forward_fn = type(module).forward  # read here: Dynamo cannot read it off a class allowed in its graph
 
     def _own_forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -391,18 +327,17 @@ class RegionForward:
             return fwd(*args, **kwargs)
         if torch.compiler.is_compiling():  # NOTE [ Regions under torch.compile ]
             changed = flags_as_before(self.marked)
-            args, kwargs = _without_cache_traced(self.cache_slots, args, kwargs)
+            args, kwargs = without_cache_traced(self.module, self.cache_slots, args, kwargs)
             out = traced_region(fwd, args, kwargs, modules=(self.module,), policy=self.policy)
             _put_back(changed)
             return out
         fwd = as_before(self.module, fwd)  # NOTE [ Visible to gradient-checkpointing checks ]
         given = args, kwargs
-        args, kwargs = _without_cache(self.module, args, kwargs, self.path)
+        args, kwargs, kept = without_cache(self.module, args, kwargs, self.path)
         if self.policy is not None:  # for its warning (NOTE [ Kept calls that do not come ])
             self.policy.cache_dropped = args is not given[0] or kwargs is not given[1]
         return run_region(fwd, args, kwargs, modules=(self.module,), path=self.path, stochastic=self.stochastic,
-                          counter=self,
-                          policy=self.policy)
+                          counter=self, policy=self.policy, caches=kept)
 
     def __repr__(self) -> str:
         return f"RegionForward({self.path!r})"
