@@ -212,7 +212,8 @@ def _layout_bytes(gm: torch.fx.GraphModule | None, inference: bool) -> int:
             for a in n.all_input_nodes:
                 v = a.meta.get("val")
                 if isinstance(v, torch.Tensor) and v.dim() >= 4:
-                    copies.setdefault(("out", _key_bytes(v)[0]), _key_bytes(v)[1])
+                    k, b = _key_bytes(v)
+                    copies.setdefault(("out", k), b)
     return sum(copies.values())
 
 
