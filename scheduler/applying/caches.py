@@ -16,19 +16,24 @@ NOTE [ Filled caches replayed ]
     call (:class:`CacheReplay`: the attributes of the cache and of the
     objects of its module it holds, transformers' per-layer
     ``DynamicLayer`` s, copied shallowly, tensors by reference), which the
-    recompute writes instead. The region holds only the objects its call
-    wrote, as they were (the prefix of its own layer); the tensors of the
-    others are left out of the copy, so that a loop dropping the model's
-    output before ``backward()`` (``Trainer``'s) lets every layer's keys go
-    as it does without a plan (holding the cache itself measured 40,444 B
-    over the prediction on a 2-layer Llama under prefix tuning). A
-    recompute that read another layer's keys would find None and fail,
-    loudly. A cache is filled for a call when ``cache.get_seq_length(i) >
-    0`` for the layer index ``i`` of the call's module (its own
-    ``layer_idx`` or that of its first submodule with one; 0 when none):
-    the empty cache a ``use_cache=True`` model makes for its own forward,
-    which a layer only writes, is still dropped, so the step and its
-    memory are the ones planned for.
+    recompute writes instead. The region holds the objects its call wrote
+    as they were (the prefix of its own layer), and the tensors of the
+    others only weakly, so that a loop dropping the model's output before
+    ``backward()`` (``Trainer``'s) lets every layer's keys go as it does
+    without a plan (holding the cache itself measured 40,444 B over the
+    prediction on a 2-layer Llama under prefix tuning). A recompute reads
+    such a tensor where it is still alive; where it was let go of (or lives
+    on only under another tensor object: T5's self-attention keys, whose
+    length its layer's cross-attention reads), a tensor on ``meta`` of its
+    shape stands in: its length reads right, and a recompute that computed
+    with its values would fail, loudly. A cache is filled for a call when
+    ``cache.get_seq_length(i) > 0`` for the layer index ``i`` of the
+    call's module (its own ``layer_idx`` or that of its first submodule
+    with one; 0 when none; a T5 decoder's cross-attention, called after its
+    layer's self-attention wrote, is one): the empty cache a
+    ``use_cache=True`` model makes for its own forward, which a layer only
+    writes, is still dropped, so the step and its memory are the ones
+    planned for.
 
     Under ``torch.compile`` the region's Python runs once, in Dynamo's
     trace of the forward (the recompute is in the compiled backward), so a
@@ -40,6 +45,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
+import weakref
 from typing import Any, Sequence
 
 import torch
@@ -196,9 +202,9 @@ class CacheState:
 class CacheReplay:
     """What a region's recompute needs of a filled cache (NOTE [ Filled caches replayed ]): the objects its call
     wrote, as they were before the call, in a structure like the cache's. Nothing else of the cache is held:
-    the tensors of the objects the call did not write are left out (another layer's keys, which the user's
-    loop may have let go of), so a loop that drops the model's output before ``backward()`` frees the cache
-    as it does without a plan. :meth:`build` makes a new cache for each recompute, which writes there."""
+    the tensors of the objects the call did not write are held weakly (another layer's keys, which the user's
+    loop may let go of), so a loop that drops the model's output before ``backward()`` frees the cache as it
+    does without a plan. :meth:`build` makes a new cache for each recompute, which writes there."""
 
     def __init__(self, root: Any, before: CacheState, after: CacheState) -> None:
         objs = [obj for obj, _ in before.saved.values()]
@@ -216,6 +222,20 @@ class CacheReplay:
         return new[self.root]
 
 
+class _Weak:
+    """A tensor of an object the call did not write, held weakly (NOTE [ Filled caches replayed ]); once let go
+    of, a tensor on ``meta`` of its shape and dtype stands in (its length can be read, its values cannot)."""
+
+    __slots__ = ("ref", "shape", "dtype")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.ref, self.shape, self.dtype = weakref.ref(tensor), tuple(tensor.shape), tensor.dtype
+
+    def get(self) -> torch.Tensor:
+        tensor = self.ref()
+        return torch.empty(self.shape, dtype=self.dtype, device="meta") if tensor is None else tensor
+
+
 class _Ref:
     """An object of the cache, by its index in :class:`CacheReplay`."""
 
@@ -230,7 +250,7 @@ def _encode(value: Any, index: dict[int, int], keep: bool) -> Any:
         if id(v) in index:
             return _Ref(index[id(v)])
         if isinstance(v, torch.Tensor) and not keep:
-            return None
+            return _Weak(v)
         return v
     if type(value) is list:
         return [one(v) for v in value]
@@ -241,6 +261,8 @@ def _encode(value: Any, index: dict[int, int], keep: bool) -> Any:
 
 def _decode(value: Any, new: list[Any]) -> Any:
     def one(v: Any) -> Any:
+        if isinstance(v, _Weak):
+            return v.get()
         return new[v.index] if isinstance(v, _Ref) else v
     if type(value) is list:
         return [one(v) for v in value]

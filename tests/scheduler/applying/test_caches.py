@@ -124,9 +124,55 @@ def test_a_replay_holds_the_written_objects_as_they_were_and_nothing_else_of_the
     built = replay.build()
     assert type(built) is type(cache) and built is not cache and len(built.layers) == 2
     assert torch.equal(built.layers[1].keys, k1) and built.get_seq_length(1) == 3  # before the call
-    assert built.layers[0].keys is None  # layer 0's tensors are not held
+    assert built.layers[0].keys is cache.layers[0].keys  # layer 0's tensors: held weakly, alive here
     built.update(torch.randn(1, 1, 5, 4), torch.randn(1, 1, 5, 4), 1)  # a recompute writes the copy
     assert cache.get_seq_length(1) == 8 and replay.build().get_seq_length(1) == 3
+
+
+def test_a_replay_holds_what_the_call_did_not_write_weakly():
+    cache = transformers.DynamicCache()
+    cache.update(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4), 0)
+    cache.update(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4), 1)
+    before = CacheState([cache])
+    cache.update(torch.randn(1, 1, 5, 4), torch.randn(1, 1, 5, 4), 1)
+    replay = CacheReplay(cache, before, CacheState([cache]))
+    del before
+    keys = weakref.ref(cache.layers[0].keys)
+    del cache
+    gc.collect()
+    assert keys() is None  # let go of: a stand-in of its shape on meta
+    stand_in = replay.build().layers[0].keys
+    assert stand_in.device.type == "meta" and stand_in.shape == (1, 1, 2, 4)
+
+
+@pytest.mark.parametrize("loop", ["held", "dropped"])
+def test_t5s_cross_attention_as_a_region_reads_its_layers_self_attention_cache(loop):
+    """A stock T5 (``use_cache`` on): the decoder's cross-attention is called after its layer's self-attention
+    wrote the cache, so the cache is filled for it and kept; its recompute reads the self-attention keys' length,
+    which the replay holds weakly (they were None there once: "'NoneType' object has no attribute 'numel'"), and
+    in the dropped loop only by the shape (autograd saved them under another tensor object)."""
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=64, d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16, decoder_start_token_id=0)).train()
+    assert model.config.use_cache
+    kwargs = {"input_ids": torch.randint(0, 64, (2, 12)), "labels": torch.randint(0, 64, (2, 6))}
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        if loop == "held":
+            out = model(**kwargs)
+            out.loss.backward()
+        else:
+            loss = model(**kwargs).loss
+            loss.backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    reference = grads()
+    scheduler.apply(model, _plan("decoder.block.0.layer.1", "decoder.block.1.layer.1"), check=False)
+    got = grads()
+    assert [w.recomputes for w in region_wrappers(model)] == [1, 1]
+    assert len(got) == len(reference) and all(torch.equal(a, b) for a, b in zip(reference, got))
 
 
 @pytest.mark.parametrize("path,expected", [
